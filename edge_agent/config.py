@@ -1,0 +1,233 @@
+"""One typed settings object, read from a TOML file and ``EDGE_AGENT_*`` environment variables.
+
+Nothing happens at import time. Paths live in one place: everything the app writes is under
+``Settings.home`` (``$EDGE_AGENT_HOME``, default ``$XDG_DATA_HOME/edge-agent`` or
+``~/.local/share/edge-agent``), so a test can point the whole app at a temp dir with one variable.
+
+Precedence (lowest to highest): defaults < ``home/config.toml`` < environment < explicit overrides
+(CLI flags, the TUI settings screen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from edge_agent.errors import ConfigError
+
+ENV_PREFIX = "EDGE_AGENT_"
+
+# Settings whose values are secrets: never written to logs, transcripts, cache keys or exports.
+SECRET_FIELDS = frozenset({"brave_api_key", "gcv_api_key", "serpapi_api_key"})
+
+
+def default_home() -> Path:
+    env = os.environ.get("EDGE_AGENT_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return base / "edge-agent"
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass
+class Settings:
+    """All settings. Field docs double as the help text of the settings screen."""
+
+    home: Path = _doc("Where edge-agent keeps models, cache, chats and config.", default_factory=default_home)
+
+    # --- models -------------------------------------------------------------------------------
+    model: str = _doc("Agent model: a catalog name or a path to a GGUF file. Empty: the default installed model.", default="")
+    mmproj: str = _doc("Vision projector (mmproj) GGUF for the agent model. Empty: from the catalog / next to the model.", default="")
+    prophet: str = _doc("SeProD prophet (base) model: a catalog name or a GGUF path. Empty: SeProD off.", default="")
+    prophet_mmproj: str = _doc("mmproj GGUF for the prophet model.", default="")
+    n_ctx: int = _doc("Context length in tokens for each model.", default=8192)
+    n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
+    n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
+    extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
+
+    # --- agent --------------------------------------------------------------------------------
+    mode: str = _doc("Reasoning mode: ssr (scored rationales) or freeform (the model writes its reasoning).", default="ssr")
+    max_turns: int = _doc("Most agent turns (tool calls) before the model must answer.", default=5)
+    ssr_tau: float = _doc("SSR softmax temperature over rationale scores.", default=1.0)
+    ssr_sample: bool = _doc("SSR: sample a rationale (seeded) instead of taking the best.", default=False)
+    ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.", default=False)
+    rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
+    freeform_max_tokens: int = _doc("Free-form mode: most reasoning tokens per turn.", default=128)
+    answer_max_tokens: int = _doc("Most tokens in an answer.", default=256)
+    temperature: float = _doc("Sampling temperature for actions and answers (0: greedy).", default=0.0)
+    seed: int = _doc("Random seed for sampling.", default=0)
+
+    # --- SeProD -------------------------------------------------------------------------------
+    seprod: bool = _doc("Use the prophet model to draft (SeProD) when one is configured.", default=True)
+    seprod_draft_len: int = _doc("SeProD: tokens the prophet drafts per round (L_d).", default=16)
+    seprod_tau: float = _doc("SeProD: acceptance threshold on the combined score s_j.", default=0.1)
+    seprod_a0: float = _doc("SeProD: base weight a0 of the search model in s_j.", default=0.5)
+
+    # --- search and cache ---------------------------------------------------------------------
+    offline: bool = _doc("Serve searches from the cache only; never touch the network.", default=False)
+    text_search: str = _doc("Text search backend: wikipedia, searxng or brave.", default="wikipedia")
+    image_search: str = _doc("Image search backend: none, gcv (Google Cloud Vision) or serpapi (Google Lens).", default="none")
+    search_top_k: int = _doc("Results per search.", default=5)
+    search_timeout: float = _doc("Seconds before a search request gives up.", default=10.0)
+    wikipedia_url: str = _doc("Wikipedia API endpoint.", default="https://en.wikipedia.org/w/api.php")
+    searxng_url: str = _doc("Your SearXNG instance, e.g. http://localhost:8888.", default="")
+    brave_url: str = _doc("Brave Search API endpoint.", default="https://api.search.brave.com/res/v1/web/search")
+    brave_api_key: str = _doc("Brave Search API key (secret).", default="")
+    gcv_url: str = _doc("Google Cloud Vision endpoint.", default="https://vision.googleapis.com/v1/images:annotate")
+    gcv_api_key: str = _doc("Google Cloud Vision API key (secret).", default="")
+    serpapi_url: str = _doc("SerpApi endpoint.", default="https://serpapi.com/search.json")
+    serpapi_api_key: str = _doc("SerpApi key (secret).", default="")
+    public_image_url_prefix: str = _doc(
+        "SerpApi Google Lens needs a public URL for the image: a prefix under which you publish images "
+        "(the app uploads nothing; you must sync `home/public/` there yourself).",
+        default="",
+    )
+
+    # --- derived paths (not settings of their own) ---------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def models_dir(self) -> Path:
+        return Path(os.environ.get("EDGE_AGENT_MODELS_DIR", "") or self.home / "models")
+
+    @property
+    def cache_path(self) -> Path:
+        return self.home / "search-cache.sqlite3"
+
+    @property
+    def chats_path(self) -> Path:
+        return self.home / "chats.sqlite3"
+
+    @property
+    def crops_dir(self) -> Path:
+        return self.home / "crops"
+
+    # --- loading and saving -------------------------------------------------------------------
+    @classmethod
+    def load(cls, overrides: dict[str, Any] | None = None, *, env: dict[str, str] | None = None) -> Settings:
+        """Defaults < config file < environment < ``overrides`` (None values in overrides are ignored)."""
+        env = dict(os.environ) if env is None else env
+        s = cls()
+        if "EDGE_AGENT_HOME" in env:
+            s.home = Path(env["EDGE_AGENT_HOME"]).expanduser()
+        if s.config_path.exists():
+            try:
+                data = tomllib.loads(s.config_path.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{s.config_path} is not valid TOML ({e}). Fix or delete the file.") from e
+            s = s.updated(data, source=str(s.config_path))
+        from_env = {
+            f.name: env[ENV_PREFIX + f.name.upper()]
+            for f in fields(cls)
+            if f.name != "home" and ENV_PREFIX + f.name.upper() in env
+        }
+        s = s.updated(from_env, source="environment")
+        if overrides:
+            s = s.updated({k: v for k, v in overrides.items() if v is not None}, source="command line")
+        s.validate()
+        return s
+
+    def updated(self, values: dict[str, Any], source: str = "settings") -> Settings:
+        """A copy with ``values`` applied, each converted to the field's type (strings accepted)."""
+        hints = get_type_hints(type(self))
+        names = {f.name for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in names:
+                raise ConfigError(f"Unknown setting {key!r} in {source}. Known settings: {', '.join(sorted(names))}.")
+            changes[key] = _convert(key, raw, hints[key], source)
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        choices = {
+            "mode": ("ssr", "freeform"),
+            "text_search": ("wikipedia", "searxng", "brave"),
+            "image_search": ("none", "gcv", "serpapi"),
+            "extra_buffers": ("auto", "on", "off"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}.")
+        for name in ("n_ctx", "max_turns", "seprod_draft_len", "search_top_k", "freeform_max_tokens", "answer_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Setting {name} must be at least 1.")
+        if self.ssr_tau <= 0:
+            raise ConfigError("Setting ssr_tau must be greater than 0.")
+
+    def save(self, keys: list[str] | None = None) -> Path:
+        """Write the settings that differ from the defaults (or ``keys``) to ``config_path``."""
+        default = Settings(home=self.home)
+        out = {}
+        for f in fields(self):
+            if f.name == "home":
+                continue
+            v = getattr(self, f.name)
+            if (keys is not None and f.name in keys) or (keys is None and v != getattr(default, f.name)):
+                out[f.name] = v
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_suffix(".toml.tmp")
+        tmp.write_text(_dump_toml(out), encoding="utf-8")
+        os.replace(tmp, self.config_path)
+        return self.config_path
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings as plain values with secrets masked: safe for logs, exports and `--json`."""
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in SECRET_FIELDS:
+                v = "***" if v else ""
+            d[f.name] = str(v) if isinstance(v, Path) else v
+        return d
+
+    def secrets(self) -> list[str]:
+        """The secret values in use (for scrubbing text before it is logged or stored)."""
+        return [getattr(self, n) for n in SECRET_FIELDS if getattr(self, n)]
+
+
+def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
+    try:
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if typ is Path:
+            return Path(str(raw)).expanduser()
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"Setting {key} from {source} must be a {typ.__name__}, got {raw!r}.") from None
+
+
+def _dump_toml(values: dict[str, Any]) -> str:
+    lines = ["# edge-agent settings. Every key is documented in `edge-agent config --help`."]
+    for k, v in values.items():
+        if isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        elif isinstance(v, int | float):
+            lines.append(f"{k} = {v!r}")
+        else:
+            s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{k} = "{s}"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,56 @@
+"""User-facing errors.
+
+Every error a user can cause (a missing file, a bad model, an offline cache miss, a server that is
+down) is raised as an :class:`EdgeAgentError` with a short title and a message that says how to fix
+it. The CLI and the TUI translate these at the boundary (one line on stderr / a titled
+notification); anything else is a bug and propagates with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class EdgeAgentError(Exception):
+    """An error the user can fix. ``title`` is a few words; ``message`` says what to do."""
+
+    title: str = "Error"
+
+    def __init__(self, message: str, title: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if title is not None:
+            self.title = title
+
+    def __str__(self) -> str:  # one line, for the CLI
+        return f"{self.title}: {self.message}"
+
+
+class ConfigError(EdgeAgentError):
+    title = "Bad setting"
+
+
+class ModelFileError(EdgeAgentError):
+    """A model or mmproj file is missing, corrupt, of the wrong kind, or does not fit its pair."""
+
+    title = "Model file problem"
+
+
+class ModelRuntimeError(EdgeAgentError):
+    """llama.cpp refused an operation (context full, decode failed, ...)."""
+
+    title = "Model error"
+
+
+class ImageError(EdgeAgentError):
+    title = "Image problem"
+
+
+class SearchError(EdgeAgentError):
+    title = "Search failed"
+
+
+class CacheError(EdgeAgentError):
+    title = "Cache problem"
+
+
+class Cancelled(Exception):
+    """Raised inside the engine when the user cancels; not an error, never shown as one."""

@@ -1,0 +1,104 @@
+"""Plain values the runtime returns, and the verbs the agent depends on.
+
+This module does not import llama_cpp: the agent, tools and UI may import it freely. The
+implementation lives in the other modules of this package (the only code that imports llama_cpp).
+Shapes: V = vocabulary size, T = tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ImageChunk:
+    """An image evaluated into the context: ``n_tokens`` KV cells, ``n_pos`` positions (max(nx, ny) for M-RoPE)."""
+
+    n_tokens: int
+    n_pos: int
+    nx: int
+    ny: int
+    width: int  # pixels of the image handed to the model (after any resize by mtmd)
+    height: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A point in a session to roll back to: cells [0, n_cells) of seq 0, and the position counter."""
+
+    n_cells: int
+    n_pos: int
+    n_history: int
+
+
+@dataclass
+class ContinuationScore:
+    """Teacher-forced score of one candidate continuation.
+
+    ``logprobs[j]`` = log p(tokens[j] | context, tokens[:j]); ``mean`` = sum / count (length-normalised).
+    ``ranks[j]`` = how many vocabulary entries the model ranked strictly above tokens[j] (0 = argmax).
+    """
+
+    tokens: list[int]
+    logprobs: np.ndarray  # (T,) float64
+    ranks: np.ndarray  # (T,) int64
+    sum: float
+    mean: float
+    count: int
+
+
+@dataclass
+class Generation:
+    """What one ``generate`` call appended to the session."""
+
+    text: str
+    tokens: list[int]
+    stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled"
+    logprobs: list[float] = field(default_factory=list)  # log p of each sampled token (after grammar)
+    n_eval: int = 0  # tokens evaluated into the KV cache by this call
+    seconds: float = 0.0
+
+
+TokenCallback = Callable[[str, int], None]  # (text piece, token id)
+
+
+class SessionLike(Protocol):
+    """The verbs the agent uses. ``edge_agent.runtime.Session`` implements them on llama.cpp."""
+
+    n_pos: int  # the position counter (text: +1 a token; image: +max(nx, ny))
+    n_cells: int  # KV cells used by seq 0
+
+    def append_text(self, text: str, *, special: bool = True) -> int:
+        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens evaluated."""
+
+    def append_tokens(self, tokens: Sequence[int]) -> int: ...
+
+    def append_image(self, image: bytes) -> ImageChunk:
+        """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in vision start/end tokens."""
+
+    def checkpoint(self) -> Checkpoint: ...
+
+    def rollback(self, cp: Checkpoint) -> None: ...
+
+    def next_logprobs(self) -> np.ndarray:
+        """(V,) log-softmax of the model's distribution for the next token."""
+
+    def score(self, candidates: Sequence[str | Sequence[int]], *, special: bool = False) -> list[ContinuationScore]:
+        """Score all candidates after the current context in ONE llama_decode (shared prefixes once)."""
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        temperature: float = 0.0,
+        seed: int = 0,
+        grammar: str | None = None,
+        on_token: TokenCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation: ...
