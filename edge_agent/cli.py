@@ -1,0 +1,80 @@
+"""The ``edge-agent`` command line.
+
+Sub-commands live in ``edge_agent/commands/<name>.py`` (each defines ``command``) and are imported
+only when used, so ``edge-agent --help`` never loads llama.cpp or Textual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from edge_agent.errors import EdgeAgentError
+
+# name -> short help (shown without importing the module)
+COMMANDS = {
+    "tui": "Open the app (the default).",
+    "ask": "Ask one question about an image and print the answer.",
+    "models": "List, pull, add, verify and remove models.",
+    "cache": "Inspect, export, import, clear or prefetch the search cache.",
+    "config": "Show or change settings.",
+    "eval": "Evaluate answer quality and latency on a JSONL question set.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        try:
+            module = importlib.import_module(f"edge_agent.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"edge_agent.commands.{name}":
+                return None
+            raise
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl(list(COMMANDS.items()))
+
+    def invoke(self, ctx: click.Context):  # user errors: one line, no traceback
+        try:
+            return super().invoke(ctx)
+        except EdgeAgentError as e:
+            if os.environ.get("EDGE_AGENT_DEBUG"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=LazyGroup, invoke_without_command=True)
+@click.version_option(package_name="edge-agent")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """edge-agent: ask a small local vision-language model about your images.
+
+    \b
+    Examples:
+      edge-agent                                  open the app
+      edge-agent models pull qwen3-vl-2b-instruct  download a model (GGUF + mmproj)
+      edge-agent ask photo.jpg "What does the small sign say?"
+      edge-agent ask photo.jpg "Where is this?" --offline --json
+      edge-agent cache stats
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(cli.get_command(ctx, "tui"))
+
+
+def main() -> None:
+    cli(prog_name="edge-agent")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
