@@ -102,3 +102,25 @@ class SessionLike(Protocol):
         on_token: TokenCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> Generation: ...
+
+
+class ModelLike(Protocol):
+    """A loaded model (text GGUF + optional mmproj). ``edge_agent.runtime.Model`` implements it.
+
+    ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8,
+    extra_buffers="auto", seed=0)`` validates the files in Python first (edge_agent.modelfile) and
+    raises ModelFileError instead of letting llama.cpp abort the process.
+    """
+
+    has_vision: bool
+    n_vocab: int
+    n_ctx: int
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def session(self) -> SessionLike:
+        """A fresh, empty session (clears this model's KV cache: one live session per model)."""
+
+    def close(self) -> None: ...
