@@ -1,0 +1,85 @@
+"""Settings precedence, validation, persistence; the CLI shell; the import boundaries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from edge_agent.cli import cli
+from edge_agent.config import Settings
+from edge_agent.errors import ConfigError
+
+
+def test_precedence_defaults_file_env_overrides(tmp_path):
+    """file beats defaults, env beats file, explicit overrides beat env."""
+    (tmp_path / "config.toml").write_text('mode = "freeform"\nmax_turns = 3\nssr_tau = 0.5\n')
+    env = {"EDGE_AGENT_HOME": str(tmp_path), "EDGE_AGENT_MAX_TURNS": "7"}
+    s = Settings.load({"ssr_tau": 2.0, "seed": None}, env=env)
+    assert (s.mode, s.max_turns, s.ssr_tau, s.seed) == ("freeform", 7, 2.0, 0)
+    assert s.home == tmp_path and s.cache_path.parent == tmp_path
+
+
+def test_bad_values_are_clear_errors(tmp_path):
+    env = {"EDGE_AGENT_HOME": str(tmp_path)}
+    with pytest.raises(ConfigError, match="mode must be one of ssr, freeform"):
+        Settings.load({"mode": "telepathy"}, env=env)
+    with pytest.raises(ConfigError, match="max_turns .* must be a int"):
+        Settings.load(env={**env, "EDGE_AGENT_MAX_TURNS": "many"})
+    with pytest.raises(ConfigError, match="Unknown setting 'colour'"):
+        Settings.load({"colour": "red"}, env=env)
+    (tmp_path / "config.toml").write_text("mode = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.load(env=env)
+
+
+def test_save_roundtrip_and_secret_masking(tmp_path):
+    s = Settings.load({"mode": "freeform", "brave_api_key": "sk-secret-123", "offline": True},
+                      env={"EDGE_AGENT_HOME": str(tmp_path)})
+    s.save()
+    again = Settings.load(env={"EDGE_AGENT_HOME": str(tmp_path)})
+    assert (again.mode, again.offline, again.brave_api_key) == ("freeform", True, "sk-secret-123")
+    assert "sk-secret-123" not in str(again.public_dict())
+
+
+def test_config_cli_set_and_show(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path))
+    r = CliRunner().invoke(cli, ["config", "set", "max_turns", "2"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["config", "show"])
+    assert "max_turns" in r.output and " 2" in r.output
+    r = CliRunner().invoke(cli, ["config", "set", "mode", "nonsense"])
+    assert r.exit_code == 2 and r.output.startswith("Error: Bad setting: Setting mode must be one of")
+
+
+def test_help_is_fast_and_light():
+    """`edge-agent --help` lists the commands without importing llama_cpp or textual."""
+    code = (
+        "import sys; from click.testing import CliRunner; from edge_agent.cli import cli; "
+        "r = CliRunner().invoke(cli, ['--help']); print(r.output); "
+        "print('HEAVY', [m for m in ('llama_cpp', 'textual') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for name in ("ask", "models", "cache", "config", "eval", "tui"):
+        assert f"  {name}" in out
+    assert "HEAVY []" in out
+
+
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [
+        ("edge_agent.agent.loop", ("llama_cpp", "textual", "requests")),
+        ("edge_agent.runtime", ("textual",)),
+        ("tools.search", ("llama_cpp", "textual")),
+        ("tools.zoom", ("llama_cpp", "textual")),
+        ("edge_agent.engine", ("textual",)),
+    ],
+)
+def test_import_boundaries(module, forbidden):
+    """The layers stay apart: importing a layer never drags in what it must not know."""
+    code = f"import sys, {module}; print([m for m in {forbidden!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
