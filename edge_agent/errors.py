@@ -34,6 +34,12 @@ class ModelFileError(EdgeAgentError):
     title = "Model file problem"
 
 
+class DownloadError(EdgeAgentError):
+    """A model download failed (network, hub refused, checksum mismatch, disk full); the message says what to do."""
+
+    title = "Download failed"
+
+
 class ModelRuntimeError(EdgeAgentError):
     """llama.cpp refused an operation (context full, decode failed, ...)."""
 
