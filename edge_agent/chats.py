@@ -1,0 +1,426 @@
+"""Chat persistence: chats, their messages and every agent event of every answer, in embedded SQLite.
+
+Knows: the schema, how to write an answer event by event (one small transaction each, WAL, so a
+chat survives the app being killed mid-answer), how to rebuild typed events from their stored JSON,
+and how to export a chat to Markdown and JSON (tool calls, crops, rationale scores included).
+Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
+thread and reads from the UI thread through one connection guarded by a lock.
+
+Layout: ``chats(id, title, created, updated)``; ``messages(id, chat_id, role, text, image, status,
+created)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
+run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``events(message_id, seq, kind,
+data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
+was cut off by a crash and reads as ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_agent.agent import events as ev
+from edge_agent.errors import EdgeAgentError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    text TEXT NOT NULL DEFAULT '',
+    image TEXT,
+    status TEXT NOT NULL DEFAULT 'done',
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
+"""
+
+
+class ChatStoreError(EdgeAgentError):
+    title = "Chat history problem"
+
+
+@dataclass(frozen=True)
+class ChatSummary:
+    id: int
+    title: str
+    created: float
+    updated: float
+    n_messages: int
+
+
+@dataclass
+class Message:
+    """One message. ``events`` (assistant only) are the typed agent events in the order they came."""
+
+    id: int
+    role: str
+    text: str
+    image: str | None
+    status: str
+    created: float
+    events: list[ev.Event] = field(default_factory=list)
+
+
+@dataclass
+class Chat:
+    id: int
+    title: str
+    created: float
+    updated: float
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def images(self) -> list[str]:
+        """Every image attached in this chat, in order (a chat can hold several)."""
+        return [m.image for m in self.messages if m.role == "user" and m.image]
+
+
+# --- events <-> JSON --------------------------------------------------------------------------------
+
+def _event_classes() -> dict[str, type[ev.Event]]:
+    out: dict[str, type[ev.Event]] = {}
+    for obj in vars(ev).values():
+        if isinstance(obj, type) and issubclass(obj, ev.Event) and obj is not ev.Event:
+            out[obj.kind] = obj
+    return out
+
+
+def _as_field(value: Any, typ: Any) -> Any:
+    # JSON turns tuples into lists; the events are frozen dataclasses with tuple fields.
+    text = str(typ)
+    if "RationaleCandidate" in text and isinstance(value, list):
+        return tuple(ev.RationaleCandidate(**c) for c in value)
+    if text.startswith("tuple") and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def event_from_json(data: dict[str, Any]) -> ev.Event | None:
+    """The typed event for ``Event.to_json()`` output; None for a kind this version does not know."""
+    cls = _event_classes().get(data.get("event", ""))
+    if cls is None:
+        return None
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _as_field(data[f.name], f.type)
+    try:
+        return cls(**kwargs)
+    except TypeError:  # a stored event from an older/newer schema: skip rather than fail the chat
+        return None
+
+
+def _scrub(obj: Any, secrets: Iterable[str]) -> Any:
+    secrets = [s for s in secrets if s]
+    if not secrets:
+        return obj
+    if isinstance(obj, str):
+        for s in secrets:
+            obj = obj.replace(s, "***")
+        return obj
+    if isinstance(obj, dict):
+        return {k: _scrub(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_scrub(v, secrets) for v in obj]
+    return obj
+
+
+# --- the store --------------------------------------------------------------------------------------
+
+class ChatStore:
+    """All chats in one SQLite file (``Settings.chats_path``). Open once per process; close at exit."""
+
+    def __init__(self, path: Path | str, *, secrets: Iterable[str] = ()) -> None:
+        self.path = Path(path)
+        self._secrets = [s for s in secrets if s]
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL: a committed event survives the app being killed (not a power cut).
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ChatStoreError(
+                    f"{self.path} was written by a newer edge-agent (schema {version}). "
+                    "Upgrade edge-agent, or move the file away to start a fresh history."
+                )
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # Answers still 'running' were cut off when the app last died.
+            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
+        except sqlite3.DatabaseError as e:
+            raise ChatStoreError(
+                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
+            ) from e
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, args)
+
+    # --- chats ---
+    def new_chat(self, title: str = "New chat") -> int:
+        now = time.time()
+        return int(self._exec("INSERT INTO chats(title, created, updated) VALUES (?, ?, ?)", (title, now, now)).lastrowid)
+
+    def list_chats(self) -> list[ChatSummary]:
+        """Newest activity first."""
+        rows = self._exec(
+            "SELECT c.id, c.title, c.created, c.updated, COUNT(m.id) AS n FROM chats c "
+            "LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ChatSummary(r["id"], r["title"], r["created"], r["updated"], r["n"]) for r in rows]
+
+    def rename(self, chat_id: int, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            raise ChatStoreError("A chat title cannot be empty.", title="Cannot rename")
+        self._exec("UPDATE chats SET title=? WHERE id=?", (title, chat_id))
+
+    def delete(self, chat_id: int) -> None:
+        self._exec("DELETE FROM chats WHERE id=?", (chat_id,))
+
+    def _touch(self, chat_id: int) -> None:
+        self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
+
+    # --- messages ---
+    def add_user_message(self, chat_id: int, text: str, image: str | None = None) -> int:
+        with self._lock:
+            cur = self._exec(
+                "INSERT INTO messages(chat_id, role, text, image, status, created) VALUES (?, 'user', ?, ?, 'done', ?)",
+                (chat_id, text, image, time.time()),
+            )
+            # The first question names the chat until the user renames it.
+            n = self._exec("SELECT COUNT(*) FROM messages WHERE chat_id=? AND role='user'", (chat_id,)).fetchone()[0]
+            if n == 1:
+                title = " ".join(text.split())[:60] or (Path(image).name if image else "New chat")
+                self._exec("UPDATE chats SET title=? WHERE id=? AND title='New chat'", (title, chat_id))
+            self._touch(chat_id)
+            return int(cur.lastrowid)
+
+    def start_answer(self, chat_id: int) -> int:
+        cur = self._exec(
+            "INSERT INTO messages(chat_id, role, text, status, created) VALUES (?, 'assistant', '', 'running', ?)",
+            (chat_id, time.time()),
+        )
+        return int(cur.lastrowid)
+
+    def add_event(self, message_id: int, event: ev.Event) -> None:
+        """Store one event now (its own transaction): nothing is lost if the app dies after this."""
+        data = _scrub(event.to_json(), self._secrets)
+        with self._lock:
+            seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,)).fetchone()[0]
+            self._exec(
+                "INSERT INTO events(message_id, seq, kind, data) VALUES (?, ?, ?, ?)",
+                (message_id, seq, event.kind, json.dumps(data, ensure_ascii=False)),
+            )
+            if isinstance(event, ev.FinalAnswer):
+                self._exec(
+                    "UPDATE messages SET text=?, status=? WHERE id=?",
+                    (_scrub(event.answer, self._secrets), event.stop_reason, message_id),
+                )
+
+    def finish_answer(self, message_id: int, status: str, text: str | None = None) -> None:
+        """Close an answer that ended without a FinalAnswer (cancelled, error); keeps the streamed text."""
+        with self._lock:
+            if text is None:
+                text = answer_text(self.message_events(message_id))
+            self._exec(
+                "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND status='running'",
+                (status, _scrub(text, self._secrets), message_id),
+            )
+            row = self._exec("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
+            if row:
+                self._touch(row[0])
+
+    def message_events(self, message_id: int) -> list[ev.Event]:
+        rows = self._exec("SELECT data FROM events WHERE message_id=? ORDER BY seq", (message_id,)).fetchall()
+        out = []
+        for r in rows:
+            e = event_from_json(json.loads(r[0]))
+            if e is not None:
+                out.append(e)
+        return out
+
+    def load(self, chat_id: int) -> Chat:
+        row = self._exec("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
+        if row is None:
+            raise ChatStoreError(f"There is no chat {chat_id}. List chats with Ctrl+O.", title="No such chat")
+        chat = Chat(row["id"], row["title"], row["created"], row["updated"])
+        for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
+            msg = Message(m["id"], m["role"], m["text"], m["image"], m["status"], m["created"])
+            if msg.role == "assistant":
+                msg.events = self.message_events(msg.id)
+                if not msg.text:
+                    msg.text = answer_text(msg.events)
+            chat.messages.append(msg)
+        return chat
+
+    def history(self, chat_id: int) -> list[dict[str, Any]]:
+        """Earlier finished exchanges of a chat: [{question, image, answer}], oldest first."""
+        out: list[dict[str, Any]] = []
+        pending: dict[str, Any] | None = None
+        for m in self.load(chat_id).messages:
+            if m.role == "user":
+                pending = {"question": m.text, "image": m.image, "answer": ""}
+            elif pending is not None:
+                pending["answer"] = m.text
+                if m.text:
+                    out.append(pending)
+                pending = None
+        return out
+
+    # --- export ---
+    def export_json(self, chat_id: int) -> dict[str, Any]:
+        chat = self.load(chat_id)
+        return {
+            "format": "edge-agent-chat",
+            "version": SCHEMA_VERSION,
+            "id": chat.id,
+            "title": chat.title,
+            "created": chat.created,
+            "updated": chat.updated,
+            "messages": [
+                {
+                    "role": m.role,
+                    "text": m.text,
+                    "image": m.image,
+                    "status": m.status,
+                    "created": m.created,
+                    "events": [_scrub(e.to_json(), self._secrets) for e in m.events],
+                }
+                for m in chat.messages
+            ],
+        }
+
+    def export_markdown(self, chat_id: int, *, image_ref=None) -> str:
+        """The chat as Markdown. ``image_ref(path) -> str`` maps an image path to the link to write."""
+        chat = self.load(chat_id)
+        ref = image_ref or (lambda p: p)
+        lines = [f"# {chat.title}", ""]
+        for m in chat.messages:
+            if m.role == "user":
+                lines += ["## You", ""]
+                if m.image:
+                    lines += [f"![attached image]({ref(m.image)})", ""]
+                lines += [m.text, ""]
+                continue
+            lines += ["## edge-agent", ""]
+            lines += _events_markdown(m.events, ref)
+            lines += ["**Answer**" + ("" if m.status in ("answered", "done") else f" ({m.status})"), ""]
+            lines += [_scrub(m.text, self._secrets) or "_(no answer)_", ""]
+        return "\n".join(lines).rstrip() + "\n"
+
+    def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
+        """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
+        directory = Path(directory)
+        chat = self.load(chat_id)
+        slug = "".join(c if c.isalnum() else "-" for c in chat.title.lower()).strip("-")[:40] or "chat"
+        slug = f"{chat.id:04d}-{slug}"
+        files = directory / f"{slug}_files"
+        copied: dict[str, str] = {}
+
+        def image_ref(path: str) -> str:
+            if path in copied:
+                return copied[path]
+            src = Path(path)
+            if not src.is_file():
+                copied[path] = path  # gone since: keep the original path as a reference
+                return path
+            files.mkdir(parents=True, exist_ok=True)
+            dst = files / f"{len(copied):02d}-{src.name}"
+            shutil.copyfile(src, dst)
+            copied[path] = f"{files.name}/{dst.name}"
+            return copied[path]
+
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            md = self.export_markdown(chat_id, image_ref=image_ref)
+            data = self.export_json(chat_id)
+            data["files"] = copied
+            md_path = directory / f"{slug}.md"
+            json_path = directory / f"{slug}.json"
+            md_path.write_text(md, encoding="utf-8")
+            json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise ChatStoreError(f"Cannot write the export to {directory} ({e}). Pick a writable folder.",
+                                 title="Export failed") from e
+        return md_path, json_path
+
+
+def answer_text(events: Iterable[ev.Event]) -> str:
+    """The answer as far as it streamed (the final answer when there is one)."""
+    parts: list[str] = []
+    for e in events:
+        if isinstance(e, ev.FinalAnswer):
+            return e.answer
+        if isinstance(e, ev.AnswerToken):
+            parts.append(e.text)
+    return "".join(parts)
+
+
+def _events_markdown(events: list[ev.Event], ref) -> list[str]:
+    lines: list[str] = []
+    for e in events:
+        if isinstance(e, ev.TurnStarted):
+            lines += [f"### Turn {e.turn}", ""]
+        elif isinstance(e, ev.RationaleScored):
+            lines += ["| | rationale | action | score | p |", "|---|---|---|---|---|"]
+            for i, c in enumerate(e.candidates):
+                mark = "**>**" if i == e.chosen else ""
+                text = c.text.replace("|", "\\|").replace("\n", " ")
+                lines.append(f"| {mark} | {text} | {c.action} | {c.score:.3f} | {c.prob:.2f} |")
+            lines.append("")
+        elif isinstance(e, ev.ReasoningDone):
+            lines += ["> " + line for line in (e.text or "").splitlines()] + [""]
+        elif isinstance(e, ev.DraftVerified):
+            lines += [f"Prophet ({e.mode}): accepted {e.accepted}/{e.drafted} tokens: `{e.accepted_text}`", ""]
+        elif isinstance(e, ev.ToolCalled):
+            lines += [f"Tool call: `{e.name}` `{json.dumps(e.arguments, ensure_ascii=False)}`", ""]
+        elif isinstance(e, ev.ToolFinished):
+            badge = f"[{e.status}]" if e.status else ""
+            lines += [f"Tool result {badge}: {'ok' if e.ok else 'failed'}", ""]
+            if e.image_path:
+                lines += [f"![crop]({ref(e.image_path)})", ""]
+            for r in e.results:
+                title = r.get("title", "")
+                url = r.get("url", "")
+                lines.append(f"- [{title}]({url}) {r.get('snippet', '')}".rstrip())
+            if e.results:
+                lines.append("")
+            elif e.observation and not e.image_path:
+                lines += ["```", e.observation, "```", ""]
+        elif isinstance(e, ev.AgentError):
+            lines += [f"**{e.title}**: {e.message}", ""]
+    return lines

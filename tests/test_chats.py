@@ -1,0 +1,154 @@
+"""Chat persistence: event-by-event writes, crash survival, resume, rename, delete, export."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from edge_agent.agent import events as ev
+from edge_agent.chats import ChatStore, ChatStoreError, event_from_json
+from tests.ui_fakes import make_image, script
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path / "chats.sqlite3", secrets=["SECRETKEY123"])
+    yield s
+    s.close()
+
+
+def _record(store, chat_id, question, image, crop):
+    store.add_user_message(chat_id, question, image)
+    mid = store.start_answer(chat_id)
+    for e in script(question, image, crop):
+        store.add_event(mid, e)
+    return mid
+
+
+def test_every_event_kind_round_trips_through_json(tmp_path):
+    """event_from_json(e.to_json()) == e for every event of a full scripted run (tuples restored)."""
+    for e in script("q", "/x.png", "/crop.png"):
+        back = event_from_json(json.loads(json.dumps(e.to_json())))
+        assert back == e
+    assert event_from_json({"event": "from_the_future", "x": 1}) is None
+
+
+def test_resume_returns_messages_and_typed_events(store, tmp_path):
+    """A finished answer loads back with its text, status and the exact event sequence."""
+    img = str(make_image(tmp_path / "a.png"))
+    cid = store.new_chat()
+    _record(store, cid, "What does the sign say?", img, str(make_image(tmp_path / "c.png")))
+    chat = store.load(cid)
+    assert chat.title == "What does the sign say?"
+    user, answer = chat.messages
+    assert (user.role, user.image) == ("user", img)
+    assert answer.status == "answered"
+    assert answer.text.startswith("The sign says **OPEN**")
+    assert [e.kind for e in answer.events] == [e.kind for e in script("q", img, None)]
+    scored = [e for e in answer.events if isinstance(e, ev.RationaleScored)][0]
+    assert scored.chosen == 2 and abs(scored.candidates[2].prob - 0.55) < 1e-9
+    assert store.history(cid) == [{"question": "What does the sign say?", "image": img, "answer": answer.text}]
+
+
+def test_several_images_per_chat(store, tmp_path):
+    cid = store.new_chat()
+    a, b = (str(make_image(tmp_path / n)) for n in ("a.png", "b.png"))
+    _record(store, cid, "first", a, None)
+    _record(store, cid, "second", b, None)
+    assert store.load(cid).images == [a, b]
+
+
+def test_answer_survives_a_killed_process(tmp_path):
+    """Events committed before the process dies are there on the next open; the answer reads 'interrupted'."""
+    db = tmp_path / "chats.sqlite3"
+    code = f"""
+import os
+from edge_agent.chats import ChatStore
+from tests.ui_fakes import script
+s = ChatStore({str(db)!r})
+cid = s.new_chat()
+s.add_user_message(cid, "q", None)
+mid = s.start_answer(cid)
+for e in script("q", None, None)[:-4]:  # stop inside the streamed answer
+    s.add_event(mid, e)
+os._exit(9)  # no close, no commit hooks: like a kill
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert r.returncode == 9
+    s = ChatStore(db)
+    chat = s.load(s.list_chats()[0].id)
+    answer = chat.messages[1]
+    assert answer.status == "interrupted"
+    assert answer.text == "The sign says"  # the streamed part is kept
+    assert sum(isinstance(e, ev.ToolFinished) for e in answer.events) == 2
+    s.close()
+
+
+def test_cancelled_answer_keeps_partial_text(store):
+    cid = store.new_chat()
+    store.add_user_message(cid, "q")
+    mid = store.start_answer(cid)
+    store.add_event(mid, ev.AnswerToken(turn=1, text="Part"))
+    store.finish_answer(mid, "cancelled")
+    m = store.load(cid).messages[1]
+    assert (m.status, m.text) == ("cancelled", "Part")
+
+
+def test_rename_delete_and_order(store):
+    a = store.new_chat()
+    b = store.new_chat()
+    store.add_user_message(a, "newest activity")
+    assert [c.id for c in store.list_chats()] == [a, b]
+    store.rename(b, "  My   chat ")
+    assert store.load(b).title == "My chat"
+    with pytest.raises(ChatStoreError):
+        store.rename(b, "   ")
+    store.delete(a)
+    assert [c.id for c in store.list_chats()] == [b]
+    with pytest.raises(ChatStoreError):
+        store.load(a)
+    # the cascade removed its messages and events too
+    n = store._exec("SELECT COUNT(*) FROM messages WHERE chat_id=?", (a,)).fetchone()[0]
+    assert n == 0
+
+
+def test_export_markdown_and_json_with_crops_scores_and_no_secrets(store, tmp_path):
+    """The export holds tool calls, the crop image (copied), the rationale scores; never an API key."""
+    img = str(make_image(tmp_path / "photo.png"))
+    crop = str(make_image(tmp_path / "crop.png", (16, 16)))
+    cid = store.new_chat()
+    mid = _record(store, cid, "What does the sign say?", img, crop)
+    store.add_event(mid, ev.AgentError(turn=4, title="Search failed", message="key SECRETKEY123 rejected"))
+    md_path, json_path = store.export(cid, tmp_path / "out")
+    md = md_path.read_text()
+    data = json.loads(json_path.read_text())
+    assert "image_zoom_in_tool" in md and "text_search" in md
+    assert "| **>** | The detail I need is small" in md and "0.55" in md
+    assert "[cached]" in md and "Open sign" in md
+    assert "accepted 3/4" in md
+    crop_refs = [line for line in md.splitlines() if line.startswith("![crop](")]
+    assert crop_refs and (md_path.parent / crop_refs[0][8:-1]).is_file()
+    assert "SECRETKEY123" not in md and "SECRETKEY123" not in json_path.read_text()
+    kinds = [e["event"] for e in data["messages"][1]["events"]]
+    assert "rationale_scored" in kinds and "tool_finished" in kinds
+    assert data["messages"][1]["events"][2]["candidates"][2]["prob"] == 0.55
+
+
+def test_newer_schema_is_refused_with_a_fix(tmp_path):
+    db = tmp_path / "c.sqlite3"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA user_version=99")
+    con.close()
+    with pytest.raises(ChatStoreError, match="newer edge-agent"):
+        ChatStore(db)
+
+
+def test_corrupt_file_is_a_clear_error(tmp_path):
+    db = tmp_path / "c.sqlite3"
+    db.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ChatStoreError, match="Move the file away"):
+        ChatStore(db)
