@@ -78,6 +78,11 @@ class Settings:
     image_search: str = _doc("Image search backend: none, gcv (Google Cloud Vision) or serpapi (Google Lens).", default="none")
     search_top_k: int = _doc("Results per search.", default=5)
     search_timeout: float = _doc("Seconds before a search request gives up.", default=10.0)
+    search_cache_days: float = _doc(
+        "Online, a cached search younger than this many days is reused instead of asking again "
+        "(0: always ask; offline, and when a search fails, the cache is used whatever its age).",
+        default=30.0,
+    )
     wikipedia_url: str = _doc("Wikipedia API endpoint.", default="https://en.wikipedia.org/w/api.php")
     searxng_url: str = _doc("Your SearXNG instance, e.g. http://localhost:8888.", default="")
     brave_url: str = _doc("Brave Search API endpoint.", default="https://api.search.brave.com/res/v1/web/search")
@@ -162,6 +167,8 @@ class Settings:
         for name in ("n_ctx", "max_turns", "seprod_draft_len", "search_top_k", "freeform_max_tokens", "answer_max_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"Setting {name} must be at least 1.")
+        if self.search_cache_days < 0 or self.search_timeout <= 0:
+            raise ConfigError("Settings search_cache_days must be at least 0 and search_timeout greater than 0.")
         if self.ssr_tau <= 0:
             raise ConfigError("Setting ssr_tau must be greater than 0.")
 

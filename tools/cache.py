@@ -1,0 +1,452 @@
+"""The on-disk search cache: one SQLite file, safe to share between processes.
+
+Knows: how to key a search (tool + backend + normalised query, or the SHA-256 of the exact image
+bytes, + the parameters that change results; **never** an API key), how to store a response (the
+parsed results, the raw body with secrets removed, the backend and the time fetched), how to read
+it back, and how to export and import entries as JSON that is validated field by field (never
+pickle, never eval).
+
+Does not know: HTTP, backends' JSON shapes, or whether we are online; :mod:`tools.search` decides
+when to read and write. Opening the cache touches only the file (never the network).
+
+Concurrency: WAL journal + a busy timeout, one short-lived connection per operation, so the TUI, a
+``cache prefetch`` in another terminal and an eval can all use one file. A file that is not a
+readable SQLite database of our schema raises :class:`CacheError` saying to run
+``edge-agent cache clear``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import time
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_agent.errors import CacheError
+
+SCHEMA_VERSION = 1
+EXPORT_FORMAT = "edge-agent-search-cache"
+EXPORT_VERSION = 1
+
+TOOLS = ("text_search", "image_search")
+
+# Limits that import enforces (a cache file from someone else is untrusted input).
+MAX_QUERY_CHARS = 1000
+MAX_RESULTS = 50
+MAX_FIELD_CHARS = {"title": 300, "url": 2048, "snippet": 2000, "source": 100}
+MAX_RAW_CHARS = 2_000_000
+MAX_IMPORT_BYTES = 512 * 1024 * 1024
+
+REBUILD_HINT = "Run `edge-agent cache clear` to delete it and start an empty cache (cached searches are lost)."
+
+
+def normalise_query(query: str) -> str:
+    """The form of a query used in keys: NFKC, case-folded, whitespace collapsed, trimmed.
+
+    "  Eiffel   TOWER " and "eiffel tower" share one cache entry; the backend still receives the
+    query as typed (stripped).
+    """
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def make_key(tool: str, backend: str, query: str, image_sha256: str, params: dict[str, Any]) -> str:
+    """SHA-256 over canonical JSON of what determines the results. Callers must leave keys out of ``params``."""
+    blob = json.dumps(
+        {"tool": tool, "backend": backend, "query": query, "image_sha256": image_sha256, "params": params},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class CacheEntry:
+    """One stored search. ``results`` are plain dicts (title, url, snippet, source)."""
+
+    tool: str
+    backend: str
+    query: str  # normalised query; "" for image searches
+    image_sha256: str  # "" for text searches
+    params: dict[str, Any]
+    results: list[dict[str, str]]
+    raw: str | None = None  # the response body, secrets removed
+    fetched_at: float = field(default_factory=time.time)  # Unix seconds
+
+    @property
+    def key(self) -> str:
+        return make_key(self.tool, self.backend, self.query, self.image_sha256, self.params)
+
+    def to_json(self, include_raw: bool = True) -> dict[str, Any]:
+        d = {
+            "key": self.key,
+            "tool": self.tool,
+            "backend": self.backend,
+            "query": self.query,
+            "image_sha256": self.image_sha256,
+            "params": self.params,
+            "results": self.results,
+            "fetched_at": self.fetched_at,
+        }
+        if include_raw:
+            d["raw"] = self.raw
+        return d
+
+
+class SearchCache:
+    """The cache file at ``path``. Cheap to construct (does not open the file until first use)."""
+
+    def __init__(self, path: Path | str, busy_timeout: float = 15.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._ready = False
+
+    # --- connections ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection in autocommit mode; use ``with conn:``-free explicit BEGIN for writes."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its permissions.") from None
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            if not self._ready:
+                self._init(conn)
+            yield conn
+        except sqlite3.Error as e:
+            self._ready = False  # the file may have been replaced under us: check the schema again next time
+            raise self._error(e) from None
+        finally:
+            conn.close()
+
+    def _init(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL takes an exclusive lock; another process doing the same at the same
+        # moment can answer SQLITE_BUSY without the busy handler, so retry briefly.
+        for i in range(50):
+            try:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                time.sleep(0.02 * (i + 1))
+        else:
+            raise CacheError(f"The search cache {self.path} stayed locked by another process. Try again.")
+        del mode  # WAL is unavailable on some network file systems; the cache still works, just less concurrently
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+            if row is None:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if tables - {"meta"}:
+                    raise CacheError(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}")
+                conn.execute(
+                    """CREATE TABLE entries (
+                        key TEXT PRIMARY KEY,
+                        tool TEXT NOT NULL,
+                        backend TEXT NOT NULL,
+                        query TEXT NOT NULL,
+                        image_sha256 TEXT NOT NULL,
+                        params TEXT NOT NULL,
+                        results TEXT NOT NULL,
+                        raw TEXT,
+                        fetched_at REAL NOT NULL
+                    )"""
+                )
+                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise CacheError(
+                    f"The search cache {self.path} has schema version {row[0]}, this edge-agent reads version "
+                    f"{SCHEMA_VERSION}. Export it with the version that wrote it, or: {REBUILD_HINT}"
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self._ready = True
+
+    def _error(self, e: sqlite3.Error) -> CacheError:
+        text = str(e)
+        if isinstance(e, sqlite3.OperationalError):
+            if "locked" in text or "busy" in text:
+                return CacheError(f"The search cache {self.path} is locked by another process ({text}). Try again.")
+            if "unable to open" in text:
+                return CacheError(f"Cannot open the search cache {self.path} ({text}). Check the folder's permissions.")
+            if "readonly" in text or "read-only" in text:
+                return CacheError(f"The search cache {self.path} is read-only ({text}). Check its permissions.")
+            if "disk" in text and "full" in text:
+                return CacheError(f"No space left to write the search cache {self.path}. Free some disk space.")
+        return CacheError(f"The search cache {self.path} is damaged ({text}). {REBUILD_HINT}")
+
+    # --- reading and writing --------------------------------------------------------------------
+    def get(self, key: str) -> CacheEntry | None:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT tool, backend, query, image_sha256, params, results, raw, fetched_at FROM entries WHERE key=?",
+                (key,),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            entry = CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
+        except (ValueError, TypeError) as e:
+            raise CacheError(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+        return entry
+
+    def put(self, entry: CacheEntry) -> str:
+        """Insert or replace the entry under its key; returns the key."""
+        self.put_many([entry])
+        return entry.key
+
+    def put_many(self, entries: Iterable[CacheEntry], keep_newer: bool = False) -> int:
+        """Write entries in one transaction. ``keep_newer``: an existing entry fetched later wins."""
+        rows = [
+            (
+                e.key,
+                e.tool,
+                e.backend,
+                e.query,
+                e.image_sha256,
+                json.dumps(e.params, sort_keys=True, ensure_ascii=False),
+                json.dumps(e.results, ensure_ascii=False),
+                e.raw,
+                float(e.fetched_at),
+            )
+            for e in entries
+        ]
+        sql = "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET " + ", ".join(
+            f"{c}=excluded.{c}" for c in ("tool", "backend", "query", "image_sha256", "params", "results", "raw", "fetched_at")
+        )
+        if keep_newer:
+            sql += " WHERE excluded.fetched_at > entries.fetched_at"
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                written = 0
+                for r in rows:
+                    written += conn.execute(sql, r).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return written
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """All entries, oldest first (reads them in one go; caches hold thousands, not millions)."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT tool, backend, query, image_sha256, params, results, raw, fetched_at FROM entries "
+                "ORDER BY fetched_at, key"
+            ).fetchall()
+        for row in rows:
+            try:
+                yield CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
+            except (ValueError, TypeError) as e:
+                raise CacheError(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+
+    def stats(self) -> dict[str, Any]:
+        """Counts per tool and backend, time range and file size. Does not create a missing file."""
+        out: dict[str, Any] = {"path": str(self.path), "exists": self.path.exists(), "entries": 0, "by_backend": {}}
+        if not self.path.exists():
+            out.update(bytes=0, oldest=None, newest=None)
+            return out
+        with self._connect() as conn:
+            for tool, backend, n in conn.execute("SELECT tool, backend, COUNT(*) FROM entries GROUP BY tool, backend"):
+                out["by_backend"][f"{tool}/{backend}"] = n
+                out["entries"] += n
+            oldest, newest = conn.execute("SELECT MIN(fetched_at), MAX(fetched_at) FROM entries").fetchone()
+        out["oldest"], out["newest"] = oldest, newest
+        out["bytes"] = sum(p.stat().st_size for p in self._files() if p.exists())
+        return out
+
+    def clear(self) -> int:
+        """Delete every entry. A damaged file is deleted outright (with its WAL); returns entries removed."""
+        if not self.path.exists():
+            return 0
+        try:
+            with self._connect() as conn:
+                n = conn.execute("DELETE FROM entries").rowcount
+                conn.execute("VACUUM")
+            return n
+        except CacheError:
+            for p in self._files():
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            self._ready = False
+            return 0
+
+    def _files(self) -> list[Path]:
+        return [self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")]
+
+    # --- export and import ----------------------------------------------------------------------
+    def export(self, dest: Path | str, include_raw: bool = True, secrets: Iterable[str] = ()) -> int:
+        """Write every entry as one JSON document (atomically). Returns the number of entries.
+
+        ``secrets`` are removed once more from every stored text (they never should be there).
+        """
+        dest = Path(dest)
+        secrets = tuple(secrets)
+        entries = [_redact_entry(e, secrets).to_json(include_raw) for e in self.entries()]
+        doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported_at": time.time(), "entries": entries}
+        tmp = dest.with_name(dest.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, dest)
+        except OSError as e:
+            raise CacheError(f"Cannot write {dest}: {e.strerror}.") from None
+        return len(entries)
+
+    def import_file(self, src: Path | str, replace: bool = False, secrets: Iterable[str] = ()) -> tuple[int, int]:
+        """Validate and import an export. Returns (entries in the file, entries written).
+
+        Existing entries are kept when they are newer, unless ``replace``. Any invalid entry
+        rejects the whole file (nothing is written) with a message naming the entry and field.
+        """
+        src = Path(src)
+        try:
+            size = src.stat().st_size
+        except OSError as e:
+            raise CacheError(f"Cannot read {src}: {e.strerror}.") from None
+        if size > MAX_IMPORT_BYTES:
+            raise CacheError(f"{src} is {size} bytes; an export above {MAX_IMPORT_BYTES} bytes is refused.")
+        try:
+            text = src.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CacheError(f"Cannot read {src} as UTF-8 text ({e}).") from None
+        secrets = tuple(secrets)
+        entries = [_redact_entry(e, secrets) for e in parse_export(text, str(src))]
+        written = self.put_many(entries, keep_newer=not replace)
+        return len(entries), written
+
+
+def _redact_entry(e: CacheEntry, secrets: tuple[str, ...]) -> CacheEntry:
+    if not secrets:
+        return e
+    from tools.http import redact
+
+    results = [{k: redact(v, secrets) for k, v in r.items()} for r in e.results]
+    raw = redact(e.raw, secrets) if e.raw else e.raw
+    return CacheEntry(e.tool, e.backend, e.query, e.image_sha256, e.params, results, raw, e.fetched_at)
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation of exports (untrusted input)
+
+
+def parse_export(text: str, name: str = "export") -> list[CacheEntry]:
+    """Parse and validate an export: a JSON document, or JSON lines of entries. Raises CacheError."""
+    stripped = text.lstrip()
+    docs: list[Any]
+    try:
+        if stripped.startswith("{") and not _looks_like_jsonl(stripped):
+            doc = json.loads(text)
+            if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
+                raise CacheError(f"{name} is not an edge-agent cache export (missing \"format\": \"{EXPORT_FORMAT}\").")
+            if doc.get("version") != EXPORT_VERSION:
+                raise CacheError(f"{name} has export version {doc.get('version')!r}; this edge-agent reads {EXPORT_VERSION}.")
+            extra = set(doc) - {"format", "version", "exported_at", "entries"}
+            if extra:
+                raise CacheError(f"{name}: unknown top-level field(s) {', '.join(sorted(extra))}.")
+            docs = doc.get("entries")
+            if not isinstance(docs, list):
+                raise CacheError(f"{name}: \"entries\" must be a list.")
+        else:
+            docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, RecursionError) as e:
+        raise CacheError(f"{name} is not valid JSON ({e}).") from None
+    return [_validate_entry(d, f"{name} entry {i + 1}") for i, d in enumerate(docs)]
+
+
+def _looks_like_jsonl(text: str) -> bool:
+    first = text.split("\n", 1)[0].strip()
+    if not first.endswith("}"):
+        return False
+    try:
+        return isinstance(json.loads(first), dict) and "tool" in json.loads(first)
+    except ValueError:
+        return False
+
+
+_ENTRY_FIELDS = {"key", "tool", "backend", "query", "image_sha256", "params", "results", "raw", "fetched_at"}
+_REQUIRED = {"tool", "backend", "query", "image_sha256", "params", "results", "fetched_at"}
+
+
+def _validate_entry(d: Any, where: str) -> CacheEntry:
+    def bad(msg: str) -> CacheError:
+        return CacheError(f"{where}: {msg}. The file was not imported.")
+
+    if not isinstance(d, dict):
+        raise bad("must be a JSON object")
+    extra = set(d) - _ENTRY_FIELDS
+    if extra:
+        raise bad(f"unknown field(s) {', '.join(sorted(extra))}")
+    missing = _REQUIRED - set(d)
+    if missing:
+        raise bad(f"missing field(s) {', '.join(sorted(missing))}")
+    tool, backend, query, sha = d["tool"], d["backend"], d["query"], d["image_sha256"]
+    if tool not in TOOLS:
+        raise bad(f"tool must be one of {', '.join(TOOLS)}")
+    if not isinstance(backend, str) or not backend.isidentifier() or len(backend) > 40:
+        raise bad("backend must be a short name")
+    if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
+        raise bad(f"query must be a string of at most {MAX_QUERY_CHARS} characters")
+    if not isinstance(sha, str) or (sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha))):
+        raise bad("image_sha256 must be empty or 64 lowercase hex digits")
+    if tool == "text_search" and (sha or not query):
+        raise bad("a text_search entry has a query and no image_sha256")
+    if tool == "image_search" and (query or not sha):
+        raise bad("an image_search entry has an image_sha256 and an empty query")
+    if query != normalise_query(query):
+        raise bad("query is not in normalised form")
+    params = d["params"]
+    if not isinstance(params, dict) or len(params) > 20:
+        raise bad("params must be an object of at most 20 fields")
+    for k, v in params.items():
+        if not isinstance(k, str) or len(k) > 40:
+            raise bad("params keys must be short strings")
+        if "key" in k.lower() or "token" in k.lower() or "secret" in k.lower():
+            raise bad(f"params must not hold credentials ({k!r})")
+        if not (v is None or isinstance(v, bool | int | str) or (isinstance(v, float) and math.isfinite(v))):
+            raise bad(f"params[{k!r}] must be a string, number, boolean or null")
+        if isinstance(v, str) and len(v) > 2048:
+            raise bad(f"params[{k!r}] is too long")
+    results = d["results"]
+    if not isinstance(results, list) or len(results) > MAX_RESULTS:
+        raise bad(f"results must be a list of at most {MAX_RESULTS}")
+    for j, r in enumerate(results):
+        if not isinstance(r, dict) or set(r) != set(MAX_FIELD_CHARS):
+            raise bad(f"results[{j}] must have exactly the fields {', '.join(MAX_FIELD_CHARS)}")
+        for f, limit in MAX_FIELD_CHARS.items():
+            if not isinstance(r[f], str) or len(r[f]) > limit:
+                raise bad(f"results[{j}].{f} must be a string of at most {limit} characters")
+            if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co") for c in r[f]):
+                raise bad(f"results[{j}].{f} holds control characters")
+        if r["url"] and not r["url"].startswith(("http://", "https://")):
+            raise bad(f"results[{j}].url must be an http(s) URL or empty")
+    raw = d.get("raw")
+    if raw is not None and (not isinstance(raw, str) or len(raw) > MAX_RAW_CHARS):
+        raise bad(f"raw must be null or a string of at most {MAX_RAW_CHARS} characters")
+    fetched = d["fetched_at"]
+    if isinstance(fetched, bool) or not isinstance(fetched, int | float) or not math.isfinite(fetched) or fetched < 0:
+        raise bad("fetched_at must be a non-negative number of seconds since 1970")
+    if fetched > time.time() + 86400:
+        raise bad("fetched_at is in the future")
+    entry = CacheEntry(tool, backend, query, sha, dict(params), [dict(r) for r in results], raw, float(fetched))
+    if "key" in d and d["key"] != entry.key:
+        raise bad("key does not match the entry's fields (edited by hand?)")
+    return entry

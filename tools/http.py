@@ -1,0 +1,302 @@
+"""One careful HTTP GET/POST that returns parsed JSON or a typed, secret-free failure.
+
+Knows: timeouts (connect and a total deadline per attempt, so a server that drips bytes cannot
+hold us), retries with exponential backoff on 429 and 5xx honouring ``Retry-After`` (seconds or an
+HTTP date) up to a cap, a hard limit on the body size, empty and invalid JSON bodies, and how to
+keep API keys out of every message it produces (:func:`redact`) and out of urllib3's debug log
+(:func:`protect_logs`).
+
+Does not know: search backends, the cache, settings. It never raises for a network or server
+problem: those come back as :class:`FetchError` (an exception the caller catches and turns into
+an observation); anything else that escapes is a bug.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
+
+import requests
+
+log = logging.getLogger(__name__)
+
+# Status codes worth another try: rate limited, or the server (or a proxy) failed.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    """How hard one request tries. Defaults suit a laptop on flaky Wi-Fi; tests shrink the waits."""
+
+    timeout: float = 10.0  # seconds: connect timeout, and the whole of one attempt (headers + body)
+    retries: int = 2  # extra attempts after the first, only for 429 / 5xx
+    backoff: float = 0.5  # first wait between attempts; doubles each time
+    max_wait: float = 8.0  # longest single wait; a Retry-After above it ends the retries at once
+    max_bytes: int = 2_000_000  # body size limit (decoded bytes); search JSON is ~5-100 kB
+
+
+class FetchError(Exception):
+    """The request did not produce usable JSON. ``kind`` is one of:
+
+    unreachable (DNS, refused, no route), timeout, http (a status >= 400 after retries),
+    rate_limited (429 with a wait longer than we accept), too_large, empty, bad_json.
+    ``message`` is one line, already free of secrets.
+    """
+
+    def __init__(self, kind: str, message: str, status: int | None = None, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.attempts = attempts
+
+    @property
+    def network_down(self) -> bool:
+        """True when the network (not the service) is the problem."""
+        return self.kind in ("unreachable", "timeout")
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    data: Any  # parsed JSON
+    text: str  # the body as text (for the cache's raw copy; redact before storing)
+    status: int
+    attempts: int
+    seconds: float
+
+
+# ------------------------------------------------------------------------------------------------
+# Secrets
+
+
+_KEY_PARAM = re.compile(
+    r"(?<![A-Za-z0-9])((?:api[_-]?key|apikey|key|token|access[_-]?token|subscription[_-]?token)=)[^&\s\"'<>#]+",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (raw, URL-encoded, or as a ``key=...`` query parameter) replaced by ***.
+
+    Cheap (a few ``str.replace`` and one regex); run it on anything that may be logged, stored or shown.
+    """
+    if not text:
+        return text
+    for s in secrets:
+        if not s or len(s) < 4:  # too short to be a key; replacing it would mangle ordinary text
+            continue
+        for form in {s, quote(s, safe=""), quote_plus(s)}:
+            text = text.replace(form, "***")
+    return _KEY_PARAM.sub(r"\1***", text)
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its query string and credentials: what may appear in a log line."""
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return "<bad url>"
+    host = p.hostname or ""
+    if p.port:
+        host = f"{host}:{p.port}"
+    return urlunsplit((p.scheme, host, p.path, "", ""))
+
+
+class _RedactFilter(logging.Filter):
+    """Rewrites log records that carry a secret (urllib3 logs full request lines at DEBUG)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record is logging's problem, not ours; leave it alone
+            return True
+        with self.lock:
+            secrets = tuple(self.secrets)
+        clean = redact(msg, secrets)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+_FILTER = _RedactFilter()
+_FILTERED_LOGGERS = ("urllib3.connectionpool", "urllib3.util.retry", "requests", __name__)
+_installed = False
+
+
+def protect_logs(secrets: Iterable[str]) -> None:
+    """Make sure ``secrets`` never reach a log handler through urllib3, requests or this module."""
+    global _installed
+    with _FILTER.lock:
+        _FILTER.secrets.update(s for s in secrets if s and len(s) >= 4)
+        if not _installed:
+            for name in _FILTERED_LOGGERS:
+                logging.getLogger(name).addFilter(_FILTER)
+            _installed = True
+
+
+# ------------------------------------------------------------------------------------------------
+# The request
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Parse a Retry-After header: delta-seconds or an HTTP date. None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def fetch_json(
+    session: requests.Session,
+    method: str,
+    url: str,
+    *,
+    policy: HttpPolicy,
+    params: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    json_body: Any = None,
+    secrets: Iterable[str] = (),
+    sleep: Callable[[float], None] = time.sleep,
+) -> FetchResult:
+    """Send one request (with retries) and parse the JSON body. Raises :class:`FetchError` only."""
+    secrets = tuple(secrets)
+    t0 = time.monotonic()
+    where = safe_url(url)
+    attempt = 0
+    while True:
+        attempt += 1
+        log.debug("%s %s (attempt %d)", method, where, attempt)
+        try:
+            status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy)
+        except FetchError as e:
+            e.attempts = attempt
+            e.message = redact(e.message, secrets)
+            log.info("%s %s failed: %s", method, where, e.message)
+            raise
+        if status in RETRY_STATUSES:
+            wait = retry_after_seconds(resp_headers.get("Retry-After"))
+            what = "rate limited (429)" if status == 429 else f"server error {status}"
+            if wait is not None and wait > policy.max_wait:
+                raise FetchError(
+                    "rate_limited" if status == 429 else "http",
+                    f"{what}; the server asks to wait {wait:.0f} s, longer than the {policy.max_wait:.0f} s we wait",
+                    status,
+                    attempt,
+                )
+            if attempt > policy.retries:
+                raise FetchError(
+                    "rate_limited" if status == 429 else "http",
+                    f"{what} after {attempt} attempts",
+                    status,
+                    attempt,
+                )
+            if wait is None:
+                wait = min(policy.backoff * 2 ** (attempt - 1), policy.max_wait)
+            log.info("%s %s: %s; retrying in %.2f s", method, where, what, wait)
+            sleep(wait)
+            continue
+        if status >= 400:
+            raise FetchError("http", f"HTTP {status}{_error_hint(body, secrets)}", status, attempt)
+        if not body.strip():
+            raise FetchError("empty", f"empty response (HTTP {status})", status, attempt)
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status, attempt) from None
+        text = body.decode("utf-8", errors="replace")
+        return FetchResult(data, text, status, attempt, time.monotonic() - t0)
+
+
+def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[int, dict, bytes]:
+    """One request: (status, headers, body bytes), the body read under the size limit and deadline."""
+    deadline = time.monotonic() + policy.timeout
+    try:
+        resp = session.request(
+            method,
+            url,
+            params=params,
+            headers=headers,
+            json=json_body,
+            timeout=(policy.timeout, policy.timeout),
+            stream=True,
+            allow_redirects=True,
+        )
+    except requests.exceptions.Timeout:
+        raise FetchError("timeout", f"no answer within {policy.timeout:g} s") from None
+    except requests.exceptions.ConnectionError as e:
+        raise FetchError("unreachable", f"cannot connect ({_short_reason(e)})") from None
+    except requests.exceptions.RequestException as e:  # invalid URL, too many redirects, ...
+        raise FetchError("unreachable", f"request failed ({type(e).__name__}: {_short_reason(e)})") from None
+    try:
+        length = resp.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) > policy.max_bytes:
+            raise FetchError("too_large", f"response too large ({int(length)} bytes > {policy.max_bytes})", resp.status_code)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in resp.iter_content(65536):
+                size += len(chunk)
+                if size > policy.max_bytes:
+                    raise FetchError("too_large", f"response too large (over {policy.max_bytes} bytes)", resp.status_code)
+                if time.monotonic() > deadline:
+                    raise FetchError("timeout", f"response not complete within {policy.timeout:g} s", resp.status_code)
+                chunks.append(chunk)
+        except requests.exceptions.Timeout:
+            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s", resp.status_code) from None
+        except (requests.exceptions.RequestException, OSError) as e:
+            raise FetchError("unreachable", f"connection broke while reading ({_short_reason(e)})") from None
+        return resp.status_code, dict(resp.headers), b"".join(chunks)
+    finally:
+        resp.close()
+
+
+def _short_reason(e: BaseException) -> str:
+    """The innermost, most specific words of a requests/urllib3 error, one line, at most 200 chars."""
+    text = str(e)
+    # urllib3 wraps the cause as "...: Failed to establish a new connection: [Errno 111] Connection refused'))"
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if m:
+        text = m.group(1)
+    return " ".join(text.split())[:200]
+
+
+def _error_hint(body: bytes, secrets: tuple[str, ...]) -> str:
+    """A few words from an error body (JSON "error"/"message" fields), for the observation."""
+    try:
+        data = json.loads(body[:20000])
+    except (ValueError, RecursionError):
+        return ""
+    msg = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("info") or err.get("detail")
+        elif isinstance(err, str):
+            msg = err
+        msg = msg or data.get("message") or data.get("detail")
+    if not isinstance(msg, str) or not msg.strip():
+        return ""
+    return ": " + redact(" ".join(msg.split())[:200], secrets)
