@@ -1,0 +1,381 @@
+"""Evaluation logic on scripted event streams (pure logic: a fake engine replays known events).
+
+The real-model end-to-end run is in test_eval_e2e.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge_agent import evaluation as E
+from edge_agent.agent import events as ev
+from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RATIONALES = [
+    ("image_search", "image_search"),
+    ("text_search", "text_search"),
+    ("zoom", "zoom"),
+    ("answer_evidence", "answer"),
+    ("answer_image", "answer"),
+    ("answer_knowledge", "answer"),
+]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def scored(turn: int, chosen: str, seconds: float) -> ev.RationaleScored:
+    cands = tuple(
+        ev.RationaleCandidate(id=rid, text=f"I will {rid}.", action=act, score=-1.0, sum=-5.0, count=5,
+                              prob=0.5 if rid == chosen else 0.1)
+        for rid, act in RATIONALES
+    )
+    return ev.RationaleScored(turn=turn, candidates=cands, chosen=[r for r, _ in RATIONALES].index(chosen), seconds=seconds)
+
+
+def tool_turn(turn: int, *, rationale: str | None, action: str, reasoning: float, act: float = 0.1,
+              tool: str = "image_zoom_in_tool", status: str = "local", tool_s: float = 0.01) -> list[ev.Event]:
+    out: list[ev.Event] = [ev.TurnStarted(turn=turn)]
+    if rationale:
+        out.append(scored(turn, rationale, reasoning))
+    else:
+        out.append(ev.ReasoningDone(turn=turn, text="thinking", n_tokens=40, seconds=reasoning))
+    out.append(ev.ToolCalled(turn=turn, name=tool, arguments={}, action_seconds=act))
+    out.append(ev.ToolFinished(turn=turn, name=tool, ok=True, observation="obs", seconds=tool_s, status=status))
+    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act, tool_seconds=tool_s))
+    return out
+
+
+def answer_turn(turn: int, answer: str, *, rationale: str | None, reasoning: float, act: float = 0.2,
+                action: str = "answer") -> list[ev.Event]:
+    out: list[ev.Event] = [ev.TurnStarted(turn=turn)]
+    out.append(scored(turn, rationale, reasoning) if rationale else
+               ev.ReasoningDone(turn=turn, text="so", n_tokens=10, seconds=reasoning))
+    out.append(ev.AnswerToken(turn=turn, text=answer))
+    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act, tool_seconds=0.0))
+    out.append(ev.FinalAnswer(answer=answer, turns=turn, stop_reason="answered", totals={}))
+    return out
+
+
+# Scripted outcomes per (mode, question id). Known by construction:
+#   ssr: q1 zoom(0.1) -> "The word is Meadow." (contains, not exact), q2 text_search cached(0.2) -> "304" (exact),
+#        q3 answers "blue" (wrong) but the turn generated a zoom after an answer rationale (inconsistent).
+#   freeform: q1 "meadow" exact (reasoning 1.0 + 2.0), q2 text_search live (3.0) -> "305" wrong, q3 "Orange." exact.
+SCRIPTS: dict[tuple[str, str], list[ev.Event]] = {
+    ("ssr", "q1"): tool_turn(1, rationale="zoom", action="zoom", reasoning=0.1)
+    + answer_turn(2, "The word is Meadow.", rationale="answer_image", reasoning=0.3),
+    ("ssr", "q2"): tool_turn(1, rationale="text_search", action="text_search", reasoning=0.2, tool="text_search", status="cached")
+    + answer_turn(2, "304", rationale="answer_evidence", reasoning=0.4),
+    ("ssr", "q3"): tool_turn(1, rationale="answer_image", action="zoom", reasoning=0.5)
+    + answer_turn(2, "blue", rationale="answer_image", reasoning=0.6),
+    ("freeform", "q1"): tool_turn(1, rationale=None, action="zoom", reasoning=1.0)
+    + answer_turn(2, "meadow", rationale=None, reasoning=2.0),
+    ("freeform", "q2"): tool_turn(1, rationale=None, action="text_search", reasoning=3.0, tool="text_search", status="live")
+    + answer_turn(2, "305", rationale=None, reasoning=4.0),
+    ("freeform", "q3"): answer_turn(1, "Orange.", rationale=None, reasoning=5.0),
+}
+
+
+class ScriptedEngine:
+    """Replays SCRIPTS; counts calls; can interrupt (KeyboardInterrupt) before its n-th question."""
+
+    instances = 0
+
+    def __init__(self, interrupt_at: int | None = None, fail: set[str] = frozenset()) -> None:
+        ScriptedEngine.instances += 1
+        self.calls: list[tuple[str, str]] = []
+        self.interrupt_at = interrupt_at
+        self.fail = fail
+        self.closed = False
+
+    def ask(self, question, image=None, *, cancel=None, mode=None, seprod=False, history=None):
+        name = "ssr+seprod" if seprod else mode
+        qid = question.split(":")[0]
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.calls.append((name, qid))
+        if qid in self.fail:
+            raise ImageError(f"cannot read image for {qid}")
+        yield ev.RunStarted(question=question, image=image, mode=mode, seprod=seprod, model="scripted")
+        yield from SCRIPTS[(name, qid)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    img = tmp_path / "img.png"
+    img.write_bytes(b"not needed by the scripted engine")
+    rows = [
+        {"id": "q1", "image": "img.png", "question": "q1: what word?", "answers": ["meadow"]},
+        {"id": "q2", "image": "img.png", "question": "q2: what number?", "answers": ["304", "three hundred four"]},
+        {"id": "q3", "image": None, "question": "q3: what colour?", "answers": ["orange"]},
+    ]
+    path = tmp_path / "DATA.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_normalize_and_match():
+    """Case, punctuation, articles and whitespace are ignored; contains matches whole words only."""
+    assert E.normalize_answer("  The  Eiffel-Tower!! ") == "eiffel tower"
+    assert E.match_answer("An apple.", ["apple"]) == (True, True)
+    assert E.match_answer("It is the apple, clearly", ["Apple"]) == (False, True)
+    assert E.match_answer("pineapple", ["apple"]) == (False, False)
+    assert E.match_answer("304", ["3 0 4", "304"]) == (True, True)
+    assert E.match_answer("", ["x"]) == (False, False)
+    assert E.match_answer("anything", ["the", "!!"]) == (False, False)  # answers that normalise to nothing never match
+
+
+def test_parse_modes():
+    """Mode names are case-insensitive, aliases accepted, order kept, unknown ones refused with the choices."""
+    assert [m.name for m in E.parse_modes("Free-Form, SSR+SeProD,ssr,ssr")] == ["freeform", "ssr+seprod", "ssr"]
+    assert E.parse_modes("ssr+seprod")[0].seprod and E.parse_modes("ssr+seprod")[0].engine_mode == "ssr"
+    with pytest.raises(ConfigError, match="freeform, ssr, ssr\\+seprod"):
+        E.parse_modes("ssr,bogus")
+    with pytest.raises(ConfigError):
+        E.parse_modes(" , ")
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("{not json", "line 1 is not valid JSON"),
+        ('{"id": "a", "question": "q", "answers": []}', "answers"),
+        ('{"id": "a", "question": "", "answers": ["x"]}', "question"),
+        ('{"question": "q", "answers": ["x"]}', "'id'"),
+        ('{"id": "a", "image": "missing.png", "question": "q", "answers": ["x"]}', "missing.png not found"),
+        ('{"id": "a", "question": "q", "answers": ["x"]}\n{"id": "a", "question": "q", "answers": ["y"]}', "appears twice"),
+        ("", "holds no questions"),
+    ],
+)
+def test_load_dataset_errors(tmp_path, line, match):
+    """Every malformed question set is refused with a message naming the problem."""
+    p = tmp_path / "d.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(E.DatasetError, match=match):
+        E.load_dataset(p)
+
+
+def test_load_dataset_resolves_images_and_limit(dataset):
+    """Image paths resolve relative to the file; null image means text-only; limit takes the first N."""
+    qs = E.load_dataset(dataset)
+    assert [q.id for q in qs] == ["q1", "q2", "q3"]
+    assert qs[0].image == dataset.parent / "img.png" and qs[2].image is None
+    assert qs[1].answers == ("304", "three hundred four")
+    assert len(E.load_dataset(dataset, limit=2)) == 2
+
+
+def test_metrics_on_a_scripted_run(dataset, tmp_path):
+    """Every metric of a scripted run equals the value worked out by hand from the script."""
+    ScriptedEngine.instances = 0
+    engines: list[ScriptedEngine] = []
+
+    def factory():
+        engines.append(ScriptedEngine())
+        return engines[-1]
+
+    run = E.run_eval(dataset, "ssr,freeform", tmp_path / "out", factory)
+    assert len(engines) == 1 and engines[0].closed  # models loaded once per run
+    assert engines[0].calls == [("ssr", "q1"), ("freeform", "q1"), ("ssr", "q2"), ("freeform", "q2"),
+                                ("ssr", "q3"), ("freeform", "q3")]
+    m = run.metrics
+    assert list(m) == ["ssr", "freeform"]
+    ssr, ff = m["ssr"], m["freeform"]
+
+    assert ssr["success"]["exact"] == pytest.approx(1 / 3) and ssr["success"]["contains"] == pytest.approx(2 / 3)
+    assert ff["success"]["exact"] == pytest.approx(2 / 3) and ff["success"]["contains"] == pytest.approx(2 / 3)
+    assert ssr["turns_per_question"]["mean"] == 2 and ff["turns_per_question"]["mean"] == pytest.approx(5 / 3)
+    assert ssr["tool_calls"] == {"image_zoom_in_tool": 2, "text_search": 1}
+    assert ff["tool_calls"] == {"image_zoom_in_tool": 1, "text_search": 1}
+    assert ssr["tool_calls_per_question"] == 1.0
+
+    # rationale mix over 6 scored turns: zoom 1, text_search 1, answer_image 3, answer_evidence 1
+    assert ssr["scored_turns"] == 6
+    assert ssr["rationale_mix"] == pytest.approx(
+        {"zoom": 1 / 6, "text_search": 1 / 6, "answer_image": 3 / 6, "answer_evidence": 1 / 6})
+    assert ssr["rationale_mix_by_action"] == pytest.approx({"zoom": 1 / 6, "text_search": 1 / 6, "answer": 4 / 6})
+    assert ssr["action_consistency"] == pytest.approx(5 / 6)  # q3 turn 1: answer rationale, zoom action
+    assert ff["scored_turns"] == 0 and ff["action_consistency"] is None and ff["rationale_mix"] == {}
+
+    # reasoning per turn: ssr [0.1,0.3,0.2,0.4,0.5,0.6]; freeform [1,2,3,4,5]
+    r = ssr["reasoning_seconds_per_turn"]
+    assert r["n"] == 6 and r["mean"] == pytest.approx(2.1 / 6)
+    assert r["p50"] == pytest.approx(0.35) and r["p95"] == pytest.approx(0.575)
+    rf = ff["reasoning_seconds_per_turn"]
+    assert rf["mean"] == pytest.approx(3.0) and rf["p50"] == pytest.approx(3.0) and rf["p95"] == pytest.approx(4.8)
+    # model time per question = reasoning + action: ssr q1 0.1+0.1+0.3+0.2 = 0.7, q2 0.9, q3 1.4
+    mt = ssr["model_seconds_per_question"]
+    assert mt["mean"] == pytest.approx(3.0 / 3) and mt["p50"] == pytest.approx(0.9)
+
+    # searches: ssr one cached; freeform one live
+    assert ssr["cache_hits"] == 1 and ssr["cache_hit_rate"] == 1.0 and ssr["searches"]["cached"] == 1
+    assert ff["cache_hits"] == 0 and ff["cache_hit_rate"] == 0.0 and ff["searches"]["live"] == 1
+    # offline coverage: every question whose searches all came from the cache (none live)
+    assert ssr["offline_coverage"] == {"questions": 3, "share": 1.0, "with_searches": 1}
+    assert ff["offline_coverage"] == {"questions": 2, "share": pytest.approx(2 / 3), "with_searches": 0}
+    assert ssr["errors"] == 0 and ssr["stop_reasons"] == {"answered": 3}
+
+
+def test_percentile_matches_numpy():
+    """The percentile helper interpolates like numpy's default."""
+    np = pytest.importorskip("numpy")
+    xs = [0.3, 0.1, 5.0, 2.2, 0.7, 0.9, 1.4]
+    for q in (0, 10, 50, 95, 100):
+        assert E.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert E.percentile([], 50) is None
+
+
+def test_resume_after_interrupt_gives_same_metrics(dataset, tmp_path):
+    """Interrupted after 4 of 6 runs, a rerun runs only the other 2, writes no duplicates, and ends
+    with the same metrics as an uninterrupted run."""
+    full = E.run_eval(dataset, "ssr,freeform", tmp_path / "full", ScriptedEngine)
+
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        E.run_eval(dataset, "ssr,freeform", out, lambda: ScriptedEngine(interrupt_at=4))
+    lines = (out / E.RESULTS_FILE).read_text().splitlines()
+    assert len(lines) == 4
+
+    engines: list[ScriptedEngine] = []
+    second = E.run_eval(dataset, "ssr,freeform", out, lambda: engines.append(ScriptedEngine()) or engines[-1])
+    assert engines[0].calls == [("ssr", "q3"), ("freeform", "q3")]
+    assert second.ran == 2
+    keys = [(json.loads(x)["mode"], json.loads(x)["id"]) for x in (out / E.RESULTS_FILE).read_text().splitlines()]
+    assert len(keys) == 6 and len(set(keys)) == 6
+
+    def untimed(metrics):
+        return {k: {kk: vv for kk, vv in v.items() if kk != "wall_seconds_per_question"} for k, v in metrics.items()}
+
+    assert untimed(second.metrics) == untimed(full.metrics)
+
+    # A third run has nothing to do and loads no model.
+    third = E.run_eval(dataset, "ssr,freeform", out, lambda: pytest.fail("engine created for a finished run"))
+    assert third.ran == 0 and untimed(third.metrics) == untimed(full.metrics)
+
+
+def test_partial_last_line_is_dropped_and_rerun(dataset, tmp_path):
+    """A line cut off by a kill mid-write is discarded, and that question runs again on a clean line."""
+    out = tmp_path / "out"
+    E.run_eval(dataset, "ssr", out, ScriptedEngine, limit=2)
+    path = out / E.RESULTS_FILE
+    text = path.read_text()
+    path.write_text(text + text.splitlines()[0][:37])  # a torn third record
+    run = E.run_eval(dataset, "ssr", out, ScriptedEngine)
+    assert run.ran == 1
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2", "q3"]
+
+
+def test_corrupt_middle_line_is_a_clear_error(dataset, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / E.RESULTS_FILE).write_text("garbage\n")
+    with pytest.raises(EdgeAgentError, match="corrupt line"):
+        E.run_eval(dataset, "ssr", out, ScriptedEngine)
+
+
+def test_changed_settings_are_refused(dataset, tmp_path):
+    """Resuming with settings that change results is refused, naming the setting; new modes are fine."""
+    out = tmp_path / "out"
+    E.run_eval(dataset, "ssr", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 3}, limit=1)
+    with pytest.raises(ConfigError, match="max_turns: 3 -> 4"):
+        E.run_eval(dataset, "ssr", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 4})
+    run = E.run_eval(dataset, "ssr,freeform", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 3})
+    assert len(run.records) == 6
+
+
+def test_engine_error_is_recorded_and_the_run_continues(dataset, tmp_path):
+    """A user-fixable error on one question becomes that question's failed result, not a crash."""
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", lambda: ScriptedEngine(fail={"q2"}))
+    rec = {r["id"]: r for r in run.records}
+    assert rec["q2"]["error"].startswith("Image problem") and not rec["q2"]["exact"]
+    assert rec["q3"]["error"] is None
+    m = run.metrics["ssr"]
+    assert m["errors"] == 1 and m["success"]["exact"] == pytest.approx(0.0)
+    assert m["offline_coverage"]["questions"] == 2  # an errored question did not run from the cache
+
+
+def test_cancel_stops_without_recording_the_cancelled_question(dataset, tmp_path):
+    cancel = threading.Event()
+    seen = []
+
+    def progress(done, total, rec):
+        seen.append(done)
+        if done == 2:
+            cancel.set()
+
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", ScriptedEngine, on_progress=progress, cancel=cancel)
+    assert seen == [0, 1, 2] and len(run.records) == 2
+
+
+def test_outputs_json_report_and_plot(dataset, tmp_path):
+    """The JSON holds metrics and records; the report has a table per mode and the rationale mix; the plot is a PNG."""
+    pytest.importorskip("matplotlib")
+    run = E.run_eval(dataset, "freeform,ssr", tmp_path / "out", ScriptedEngine, fingerprint={"model": "m.gguf"})
+    paths = E.write_outputs(run)
+    data = json.loads(paths["json"].read_text())
+    assert data["metrics"]["ssr"]["success"]["exact_count"] == 1 and len(data["records"]) == 6
+    report = paths["report"].read_text()
+    for heading in ("## Summary", "## Mode: freeform", "## Mode: ssr", "## Rationale mix", "## Answers"):
+        assert heading in report
+    assert "| Action-type consistency | 83.3% of 6 scored turns |" in report
+    assert "![reasoning time per turn and rationale mix](plot.png)" in report
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_matplotlib(dataset, tmp_path, monkeypatch):
+    """Without matplotlib the report says so and how to get the plot; nothing crashes."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", ScriptedEngine)
+    paths = E.write_outputs(run)
+    assert paths["plot"] is None and not (tmp_path / "out" / "plot.png").exists()
+    assert "matplotlib is not installed" in paths["report"].read_text()
+
+
+def test_synthetic_set_is_deterministic_and_loads(tmp_path):
+    """The same seed gives byte-identical files; another seed differs; the eval loader accepts the set."""
+    mk = load_script("make_synthetic_vqa")
+    a = mk.make_dataset(tmp_path / "a", n=6, seed=3, size=(800, 600))
+    b = mk.make_dataset(tmp_path / "b", n=6, seed=3, size=(800, 600))
+    c = mk.make_dataset(tmp_path / "c", n=6, seed=4, size=(800, 600))
+    assert a.read_bytes() == b.read_bytes() and a.read_bytes() != c.read_bytes()
+    for name in sorted(p.name for p in (a.parent / "images").iterdir()):
+        assert (a.parent / "images" / name).read_bytes() == (b.parent / "images" / name).read_bytes()
+    qs = E.load_dataset(a)
+    assert len(qs) == 6 and all(q.image is not None and q.answers for q in qs)
+    rows = [json.loads(x) for x in a.read_text().splitlines()]
+    assert {r["kind"] for r in rows} == set(mk.KINDS)
+    # the target is small: under 5% of the image side, so the model must zoom to read it
+    for r in rows:
+        x1, y1, x2, y2 = r["target_bbox_1000"]
+        assert 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000 and (x2 - x1) < 80 and (y2 - y1) < 80
+
+
+def test_synthetic_default_size(tmp_path):
+    from PIL import Image
+
+    mk = load_script("make_synthetic_vqa")
+    data = mk.make_dataset(tmp_path, n=1)
+    with Image.open(tmp_path / "images" / "svqa-000.png") as im:
+        assert im.size == (1600, 1200)
+    assert json.loads(data.read_text())["answers"]
