@@ -41,9 +41,13 @@ JSON_FILE = "results.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "plot.png"
 
-# Search outcome statuses (ToolFinished.status) that came from the cache vs. needed the network.
+# Search outcome statuses (ToolFinished.status, see tools/search.py): live (the network), cached,
+# stale (network down, an old cached entry), offline (a cache miss with --offline), unconfigured
+# (no backend: the same answer online and offline), error.
 CACHE_HIT_STATUSES = frozenset({"cached", "stale"})
-SEARCH_STATUSES = frozenset({"live", "cached", "stale", "offline"})
+SEARCH_STATUSES = frozenset({"live", "cached", "stale", "offline", "unconfigured", "error"})
+# A question "ran entirely from the cache" when every search it made ended in one of these.
+OFFLINE_OK_STATUSES = CACHE_HIT_STATUSES | {"unconfigured"}
 
 
 class DatasetError(EdgeAgentError):
@@ -101,6 +105,13 @@ class Question:
     question: str
     answers: tuple[str, ...]
     image: Path | None  # absolute; None for a text-only question
+
+
+def dataset_name(path: Path | str) -> str:
+    """A short name for a question set: the file's stem, or its folder's name for a generic DATA.jsonl."""
+    path = Path(path)
+    generic = {"data", "dataset", "questions", "test", "val", "eval"}
+    return path.resolve().parent.name if path.stem.lower() in generic else path.stem
 
 
 def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question]:
@@ -228,7 +239,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         elif isinstance(e, ev.ToolCalled):
             tools[e.name] += 1
         elif isinstance(e, ev.ToolFinished):
-            if e.status in SEARCH_STATUSES or "search" in e.name:
+            if "search" in e.name:  # text_search, image_search (zoom is local)
                 searches.append({"name": e.name, "status": e.status})
         elif isinstance(e, ev.DraftVerified):
             drafts["rounds"] += 1
@@ -313,9 +324,10 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         tools.update(r["tools"])
     actions = Counter(t["action"] for t in turn_logs if t["action"] is not None)
     status: Counter[str] = Counter(s["status"] for r in records for s in r["searches"])
-    n_search = sum(status.values())
+    n_search = sum(v for k, v in status.items() if k != "unconfigured")
     hits = sum(status[s] for s in CACHE_HIT_STATUSES)
-    covered = [r for r in records if r["error"] is None and all(s["status"] in CACHE_HIT_STATUSES for s in r["searches"])]
+    covered = [r for r in records
+               if r["error"] is None and all(s["status"] in OFFLINE_OK_STATUSES for s in r["searches"])]
     drafted = sum(r["drafts"]["drafted"] for r in records)
     accepted = sum(r["drafts"]["accepted"] for r in records)
     return {
@@ -339,13 +351,14 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "reasoning_seconds_per_turn": distribution(reasoning),
         "model_seconds_per_question": distribution([r["model_seconds"] for r in records]),
         "wall_seconds_per_question": distribution([r["wall_seconds"] for r in records if r.get("wall_seconds") is not None]),
+        # total = searches that could have hit the cache (an unconfigured backend never touches it)
         "searches": {"total": n_search, **{s: status[s] for s in sorted(SEARCH_STATUSES | set(status))}},
         "cache_hits": hits,
         "cache_hit_rate": _share(hits, n_search),
         "offline_coverage": {
             "questions": len(covered),
             "share": _share(len(covered), n),
-            "with_searches": sum(1 for r in covered if r["searches"]),
+            "with_searches": sum(1 for r in covered if any(s["status"] in CACHE_HIT_STATUSES for s in r["searches"])),
         },
         "seprod": {"rounds": sum(r["drafts"]["rounds"] for r in records), "drafted": drafted, "accepted": accepted,
                    "acceptance": _share(accepted, drafted)},
@@ -612,6 +625,7 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     searches = m["searches"]
     oc = m["offline_coverage"]
     tools = ", ".join(f"{k} {v}" for k, v in m["tool_calls"].items()) or "none"
+    other = "".join(f", {k} {searches[k]}" for k in ("unconfigured", "error") if searches.get(k))
     rows = [
         ("Questions", f"{m['questions']}" + (f" ({m['errors']} with errors)" if m["errors"] else "")),
         ("Success, exact match", f"{_pct(s['exact'])} ({s['exact_count']}/{m['questions']})"),
@@ -624,7 +638,7 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
         ("Reasoning per turn (mean / p50 / p95)", f"{_ms(r['mean'])} / {_ms(r['p50'])} / {_ms(r['p95'])} ({r['n']} turns)"),
         ("Model time per question (mean / p50 / p95)", f"{_s(t['mean'])} / {_s(t['p50'])} / {_s(t['p95'])}"),
         ("Searches (live / cached / stale / offline miss)",
-         f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / {searches.get('offline', 0)}"),
+         f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / {searches.get('offline', 0)}{other}"),
         ("Cache hits", f"{m['cache_hits']} of {searches['total']} searches ({_pct(m['cache_hit_rate'])})"),
         ("Offline coverage (ran entirely from the cache)",
          f"{oc['questions']}/{m['questions']} questions ({_pct(oc['share'])}; {oc['with_searches']} of them searched)"),
@@ -641,7 +655,8 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     modes = [m.name for m in run.modes]
     M = run.metrics
     fp = run.fingerprint
-    lines = [f"# Evaluation: {run.dataset.name}", ""]
+    name = dataset_name(run.dataset)
+    lines = [f"# Evaluation: {name} (`{run.dataset.name}`)", ""]
     lines.append(f"{len(run.questions)} questions x {len(modes)} modes ({', '.join(modes)}), "
                  f"{len(run.records)} results in `{RESULTS_FILE}`.")
     if fp:
@@ -679,7 +694,7 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     ssr_modes = [n for n in modes if M[n]["scored_turns"]]
     if ssr_modes:
         ids = sorted({k for n in ssr_modes for k in M[n]["rationale_mix"]})
-        lines += ["", f"## Rationale mix ({run.dataset.name})", "",
+        lines += ["", f"## Rationale mix ({name})", "",
                   "Share of scored turns that chose each rationale.", ""]
         lines.append("| rationale | " + " | ".join(ssr_modes) + " |")
         lines.append("|---|" + "---|" * len(ssr_modes))
@@ -751,7 +766,7 @@ def write_plot(run: EvalRun, path: Path) -> Path | None:
     else:
         ax2.text(0.5, 0.5, "no SSR mode evaluated", ha="center", va="center")
         ax2.set_axis_off()
-    ax2.set_title(f"Rationale mix ({run.dataset.name})")
+    ax2.set_title(f"Rationale mix ({dataset_name(run.dataset)})")
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path

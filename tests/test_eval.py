@@ -379,3 +379,66 @@ def test_synthetic_default_size(tmp_path):
     with Image.open(tmp_path / "images" / "svqa-000.png") as im:
         assert im.size == (1600, 1200)
     assert json.loads(data.read_text())["answers"]
+
+
+def test_offline_coverage_and_cache_hits_by_status():
+    """A question ran from the cache when every search was cached, stale or unconfigured (none live,
+    no offline miss, no error); unconfigured searches are not counted as cache lookups."""
+
+    def rec(*statuses):
+        events = [ev.ToolFinished(turn=1, name="text_search", ok=True, observation="", seconds=0.0, status=s)
+                  for s in statuses]
+        events.append(ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=False, observation="", seconds=0.0, status="error"))
+        events.append(ev.FinalAnswer(answer="x", turns=1, stop_reason="answered"))
+        q = E.Question("q", "q?", ("x",), None)
+        return E.make_record(q, E.MODES["ssr"], events)
+
+    records = [rec("cached", "unconfigured"), rec("stale"), rec(), rec("offline"), rec("error"), rec("live", "cached")]
+    m = E.mode_metrics(records)
+    assert m["offline_coverage"] == {"questions": 3, "share": 0.5, "with_searches": 2}
+    assert m["searches"]["total"] == 6 and m["searches"]["unconfigured"] == 1
+    assert m["cache_hits"] == 3 and m["cache_hit_rate"] == 0.5
+    assert m["tool_calls"] == {}  # no ToolCalled events in this stream
+
+
+def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
+    """`edge-agent eval` with an injected engine: progress, outputs, a resumed rerun loads nothing."""
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+    from edge_agent.commands import eval as eval_cmd
+
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
+    made = []
+    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, quiet=False: lambda: made.append(settings) or ScriptedEngine())
+    out = tmp_path / "out"
+    runner = CliRunner()
+    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    assert len(made) == 1 and made[0].prophet == ""
+    assert "freeform" in res.output and "66.7%" in res.output and "Report:" in res.output
+    assert (out / "report.md").exists() and (out / "results.json").exists() and not (out / "plot.png").exists()
+
+    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--json", "--no-plot"])
+    assert res.exit_code == 0, res.output
+    assert len(made) == 1  # everything was already done: no engine
+    payload = json.loads(res.stdout)
+    assert payload["metrics"]["ssr"]["success"]["exact_count"] == 1
+
+    res = runner.invoke(cli, ["eval", str(dataset), "--out", str(out), "--max-turns", "2"])
+    assert res.exit_code == 2 and "other settings" in res.output and "max_turns" in res.output
+
+
+def test_cli_refuses_seprod_without_prophet_and_bad_input(dataset, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "ssr+seprod", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "needs a prophet" in res.output
+    res = runner.invoke(cli, ["eval", str(tmp_path / "nope.jsonl")])
+    assert res.exit_code == 2 and "Question file not found" in res.output
+    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "fast"])
+    assert res.exit_code == 2 and "Unknown eval mode" in res.output

@@ -1,0 +1,162 @@
+"""`edge-agent eval DATA.jsonl`: answer quality and latency per mode on one question set.
+
+Runs every question in each chosen mode (freeform, ssr, ssr+seprod) on the same models, loaded
+once, and the same search cache; appends each result to ``OUT/results.jsonl`` as it finishes, so an
+interrupted run continues where it stopped when the same command is run again. At the end it
+writes ``OUT/results.json``, ``OUT/report.md`` and ``OUT/plot.png`` (with the ``plot`` extra).
+The logic lives in :mod:`edge_agent.evaluation`; this module only parses flags and shows progress.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge_agent import evaluation as E
+from edge_agent.config import Settings
+from edge_agent.errors import ConfigError
+
+# Settings that change what the agent answers: a results folder is resumed only with the same ones.
+FINGERPRINT_SETTINGS = (
+    "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample",
+    "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature", "seed",
+    "seprod_draft_len", "seprod_tau", "seprod_a0", "offline", "text_search", "image_search", "search_top_k",
+)
+
+
+def fingerprint(settings: Settings, dataset: Path) -> dict[str, Any]:
+    fp: dict[str, Any] = {"dataset": str(dataset.resolve())}
+    fp.update({k: getattr(settings, k) for k in FINGERPRINT_SETTINGS})
+    return fp
+
+
+def engine_factory(settings: Settings, *, quiet: bool = False):
+    """A function that loads the models once (called by the runner only if there is work to do)."""
+
+    def make():
+        from edge_agent.engine import Engine  # heavy: llama.cpp
+
+        if not quiet:
+            click.echo(f"Loading {settings.model or 'the default model'}"
+                       + (f" and prophet {settings.prophet}" if settings.prophet else "") + " ...", err=True)
+        return Engine.from_settings(settings)
+
+    return make
+
+
+@click.command("eval")
+@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--modes", default=None, metavar="LIST",
+              help="Comma-separated modes: freeform, ssr, ssr+seprod. Default: freeform,ssr "
+                   "(and ssr+seprod when a prophet is configured).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Results folder (default: eval-<DATA name> in the current folder). Rerun with the same one to resume.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions.")
+@click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
+@click.option("--model", default=None, help="Agent model: catalog name or GGUF path.")
+@click.option("--mmproj", default=None, help="Vision projector GGUF for the agent model.")
+@click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path.")
+@click.option("--prophet-mmproj", default=None, help="mmproj GGUF for the prophet.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most agent turns per question.")
+@click.option("--seed", type=int, default=None, help="Random seed.")
+@click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON instead of a summary.")
+def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | None, offline: bool | None,
+            model: str | None, mmproj: str | None, prophet: str | None, prophet_mmproj: str | None,
+            max_turns: int | None, seed: int | None, no_plot: bool, as_json: bool) -> None:
+    """Evaluate answer quality and latency on a JSONL question set.
+
+    Each line of DATA is {"id", "image", "question", "answers": [...]}, image paths relative to
+    DATA. Every question runs in every mode on the same models and cache; results are appended to
+    OUT/results.jsonl as they finish, so rerunning the same command resumes an interrupted run.
+
+    \b
+    Examples:
+      python scripts/make_synthetic_vqa.py svqa
+      edge-agent eval svqa/DATA.jsonl --modes freeform,ssr --out runs/svqa
+      edge-agent eval svqa/DATA.jsonl --modes ssr,ssr+seprod --prophet base.gguf --limit 5
+      edge-agent eval svqa/DATA.jsonl --offline          answer from the search cache only
+    """
+    settings = Settings.load({
+        "model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj,
+        "offline": offline, "max_turns": max_turns, "seed": seed,
+    })
+    if modes is None:
+        modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
+    specs = E.parse_modes(modes)
+    want_seprod = any(m.seprod for m in specs)
+    if want_seprod and not settings.prophet:
+        raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's base model) "
+                          "or set `prophet` with `edge-agent config`, or leave ssr+seprod out of --modes.")
+    out_dir = out_dir or Path(f"eval-{E.dataset_name(data)}")
+    fp = fingerprint(settings, data)
+    # Load the prophet only when a mode uses it; SeProD is switched per question, not per load.
+    run_settings = settings.updated({"seprod": want_seprod} if want_seprod else {"prophet": "", "prophet_mmproj": "", "seprod": False})
+
+    bar_holder: dict[str, Any] = {}
+    status = {"last": ""}
+
+    def on_progress(done: int, total_: int, rec: dict[str, Any] | None) -> None:
+        bar = bar_holder.get("bar")
+        if rec is not None:
+            mark = "ok" if rec["exact"] else ("~" if rec["contains"] else "x")
+            status["last"] = f"{rec['id']} {rec['mode']} {mark}"
+        if bar is None:
+            if done and done < total_:
+                click.echo(f"Resuming: {done} of {total_} results already in {out_dir / E.RESULTS_FILE}.", err=True)
+            bar = click.progressbar(length=total_, label="eval", show_pos=True, file=sys.stderr,
+                                    item_show_func=lambda _: status["last"])
+            bar.__enter__()
+            bar_holder["bar"] = bar
+            bar.update(done)
+        else:
+            bar.update(1)
+
+    try:
+        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, quiet=as_json), limit=limit,
+                         fingerprint=fp, on_progress=on_progress)
+    except KeyboardInterrupt:
+        bar = bar_holder.get("bar")
+        if bar is not None:
+            bar.__exit__(None, None, None)
+        saved = len(E.ResultsStore(out_dir).open().records)
+        click.echo(f"\nInterrupted. {saved} results are saved in {out_dir / E.RESULTS_FILE}; "
+                   "run the same command again to continue.", err=True)
+        sys.exit(130)
+    bar = bar_holder.get("bar")
+    if bar is not None:
+        bar.__exit__(None, None, None)
+    paths = E.write_outputs(run, plot=not no_plot)
+    if as_json:
+        click.echo(json.dumps({"out": str(out_dir), "metrics": run.metrics,
+                               "files": {k: str(v) if v else None for k, v in paths.items()}}, indent=2))
+        return
+    click.echo(_summary(run))
+    click.echo(f"\nReport: {paths['report']}\nResults: {paths['json']}")
+    if paths["plot"]:
+        click.echo(f"Plot: {paths['plot']}")
+    elif not no_plot:
+        click.echo("Plot skipped: install the plot extra (pip install 'edge-agent[plot]') for plot.png.")
+
+
+def _summary(run: E.EvalRun) -> str:
+    rows = [f"{'mode':<12} {'exact':>7} {'contains':>9} {'turns':>6} {'reason/turn':>12} {'p95':>9} {'model/q':>9}"]
+    for name, m in run.metrics.items():
+        r = m["reasoning_seconds_per_turn"]
+
+        def pct(x):
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+
+        def ms(x):
+            return "n/a" if x is None else f"{1000 * x:.0f} ms"
+
+        mean_q = m["model_seconds_per_question"]["mean"]
+        turns = m["turns_per_question"]["mean"]
+        rows.append(f"{name:<12} {pct(m['success']['exact']):>7} {pct(m['success']['contains']):>9} "
+                    f"{'n/a' if turns is None else f'{turns:.2f}':>6} {ms(r['mean']):>12} {ms(r['p95']):>9} "
+                    f"{'n/a' if mean_q is None else f'{mean_q:.2f} s':>9}")
+    return "\n".join(rows)
