@@ -211,9 +211,11 @@ def match_answer(prediction: str, answers: Iterable[str]) -> tuple[bool, bool]:
 def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
     """Fold one question's event stream into the plain-data part of a result record.
 
-    Per turn: the chosen rationale (SSR), the action taken, and reasoning / action / tool seconds.
-    Per question: tool calls by name, search outcome statuses, SeProD acceptance, the final answer.
-    Model time = reasoning + action seconds summed over turns (tool time is not model time).
+    Per turn: the chosen rationale (SSR), the action taken, and reasoning / action / tool /
+    observe seconds. Per question: tool calls by name, search outcome statuses, SeProD acceptance,
+    the final answer. Model time = the episode's total minus tool time when the final answer
+    carries totals (so the prompt's prefill and evaluating observations count: the model did that
+    work), else reasoning + action + observe summed over turns.
     """
     turns: dict[int, dict[str, Any]] = {}
 
@@ -221,7 +223,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         return turns.setdefault(
             n,
             {"turn": n, "action": None, "rationale": None, "rationale_action": None, "rationale_prob": None,
-             "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None, "tool_seconds": None},
+             "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None, "tool_seconds": None,
+             "observe_seconds": None},
         )
 
     tools: Counter[str] = Counter()
@@ -247,7 +250,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             drafts["drafted"] += e.drafted
         elif isinstance(e, ev.TurnFinished):
             turn(e.turn).update(action=e.action, reasoning_seconds=e.reasoning_seconds,
-                                action_seconds=e.action_seconds, tool_seconds=e.tool_seconds)
+                                action_seconds=e.action_seconds, tool_seconds=e.tool_seconds,
+                                observe_seconds=getattr(e, "observe_seconds", 0.0))
         elif isinstance(e, ev.AgentError):
             errors.append(f"{e.title}: {e.message}")
             if e.fatal:
@@ -255,17 +259,24 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         elif isinstance(e, ev.FinalAnswer):
             final = e
     turn_log = [turns[k] for k in sorted(turns)]
-    model_seconds = sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) for t in turn_log)
+    turn_model = sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
+                     for t in turn_log)
+    totals = dict(final.totals) if final else {}
+    if "total" in totals and "tool" in totals:
+        model_seconds = max(0.0, float(totals["total"]) - float(totals["tool"]))
+    else:
+        model_seconds = turn_model
     return {
         "prediction": final.answer if final else "",
         "turns": final.turns if final else len(turn_log),
         "stop_reason": final.stop_reason if final else "error",
-        "totals": dict(final.totals) if final else {},
+        "totals": totals,
         "tools": dict(sorted(tools.items())),
         "searches": searches,
         "drafts": drafts,
         "turn_log": turn_log,
         "model_seconds": model_seconds,
+        "turn_model_seconds": turn_model,
         "agent_errors": errors,
         "error": fatal if final is None else None,
     }

@@ -442,3 +442,15 @@ def test_cli_refuses_seprod_without_prophet_and_bad_input(dataset, tmp_path, mon
     assert res.exit_code == 2 and "Question file not found" in res.output
     res = runner.invoke(cli, ["eval", str(dataset), "--modes", "fast"])
     assert res.exit_code == 2 and "Unknown eval mode" in res.output
+
+
+def test_model_time_prefers_episode_totals():
+    """Model time is the episode's total minus tool time when the engine reports totals (prompt prefill
+    and observations count), else reasoning + action + observe summed over turns."""
+    q = E.Question("q", "q?", ("x",), None)
+    turn = ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.25, action_seconds=0.5, tool_seconds=4.0,
+                           observe_seconds=0.125)
+    with_totals = E.make_record(q, E.MODES["ssr"], [turn, ev.FinalAnswer("x", 1, "answered", {"total": 6.0, "tool": 4.0})])
+    assert with_totals["model_seconds"] == 2.0 and with_totals["turn_model_seconds"] == 0.875
+    without = E.make_record(q, E.MODES["ssr"], [turn, ev.FinalAnswer("x", 1, "answered", {})])
+    assert without["model_seconds"] == 0.875
