@@ -141,6 +141,8 @@ class TurnFinished(Event):
     reasoning_seconds: float
     action_seconds: float
     tool_seconds: float
+    # evaluating the tool's result into the context (its text, and a crop's image encoding)
+    observe_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

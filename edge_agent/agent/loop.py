@@ -1,0 +1,484 @@
+"""The agent's turn loop: a generator of typed events (SSR and free-form modes).
+
+Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a
+tool runs and how its result re-enters the context, the turn limit, cancellation, per-turn timings,
+and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike`` and
+to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor
+anything that touches the network.
+
+One turn::
+
+    [SeProD grounding draft, only in the turn after a zoom]          <- drafter.ground()
+    reasoning   SSR: score the library's candidates in one batch right after "<think>\\n",
+                     p = softmax(mean / tau), paste the chosen text, close the think block
+                free-form: the model writes up to freeform_max_tokens, until "</think>"
+    action      SSR: the head of the rationale's action is appended, the tail generated under its
+                     grammar (so the action always parses and matches the rationale)
+                free-form: the head generated under a grammar admitting every allowed action
+    answer ->   [SeProD answering draft: the accepted text starts the answer] <- drafter.answer()
+                the answer streamed under the answer grammar; FinalAnswer
+    tool   ->   the tool runs; its observation (and a crop, as a new image) comes back as a
+                <tool_response> user turn; the next think block opens
+
+Mistakes (an action cut off, a refused box, a search that failed) are observations the model reads
+and AgentError(fatal=False) events; a user-fixable failure of the model itself (context full)
+ends the stream with AgentError(fatal=True); bugs propagate. After ``max_turns`` tool turns the
+model is told to answer and only the answer action is allowed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edge_agent.agent.actions import (
+    HEADS,
+    ActionError,
+    action_of_head,
+    head_grammar,
+    parse_action,
+    tail_grammar,
+)
+from edge_agent.agent.events import (
+    AgentError,
+    AnswerToken,
+    Event,
+    FinalAnswer,
+    RationaleCandidate,
+    RationaleScored,
+    ReasoningDone,
+    ReasoningToken,
+    RunStarted,
+    ToolCalled,
+    ToolFinished,
+    TurnFinished,
+    TurnStarted,
+)
+from edge_agent.agent.prompts import (
+    THINK_CLOSE,
+    TURN_LIMIT_NOTE,
+    Img,
+    Segment,
+    Text,
+    history_segments,
+    observation_segments,
+    question_segments,
+    system_prompt,
+)
+from edge_agent.agent.rationales import Library, builtin_library, index_label, select
+from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
+from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.runtime.types import Generation, SessionLike
+
+THINK_STOP = "</think>"
+HEAD_MAX_TOKENS = 64  # the longest head is ~25 tokens on Qwen, ~35 where tags are not single tokens
+MODES = ("ssr", "freeform")
+
+# (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
+# that force a path (e.g. zoom in turn 1, then answer); the default allows everything available.
+Policy = Callable[[int, frozenset[str]], Iterable[str]]
+
+
+class Drafter(Protocol):
+    """The SeProD hooks (``edge_agent.agent.seprod.Drafter``). Each hook is a generator of events
+    that puts accepted draft tokens into the agent's session and returns a value with
+    ``accepted_text``."""
+
+    def start(self, *, image: bytes | None, question: str, target: str | None = None) -> None: ...
+
+    def ground(self, session: SessionLike, *, turn: int, image: bytes | None, target: str) -> Generator[Event, None, Any]: ...
+
+    def answer(self, session: SessionLike, *, turn: int, image: bytes | None, question: str) -> Generator[Event, None, Any]: ...
+
+
+@dataclass
+class AgentOptions:
+    mode: str = "ssr"  # ssr | freeform
+    max_turns: int = 5  # tool turns; then one more turn that must answer
+    tau: float = 1.0
+    sample: bool = False  # SSR: one seeded categorical draw instead of argmax
+    index_only: bool = False  # SSR ablation: score "[k]" instead of the rationale's text
+    seed: int = 0
+    temperature: float = 0.0  # actions and answers (and free-form reasoning)
+    freeform_max_tokens: int = 128
+    answer_max_tokens: int = 256
+    action_max_tokens: int = 96  # the tail of a tool call
+    library: Library = field(default_factory=builtin_library)
+    policy: Policy | None = None
+    model_name: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> AgentOptions:
+        """Options from a ``config.Settings`` (the library loaded from ``settings.rationales``)."""
+        from edge_agent.agent.rationales import load_library
+
+        kw: dict[str, Any] = dict(
+            mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
+            index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
+            freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
+        )
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        if "library" not in kw:
+            kw["library"] = load_library(settings.rationales)
+        return cls(**kw)
+
+
+def run_agent(
+    session: SessionLike,
+    question: str,
+    *,
+    tools: ToolExecutor,
+    image: bytes | None = None,
+    options: AgentOptions | None = None,
+    cancel: threading.Event | None = None,
+    drafter: Drafter | None = None,
+    history: Sequence[tuple[str, str]] = (),
+    image_label: str | None = None,
+) -> Iterator[Event]:
+    """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``) in a few turns.
+
+    ``session`` must be fresh (empty). Yields RunStarted ... FinalAnswer, or ends with
+    AgentError(fatal=True). Closing the generator early stops any generation in flight.
+    """
+    return _Run(session, question, tools, image, options or AgentOptions(), cancel, drafter, history,
+                image_label).events()
+
+
+class _Run:
+    def __init__(self, session: SessionLike, question: str, tools: ToolExecutor, image: bytes | None,
+                 options: AgentOptions, cancel: threading.Event | None, drafter: Drafter | None,
+                 history: Sequence[tuple[str, str]], image_label: str | None) -> None:
+        if options.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {options.mode!r}")
+        self.s = session
+        self.question = question.strip()
+        self.tools = tools
+        self.image = image
+        self.o = options
+        self.cancel = cancel or threading.Event()
+        self.drafter = drafter
+        self.history = list(history)
+        self.image_label = image_label
+        self.rng = np.random.default_rng(options.seed)
+        self.turn = 0
+        self.answer_parts: list[str] = []
+        self.current_image = image  # what the prophet looks at: the latest crop, else the original
+        self.ground_target: str | None = None  # set after a successful zoom
+        self.t = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
+        self.n_generated = 0
+        self.t_start = 0.0
+
+    # ---- the episode ----------------------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        self.t_start = time.perf_counter()
+        yield RunStarted(question=self.question, image=self.image_label, mode=self.o.mode,
+                         seprod=self.drafter is not None, model=self.o.model_name)
+        try:
+            yield from self._episode()
+        except Cancelled:
+            yield self._final("cancelled")
+        except EdgeAgentError as e:
+            yield AgentError(turn=self.turn, title=e.title, message=e.message, fatal=True)
+
+    def _episode(self) -> Iterator[Event]:
+        t = time.perf_counter()
+        available = self.tools.available_actions()
+        lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
+        segs: list[Segment] = [Text(system_prompt(sorted(available), has_image=self.image is not None, library=lib))]
+        segs += history_segments(self.history)
+        segs += question_segments(self.question, self.image)
+        if self.drafter is not None:  # the prophet can draft while the agent reads the prompt
+            self.drafter.start(image=self.current_image, question=self.question)
+        self._append(segs)
+        self.t["prompt"] = time.perf_counter() - t
+        self._check()
+        for turn in range(1, self.o.max_turns + 2):
+            self.turn = turn
+            final = turn > self.o.max_turns
+            answered = yield from self._turn(turn, self._allowed(turn, available, final), final)
+            if answered:
+                return
+
+    def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
+        allowed = frozenset({"answer"}) if final else available
+        if self.o.policy is not None:
+            allowed = frozenset(self.o.policy(turn, allowed)) & available
+        return allowed or frozenset({"answer"})
+
+    def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
+        yield TurnStarted(turn=turn)
+        # ---- reasoning ----
+        t0 = time.perf_counter()
+        if self.drafter is not None and self.ground_target is not None:
+            # SeProD hook 1: after a zoom the accepted grounding draft opens the think block, so the
+            # rationale scoring (SSR) or the model's own reasoning (free-form) conditions on it.
+            v = yield from self.drafter.ground(self.s, turn=turn, image=self.current_image, target=self.ground_target)
+            if self.o.mode == "ssr" and getattr(v, "accepted_text", "") and not v.accepted_text.endswith("\n"):
+                self.s.append_text("\n")  # the rationale starts on its own line
+        self.ground_target = None
+        if self.o.mode == "ssr":
+            action = yield from self._ssr_reason(turn, allowed)
+        else:
+            yield from self._free_reason(turn)
+            action = None
+        reasoning_s = time.perf_counter() - t0
+        self._check()
+
+        # ---- action ----
+        t0 = time.perf_counter()
+        error: str | None = None
+        call = None
+        try:
+            action = self._head(action, allowed)
+            if action == "answer":
+                answer = yield from self._answer(turn)
+                action_s = time.perf_counter() - t0
+                self._add(reasoning_s, action_s, 0.0, 0.0)
+                yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
+                                   tool_seconds=0.0)
+                yield self._final("turn_limit" if final else "answered", answer)
+                return True
+            gen = self._generate(max_tokens=self.o.action_max_tokens,
+                                 grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
+            parsed = parse_action(HEADS[action] + gen.text)
+            if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
+                raise ActionError(f"Expected a {action} action.")
+            call = parsed.call
+        except ActionError as e:
+            error = str(e)
+        action_s = time.perf_counter() - t0
+        self._check()
+
+        # ---- tool ----
+        t0 = time.perf_counter()
+        if call is not None:
+            yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments), action_seconds=action_s)
+            out = self.tools.run(call, cancel=self.cancel)
+            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation, seconds=out.seconds,
+                               status=out.status, image_index=out.image_index, image_path=out.image_path,
+                               results=tuple(out.results))
+        else:
+            yield AgentError(turn=turn, title="Malformed action", message=error or "unknown", fatal=False)
+            out = ToolOutcome(False, f"Error: {error} Try again.", 0.0, "error")
+        tool_s = time.perf_counter() - t0
+        self._check()
+
+        # ---- observation: back into the context (a crop as a new image) ----
+        t0 = time.perf_counter()
+        note = TURN_LIMIT_NOTE if turn >= self.o.max_turns else ""
+        self._append(observation_segments(out.observation, out.image, note=note))
+        observe_s = time.perf_counter() - t0
+        if out.image is not None:
+            self.current_image = out.image
+            self.ground_target = out.label or self.question
+            if self.drafter is not None:
+                self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
+        self._add(reasoning_s, action_s, tool_s, observe_s)
+        yield TurnFinished(turn=turn, action=action if call is not None else "invalid", reasoning_seconds=reasoning_s,
+                           action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
+        return False
+
+    # ---- reasoning ------------------------------------------------------------------------------
+    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> Generator[Event, None, str]:
+        lib = self.o.library
+        idx = lib.for_actions(allowed) or lib.for_actions({"answer"})
+        rats = [lib.rationales[k] for k in idx]
+        cands = [index_label(k) if self.o.index_only else r.text for k, r in zip(idx, rats, strict=True)]
+        t0 = time.perf_counter()
+        scores = self.s.score(cands)  # ONE batched decode, shared prefixes once
+        choice, probs = select([sc.mean for sc in scores], tau=self.o.tau, sample=self.o.sample, rng=self.rng)
+        seconds = time.perf_counter() - t0
+        chosen = rats[choice]
+        # Paste the chosen rationale: adopt the scored cells when the runtime can (no re-evaluation),
+        # else append exactly the scored tokens.
+        adopt = getattr(self.s, "adopt", None)
+        if self.o.index_only:
+            self.s.append_text(chosen.text, special=False)
+        elif adopt is not None:
+            adopt(scores[choice], scores[choice].count)
+        else:
+            self.s.append_tokens(scores[choice].tokens)
+        self.s.append_text(THINK_CLOSE)
+        yield RationaleScored(
+            turn=turn,
+            candidates=tuple(
+                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
+                                   count=int(sc.count), prob=float(p))
+                for r, sc, p in zip(rats, scores, probs, strict=True)
+            ),
+            chosen=choice,
+            seconds=seconds,
+        )
+        return chosen.action
+
+    def _free_reason(self, turn: int) -> Generator[Event, None, str]:
+        t0 = time.perf_counter()
+        gen = yield from self._stream(
+            lambda on_token, stop: self.s.generate(
+                max_tokens=self.o.freeform_max_tokens, stop=[THINK_STOP], temperature=self.o.temperature,
+                seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
+            lambda piece: ReasoningToken(turn=turn, text=piece),
+        )
+        self._close_stopped(gen, THINK_STOP, THINK_CLOSE)
+        text = gen.text
+        yield ReasoningDone(turn=turn, text=text, n_tokens=len(gen.tokens), seconds=time.perf_counter() - t0)
+        return text
+
+    # ---- action ---------------------------------------------------------------------------------
+    def _head(self, action: str | None, allowed: frozenset[str]) -> str:
+        """Put the head of the action into the context; returns its type."""
+        if action is None and len(allowed) == 1:
+            action = next(iter(allowed))
+        if action is not None:  # SSR (the rationale decided) or only one choice: prefill the head
+            self.s.append_text(HEADS[action])
+            return action
+        gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=head_grammar(allowed))
+        return action_of_head(gen.text)
+
+    def _answer(self, turn: int) -> Generator[Event, None, str]:
+        if self.drafter is not None:
+            # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
+            # yields it as AnswerToken(from_prophet=True)); generation continues from it.
+            v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question)
+            if getattr(v, "accepted_text", ""):
+                self.answer_parts.append(v.accepted_text)
+        held = {"cut": False}
+
+        def piece_event(piece: str) -> Event | None:
+            # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
+            if held["cut"]:
+                return None
+            if "<" in piece:
+                held["cut"] = True
+                piece = piece[: piece.index("<")]
+            if not piece:
+                return None
+            self.answer_parts.append(piece)
+            return AnswerToken(turn=turn, text=piece)
+
+        yield from self._stream(
+            lambda on_token, stop: self.s.generate(
+                max_tokens=self.o.answer_max_tokens, grammar=tail_grammar("answer"), temperature=self.o.temperature,
+                seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
+            piece_event,
+        )
+        return "".join(self.answer_parts).strip()
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _generate(self, *, max_tokens: int, grammar: str) -> Generation:
+        gen = self.s.generate(max_tokens=max_tokens, grammar=grammar, temperature=self.o.temperature,
+                              seed=self.o.seed + self.turn, cancel=self.cancel)
+        self.n_generated += len(gen.tokens)
+        if gen.stop_reason == "cancelled":
+            raise Cancelled()
+        return gen
+
+    def _stream(self, call: Callable[[Callable[[str, int], None], threading.Event], Generation],
+                make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
+        """Run a generation in a worker thread and yield an event per streamed piece.
+
+        The session is touched by the worker only while this generator waits for it. The user's
+        cancel event is mirrored into the worker's stop event within ~50 ms; closing this generator
+        early stops and joins the worker.
+        """
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stop = threading.Event()
+        done = object()
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["gen"] = call(lambda piece, tok: q.put(piece), stop)
+            except BaseException as e:  # re-raised in the caller's thread below
+                box["err"] = e
+            finally:
+                q.put(done)
+
+        th = threading.Thread(target=work, name="agent-generate", daemon=True)
+        th.start()
+        try:
+            while True:
+                try:
+                    item = q.get(timeout=0.05)
+                except queue.Empty:
+                    if self.cancel.is_set():
+                        stop.set()
+                    continue
+                if item is done:
+                    break
+                ev = make_event(item)
+                if ev is not None:
+                    yield ev
+                if self.cancel.is_set():
+                    stop.set()
+        finally:
+            if th.is_alive():
+                stop.set()
+                th.join()
+        if "err" in box:
+            raise box["err"]
+        gen: Generation = box["gen"]
+        self.n_generated += len(gen.tokens)
+        if gen.stop_reason == "cancelled" or self.cancel.is_set():
+            raise Cancelled()
+        return gen
+
+    def _close_stopped(self, gen: Generation, stop: str, close: str) -> None:
+        """Close a block the model wrote itself: after a stop string the context already holds it
+        (the runtime keeps every generated token), so only the rest of ``close`` is appended."""
+        if gen.stop_reason == "stop":
+            i = close.find(stop)
+            rest = close[i + len(stop):] if i >= 0 else close
+            if rest:
+                self.s.append_text(rest)
+        else:
+            self.s.append_text(close)
+
+    def _append(self, segs: Sequence[Segment]) -> None:
+        """Append segments, merging neighbours of the same kind (one decode call per run of text)."""
+        buf: list[str] = []
+        special = True
+
+        def flush() -> None:
+            if buf:
+                self.s.append_text("".join(buf), special=special)
+                buf.clear()
+
+        for seg in segs:
+            if isinstance(seg, Img):
+                flush()
+                self.s.append_image(seg.png)
+            else:
+                if buf and seg.special != special:
+                    flush()
+                special = seg.special
+                buf.append(seg.text)
+        flush()
+
+    def _check(self) -> None:
+        if self.cancel.is_set():
+            raise Cancelled()
+
+    def _add(self, reasoning: float, action: float, tool: float, observe: float) -> None:
+        self.t["reasoning"] += reasoning
+        self.t["action"] += action
+        self.t["tool"] += tool
+        self.t["observe"] += observe
+
+    def _final(self, stop_reason: str, answer: str | None = None) -> FinalAnswer:
+        totals: dict[str, float] = {k: round(v, 6) for k, v in self.t.items()}
+        totals["total"] = round(time.perf_counter() - self.t_start, 6)
+        totals["turns"] = float(self.turn)
+        totals["generated_tokens"] = float(self.n_generated)
+        totals["n_pos"] = float(getattr(self.s, "n_pos", 0))
+        stats = getattr(self.drafter, "stats", None)
+        if stats is not None and hasattr(stats, "totals"):
+            totals.update(stats.totals())
+        text = answer if answer is not None else "".join(self.answer_parts).strip()
+        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals)

@@ -1,0 +1,160 @@
+"""Prompts in Qwen3-VL's native chat format (ChatML + Qwen's tool-calling conventions).
+
+Knows: the text of every piece of the conversation, as a list of segments the loop appends in
+order: ``Text(text, special)`` (``special=False`` for anything a user or a web page wrote, so a
+snippet holding ``<|im_end|>`` stays plain text) and ``Img(png)``. The layout::
+
+    <|im_start|>system\\n{instructions}\\n\\n# Tools ... <tools>{schemas}</tools> ...<|im_end|>\\n
+    <|im_start|>user\\n<|vision_start|>{image}<|vision_end|>{question}<|im_end|>\\n
+    <|im_start|>assistant\\n<think>\\n{rationale}\\n</think>\\n\\n<tool_call>\\n{json}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{crop image}{observation}\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<think>\\n ... <answer>{answer}</answer>
+
+(the runtime's ``append_image`` adds the vision start/end tokens). SmolLM2 and other ChatML models
+read the same layout as plain text. Does not know: tokens, models, the loop's control flow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge_agent.agent.rationales import Library, index_label
+
+ZOOM_TOOL = "image_zoom_in_tool"
+TOOL_NAMES = {"zoom": ZOOM_TOOL, "text_search": "text_search", "image_search": "image_search"}
+ACTION_OF_TOOL = {v: k for k, v in TOOL_NAMES.items()}
+
+THINK_OPEN = "<|im_start|>assistant\n<think>\n"
+THINK_CLOSE = "\n</think>\n\n"  # after the reasoning (pasted or generated)
+TURN_END = "<|im_end|>\n"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+
+SYSTEM = (
+    "You are a visual assistant. Answer the user's question about the image in a few steps. "
+    "In each step think briefly inside <think></think>, then either call one tool or give your "
+    "final answer as <answer>short answer</answer>. Zoom in to read small details; search when the "
+    "answer needs facts the image does not show. Tool results come back inside <tool_response>."
+)
+SYSTEM_TEXT_ONLY = (
+    "You are a helpful assistant. Answer the user's question in a few steps. In each step think "
+    "briefly inside <think></think>, then either call one tool or give your final answer as "
+    "<answer>short answer</answer>. Search when you need facts you do not know."
+)
+TURN_LIMIT_NOTE = "You have no tool calls left. Give your final answer now."
+
+SCHEMAS = {
+    "zoom": {
+        "type": "function",
+        "function": {
+            "name": ZOOM_TOOL,
+            "description": "Zoom into a region of an image to see small details. The crop is returned as a new image.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "bbox_2d": {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4,
+                                "description": "[x1, y1, x2, y2] in relative coordinates 0-1000."},
+                    "label": {"type": "string", "description": "What the region shows."},
+                    "img_idx": {"type": "integer", "description": "Image to zoom into: 0 is the original, 1.. are earlier crops."},
+                },
+                "required": ["bbox_2d", "label", "img_idx"],
+            },
+        },
+    },
+    "text_search": {
+        "type": "function",
+        "function": {
+            "name": "text_search",
+            "description": "Search the web with a text query. Returns the top results (title, url, snippet).",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "The search query."}},
+                "required": ["query"],
+            },
+        },
+    },
+    "image_search": {
+        "type": "function",
+        "function": {
+            "name": "image_search",
+            "description": "Reverse image search: find web pages that show this image or crop.",
+            "parameters": {
+                "type": "object",
+                "properties": {"img_idx": {"type": "integer", "description": "0 is the original, 1.. are crops."}},
+                "required": ["img_idx"],
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    special: bool = True  # parse <|im_start|> etc. as control tokens; False for untrusted text
+
+
+@dataclass(frozen=True)
+class Img:
+    png: bytes
+
+
+Segment = Text | Img
+
+
+def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Library | None = None) -> str:
+    """The system turn: instructions, then the schemas of the tools for ``actions`` in <tools>.
+
+    ``library`` (index-only ablation only): numbered plans the model picks from by index.
+    """
+    head = SYSTEM if has_image else SYSTEM_TEXT_ONLY
+    if library is not None:
+        plans = "\n".join(f"{index_label(k)} {r.text}" for k, r in enumerate(library))
+        head += f"\n\nBefore each step pick one of these plans by its number:\n{plans}"
+    tools = [a for a in ("zoom", "text_search", "image_search") if a in actions]
+    if not tools:
+        return f"<|im_start|>system\n{head}<|im_end|>\n"
+    schemas = "\n".join(json.dumps(SCHEMAS[a], ensure_ascii=False) for a in tools)
+    return (
+        f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{schemas}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    )
+
+
+def history_segments(history: Sequence[tuple[str, str]]) -> list[Segment]:
+    """Earlier questions and answers of the same chat, as plain user/assistant turns (text only)."""
+    out: list[Segment] = []
+    for q, a in history:
+        out += [Text("<|im_start|>user\n"), Text(q, special=False), Text("<|im_end|>\n<|im_start|>assistant\n"),
+                Text(ANSWER_OPEN), Text(a, special=False), Text(ANSWER_CLOSE + TURN_END)]
+    return out
+
+
+def question_segments(question: str, image: bytes | None) -> list[Segment]:
+    """The user turn (image first, then the question) and the opening of the first assistant turn."""
+    out: list[Segment] = [Text("<|im_start|>user\n")]
+    if image is not None:
+        out.append(Img(image))
+    out += [Text(question, special=False), Text(TURN_END + THINK_OPEN)]
+    return out
+
+
+def observation_segments(observation: str, image: bytes | None = None, *, note: str = "") -> list[Segment]:
+    """A tool result as a user turn: ``<tool_response>`` (a crop as a new image), then the next think block.
+
+    ``observation`` is untrusted (search snippets): appended with special tokens NOT parsed.
+    """
+    out: list[Segment] = [Text(TURN_END + "<|im_start|>user\n<tool_response>\n")]
+    if image is not None:
+        out.append(Img(image))
+    out += [Text(observation, special=False), Text("\n</tool_response>")]
+    if note:
+        out.append(Text("\n" + note))
+    out.append(Text(TURN_END + THINK_OPEN))
+    return out

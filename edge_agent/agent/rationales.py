@@ -1,0 +1,150 @@
+"""The SSR rationale library and the selection maths.
+
+Knows: what a rationale is (an id, a short text, the action type it implies), how to load and
+validate a library file (the built-in ``edge_agent/data/rationales.json`` or a user's own), and how
+to turn candidate scores into a choice: p = softmax(mean log-prob / tau), argmax or one seeded
+categorical draw. Does not know: models, tokens, the chat format (see prompts.py), the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.errors import ConfigError
+
+# The action types a rationale may imply; each maps to one tool (or to answering).
+ACTIONS = ("image_search", "text_search", "zoom", "answer")
+# Strings that would break the chat format if pasted inside <think>...</think>.
+FORBIDDEN = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>",
+             "<tool_response>", "</tool_response>", "<|")
+MAX_RATIONALES = 15  # the runtime scores them in seqs 1..K of one context (n_seq_max >= K + 1)
+MAX_CHARS = 400
+
+
+class RationaleLibraryError(ConfigError):
+    title = "Bad rationale library"
+
+
+@dataclass(frozen=True)
+class Rationale:
+    """One pre-written reasoning step; pasting it commits the turn to ``action``."""
+
+    id: str
+    text: str
+    action: str  # one of ACTIONS
+
+
+@dataclass(frozen=True)
+class Library:
+    rationales: tuple[Rationale, ...]
+    source: str  # "built-in" or the file's path
+
+    def __len__(self) -> int:
+        return len(self.rationales)
+
+    def __iter__(self):
+        return iter(self.rationales)
+
+    def for_actions(self, allowed: set[str] | frozenset[str]) -> list[int]:
+        """Indices of the rationales whose action is allowed (keeps library order)."""
+        return [i for i, r in enumerate(self.rationales) if r.action in allowed]
+
+
+def builtin_library() -> Library:
+    text = resources.files("edge_agent").joinpath("data", "rationales.json").read_text(encoding="utf-8")
+    return parse_library(json.loads(text), source="built-in")
+
+
+def load_library(path: str | Path | None = None) -> Library:
+    """The user's library at ``path`` (validated), or the built-in one when ``path`` is empty."""
+    if not path:
+        return builtin_library()
+    p = Path(path).expanduser()
+    hint = "Fix it, or clear the `rationales` setting to use the built-in library."
+    if not p.is_file():
+        raise RationaleLibraryError(f"Rationale library not found: {p}. {hint}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RationaleLibraryError(f"{p} is not valid JSON ({e}). {hint}") from e
+    return parse_library(data, source=str(p))
+
+
+def parse_library(data: Any, *, source: str) -> Library:
+    """Validate a decoded library: ``{"rationales": [{"id", "action", "text"}, ...]}`` or a bare list."""
+    where = "the built-in library" if source == "built-in" else source
+    shape = ('Expected {"rationales": [{"id": "zoom", "action": "zoom", "text": "I should zoom in ..."}, ...]} '
+             f"with action one of {', '.join(ACTIONS)}.")
+    items = data.get("rationales") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise RationaleLibraryError(f"{where} holds no rationales. {shape}")
+    if len(items) > MAX_RATIONALES:
+        raise RationaleLibraryError(f"{where} has {len(items)} rationales; at most {MAX_RATIONALES} are supported.")
+    out: list[Rationale] = []
+    seen: set[str] = set()
+    for n, item in enumerate(items, 1):
+        if not isinstance(item, dict):
+            raise RationaleLibraryError(f"Rationale {n} in {where} is not an object. {shape}")
+        rid, action, text = item.get("id", f"r{n}"), item.get("action"), item.get("text")
+        if not isinstance(rid, str) or not rid.strip():
+            raise RationaleLibraryError(f"Rationale {n} in {where}: id must be a non-empty string.")
+        if rid in seen:
+            raise RationaleLibraryError(f"Rationale {n} in {where}: id {rid!r} is used twice.")
+        if action not in ACTIONS:
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where}: action must be one of {', '.join(ACTIONS)}, not {action!r}.")
+        if not isinstance(text, str) or not text.strip():
+            raise RationaleLibraryError(f"Rationale {rid!r} in {where}: text must be a non-empty string.")
+        text = " ".join(text.split())  # one line: it sits between "<think>\n" and "\n</think>"
+        if len(text) > MAX_CHARS:
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where} is {len(text)} characters; keep it under {MAX_CHARS} "
+                "(every scored token costs time).")
+        bad = [f for f in FORBIDDEN if f in text]
+        if bad:
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
+        seen.add(rid)
+        out.append(Rationale(rid, text, action))
+    if not any(r.action == "answer" for r in out):
+        raise RationaleLibraryError(
+            f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")
+    return Library(tuple(out), source)
+
+
+def index_label(k: int) -> str:
+    """The index-only ablation's candidate for the k-th rationale (0-based): "[1]", "[2]", ..."""
+    return f"[{k + 1}]"
+
+
+def softmax(scores: np.ndarray | list[float], tau: float = 1.0) -> np.ndarray:
+    """p_k = exp(s_k / tau) / sum_j exp(s_j / tau), computed stably in float64."""
+    if tau <= 0:
+        raise ValueError("tau must be > 0")
+    s = np.asarray(scores, dtype=np.float64) / tau
+    if s.size == 0:
+        return s
+    s = s - np.max(s)
+    e = np.exp(s)
+    return e / e.sum()
+
+
+def select(scores: np.ndarray | list[float], *, tau: float = 1.0, sample: bool = False,
+           rng: np.random.Generator | None = None) -> tuple[int, np.ndarray]:
+    """(chosen index, probabilities). Argmax (first on ties) by default, or one categorical draw."""
+    p = softmax(scores, tau)
+    if p.size == 0:
+        raise ValueError("no candidates to select from")
+    if not sample:
+        return int(np.argmax(p)), p
+    rng = rng if rng is not None else np.random.default_rng(0)
+    # inverse-CDF draw: one uniform number, reproducible for a seed
+    u = rng.random()
+    k = int(np.searchsorted(np.cumsum(p), u, side="right"))
+    return min(k, p.size - 1), p

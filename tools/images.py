@@ -1,0 +1,164 @@
+"""Loading and normalising images for the agent (pillow only).
+
+Knows: how to turn whatever file a user attaches (JPEG with an EXIF rotation, PNG with alpha, a
+palette GIF, a CMYK JPEG, a 16-bit TIFF/PNG, an animated GIF/WebP, a huge scan, a 3x3 icon) into a
+plain 8-bit RGB picture, and how to encode one for the model (PNG bytes within a pixel budget).
+Does not know: models, tokens, the agent. Nothing here touches the network.
+
+Every failure a user can cause becomes an :class:`ImageError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from edge_agent.errors import ImageError
+
+# Decompression-bomb limit: refuse images with more pixels than this before decoding them.
+# 64 MP is a large phone photo / scan; a 1 GB bitmap attack is far above it.
+MAX_SOURCE_PIXELS = 64_000_000
+# Images sent to the model: Qwen3-VL makes one token per 32x32 block, so 1024x1024 ~ 1024 tokens;
+# we keep the original at most ~0.6 MP (~600 tokens) so several crops still fit in an 8k context.
+MODEL_MAX_PIXELS = 768 * 768
+# Below this side length the vision encoder has less than two 32 px blocks to look at: upscale.
+MODEL_MIN_SIDE = 64
+
+SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+
+
+@dataclass
+class LoadedImage:
+    """A normalised RGB image and where it came from."""
+
+    image: Image.Image  # mode "RGB", 8 bits per channel, EXIF orientation applied
+    source: str  # path or "<bytes>"
+    format: str  # PIL's name of the file format ("JPEG", "PNG", ...)
+    original_size: tuple[int, int]  # (width, height) as stored, before orientation
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.size
+
+
+def load_image(path: str | Path) -> LoadedImage:
+    """Read and normalise an image file. Raises ImageError (missing, unreadable, too big...)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ImageError(f"Image file not found: {p}. Check the path (attach a JPEG, PNG, GIF or WebP file).")
+    if p.is_dir():
+        raise ImageError(f"{p} is a folder, not an image. Attach an image file.")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ImageError(f"Cannot read {p}: {e.strerror or e}. Check the file's permissions.") from e
+    return load_image_bytes(data, source=str(p))
+
+
+def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
+    """Decode and normalise image bytes (same rules as :func:`load_image`)."""
+    if not data:
+        raise ImageError(f"{source} is empty (0 bytes). Attach a real image file.")
+    try:
+        with warnings.catch_warnings():
+            # We apply our own pixel limit below; PIL's warning would only be noise.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+            fmt = im.format or "unknown"
+            w, h = im.size
+            if w <= 0 or h <= 0:
+                raise ImageError(f"{source} has no pixels ({w}x{h}). Attach another image.")
+            if w * h > MAX_SOURCE_PIXELS:
+                raise ImageError(
+                    f"{source} is {w}x{h} = {w * h / 1e6:.0f} megapixels, more than the "
+                    f"{MAX_SOURCE_PIXELS / 1e6:.0f} MP limit. Downscale it first "
+                    "(e.g. `convert in.jpg -resize 50% out.jpg`)."
+                )
+            if getattr(im, "n_frames", 1) > 1:
+                im.seek(0)  # animated GIF/WebP/APNG: the first frame stands for the image
+            im.load()
+            rgb = normalise(im)
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+        raise ImageError(
+            f"{source} is not an image pillow can read ({type(e).__name__}). Attach a JPEG, PNG, GIF or WebP file."
+        ) from e
+    except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated or corrupt data
+        raise ImageError(f"{source} looks damaged and cannot be decoded ({e}). Re-export or re-download it.") from e
+    return LoadedImage(image=rgb, source=source, format=fmt, original_size=(w, h))
+
+
+def normalise(im: Image.Image) -> Image.Image:
+    """Any PIL image -> 8-bit RGB with EXIF orientation applied; transparency composited on white."""
+    im = ImageOps.exif_transpose(im) or im
+    mode = im.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        # 16-bit or 32-bit single channel: stretch the used range to 0-255 (a raw `convert("L")`
+        # clips everything above 255 to white).
+        im = im.convert("F") if mode != "F" else im
+        lo, hi = im.getextrema()
+        scale = 255.0 / (hi - lo) if hi > lo else 0.0
+        im = im.point(lambda v: (v - lo) * scale).convert("L")
+        mode = "L"
+    if mode == "P":
+        im = im.convert("RGBA") if "transparency" in im.info else im.convert("RGB")
+        mode = im.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, rgba).convert("RGB")
+    if mode == "CMYK":
+        return im.convert("RGB")
+    if mode != "RGB":
+        return im.convert("RGB")
+    return im
+
+
+def fit_for_model(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS, min_side: int = MODEL_MIN_SIDE) -> Image.Image:
+    """Scale so that width*height <= max_pixels and min(width, height) >= min_side (aspect kept).
+
+    A tiny image is upscaled; an extreme strip (e.g. 3000x4) whose short side cannot reach
+    ``min_side`` within the budget is padded with white on that side instead of distorted.
+    """
+    w, h = im.size
+    scale = 1.0
+    if w * h > max_pixels:
+        scale = (max_pixels / (w * h)) ** 0.5
+    if min(w, h) * scale < min_side:
+        scale = min_side / min(w, h)
+        if w * h * scale * scale > max_pixels:  # a strip: fit the long side, pad the short one
+            scale = max_pixels / (max(w, h) * min_side)
+    if abs(scale - 1.0) > 1e-6:
+        size = (max(1, int(w * scale + 1e-9)), max(1, int(h * scale + 1e-9)))  # floor: stay within budget
+        resample = Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC
+        im = im.resize(size, resample)
+    w, h = im.size
+    if min(w, h) < min_side:
+        canvas = Image.new("RGB", (max(w, min_side), max(h, min_side)), (255, 255, 255))
+        canvas.paste(im, ((canvas.width - w) // 2, (canvas.height - h) // 2))
+        im = canvas
+    return im
+
+
+def to_png(im: Image.Image) -> bytes:
+    """Lossless PNG bytes (what the runtime's append_image takes); compress_level 1: fast, ~2 ms/MP."""
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def model_png(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS, min_side: int = MODEL_MIN_SIDE) -> bytes:
+    """The image as the model will see it: fitted to the pixel budget, PNG-encoded."""
+    return to_png(fit_for_model(im, max_pixels=max_pixels, min_side=min_side))
+
+
+def jpeg_bytes(im: Image.Image, *, quality: int = 90) -> bytes:
+    """JPEG bytes for search backends (smaller uploads than PNG)."""
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
