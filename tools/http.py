@@ -226,7 +226,10 @@ def fetch_json(
             data = json.loads(body)
         except (ValueError, RecursionError) as e:
             raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status, attempt) from None
-        text = body.decode("utf-8", errors="replace")
+        # Backends may reflect the request (URL with its key) in the body: scrub before anyone reads it.
+        text = redact(body.decode("utf-8", errors="replace"), secrets)
+        if secrets:
+            data = _redact_tree(data, secrets)
         return FetchResult(data, text, status, attempt, time.monotonic() - t0)
 
 
@@ -271,6 +274,24 @@ def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[
         return resp.status_code, dict(resp.headers), b"".join(chunks)
     finally:
         resp.close()
+
+
+def _redact_tree(data: Any, secrets: tuple[str, ...]) -> Any:
+    """Every string (keys included) in parsed JSON, redacted. Iterative: deep JSON cannot overflow the stack."""
+    root = [data]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, k = stack.pop()
+        v = parent[k]
+        if isinstance(v, str):
+            parent[k] = redact(v, secrets)
+        elif isinstance(v, list):
+            stack.extend((v, i) for i in range(len(v)))
+        elif isinstance(v, dict):
+            new = {redact(key, secrets): val for key, val in v.items()}
+            parent[k] = new
+            stack.extend((new, key) for key in new)
+    return root[0]
 
 
 def _short_reason(e: BaseException) -> str:
