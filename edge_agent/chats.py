@@ -194,6 +194,15 @@ class ChatStore:
         now = time.time()
         return int(self._exec("INSERT INTO chats(title, created, updated) VALUES (?, ?, ?)", (title, now, now)).lastrowid)
 
+    def load_title(self, chat_id: int) -> str:
+        row = self._exec("SELECT title FROM chats WHERE id=?", (chat_id,)).fetchone()
+        return row[0] if row else ""
+
+    def recent_questions(self, limit: int = 200) -> list[str]:
+        """The last ``limit`` questions over all chats, oldest first (the prompt's Up-arrow history)."""
+        rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [r[0] for r in reversed(rows)]
+
     def list_chats(self) -> list[ChatSummary]:
         """Newest activity first."""
         rows = self._exec(

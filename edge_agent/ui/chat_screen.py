@@ -1,0 +1,396 @@
+"""The main screen: transcript, image panel, prompt, status bar.
+
+Questions go to the engine in a thread worker (``run_ask``) that stores every event in the chat
+store as it arrives and posts it to this screen as a message; the screen only renders. Escape sets
+the run's cancel event and frees the prompt at once; a new question waits for the engine lock, so
+the model is never used by two threads. Nothing here calls the model on the UI thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+
+from edge_agent.agent import events as ev
+from edge_agent.chats import Chat, ChatStore
+from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.ui.messages import AgentEvent, AskFinished
+from edge_agent.ui.preview import ImagePreview, looks_like_image_path, open_image
+from edge_agent.ui.prompt import SLASH_HELP, AttachmentBar, PromptInput, parse_slash
+from edge_agent.ui.statusbar import StatusBar
+from edge_agent.ui.transcript import AnswerView, Transcript, UserMessage
+
+if TYPE_CHECKING:
+    from edge_agent.ui.app import EdgeAgentApp
+
+log = logging.getLogger(__name__)
+
+EMPTY_HINT = (
+    "Attach an image (/image PATH, Ctrl+F, or paste a path) and ask about it.\n"
+    "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. "
+    "Ctrl+P: all commands."
+)
+
+
+class ImagePanel(Vertical):
+    DEFAULT_CSS = """
+    ImagePanel { width: 36; padding: 0 1; border-left: vkey $panel; }
+    ImagePanel #current-image { height: auto; }
+    ImagePanel .panel-title { color: $text-muted; text-style: bold; height: 1; }
+    ImagePanel #image-list { color: $text-muted; height: auto; margin: 1 0 0 0; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("Image", classes="panel-title")
+        yield ImagePreview(None, width=32, height=16, id="current-image")
+        yield Static(id="image-list")
+
+    def show(self, current: str | None, images: list[str]) -> None:
+        self.query_one("#current-image", ImagePreview).show(current)
+        t = Text()
+        for i, p in enumerate(images, 1):
+            t.append(("▶ " if p == current else "  ") + f"{i}. {Path(p).name}\n",
+                     style="bold" if p == current else "dim")
+        self.query_one("#image-list", Static).update(t)
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "cancel", "Stop answer"),
+        Binding("ctrl+f", "pick_image", "Attach image"),
+        Binding("ctrl+t", "toggle_reasoning", "Reasoning"),
+        Binding("ctrl+r", "toggle_mode", "SSR/free-form"),
+        Binding("ctrl+o", "chats", "Chats"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+s", "settings", "Settings"),
+    ]
+
+    DEFAULT_CSS = """
+    ChatScreen #main { height: 1fr; }
+    ChatScreen #loading { height: auto; padding: 0 1; display: none; }
+    ChatScreen #loading.-visible { display: block; }
+    ChatScreen #loading ProgressBar { width: 40; }
+    ChatScreen #loading-label { width: 1fr; }
+    ChatScreen PromptInput { margin: 0 1; }
+    """
+
+    def __init__(self, store: ChatStore, history: list[str]) -> None:
+        super().__init__()
+        self.store = store
+        self.chat_id: int | None = None
+        self.image: str | None = None
+        self.images: list[str] = []
+        self.running: int | None = None  # message id of the answer being computed
+        self.cancel_event: threading.Event | None = None
+        self._prompt_history = history
+        self._t0 = 0.0
+
+    @property
+    def edge_app(self) -> EdgeAgentApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Transcript(id="transcript"):
+                yield Static(EMPTY_HINT, classes="empty-hint")
+            yield ImagePanel(id="image-panel")
+        with Horizontal(id="loading"):
+            yield Static("Loading the model…", id="loading-label")
+            yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
+        yield AttachmentBar(id="attachment")
+        yield PromptInput(self._prompt_history, id="prompt")
+        yield StatusBar(self.edge_app.settings, id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "new chat"
+        self.query_one(AttachmentBar).show(None, 0)
+        self.query_one(PromptInput).focus()
+
+    # --- small accessors ---
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    def show_loading(self, text: str, fraction: float | None) -> None:
+        box = self.query_one("#loading")
+        if fraction is None:
+            box.remove_class("-visible")
+            return
+        box.add_class("-visible")
+        self.query_one("#loading-label", Static).update(text)
+        bar = self.query_one(ProgressBar)
+        bar.update(total=None if fraction < 0 else 1.0, progress=max(fraction, 0.0))
+
+    # --- images ---
+    def attach(self, path: str | Path) -> bool:
+        try:
+            open_image(path)  # decodes once: a broken file fails here, not inside the model
+        except EdgeAgentError as e:
+            self.notify(e.message, title=e.title, severity="error", timeout=8)
+            return False
+        p = str(Path(path).expanduser().resolve())
+        self.image = p
+        if p not in self.images:
+            self.images.append(p)
+        self._show_images()
+        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+        return True
+
+    def _show_images(self) -> None:
+        self.query_one(ImagePanel).show(self.image, self.images)
+        self.query_one(AttachmentBar).show(self.image, len(self.images))
+
+    def action_pick_image(self) -> None:
+        from edge_agent.ui.picker import ImagePickerScreen
+
+        start = Path(self.image).parent if self.image else None
+
+        def chosen(path: Path | None) -> None:
+            if path is not None:
+                self.attach(path)
+
+        self.app.push_screen(ImagePickerScreen(start), chosen)
+
+    # --- the prompt ---
+    @on(Input.Submitted, "#prompt")
+    async def submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        prompt = self.query_one(PromptInput)
+        if not text:
+            return
+        prompt.value = ""
+        slash = parse_slash(text)
+        if slash is not None:
+            await self.run_slash(slash.name, slash.arg)
+            return
+        pasted = looks_like_image_path(text)
+        if pasted is not None:
+            self.attach(pasted)
+            return
+        prompt.remember(text)
+        await self.ask(text)
+
+    async def run_slash(self, name: str, arg: str) -> None:
+        if name == "image":
+            if not arg:
+                self.action_pick_image()
+            else:
+                self.attach(arg)
+        elif name == "new":
+            await self.new_chat()
+        elif name == "chats":
+            self.action_chats()
+        elif name == "export":
+            self.export(self.chat_id, arg or None)
+        elif name == "settings":
+            self.action_settings()
+        elif name == "mode" and arg in ("ssr", "freeform", "free-form"):
+            self.edge_app.change_settings({"mode": "freeform" if arg.startswith("free") else "ssr"})
+        elif name == "offline" and arg in ("on", "off", ""):
+            self.edge_app.change_settings({"offline": arg != "off"})
+        elif name == "help":
+            self.notify(SLASH_HELP, title="Commands", timeout=12)
+        else:
+            self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
+
+    async def ask(self, question: str) -> None:
+        app = self.edge_app
+        if app.engine is None:
+            if app.engine_state == "loading":
+                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
+                            severity="warning")
+            else:
+                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
+                            severity="error")
+            return
+        if self.running is not None:
+            self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
+            return
+        if self.chat_id is None:
+            self.chat_id = self.store.new_chat()
+        history = self.store.history(self.chat_id)
+        self.store.add_user_message(self.chat_id, question, self.image)
+        message_id = self.store.start_answer(self.chat_id)
+        self.sub_title = self.store.load_title(self.chat_id)
+        for hint in self.query(".empty-hint"):
+            await hint.remove()
+        view = AnswerView(message_id, self.image)
+        await self.transcript.mount_all([UserMessage(question, self.image), view])
+        self.transcript.scroll_end(animate=False)
+        self.running = message_id
+        self.cancel_event = threading.Event()
+        self._t0 = time.monotonic()
+        self._tokens = 0
+        self.status.state = "busy"
+        self.run_ask(app.engine, message_id, question, self.image, app.settings.mode, history, self.cancel_event)
+
+    @work(thread=True, group="ask", exit_on_error=False)
+    def run_ask(self, engine, message_id: int, question: str, image: str | None, mode: str,
+                history: list, cancel: threading.Event) -> None:
+        """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
+        status, title, message = "error", "", ""
+        with self.edge_app.engine_lock:
+            try:
+                if cancel.is_set():
+                    status = "cancelled"
+                else:
+                    for event in engine.ask(question, image, cancel=cancel, mode=mode, history=history or None):
+                        self.store.add_event(message_id, event)
+                        self.post_message(AgentEvent(message_id, event))
+                        if isinstance(event, ev.FinalAnswer):
+                            status = event.stop_reason
+                        elif isinstance(event, ev.AgentError) and event.fatal:
+                            status, title, message = "error", event.title, event.message
+                    if status == "error" and not title:
+                        status = "cancelled" if cancel.is_set() else "answered"
+            except Cancelled:
+                status = "cancelled"
+            except EdgeAgentError as e:
+                status, title, message = "error", e.title, e.message
+            except Exception as e:  # a bug: report it, keep the app and the chat usable
+                log.error("engine failed:\n%s", traceback.format_exc())
+                status, title = "error", "Internal error"
+                message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
+            finally:
+                self.store.finish_answer(message_id, status)
+        self.post_message(AskFinished(message_id, status, title, message))
+
+    async def on_agent_event(self, m: AgentEvent) -> None:
+        view = self.transcript.answer(m.message_id)
+        if view is None or view.status != "running":
+            return  # cancelled from the UI already: late events are stored, not shown
+        follow = self.transcript.is_vertical_scroll_end or self.transcript.max_scroll_y == 0
+        await view.apply(m.event)
+        if isinstance(m.event, ev.AnswerToken):
+            self._tokens += 1
+            dt = time.monotonic() - self._t0
+            if dt > 0.5:
+                self.status.tokens_per_second = self._tokens / dt
+        if isinstance(m.event, ev.FinalAnswer):
+            tps = view.tokens_per_second()
+            if tps:
+                self.status.tokens_per_second = tps
+        if follow:
+            self.transcript.scroll_end(animate=False)
+
+    async def on_ask_finished(self, m: AskFinished) -> None:
+        view = self.transcript.answer(m.message_id)
+        if view is not None and view.status == "running":
+            await view.finish(m.status, f"{m.title}: {m.message}" if m.title else "")
+        if m.status == "error" and m.title:
+            self.notify(m.message, title=m.title, severity="error", timeout=10)
+        if self.running == m.message_id:
+            self.running = None
+            self.status.state = "ready"
+
+    async def action_cancel(self) -> None:
+        if self.running is None or self.cancel_event is None:
+            return
+        self.cancel_event.set()
+        view = self.transcript.answer(self.running)
+        if view is not None:
+            await view.finish("cancelled")
+        self.running = None
+        self.status.state = "ready"
+        self.notify("Stopped. Ask again when you like.", title="Answer cancelled", timeout=3)
+        self.query_one(PromptInput).focus()
+
+    # --- reasoning, mode, settings ---
+    def action_toggle_reasoning(self) -> None:
+        answers = self.transcript.answers()
+        if not answers:
+            return
+        last = answers[-1]
+        expand = any(t.collapsed for t in last.turns.values())
+        last.set_expanded(expand)
+
+    def action_toggle_mode(self) -> None:
+        s = self.edge_app.settings
+        self.edge_app.change_settings({"mode": "freeform" if s.mode == "ssr" else "ssr"})
+
+    def action_settings(self) -> None:
+        self.edge_app.action_settings()
+
+    # --- chats ---
+    def action_chats(self) -> None:
+        from edge_agent.ui.chats_screen import ChatAction, ChatsScreen
+
+        async def chosen(choice: ChatAction | None) -> None:
+            if choice is None:
+                if self.chat_id is not None and not any(c.id == self.chat_id for c in self.store.list_chats()):
+                    await self.new_chat()  # the open chat was deleted
+                return
+            if choice.action == "new":
+                await self.new_chat()
+            elif choice.action == "resume" and choice.chat_id is not None:
+                await self.open_chat(self.store.load(choice.chat_id))
+            elif choice.action == "export":
+                self.export(choice.chat_id)
+
+        self.app.push_screen(ChatsScreen(self.store, self.chat_id), chosen)
+
+    async def action_new_chat(self) -> None:
+        await self.new_chat()
+
+    async def new_chat(self) -> None:
+        if self.running is not None:
+            await self.action_cancel()
+        self.chat_id, self.image, self.images = None, None, []
+        await self.transcript.remove_children()
+        await self.transcript.mount(Static(EMPTY_HINT, classes="empty-hint"))
+        self.sub_title = "new chat"
+        self._show_images()
+
+    async def open_chat(self, chat: Chat) -> None:
+        """Show a stored chat and continue it (its last image stays attached)."""
+        if self.running is not None:
+            await self.action_cancel()
+        await self.transcript.remove_children()
+        self.chat_id = chat.id
+        self.sub_title = chat.title
+        image: str | None = None
+        for m in chat.messages:
+            if m.role == "user":
+                image = m.image or image
+                await self.transcript.mount(UserMessage(m.text, m.image))
+            else:
+                view = AnswerView(m.id, image)
+                await self.transcript.mount(view)
+                await view.replay(m.events, m.status, m.text)
+        self.images = []
+        for p in chat.images:
+            if p not in self.images:
+                self.images.append(p)
+        self.image = image
+        self._show_images()
+        self.transcript.scroll_end(animate=False)
+
+    def export(self, chat_id: int | None, directory: str | None = None) -> None:
+        if chat_id is None:
+            self.notify("Nothing to export yet: ask a question first.", title="Empty chat", severity="warning")
+            return
+        target = Path(directory).expanduser() if directory else self.edge_app.settings.home / "exports"
+        try:
+            md, js = self.store.export(chat_id, target)
+        except EdgeAgentError as e:
+            self.notify(e.message, title=e.title, severity="error")
+            return
+        self.notify(f"{md}\n{js}", title="Chat exported", timeout=8)

@@ -1,0 +1,143 @@
+"""The chat list (resume, rename, delete, export) and the small rename dialog."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from edge_agent.chats import ChatStore, ChatSummary
+
+
+@dataclass(frozen=True)
+class ChatAction:
+    """What the user chose in the list: ``action`` in resume | export | new; ``chat_id`` for the first two."""
+
+    action: str
+    chat_id: int | None = None
+
+
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+class RenameScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+    DEFAULT_CSS = """
+    RenameScreen { align: center middle; }
+    RenameScreen Vertical { width: 60; height: auto; border: thick $accent; background: $surface; padding: 1; }
+    """
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.old = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("Rename chat (Enter saves, Esc cancels)")
+            yield Input(self.old, id="new-title")
+
+    @on(Input.Submitted)
+    def done(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+
+class ChatsScreen(ModalScreen[ChatAction | None]):
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("enter", "resume", "Resume", show=True),
+        Binding("n", "new", "New chat"),
+        Binding("r", "rename", "Rename"),
+        Binding("d", "delete", "Delete"),
+        Binding("e", "export", "Export"),
+    ]
+    DEFAULT_CSS = """
+    ChatsScreen { align: center middle; }
+    ChatsScreen #chats { width: 90; max-width: 100%; height: 80%; border: thick $accent; background: $surface; }
+    ChatsScreen OptionList { height: 1fr; border: none; }
+    ChatsScreen #chats-help { color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, store: ChatStore, current: int | None) -> None:
+        super().__init__()
+        self.store = store
+        self.current = current
+        self.chats: list[ChatSummary] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="chats"):
+            yield Static("[b]Chats[/b]", id="chats-title")
+            yield OptionList(id="chat-list")
+            yield Static("Enter resume · n new · r rename · d delete · e export · Esc close", id="chats-help")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.reload()
+
+    def reload(self, highlight: int | None = None) -> None:
+        self.chats = self.store.list_chats()
+        ol = self.query_one(OptionList)
+        ol.clear_options()
+        for c in self.chats:
+            t = Text()
+            t.append("● " if c.id == self.current else "  ", style="green")
+            t.append(c.title, style="bold")
+            t.append(f"  {c.n_messages} messages · {when(c.updated)}", style="dim")
+            ol.add_option(Option(t, id=str(c.id)))
+        if not self.chats:
+            ol.add_option(Option(Text("No chats yet. Press n to start one.", style="dim"), disabled=True))
+        elif highlight is not None and highlight < len(self.chats):
+            ol.highlighted = highlight
+        else:
+            ol.highlighted = 0
+        ol.focus()
+
+    def selected(self) -> ChatSummary | None:
+        i = self.query_one(OptionList).highlighted
+        return self.chats[i] if i is not None and 0 <= i < len(self.chats) else None
+
+    @on(OptionList.OptionSelected)
+    def action_resume(self) -> None:
+        c = self.selected()
+        if c is not None:
+            self.dismiss(ChatAction("resume", c.id))
+
+    def action_new(self) -> None:
+        self.dismiss(ChatAction("new"))
+
+    def action_export(self) -> None:
+        c = self.selected()
+        if c is not None:
+            self.dismiss(ChatAction("export", c.id))
+
+    def action_delete(self) -> None:
+        c = self.selected()
+        if c is None:
+            return
+        i = self.query_one(OptionList).highlighted or 0
+        self.store.delete(c.id)
+        self.notify(f"Deleted {c.title!r}.", title="Chat deleted")
+        if c.id == self.current:
+            self.current = None
+        self.reload(highlight=max(0, i - 1))
+
+    def action_rename(self) -> None:
+        c = self.selected()
+        if c is None:
+            return
+        i = self.query_one(OptionList).highlighted or 0
+
+        def done(title: str | None) -> None:
+            if title:
+                self.store.rename(c.id, title)
+                self.reload(highlight=i)
+
+        self.app.push_screen(RenameScreen(c.title), done)

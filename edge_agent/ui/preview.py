@@ -1,0 +1,143 @@
+"""In-terminal image previews.
+
+Default: a character-cell picture made with Pillow, two pixels per cell with the upper half block
+(foreground = top pixel, background = bottom pixel); deterministic, works in every terminal, tmux and
+SVG snapshots. Where the terminal speaks a graphics protocol (Kitty TGP or Sixel, detected by
+``textual-image`` before the app starts), ``enable_graphics()`` switches previews to real pixels.
+Knows Pillow and Rich; does not know the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+from textual.widgets import Static
+
+from edge_agent.errors import ImageError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+# The textual-image widget class when the terminal shows real pixels; None: character cells.
+_GRAPHICS: type[Widget] | None = None
+
+
+def enable_graphics() -> str:
+    """Detect a graphics protocol (call before App.run: it queries the terminal). Returns what is used.
+
+    ``EDGE_AGENT_IMAGES=cells`` forces the character-cell previews.
+    """
+    global _GRAPHICS
+    if os.environ.get("EDGE_AGENT_IMAGES", "auto") == "cells" or not sys.__stdout__ or not sys.__stdout__.isatty():
+        return "cells"
+    try:
+        from textual_image import renderable
+        from textual_image.widget import Image as GraphicsImage
+    except ImportError:  # optional: the cell previews do the job
+        return "cells"
+    if renderable.Image in (renderable.TGPImage, renderable.SixelImage):
+        _GRAPHICS = GraphicsImage
+        return "tgp" if renderable.Image is renderable.TGPImage else "sixel"
+    return "cells"
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Open and fully decode an image file as RGB; a clear ImageError for anything else."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ImageError(f"No image at {p}. Check the path (attach with /image PATH or Ctrl+F).")
+    try:
+        with Image.open(p) as im:
+            im.load()
+            return ImageOps.exif_transpose(im).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ImageError(f"{p.name} is not an image Pillow can read ({e}). Use a PNG, JPEG or WebP file.") from e
+
+
+def looks_like_image_path(text: str) -> Path | None:
+    """A pasted path to an existing image file (quotes and file:// stripped), else None."""
+    s = text.strip().strip("'\"")
+    if s.startswith("file://"):
+        s = s[7:]
+    s = s.replace("\\ ", " ")
+    if not s or "\n" in s or not s.lower().endswith(IMAGE_SUFFIXES):
+        return None
+    p = Path(s).expanduser()
+    return p if p.is_file() else None
+
+
+def with_box(img: Image.Image, bbox_1000: list[float] | tuple[float, ...], color=(255, 220, 0)) -> Image.Image:
+    """A copy of ``img`` with the box ``[x1, y1, x2, y2]`` (0-1000 relative coords, Qwen's) drawn on it."""
+    out = img.copy()
+    w, h = out.size
+    try:
+        x1, y1, x2, y2 = (float(v) for v in bbox_1000[:4])
+    except (TypeError, ValueError):
+        return out
+    box = [x1 * w / 1000, y1 * h / 1000, x2 * w / 1000, y2 * h / 1000]
+    box = [min(box[0], box[2]), min(box[1], box[3]), max(box[0], box[2]), max(box[1], box[3])]
+    ImageDraw.Draw(out).rectangle(box, outline=color, width=max(1, min(w, h) // 40))
+    return out
+
+
+def half_blocks(img: Image.Image, max_width: int, max_height: int) -> Text:
+    """``img`` in at most ``max_width`` x ``max_height`` cells (2 px a cell, upper half block)."""
+    w, h = img.size
+    scale = min(max_width / w, (2 * max_height) / h)
+    cw, ph = max(1, round(w * scale)), max(2, round(h * scale))
+    ph += ph % 2
+    small = img.convert("RGB").resize((cw, ph), Image.Resampling.BILINEAR)
+    px = small.load()
+    text = Text(no_wrap=True, overflow="crop")
+    for y in range(0, ph, 2):
+        for x in range(cw):
+            top, bottom = px[x, y], px[x, y + 1]
+            text.append("▀", Style(color=f"rgb({top[0]},{top[1]},{top[2]})",
+                                   bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"))
+        if y + 2 < ph:
+            text.append("\n")
+    return text
+
+
+class ImagePreview(Static):
+    """A picture of an image file (optionally with a zoom box) in ``width`` x ``height`` cells."""
+
+    DEFAULT_CSS = """
+    ImagePreview { width: auto; height: auto; }
+    """
+
+    def __init__(self, path: str | Path | None, *, width: int = 24, height: int = 8,
+                 box: list[float] | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.path = str(path) if path else None
+        self.max_w, self.max_h, self.box = width, height, box
+
+    def on_mount(self) -> None:
+        self.show(self.path, self.box)
+
+    def show(self, path: str | Path | None, box: list[float] | None = None) -> None:
+        self.path, self.box = (str(path) if path else None), box
+        if self.path is None:
+            self.update(Text("no image", style="dim"))
+            return
+        try:
+            img = open_image(self.path)
+        except ImageError as e:
+            self.update(Text(f"[{e.message}]", style="dim red"))
+            return
+        if self.box is not None:
+            img = with_box(img, self.box)
+        if _GRAPHICS is not None:
+            self.update("")
+            self.remove_children()
+            g = _GRAPHICS(img)
+            g.styles.width, g.styles.height = self.max_w, self.max_h
+            self.styles.width, self.styles.height = self.max_w, self.max_h
+            self.mount(g)
+            return
+        self.update(half_blocks(img, self.max_w, self.max_h))

@@ -1,0 +1,105 @@
+"""The settings screen: mode, tau, SeProD, offline, max turns and models; saved with Settings.save().
+
+Each field shows the help text from ``Settings`` field metadata. Values are checked by
+``Settings.updated().validate()`` so the screen and the config file accept the same things.
+Dismisses with the new Settings (or None when cancelled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static, Switch
+
+from edge_agent.config import Settings
+from edge_agent.errors import ConfigError
+
+# (field, kind) in the order shown. kind: select | bool | text
+FIELDS: list[tuple[str, str]] = [
+    ("mode", "select"),
+    ("ssr_tau", "text"),
+    ("max_turns", "text"),
+    ("seprod", "bool"),
+    ("seprod_tau", "text"),
+    ("offline", "bool"),
+    ("model", "text"),
+    ("mmproj", "text"),
+    ("prophet", "text"),
+    ("prophet_mmproj", "text"),
+]
+MODEL_FIELDS = ("model", "mmproj", "prophet", "prophet_mmproj")
+
+
+def field_doc(name: str) -> str:
+    for f in dataclasses.fields(Settings):
+        if f.name == name:
+            return f.metadata.get("doc", "")
+    return ""
+
+
+class SettingsScreen(ModalScreen[Settings | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    DEFAULT_CSS = """
+    SettingsScreen { align: center middle; }
+    SettingsScreen #settings { width: 90; max-width: 100%; height: 90%; border: thick $accent; background: $surface;
+                               padding: 0 1; }
+    SettingsScreen .field { height: auto; margin: 0 0 1 0; }
+    SettingsScreen .field Label { width: 16; padding: 1 1 0 0; text-style: bold; }
+    SettingsScreen .field Input, SettingsScreen .field Select { width: 1fr; }
+    SettingsScreen .doc { color: $text-muted; padding: 0 0 0 16; height: auto; }
+    SettingsScreen #buttons { height: auto; align: right middle; }
+    SettingsScreen #buttons Button { margin: 0 0 0 1; }
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="settings"):
+            yield Static("[b]Settings[/b]  (saved to the config file; Esc cancels)", id="settings-title")
+            with VerticalScroll():
+                for name, kind in FIELDS:
+                    value = getattr(self.settings, name)
+                    with Vertical(classes="field"):
+                        with Horizontal():
+                            yield Label(name)
+                            if kind == "select":
+                                yield Select([("SSR: scored rationales", "ssr"),
+                                              ("free-form: the model writes its reasoning", "freeform")],
+                                             value=value, allow_blank=False, id=f"f-{name}")
+                            elif kind == "bool":
+                                yield Switch(value=bool(value), id=f"f-{name}")
+                            else:
+                                yield Input(str(value), id=f"f-{name}")
+                        yield Static(field_doc(name), classes="doc", markup=False)
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel")
+                yield Button("Save", id="save", variant="primary")
+
+    def values(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for name, kind in FIELDS:
+            w = self.query_one(f"#f-{name}")
+            out[name] = w.value if kind != "text" else w.value.strip()
+        return out
+
+    @on(Button.Pressed, "#save")
+    def action_save(self) -> None:
+        try:
+            new = self.settings.updated(self.values(), source="the settings screen")
+            new.validate()
+        except ConfigError as e:
+            self.notify(e.message, title=e.title, severity="error")
+            return
+        self.dismiss(new)
+
+    @on(Button.Pressed, "#cancel")
+    def cancel(self) -> None:
+        self.dismiss(None)

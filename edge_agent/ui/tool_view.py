@@ -1,0 +1,100 @@
+"""A tool call and its result inside a turn's reasoning block.
+
+Zoom: the crop next to the original with the box drawn on it. Searches: the results with a badge
+saying where they came from (live, cached, stale, offline). Failures: the observation in red.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from edge_agent.agent import events as ev
+from edge_agent.ui.preview import ImagePreview
+
+BADGE_STYLES = {
+    "live": "black on green",
+    "cached": "black on cyan",
+    "stale": "black on yellow",
+    "offline": "white on grey37",
+    "local": "black on blue",
+    "error": "white on red",
+}
+
+
+def badge(status: str) -> Text:
+    return Text(f" {status} ", style=BADGE_STYLES.get(status, "reverse"))
+
+
+def call_text(e: ev.ToolCalled) -> Text:
+    t = Text()
+    t.append("call ", style="dim")
+    t.append(e.name, style="bold cyan")
+    t.append(" " + json.dumps(e.arguments, ensure_ascii=False), style="cyan")
+    return t
+
+
+def results_text(e: ev.ToolFinished) -> Text:
+    t = Text()
+    for i, r in enumerate(e.results, 1):
+        if i > 1:
+            t.append("\n")
+        t.append(f"{i}. ", style="dim")
+        t.append(str(r.get("title", "")), style="bold")
+        if r.get("url"):
+            t.append(f"  {r['url']}", style="dim underline")
+        if r.get("snippet"):
+            t.append(f"\n   {r['snippet']}")
+    return t
+
+
+class ToolView(Vertical):
+    DEFAULT_CSS = """
+    ToolView { height: auto; margin: 0 0 0 0; }
+    ToolView .tool-call, ToolView .tool-status, ToolView .tool-results { height: auto; }
+    ToolView .tool-images { height: auto; }
+    ToolView .tool-images ImagePreview { margin: 0 2 0 0; }
+    ToolView .tool-failed { color: $error; height: auto; }
+    """
+
+    def __init__(self, called: ev.ToolCalled | None, images: dict[int, str]) -> None:
+        super().__init__(classes="tool")
+        self.called = called
+        self.images = images
+        self.finished: ev.ToolFinished | None = None
+
+    def compose(self) -> ComposeResult:
+        if self.called is not None:
+            yield Static(call_text(self.called), classes="tool-call")
+
+    async def finish(self, e: ev.ToolFinished) -> None:
+        self.finished = e
+        head = Text()
+        head.append_text(badge(e.status if e.ok else "error"))
+        head.append(f" {e.name} ", style="bold")
+        head.append(f"{'ok' if e.ok else 'failed'}", style="green" if e.ok else "red")
+        n = len(e.results)
+        if n:
+            head.append(f", {n} result{'s' if n != 1 else ''}", style="dim")
+        await self.mount(Static(head, classes="tool-status"))
+        if not e.ok:
+            await self.mount(Static(Text(e.observation), classes="tool-failed"))
+            return
+        if e.image_path:
+            if e.image_index is not None:
+                self.images[e.image_index] = e.image_path
+            args = self.called.arguments if self.called is not None else {}
+            src = self.images.get(int(args.get("img_idx", 0) or 0)) if isinstance(args, dict) else None
+            previews = []
+            if src:
+                previews.append(ImagePreview(src, width=24, height=8, box=args.get("bbox_2d"), classes="zoom-original"))
+            previews.append(ImagePreview(e.image_path, width=24, height=8, classes="zoom-crop"))
+            await self.mount(Horizontal(*previews, classes="tool-images"))
+        elif e.results:
+            await self.mount(Static(results_text(e), classes="tool-results"))
+        elif e.observation:
+            await self.mount(Static(Text(e.observation[:500], style="dim"), classes="tool-results"))

@@ -1,0 +1,205 @@
+"""The chat transcript: the user's questions (with the attached image) and the agent's answers.
+
+An :class:`AnswerView` renders one run of the agent from its event stream: a collapsible block per
+turn (``reasoning.TurnView``), the prophet's share of the answer, the answer as streamed Markdown and
+a footer line (status, turns, tokens per second). A resumed chat replays stored events through the
+same code, so it looks the same as when it was live.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Markdown, Static
+
+from edge_agent.agent import events as ev
+from edge_agent.ui.preview import ImagePreview
+from edge_agent.ui.reasoning import TurnView, ms
+
+STATUS_TEXT = {
+    "running": ("thinking…", "yellow"),
+    "answered": ("answered", "green"),
+    "turn_limit": ("turn limit reached", "yellow"),
+    "cancelled": ("cancelled", "yellow"),
+    "error": ("failed", "red"),
+    "interrupted": ("interrupted (the app stopped)", "yellow"),
+}
+
+
+class UserMessage(Horizontal):
+    DEFAULT_CSS = """
+    UserMessage { height: auto; margin: 1 0 0 0; padding: 0 1; background: $boost; }
+    UserMessage .who { width: 5; color: $accent; text-style: bold; }
+    UserMessage .question { width: 1fr; height: auto; }
+    UserMessage ImagePreview { margin: 0 1 0 0; }
+    """
+
+    def __init__(self, text: str, image: str | None) -> None:
+        super().__init__(classes="user-message")
+        self.text, self.image = text, image
+
+    def compose(self) -> ComposeResult:
+        yield Static("You", classes="who")
+        if self.image:
+            yield ImagePreview(self.image, width=16, height=6, classes="thumb")
+        yield Static(Text(self.text), classes="question")
+
+
+class AnswerView(Vertical):
+    """One agent run. ``apply(event)`` renders events as they come; ``finish(status)`` closes it."""
+
+    DEFAULT_CSS = """
+    AnswerView { height: auto; margin: 0 0 1 0; padding: 0 1; }
+    AnswerView .turns { height: auto; }
+    AnswerView .prophet-note { height: auto; color: $text-muted; }
+    AnswerView Markdown.answer { margin: 0; padding: 0; background: transparent; }
+    AnswerView .answer-footer { height: auto; color: $text-muted; }
+    """
+
+    def __init__(self, message_id: int, image: str | None, *, collapse_when_done: bool = True) -> None:
+        super().__init__(classes="answer-view")
+        self.message_id = message_id
+        self.images: dict[int, str] = {0: image} if image else {}
+        self.collapse_when_done = collapse_when_done
+        self.turns: dict[int, TurnView] = {}
+        self.text = ""
+        self.status = "running"
+        self.final: ev.FinalAnswer | None = None
+        self.answer_tokens = 0
+        self.prophet_tokens = 0
+        self._stream = None
+        self._prophet_draft: ev.DraftVerified | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Vertical(classes="turns")
+        yield Static(classes="prophet-note")
+        yield Markdown("", classes="answer")
+        yield Static(Text(*STATUS_TEXT["running"]), classes="answer-footer")
+
+    async def _turn(self, n: int) -> TurnView:
+        if n not in self.turns:
+            for t in self.turns.values():  # only the running turn stays open while live
+                t.collapsed = True
+            view = TurnView(n, self.images)
+            self.turns[n] = view
+            await self.query_one(".turns").mount(view)
+        return self.turns[n]
+
+    async def apply(self, e: ev.Event) -> None:
+        turn = getattr(e, "turn", None)
+        if isinstance(e, ev.TurnStarted):
+            await self._turn(e.turn)
+        elif isinstance(e, ev.AnswerToken):
+            await self._answer_token(e)
+        elif isinstance(e, ev.FinalAnswer):
+            self.final = e
+            await self._set_answer(e.answer)
+            await self.finish(e.stop_reason)
+        elif isinstance(e, ev.DraftVerified) and e.mode == "answering":
+            self._prophet_draft = e
+            await (await self._turn(e.turn)).apply(e)
+        elif isinstance(e, ev.AgentError) and e.fatal:
+            await self.finish("error", f"{e.title}: {e.message}")
+        elif turn is not None:
+            await (await self._turn(turn)).apply(e)
+
+    async def _answer_token(self, e: ev.AnswerToken) -> None:
+        self.answer_tokens += 1
+        if e.from_prophet:
+            self.prophet_tokens += 1
+            note = Text("Answer starts with the prophet's draft: ", style="dim")
+            note.append(e.text if not self.text else self.text + e.text, style="black on magenta")
+            if self._prophet_draft is not None:
+                d = self._prophet_draft
+                note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
+            self.query_one(".prophet-note", Static).update(note)
+        self.text += e.text
+        md = self.query_one(Markdown)
+        if self._stream is None:
+            self._stream = Markdown.get_stream(md)
+        await self._stream.write(e.text)
+
+    async def _set_answer(self, text: str) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.text = text
+        await self.query_one(Markdown).update(text)
+
+    async def finish(self, status: str, detail: str = "") -> None:
+        """End of the run (answered, turn_limit, cancelled, error, interrupted): footer, collapse turns."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        if self.status != "running" and status == "cancelled":
+            return
+        self.status = status
+        label, style = STATUS_TEXT.get(status, (status, "dim"))
+        foot = Text(label, style=style)
+        if self.turns:
+            foot.append(f" · {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''}", style="dim")
+        tps = self.tokens_per_second()
+        totals = self.final.totals if self.final else {}
+        if totals.get("total"):
+            foot.append(f" · {ms(float(totals['total']))}", style="dim")
+        if tps:
+            foot.append(f" · {tps:.1f} tok/s", style="dim")
+        if detail:
+            foot.append(f"\n{detail}", style="red")
+        self.query_one(".answer-footer", Static).update(foot)
+        if not self.text and status != "answered":
+            self.query_one(Markdown).display = False
+        if self.collapse_when_done:
+            for t in self.turns.values():
+                t.collapsed = True
+
+    async def replay(self, events: list[ev.Event], status: str, text: str) -> None:
+        """Render a stored answer: the same views as live, the answer text set once."""
+        for e in events:
+            if isinstance(e, ev.AnswerToken):
+                self.answer_tokens += 1
+                self.prophet_tokens += e.from_prophet
+            elif isinstance(e, ev.FinalAnswer):
+                self.final = e
+            else:
+                await self.apply(e)
+        if self.prophet_tokens and self._prophet_draft is not None:
+            d = self._prophet_draft
+            note = Text("Answer starts with the prophet's draft: ", style="dim")
+            note.append(d.accepted_text, style="black on magenta")
+            note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
+            self.query_one(".prophet-note", Static).update(note)
+        if text:
+            await self._set_answer(text)
+        await self.finish("answered" if status == "done" else status)
+
+    def tokens_per_second(self) -> float | None:
+        """The engine's own measure when it gave one (totals), else None."""
+        totals = self.final.totals if self.final else {}
+        for key in ("tokens_per_second", "answer_tokens_per_second", "tok_s"):
+            if totals.get(key):
+                return float(totals[key])
+        return None
+
+    def set_expanded(self, expanded: bool) -> None:
+        for t in self.turns.values():
+            t.collapsed = not expanded
+
+
+class Transcript(VerticalScroll):
+    """The chat so far; follows the bottom while an answer streams."""
+
+    DEFAULT_CSS = """
+    Transcript { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
+    Transcript .empty-hint { color: $text-muted; margin: 1 2; height: auto; }
+    """
+
+    def answers(self) -> list[AnswerView]:
+        return list(self.query(AnswerView))
+
+    def answer(self, message_id: int) -> AnswerView | None:
+        for a in self.query(AnswerView):
+            if a.message_id == message_id:
+                return a
+        return None
