@@ -12,6 +12,9 @@ Failure modes are queued with :meth:`FakeBackend.fail_next` and used up one requ
     huge         200 with ``huge_bytes`` of valid JSON and a Content-Length
     huge_stream  the same without Content-Length (the size is only known while reading)
     empty        200 with an empty body
+    drip         200, then a few bytes every 0.05 s for ``hang`` seconds (beats a per-read timeout)
+    gzip         the normal answer, gzip-compressed (Content-Encoding), as real APIs send it
+    chunked_gzip the same with Transfer-Encoding: chunked
     no_results   200 with the backend's "nothing found" shape
     echo         200, normal shape, but every result echoes the full request URL and headers
                  (the worst case for key leaks: a backend that reflects the query string)
@@ -22,9 +25,11 @@ Nothing here is a mock of our code: the client under test does real HTTP over lo
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -128,8 +133,40 @@ class FakeBackend:
         if mode in ("huge", "huge_stream"):
             blob = json.dumps({"padding": "x" * self.huge_bytes}).encode()
             return self._send(h, 200, blob, length=mode == "huge")
+        if mode == "drip":  # valid start, then a few bytes every 0.05 s: never idle long enough for a read timeout
+            try:
+                h.send_response(200)
+                h.send_header("Content-Type", "application/json")
+                h.end_headers()
+                h.wfile.write(b'{"padding": "')
+                t_end = time.monotonic() + self.hang
+                while time.monotonic() < t_end and not self._stop.is_set():
+                    h.wfile.write(b"x" * 16)
+                    h.wfile.flush()
+                    time.sleep(0.05)
+                h.wfile.write(b'"}')
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return None
         if mode == "no_results":
             return self._send(h, 200, json.dumps(self._empty()).encode())
+        if mode in ("gzip", "chunked_gzip"):  # what real servers do: compressed, maybe chunked
+            blob = gzip.compress(json.dumps(self._answer(rec, None)).encode())
+            if mode == "gzip":
+                return self._send(h, 200, blob, {"Content-Encoding": "gzip"})
+            try:
+                h.send_response(200)
+                h.send_header("Content-Type", "application/json")
+                h.send_header("Content-Encoding", "gzip")
+                h.send_header("Transfer-Encoding", "chunked")
+                h.end_headers()
+                for i in range(0, len(blob), 100):
+                    part = blob[i : i + 100]
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                h.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return None
         echo = None
         if mode == "echo":
             echo = f"{method} {h.path} {json.dumps(dict(h.headers))}"

@@ -290,6 +290,24 @@ def test_timeout(tmp_path, fake):
     assert 0.4 < took < 2.0
 
 
+@pytest.mark.parametrize("mode", ["gzip", "chunked_gzip"])
+def test_compressed_and_chunked_responses(tmp_path, fake, mode):
+    wiki = fake("wikipedia")
+    wiki.fail_next(mode)
+    out = tools_for(tmp_path, wikipedia_url=wiki.url, search_top_k=4).text_search("zipped")
+    assert out.status == "live" and len(out.results) == 4 and out.results[0].title == "Zipped"
+
+
+def test_a_dripping_server_is_cut_off_at_the_deadline(tmp_path, fake):
+    """Bytes every 0.05 s never trip the socket's read timeout; the per-attempt deadline still ends it."""
+    wiki = fake("wikipedia", hang=3.0)
+    wiki.fail_next("drip")
+    t0 = time.monotonic()
+    out = tools_for(tmp_path, wikipedia_url=wiki.url).text_search("drip")
+    assert out.status == "error" and "not complete within 0.5 s" in out.observation
+    assert time.monotonic() - t0 < 1.5
+
+
 @pytest.mark.parametrize(
     ("mode", "words"),
     [
@@ -499,3 +517,39 @@ def test_redact_forms():
     assert redact("x?key=abc123&token=zzz", []) == "x?key=***&token=***"
     assert redact("monkey=banana", []) == "monkey=banana"
     assert redact("short k stays", [s]) == "short k stays"
+
+
+WEIRD = [
+    None, [], "text", 42, {"query": []}, {"query": {"pages": "x"}}, {"query": {"pages": [1, None, {"title": 5}, {"title": "ok", "index": "z"}]}},
+    {"query": {"pages": {"1": {"title": "v1 shape", "extract": None}}}}, {"query": {"search": [None, {"title": {"a": 1}}]}},
+    {"error": {"info": 1}}, {"results": [None, 1, {"title": {"a": 1}, "url": 7}]}, {"infoboxes": [{"urls": [None, {"url": 3}]}]},
+    {"web": {"results": [{"title": [], "url": None}]}}, {"web": []},
+    {"responses": [{"webDetection": {"webEntities": [{"score": "high", "description": 7}], "bestGuessLabels": [{"label": None}, 3]}}]},
+    {"responses": "x"}, {"responses": [None]}, {"responses": [{"error": {"message": "quota"}}]}, {"responses": [{"webDetection": []}]},
+    {"visual_matches": [{"title": None, "link": 5, "source": 1}], "knowledge_graph": {"a": 1}}, {"error": "Invalid API key"},
+]  # fmt: skip
+
+
+def test_parsers_survive_any_json_shape():
+    """Whatever valid JSON a backend returns, parsing yields clean results or a FetchError, never another exception."""
+    from tools.http import FetchError
+    from tools.search import BraveBackend, GcvBackend, SearxngBackend, SerpApiLensBackend, WikipediaBackend
+
+    backends = [
+        WikipediaBackend("https://w.example/w/api.php", 5), SearxngBackend("http://s.example", 5),
+        BraveBackend("https://b.example", 5, "k"), GcvBackend("https://g.example", 5, "k"),
+        SerpApiLensBackend("https://s.example", 5, "k", "https://p.example"),
+    ]  # fmt: skip
+    outcomes = set()
+    for b in backends:
+        for data in WEIRD:
+            try:
+                results = b.parse(data)
+            except FetchError as e:
+                outcomes.add("error")
+                assert e.kind in ("bad_response", "api")
+                continue
+            outcomes.add("ok")
+            for r in results:
+                assert all(isinstance(v, str) for v in r.to_json().values()) and (r.title or r.url)
+    assert outcomes == {"ok", "error"}

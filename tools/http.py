@@ -19,12 +19,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 import requests
+import urllib3
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class HttpPolicy:
     timeout: float = 10.0  # seconds: connect timeout, and the whole of one attempt (headers + body)
     retries: int = 2  # extra attempts after the first, only for 429 / 5xx
     backoff: float = 0.5  # first wait between attempts; doubles each time
-    max_wait: float = 8.0  # longest single wait; a Retry-After above it ends the retries at once
+    max_wait: float = 5.0  # longest single wait; a Retry-After above it ends the retries at once
     max_bytes: int = 2_000_000  # body size limit (decoded bytes); search JSON is ~5-100 kB
 
 
@@ -260,7 +261,7 @@ def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[
         chunks: list[bytes] = []
         size = 0
         try:
-            for chunk in resp.iter_content(65536):
+            for chunk in _body_chunks(resp):
                 size += len(chunk)
                 if size > policy.max_bytes:
                     raise FetchError("too_large", f"response too large (over {policy.max_bytes} bytes)", resp.status_code)
@@ -269,11 +270,27 @@ def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[
                 chunks.append(chunk)
         except requests.exceptions.Timeout:
             raise FetchError("timeout", f"response stalled for {policy.timeout:g} s", resp.status_code) from None
-        except (requests.exceptions.RequestException, OSError) as e:
+        except urllib3.exceptions.ReadTimeoutError:
+            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s", resp.status_code) from None
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             raise FetchError("unreachable", f"connection broke while reading ({_short_reason(e)})") from None
         return resp.status_code, dict(resp.headers), b"".join(chunks)
     finally:
         resp.close()
+
+
+def _body_chunks(resp: requests.Response) -> Iterator[bytes]:
+    """The decoded body in pieces as they arrive, so the deadline is checked even on a server that
+    drips bytes. ``iter_content`` blocks until a whole chunk is in; urllib3 2's ``read1`` does not."""
+    read1 = getattr(resp.raw, "read1", None)
+    if read1 is None:  # urllib3 1.x
+        yield from resp.iter_content(16384)
+        return
+    while True:
+        chunk = read1(65536, decode_content=True)
+        if not chunk:
+            return
+        yield chunk
 
 
 def _redact_tree(data: Any, secrets: tuple[str, ...]) -> Any:
