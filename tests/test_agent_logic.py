@@ -141,20 +141,27 @@ def test_prompts_hold_only_available_tools_and_untrusted_text_is_flagged():
 # the loop on a fake session
 
 
+EOS = "\u2403"  # the fake's end-of-generation token
+
+
 class FakeSession:
     """Characters are tokens. Scores come from ``score_fn(text, n_calls)``; ``generate`` replays
-    ``outputs`` (strings, or callables (session, grammar) -> string). Like the runtime, every
-    generated token stays in the context, and a stop string is cut from the returned text only."""
+    ``outputs`` (strings, or callables (session, grammar) -> string; a trailing EOS char is an
+    end-of-generation token). Like the runtime, every generated token stays in the context (stop
+    strings and EOS included), the returned text is cut before a stop string, and the last sampled
+    token is pending until the next append."""
 
     def __init__(self, score_fn=None, outputs=()):
         self.log: list[tuple[str, str, bool]] = []
         self.n_pos = 0
         self.n_cells = 0
+        self.pending = 0
         self.score_fn = score_fn or (lambda text, n: -len(text))
         self.outputs = list(outputs)
         self.n_score = 0
         self.scored: list[list[str]] = []
         self.grammars: list[str | None] = []
+        self.stops: list[tuple[str, ...]] = []
 
     @property
     def text(self) -> str:
@@ -163,7 +170,8 @@ class FakeSession:
     def append_text(self, text, *, special=True):
         self.log.append(("text", text, special))
         self.n_pos += len(text)
-        self.n_cells += len(text)
+        self.n_cells += len(text) + self.pending
+        self.pending = 0
         return len(text)
 
     def append_tokens(self, tokens):
@@ -172,13 +180,21 @@ class FakeSession:
     def append_image(self, image):
         self.log.append(("image", "<IMG>", True))
         self.n_pos += 7
-        self.n_cells += 49
+        self.n_cells += 49 + self.pending
+        self.pending = 0
 
     def checkpoint(self):
-        return Checkpoint(self.n_cells, self.n_pos, len(self.log))
+        return Checkpoint(self.n_cells, self.n_pos, len(self.text), n_pending=self.pending)
 
     def rollback(self, cp):
-        raise NotImplementedError
+        drop = len(self.text) - cp.n_history
+        while drop > 0:
+            kind, t, sp = self.log.pop()
+            keep = t[: max(0, len(t) - drop)]
+            drop -= len(t) - len(keep)
+            if keep:
+                self.log.append((kind, keep, sp))
+        self.n_pos, self.n_cells, self.pending = cp.n_pos, cp.n_cells, cp.n_pending
 
     def next_logprobs(self):
         raise NotImplementedError
@@ -196,20 +212,24 @@ class FakeSession:
 
     def generate(self, *, max_tokens, stop=(), temperature=0.0, seed=0, grammar=None, on_token=None, cancel=None):
         self.grammars.append(grammar)
+        self.stops.append(tuple(stop))
         out = self.outputs.pop(0)
         if callable(out):
             out = out(self, grammar)
-        text, reason, kept = out, "eos", out
-        for s in stop:
-            if s in out:
-                text, reason = out[: out.index(s)], "stop"
-                kept = out[: out.index(s) + len(s)]
+        text, reason, kept = out, "length", out
+        if out.endswith(EOS):
+            text, reason = out[:-1], "eos"
+        hits = [(out.index(s), s) for s in stop if s in out]
+        if hits:
+            i, s = min(hits)
+            text, reason, kept = out[:i], "stop", out[: i + len(s)]
         for ch in kept:
             if cancel is not None and cancel.is_set():
                 return Generation(text="", tokens=[], stop_reason="cancelled")
             if on_token:
                 on_token(ch, ord(ch))
         self.append_text(kept, special=True)
+        self.pending = 1
         return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason)
 
 
@@ -310,7 +330,7 @@ def test_malformed_action_and_refused_box_become_observations():
 
 
 def test_freeform_streams_reasoning_and_chooses_any_action():
-    outs = ["I will zoom.</think>", HEADS["zoom"], ZOOM_TAIL, "Done.", HEADS["answer"], "red</answer>"]
+    outs = ["I will zoom.</think>", HEADS["zoom"], ZOOM_TAIL, "Done." + EOS, HEADS["answer"], "red</answer>"]
     s = FakeSession(outputs=outs)
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
@@ -322,6 +342,8 @@ def test_freeform_streams_reasoning_and_chooses_any_action():
     assert convo.count("</think>") == 2 and "I will zoom.</think>\n\n<tool_call>" in convo
     assert s.n_score == 0 and events[-1].answer == "red"
     assert "image_zoom_in_tool" in s.grammars[1] and "<answer>" in s.grammars[1]  # head: any action
+    assert EOS not in s.text and "<think>\nDone.\n</think>\n\n<answer>red" in s.text  # EOS taken back
+    assert s.stops[1] == ('"bbox_2d": [', '"query": "', '"img_idx": ', "<answer>")
 
 
 def test_policy_forces_actions_and_no_image_hides_image_tools():

@@ -61,6 +61,7 @@ from edge_agent.agent.events import (
     TurnStarted,
 )
 from edge_agent.agent.prompts import (
+    ANSWER_CLOSE,
     THINK_CLOSE,
     TURN_LIMIT_NOTE,
     Img,
@@ -73,10 +74,14 @@ from edge_agent.agent.prompts import (
 )
 from edge_agent.agent.rationales import Library, builtin_library, index_label, select
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
-from edge_agent.errors import Cancelled, EdgeAgentError
-from edge_agent.runtime.types import Generation, SessionLike
+from edge_agent.errors import Cancelled, EdgeAgentError, ModelRuntimeError
+from edge_agent.runtime.types import Checkpoint, Generation, SessionLike
 
 THINK_STOP = "</think>"
+TOOL_CALL_CLOSE = "</tool_call>"
+# The last words of each action's head (see actions.HEADS): distinct, and none occurs earlier in
+# any head, so as stop strings they end a free-form head exactly where it ends.
+HEAD_ENDS = {"zoom": '"bbox_2d": [', "text_search": '"query": "', "image_search": '"img_idx": ', "answer": "<answer>"}
 HEAD_MAX_TOKENS = 64  # the longest head is ~25 tokens on Qwen, ~35 where tags are not single tokens
 MODES = ("ssr", "freeform")
 
@@ -244,9 +249,11 @@ class _Run:
                                    tool_seconds=0.0)
                 yield self._final("turn_limit" if final else "answered", answer)
                 return True
-            gen = self._generate(max_tokens=self.o.action_max_tokens,
+            # The stop string ends generation at the grammar's last token (before the model could add
+            # an end-of-turn token); the session then holds exactly head + tail.
+            gen = self._generate(max_tokens=self.o.action_max_tokens, stop=[TOOL_CALL_CLOSE],
                                  grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
-            parsed = parse_action(HEADS[action] + gen.text)
+            parsed = parse_action(HEADS[action] + gen.text + (TOOL_CALL_CLOSE if gen.stop_reason == "stop" else ""))
             if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
                 raise ActionError(f"Expected a {action} action.")
             call = parsed.call
@@ -291,17 +298,25 @@ class _Run:
         rats = [lib.rationales[k] for k in idx]
         cands = [index_label(k) if self.o.index_only else r.text for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()
-        scores = self.s.score(cands)  # ONE batched decode, shared prefixes once
+        # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
+        # place so the chosen one can be adopted into the conversation without re-evaluating it.
+        adopt = getattr(self.s, "adopt", None) if not self.o.index_only else None
+        scores = None
+        if adopt is not None:
+            try:
+                scores = self.s.score(cands, keep=True)  # type: ignore[call-arg]
+            except ModelRuntimeError:  # more candidates than the context has sequences for
+                adopt = None
+        if scores is None:
+            scores = self.s.score(cands)
         choice, probs = select([sc.mean for sc in scores], tau=self.o.tau, sample=self.o.sample, rng=self.rng)
         seconds = time.perf_counter() - t0
         chosen = rats[choice]
-        # Paste the chosen rationale: adopt the scored cells when the runtime can (no re-evaluation),
-        # else append exactly the scored tokens.
-        adopt = getattr(self.s, "adopt", None)
+        # Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended.
         if self.o.index_only:
             self.s.append_text(chosen.text, special=False)
         elif adopt is not None:
-            adopt(scores[choice], scores[choice].count)
+            adopt(choice)
         else:
             self.s.append_tokens(scores[choice].tokens)
         self.s.append_text(THINK_CLOSE)
@@ -325,7 +340,12 @@ class _Run:
                 seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
             lambda piece: ReasoningToken(turn=turn, text=piece),
         )
-        self._close_stopped(gen, THINK_STOP, THINK_CLOSE)
+        if gen.stop_reason == "stop":  # the session holds "</think>" already
+            self.s.append_text(THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):])
+        else:
+            if gen.stop_reason == "eos":
+                self._drop_last_token()  # an end-of-turn token inside the think block: take it back
+            self.s.append_text(THINK_CLOSE)
         text = gen.text
         yield ReasoningDone(turn=turn, text=text, n_tokens=len(gen.tokens), seconds=time.perf_counter() - t0)
         return text
@@ -338,7 +358,15 @@ class _Run:
         if action is not None:  # SSR (the rationale decided) or only one choice: prefill the head
             self.s.append_text(HEADS[action])
             return action
-        gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=head_grammar(allowed))
+        # Stop strings = the heads' last words, so generation ends exactly at the end of the head
+        # (the grammar would otherwise let the model add an end-of-turn token); the text before the
+        # stop tells which head it was.
+        gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=head_grammar(allowed), stop=list(HEAD_ENDS.values()))
+        if gen.stop_reason != "stop":
+            raise ActionError("The action was cut off before it said which tool to call.")
+        for a, end in HEAD_ENDS.items():
+            if a in allowed and gen.text + end == HEADS[a]:
+                return a
         return action_of_head(gen.text)
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
@@ -364,15 +392,16 @@ class _Run:
 
         yield from self._stream(
             lambda on_token, stop: self.s.generate(
-                max_tokens=self.o.answer_max_tokens, grammar=tail_grammar("answer"), temperature=self.o.temperature,
+                max_tokens=self.o.answer_max_tokens, grammar=tail_grammar("answer"), stop=[ANSWER_CLOSE],
+                temperature=self.o.temperature,
                 seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
             piece_event,
         )
         return "".join(self.answer_parts).strip()
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _generate(self, *, max_tokens: int, grammar: str) -> Generation:
-        gen = self.s.generate(max_tokens=max_tokens, grammar=grammar, temperature=self.o.temperature,
+    def _generate(self, *, max_tokens: int, grammar: str, stop: Sequence[str] = ()) -> Generation:
+        gen = self.s.generate(max_tokens=max_tokens, grammar=grammar, stop=stop, temperature=self.o.temperature,
                               seed=self.o.seed + self.turn, cancel=self.cancel)
         self.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled":
@@ -429,16 +458,14 @@ class _Run:
             raise Cancelled()
         return gen
 
-    def _close_stopped(self, gen: Generation, stop: str, close: str) -> None:
-        """Close a block the model wrote itself: after a stop string the context already holds it
-        (the runtime keeps every generated token), so only the rest of ``close`` is appended."""
-        if gen.stop_reason == "stop":
-            i = close.find(stop)
-            rest = close[i + len(stop):] if i >= 0 else close
-            if rest:
-                self.s.append_text(rest)
-        else:
-            self.s.append_text(close)
+    def _drop_last_token(self) -> None:
+        """Take back the last generated token (the runtime keeps an end-of-generation token in the
+        session). It is still pending (never decoded), so this only trims the history."""
+        cp = self.s.checkpoint()
+        if cp.n_pending < 1:
+            return
+        self.s.rollback(Checkpoint(n_cells=cp.n_cells, n_pos=cp.n_pos - 1, n_history=cp.n_history - 1,
+                                   n_pending=cp.n_pending - 1, n_images=cp.n_images, logits=None))
 
     def _append(self, segs: Sequence[Segment]) -> None:
         """Append segments, merging neighbours of the same kind (one decode call per run of text)."""
