@@ -366,12 +366,12 @@ def _explicit_mmproj(mmproj: str) -> Path:
     return p
 
 
-def _from_path(value: str, mmproj: str) -> ResolvedModel:
+def _from_path(value: str, mmproj: str, detect_mmproj: bool = True) -> ResolvedModel:
     p = Path(value).expanduser()
     if not p.is_file():
         raise ModelFileError(f"Model file not found: {p}. Pass the path of a .gguf file, a model name from "
                              f"`edge-agent models list`, or run `{PULL_HINT}`.")
-    mm = _explicit_mmproj(mmproj) if mmproj else mmproj_next_to(p)
+    mm = _explicit_mmproj(mmproj) if mmproj else (mmproj_next_to(p) if detect_mmproj else None)
     return ResolvedModel(name=p.stem, model_path=p, mmproj_path=mm, source="path")
 
 
@@ -395,8 +395,11 @@ def _from_demo(entry: CatalogEntry, mmproj: str) -> ResolvedModel:
                          entry.tokenizer, entry.roles)
 
 
-def find_model(settings: Settings, value: str, mmproj: str = "") -> ResolvedModel:
-    """One model from a name (installed, catalog or demo) or a GGUF path. Raises ModelFileError with the fix."""
+def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmproj: bool = True) -> ResolvedModel:
+    """One model from a name (installed, catalog or demo) or a GGUF path. Raises ModelFileError with the fix.
+
+    For a path without ``mmproj``, an mmproj next to the file is used when exactly one fits
+    (``detect_mmproj=False``: never; for checks that only need the text model)."""
     value = value.strip()
     registry = Registry(settings.models_dir)
     installed = registry.get(value)
@@ -418,7 +421,7 @@ def find_model(settings: Settings, value: str, mmproj: str = "") -> ResolvedMode
         known = registry.by_path(p) if p.is_file() else None
         if known is not None and not mmproj:
             return dataclasses.replace(_from_installed(known, ""), source="path")
-        return _from_path(value, mmproj)
+        return _from_path(value, mmproj, detect_mmproj)
     names = [m.name for m in registry.models] + catalog.names()
     raise ModelFileError(f"Unknown model {value!r}.{suggest(value, names)} See `edge-agent models list`, "
                          "or pass the path of a .gguf file.", title="Unknown model")

@@ -335,12 +335,13 @@ def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient)
 
 def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = None,
          progress: Progress | None = None, notify: Callable[[str], None] | None = None,
-         force: bool = False) -> InstalledModel:
+         force: bool = False, check: bool = True) -> InstalledModel:
     """Download ``entry``'s GGUF and mmproj into ``settings.models_dir`` and register the model.
 
     Steps: hub metadata (sizes, sha256) -> free-disk check for what is still missing -> each file through
-    a resumable ``.part`` -> sha256 check -> atomic rename -> registry entry. Already-complete files are
-    kept (a second quantization of the same repo reuses the mmproj).
+    a resumable ``.part`` -> sha256 check -> atomic rename -> GGUF header checks (``check``: the model loads
+    as a text model and the mmproj fits it) -> registry entry. Already-complete files are kept (a second
+    quantization of the same repo reuses the mmproj).
     """
     notify = notify or (lambda _msg: None)
     if entry.is_demo:
@@ -373,6 +374,8 @@ def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = 
         client.download(remote, dest, progress)
     model_remote, model_dest = plan[0]
     mm = plan[1] if len(plan) > 1 else None
+    if check:
+        _check_gguf(entry, model_dest, mm[1] if mm else None)
     installed = InstalledModel(
         name=entry.name, path=str(model_dest), mmproj=str(mm[1]) if mm else None, source="pull",
         catalog=entry.name, roles=list(entry.roles), tokenizer=entry.tokenizer, architecture=entry.architecture,
@@ -380,6 +383,22 @@ def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = 
         sha256=model_remote.sha256, mmproj_sha256=mm[0].sha256 if mm else None)
     registry.put(installed)
     return installed
+
+
+def _check_gguf(entry: CatalogEntry, model: Path, mmproj: Path | None) -> None:
+    """Header checks before a pulled model is registered (milliseconds: only the GGUF headers are read)."""
+    from edge_agent import modelfile
+    from edge_agent.errors import ModelFileError
+
+    try:
+        info = modelfile.validate_text_model(model, need_vision=mmproj is not None)
+        if mmproj is not None:
+            modelfile.check_pair(info, modelfile.validate_mmproj(mmproj))
+    except ModelFileError as e:
+        raise ModelFileError(
+            f"{e.message} The files match the hub's checksums, so the catalog entry {entry.name} points at files "
+            f"that do not work together; it was not installed. The files are in {model.parent}; delete them, and "
+            "please report the entry.", title=e.title) from e
 
 
 def _part_size(dest: Path) -> int:

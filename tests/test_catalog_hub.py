@@ -46,6 +46,12 @@ def entry(**kw) -> CatalogEntry:
     return CatalogEntry(**d)
 
 
+def pull_bytes(*a, **kw):
+    """The transfer tests serve random bytes: skip the GGUF header check (tested below and in test_models_cli)."""
+    kw.setdefault("check", False)
+    return pull(*a, **kw)
+
+
 def client(**kw) -> HubClient:
     kw.setdefault("backoff", 0.0)
     return HubClient(**kw)
@@ -53,7 +59,7 @@ def client(**kw) -> HubClient:
 
 def test_pull_downloads_verifies_and_registers(settings, hub):
     """A pull puts both files under models_dir/<owner>--<repo>/, byte-exact, and registers the model."""
-    m = pull(entry(), settings, client=client())
+    m = pull_bytes(entry(), settings, client=client())
     folder = settings.models_dir / repo_dirname(REPO)
     assert (folder / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
     assert (folder / "mmproj-tiny-F16.gguf").read_bytes() == MMPROJ
@@ -68,7 +74,7 @@ def test_pull_downloads_verifies_and_registers(settings, hub):
 def test_interrupted_transfer_resumes_with_range(settings, hub):
     """A connection cut mid-file is retried from the byte where it stopped (Range), and the file is exact."""
     hub.cut_after["tiny-Q4_K_M.gguf"] = 100_000
-    pull(entry(), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
     assert hub.transfers("tiny-Q4_K_M.gguf") == [None, "bytes=100000-"]
     assert (settings.models_dir / repo_dirname(REPO) / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
 
@@ -77,7 +83,7 @@ def test_failed_pull_leaves_part_not_installed_and_next_pull_resumes(settings, h
     """With retries exhausted, the pull fails, the model is not installed, and the next pull resumes."""
     hub.cut_after["tiny-Q4_K_M.gguf"] = 70_000
     with pytest.raises(DownloadError, match="Run the same command again to resume"):
-        pull(entry(), settings, client=client(retries=0))
+        pull_bytes(entry(), settings, client=client(retries=0))
     folder = settings.models_dir / repo_dirname(REPO)
     assert (folder / "tiny-Q4_K_M.gguf.part").stat().st_size == 70_000
     assert not (folder / "tiny-Q4_K_M.gguf").exists()
@@ -86,7 +92,7 @@ def test_failed_pull_leaves_part_not_installed_and_next_pull_resumes(settings, h
     shipped = overview(settings)
     assert all(r.status != "installed" for r in shipped)
 
-    pull(entry(), settings, client=client(retries=0))
+    pull_bytes(entry(), settings, client=client(retries=0))
     assert hub.transfers("tiny-Q4_K_M.gguf") == [None, "bytes=70000-"]
     assert (folder / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
     assert Registry(settings.models_dir).get("tiny-vl") is not None
@@ -97,7 +103,7 @@ def test_resume_from_a_previous_process_hashes_the_existing_part(settings, hub):
     folder = settings.models_dir / repo_dirname(REPO)
     folder.mkdir(parents=True)
     (folder / "tiny-Q4_K_M.gguf.part").write_bytes(MODEL[:12345])
-    pull(entry(), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
     assert hub.transfers("tiny-Q4_K_M.gguf") == ["bytes=12345-"]
     assert (folder / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
 
@@ -108,10 +114,10 @@ def test_a_wrong_part_fails_the_checksum_and_is_deleted(settings, hub):
     folder.mkdir(parents=True)
     (folder / "tiny-Q4_K_M.gguf.part").write_bytes(b"\0" * 5000)
     with pytest.raises(DownloadError, match="corrupt"):
-        pull(entry(), settings, client=client())
+        pull_bytes(entry(), settings, client=client())
     assert not (folder / "tiny-Q4_K_M.gguf.part").exists()
     assert not (folder / "tiny-Q4_K_M.gguf").exists()
-    pull(entry(), settings, client=client())  # the next try starts clean and succeeds
+    pull_bytes(entry(), settings, client=client())  # the next try starts clean and succeeds
     assert (folder / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
 
 
@@ -119,7 +125,7 @@ def test_corrupted_file_fails_checksum_and_is_not_installed(settings, hub):
     """Bytes that do not match the hub's sha256 never get the final name and never reach the registry."""
     hub.corrupt.add("mmproj-tiny-F16.gguf")
     with pytest.raises(DownloadError) as e:
-        pull(entry(), settings, client=client())
+        pull_bytes(entry(), settings, client=client())
     assert e.value.title == "Checksum mismatch"
     assert hashlib.sha256(MMPROJ).hexdigest() in e.value.message
     folder = settings.models_dir / repo_dirname(REPO)
@@ -134,47 +140,47 @@ def test_server_ignoring_range_restarts_cleanly(settings, hub):
     folder.mkdir(parents=True)
     (folder / "tiny-Q4_K_M.gguf.part").write_bytes(MODEL[:5000])
     hub.ignore_range = True
-    pull(entry(), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
     assert (folder / "tiny-Q4_K_M.gguf").read_bytes() == MODEL
 
 
 def test_shared_mmproj_is_not_downloaded_twice(settings, hub):
     """Two quantizations of one repo share the mmproj file: the second pull reuses it."""
     hub.add_file(REPO, "tiny-Q8_0.gguf", MODEL[::-1])
-    pull(entry(), settings, client=client())
-    pull(entry(name="tiny-vl-q8_0", quant="Q8_0", file=CatalogFile("tiny-Q8_0.gguf")), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
+    pull_bytes(entry(name="tiny-vl-q8_0", quant="Q8_0", file=CatalogFile("tiny-Q8_0.gguf")), settings, client=client())
     assert len(hub.transfers("mmproj-tiny-F16.gguf")) == 1
     assert {m.name for m in Registry(settings.models_dir).models} == {"tiny-vl", "tiny-vl-q8_0"}
 
 
 def test_already_installed_is_a_no_op(settings, hub):
-    pull(entry(), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
     n = len(hub.requests)
     msgs = []
-    pull(entry(), settings, client=client(), notify=msgs.append)
+    pull_bytes(entry(), settings, client=client(), notify=msgs.append)
     assert len(hub.requests) == n and "already installed" in msgs[0]
 
 
 def test_missing_file_repo_and_gated_give_clear_errors(settings, hub, monkeypatch):
     with pytest.raises(DownloadError, match="has no file nope.gguf"):
-        pull(entry(file=CatalogFile("nope.gguf")), settings, client=client())
+        pull_bytes(entry(file=CatalogFile("nope.gguf")), settings, client=client())
     with pytest.raises(DownloadError, match="no such repository"):
-        pull(entry(repo="Nobody/Nothing"), settings, client=client())
+        pull_bytes(entry(repo="Nobody/Nothing"), settings, client=client())
     hub.gated.add(REPO)
     with pytest.raises(DownloadError, match="HF_TOKEN"):
-        pull(entry(), settings, client=client())
+        pull_bytes(entry(), settings, client=client())
     monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    pull(entry(), settings, client=client())
+    pull_bytes(entry(), settings, client=client())
     assert hub.requests[-1][3] == "Bearer hf_test_token"
 
 
 def test_offline_and_unreachable(settings, hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE"):
-        pull(entry(), settings, client=client())
+        pull_bytes(entry(), settings, client=client())
     monkeypatch.delenv("HF_HUB_OFFLINE")
     with pytest.raises(DownloadError, match="Could not reach"):
-        pull(entry(), settings, client=client(endpoint="http://127.0.0.1:9", timeout=2))
+        pull_bytes(entry(), settings, client=client(endpoint="http://127.0.0.1:9", timeout=2))
 
 
 def test_free_disk_check_runs_before_any_transfer(settings, hub, monkeypatch):
@@ -185,7 +191,7 @@ def test_free_disk_check_runs_before_any_transfer(settings, hub, monkeypatch):
     monkeypatch.setattr("edge_agent.hub.shutil.disk_usage",
                         lambda p: real(p)._replace(free=len(MODEL) // 2))
     with pytest.raises(DownloadError, match="Not enough disk space"):
-        pull(entry(), settings, client=client())
+        pull_bytes(entry(), settings, client=client())
     assert hub.transfers("tiny-Q4_K_M.gguf") == []
 
 
@@ -223,7 +229,7 @@ def test_progress_reports_resume_offset_and_total(settings, hub):
         def finish(self):
             seen.append(("finish",))
 
-    pull(entry(), settings, client=client(), progress=P())
+    pull_bytes(entry(), settings, client=client(), progress=P())
     assert seen[0] == ("start", "tiny-Q4_K_M.gguf", len(MODEL), 1000)
     second = seen.index(("finish",)) + 1
     assert seen[second] == ("start", "mmproj-tiny-F16.gguf", len(MMPROJ), 0)
@@ -232,3 +238,12 @@ def test_progress_reports_resume_offset_and_total(settings, hub):
         assert done == sorted(done) and done[-1] == total
     assert seen.count(("finish",)) == 2
     assert os.path.exists(folder / "mmproj-tiny-F16.gguf")
+
+
+def test_pulled_files_that_are_not_a_working_pair_are_not_installed(settings, hub):
+    """Checksums match but the GGUF headers are wrong (here: not GGUF at all): nothing is registered."""
+    from edge_agent.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="was not installed"):
+        pull(entry(), settings, client=client())
+    assert Registry(settings.models_dir).get("tiny-vl") is None
