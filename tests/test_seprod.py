@@ -145,7 +145,8 @@ class FakeSession:
         self.log.append(("generate", max_tokens))
         return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
 
-    def score(self, candidates, *, special=False):
+    def score(self, candidates, *, special=False, keep=False):
+        self.kept = keep
         # agent's opinion: p_s = 0.5 for letters, 1e-6 for anything else; rank 0 / rank 5000
         (c,) = candidates
         lp = np.array([math.log(0.5) if chr(t).isalpha() else math.log(1e-6) for t in c])
@@ -188,13 +189,34 @@ def test_same_image_reuses_the_prophet_cache(drafter):
 
 
 def test_draft_is_cut_before_turn_markers():
-    m = FakeModel("yes it is</answer> more")
+    """grounding drafts stop before chat-format markers; answering drafts before any "<" (the answer
+    grammar admits none, so the agent could never have generated it)."""
+    m = FakeModel("yes a<b it is</think> more")
     d = seprod.Drafter(m, agent_vocab=V, draft_len=30, background=False)
     try:
-        assert d.draft(seprod.ANSWERING, "q", None).text == "yes it is"
+        assert d.draft(seprod.GROUNDING, "q", None).text == "yes a<b it is"
+        assert d.draft(seprod.ANSWERING, "q", None).text == "yes a"
         m.script = "<think>x"
-        assert d.draft(seprod.ANSWERING, "q2", None).tokens == ()
+        assert d.draft(seprod.GROUNDING, "q2", None).tokens == ()
     finally:
+        d.close()
+
+
+def test_end_of_turn_token_is_not_drafted():
+    m = FakeModel("ok.")
+    d = seprod.Drafter(m, agent_vocab=V, draft_len=30, background=False)
+    orig = FakeSession.generate
+
+    def gen_eos(self, *, max_tokens, **kw):
+        g = orig(self, max_tokens=max_tokens)
+        return Generation(g.text, g.tokens + [0x10FFFF], "eos", g.logprobs + [-0.01])
+
+    try:
+        FakeSession.generate = gen_eos
+        dr = d.draft(seprod.ANSWERING, "q", None)
+        assert dr.text == "ok." and len(dr.logprobs) == 3
+    finally:
+        FakeSession.generate = orig
         d.close()
 
 
@@ -226,9 +248,9 @@ def test_round_events_and_acceptance(drafter):
 def test_adopt_is_used_when_the_runtime_has_it(drafter):
     agent = FakeSession(FakeModel())
     calls = []
-    agent.adopt = lambda sc, k: calls.append((list(sc.tokens), k))
+    agent.adopt = lambda index, k: calls.append((index, k))
     v = drafter.verify(agent, drafter.draft(seprod.ANSWERING, "q", None))
-    assert calls == [([97, 98, 32, 99], 2)] and v.adopted == "adopted" and agent.log == []
+    assert agent.kept and calls == [(0, 2)] and v.adopted == "adopted" and agent.log == []
 
 
 def test_nothing_accepted_leaves_the_agent_untouched():

@@ -44,6 +44,10 @@ DEFAULT_GAMMA = 1.0
 DEFAULT_CUT = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "</answer>", "<answer>", "</think>",
                "<think>", "<tool_call>", "</tool_call>", "<tool_response>")
 
+# An answering draft becomes answer text, which the agent's answer grammar writes as ``[^<]*`` then
+# ``</answer>``: a "<" there would be a token the agent could never have generated, so cut before it.
+ANSWER_CUT = ("<",)
+
 
 # --------------------------------------------------------------------------------------------------
 # Acceptance maths (pure)
@@ -247,6 +251,7 @@ class Drafter:
         gamma: float = DEFAULT_GAMMA,
         background: bool = True,
         cut: Sequence[str] = DEFAULT_CUT,
+        answer_cut: Sequence[str] = ANSWER_CUT,
     ) -> None:
         if draft_len < 1:
             raise ConfigError("Setting seprod_draft_len must be at least 1.")
@@ -262,6 +267,7 @@ class Drafter:
         self.gamma = gamma
         self.background = background
         self.cut = tuple(cut)
+        self.answer_cut = tuple(answer_cut)
         self.stats = SeProDStats()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -339,23 +345,35 @@ class Drafter:
         logprobs = list(gen.logprobs)
         if len(logprobs) != len(tokens):
             raise RuntimeError("runtime returned a Generation without one logprob per token")
-        n = self._cut_length(tokens)
+        if gen.stop_reason == "eos" and tokens:  # the end-of-turn token is the prophet's, not content
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        n = self._cut_length(tokens, self.answer_cut if mode == ANSWERING else self.cut)
         tokens, logprobs = tokens[:n], logprobs[:n]
-        text = self.prophet.detokenize(tokens) if tokens else ""
+        text = self._text(tokens)
         return Draft(mode, query, tuple(tokens), np.asarray(logprobs, dtype=np.float64), text,
                      time.perf_counter() - t0)
 
-    def _cut_length(self, tokens: list[int]) -> int:
-        """Tokens whose text ends before the first turn-structure marker (see DEFAULT_CUT). O(L) detokenizes."""
-        if not self.cut:
+    def _text(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        if not tokens:
+            return ""
+        if special:  # render control tokens too (runtime.Model takes ``special``; the protocol does not)
+            try:
+                return self.prophet.detokenize(list(tokens), special=True)  # type: ignore[call-arg]
+            except TypeError:
+                pass
+        return self.prophet.detokenize(list(tokens))
+
+    def _cut_length(self, tokens: list[int], cut: Sequence[str]) -> int:
+        """Tokens whose text ends before the first marker of ``cut``. O(L) detokenizes of <= L tokens."""
+        if not cut:
             return len(tokens)
         for n in range(1, len(tokens) + 1):
-            text = self.prophet.detokenize(tokens[:n])
-            hits = [text.find(c) for c in self.cut if c in text]
+            text = self._text(tokens[:n], special=True)
+            hits = [text.find(c) for c in cut if c in text]
             if hits:
                 at = min(hits)
                 k = n - 1  # the longest prefix whose text stops before the marker begins
-                while k > 0 and len(self.prophet.detokenize(tokens[:k])) > at:
+                while k > 0 and len(self._text(tokens[:k], special=True)) > at:
                     k -= 1
                 return k
         return len(tokens)
@@ -369,11 +387,15 @@ class Drafter:
             empty = np.zeros(0)
             return Verification(draft, 0, empty, empty, empty, np.zeros(0, dtype=np.int64), "",
                                 time.perf_counter() - t0)
-        (sc,) = session.score([list(draft.tokens)])
+        adopt = getattr(session, "adopt", None)
+        if adopt is not None:  # runtime.Session: keep the scored cells so the prefix can be adopted
+            (sc,) = session.score([list(draft.tokens)], keep=True)  # type: ignore[call-arg]
+        else:
+            (sc,) = session.score([list(draft.tokens)])
         scores, weights = self._scores(sc, draft)
         k = accepted_length(scores, self.tau)
         how = self._adopt(session, sc, k)
-        text = self.prophet.detokenize(list(draft.tokens[:k])) if k else ""
+        text = self._text(draft.tokens[:k])
         return Verification(draft, k, scores, weights, np.asarray(sc.logprobs, dtype=np.float64),
                             np.asarray(sc.ranks, dtype=np.int64), text, time.perf_counter() - t0, how)
 
@@ -384,13 +406,19 @@ class Drafter:
 
     @staticmethod
     def _adopt(session: SessionLike, sc: ContinuationScore, k: int) -> str:
-        """Make the first k scored tokens part of seq 0, as if generated (same cells, positions, logits)."""
-        if k == 0:
-            return "none"
+        """Make the first k scored tokens part of seq 0, as if generated.
+
+        ``Session.adopt(0, k)`` gives seq 0 the scoring pass's KV cells (metadata only, no decode) and
+        the logits row after token k-1 (the agent's own next-token distribution: where it continues
+        sampling). k == 0 still calls it, so the kept candidate cells are dropped. Sessions without
+        ``adopt`` evaluate the tokens (same state, one extra decode of k tokens).
+        """
         adopt = getattr(session, "adopt", None)
         if adopt is not None:
-            adopt(sc, k)
-            return "adopted"
+            adopt(0, k)
+            return "adopted" if k else "none"
+        if k == 0:
+            return "none"
         session.append_tokens(list(sc.tokens[:k]))
         return "evaluated"
 
