@@ -34,6 +34,9 @@ class Checkpoint:
     n_cells: int
     n_pos: int
     n_history: int
+    n_pending: int = 0  # history tokens not yet evaluated into the KV cache at the checkpoint
+    n_images: int = 0
+    logits: np.ndarray | None = field(default=None, compare=False, repr=False)  # (V,) next-token logits then
 
 
 @dataclass

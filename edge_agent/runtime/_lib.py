@@ -1,0 +1,134 @@
+"""Process-wide llama.cpp set-up: import, backend init, quiet logs, CPU facts, thread defaults.
+
+The only place that imports ``llama_cpp`` at module level (everything else in the runtime gets it
+from here, lazily, so ``import edge_agent.runtime`` stays cheap). Knows nothing of models or
+sessions. llama.cpp and mtmd log heavily to stderr; we route their logs into a small ring buffer
+(so errors can quote llama.cpp's last words) and print nothing, unless ``EDGE_AGENT_LLAMA_LOG=1``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+from functools import lru_cache
+
+import llama_cpp  # noqa: F401  (the binding; import cost ~0.1 s)
+import llama_cpp.llama_cpp as C
+import llama_cpp.mtmd_cpp as M
+
+_init_lock = threading.Lock()
+_initialized = False
+# Keep the ctypes callback objects alive for the life of the process: llama.cpp holds raw pointers.
+_callbacks: list[object] = []
+_recent: collections.deque[str] = collections.deque(maxlen=40)
+_partial: list[str] = []
+
+GGML_LOG_LEVEL_WARN = 3
+GGML_LOG_LEVEL_ERROR = 4
+GGML_LOG_LEVEL_CONT = 5
+
+
+def _log(level: int, text: bytes | None, _user: object) -> None:
+    try:
+        s = text.decode("utf-8", "replace") if text else ""
+    except Exception:  # noqa: BLE001 - a log callback must never raise into C
+        return
+    if os.environ.get("EDGE_AGENT_LLAMA_LOG") == "1":
+        sys.stderr.write(s)
+    if level in (GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR) or (level == GGML_LOG_LEVEL_CONT and _partial):
+        _partial.append(s)
+        if s.endswith("\n"):
+            _recent.append("".join(_partial).strip())
+            _partial.clear()
+
+
+def ensure_init() -> None:
+    """Initialise the backend once and silence llama.cpp / ggml / mtmd logging."""
+    global _initialized
+    with _init_lock:
+        if _initialized:
+            return
+        C.llama_backend_init()
+        cb = C.llama_log_callback(_log)
+        _callbacks.append(cb)
+        C.llama_log_set(cb, ctypes.c_void_p(0))
+        mcb = C.llama_log_callback(_log)
+        _callbacks.append(mcb)
+        M.mtmd_helper_log_set(mcb, ctypes.c_void_p(0))
+        _initialized = True
+
+
+def recent_errors(n: int = 3) -> str:
+    """The last few warning/error lines llama.cpp logged (for error messages), '' if none."""
+    lines = [line for line in list(_recent)[-n:] if line]
+    return " | ".join(lines)
+
+
+def clear_errors() -> None:
+    _recent.clear()
+    _partial.clear()
+
+
+@lru_cache(maxsize=1)
+def system_info() -> str:
+    return C.llama_print_system_info().decode("utf-8", "replace")
+
+
+def built_with_amx() -> bool:
+    """True when the library has AMX kernels compiled in (they SIGILL on VMs that advertise AMX)."""
+    info = system_info().upper()
+    return any(part.strip().startswith("AMX") and part.strip().endswith("= 1") for part in info.split("|"))
+
+
+def extra_buffers_enabled(setting: str) -> bool:
+    """Map the ``extra_buffers`` setting (auto|on|off) to llama.cpp's ``use_extra_bufts``.
+
+    auto: off when the build has AMX (quantized decodes crash with SIGILL inside
+    ggml_backend_amx_mul_mat on these VMs), on otherwise (repacked weights prefill 10-40% faster).
+    """
+    if setting == "on":
+        return True
+    if setting == "off":
+        return False
+    return not built_with_amx()
+
+
+@lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical cores this process may use (hyper-threads do not help llama.cpp's matmuls)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        usable = os.cpu_count() or 1
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            phys = core = ""
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":", 1)[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":", 1)[1].strip()
+                    cores.add((phys, core))
+    except OSError:
+        pass
+    n = len(cores) if cores else max(1, (os.cpu_count() or 2) // 2)
+    return max(1, min(n, usable))
+
+
+# Decoding is memory-bound: past ~8 threads it gets no faster and steals cores from the UI.
+MAX_DEFAULT_THREADS = 8
+
+
+def default_threads(requested: int) -> int:
+    """``requested`` if > 0, else physical cores capped at MAX_DEFAULT_THREADS."""
+    if requested > 0:
+        return requested
+    return max(1, min(physical_cores(), MAX_DEFAULT_THREADS))
+
+
+# KV cache element types by name (ggml_type enum values).
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}

@@ -1,0 +1,354 @@
+"""A loaded model: llama.cpp model + one context (+ an mtmd vision context), on the low-level API.
+
+Knows: file validation before llama.cpp sees a file (through ``edge_agent.modelfile``), context
+parameters (sequences for batched scoring, unified KV, batch sizes, threads, KV type), tokenization
+and detokenization, memory accounting, freeing. Does not know: chat formats, prompts, the agent, or
+where model files come from (catalog, downloads): callers hand it paths.
+
+One context per model, owned by at most one live :class:`Session` at a time (``session()`` clears the
+KV cache and retires the previous session). The context holds ``n_seq_max`` sequences in one unified
+KV cache of ``n_ctx`` cells: seq 0 is the conversation, seqs 1..n_seq_max-1 are scratch for candidate
+scoring. Memory: the KV cache costs ``n_ctx * n_layer * (k + v widths) * bytes(kv_type)`` whatever the
+number of sequences (unified); see :attr:`Model.memory_bytes`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.runtime import _lib
+from edge_agent.runtime._lib import C, M
+
+if TYPE_CHECKING:
+    from edge_agent.config import Settings
+    from edge_agent.runtime.session import Session
+
+# A batch larger than n_batch aborts llama.cpp (GGML_ASSERT): every decode is split to fit.
+DEFAULT_N_BATCH = 512
+
+
+class _Batch:
+    """A llama_batch whose arrays are numpy buffers we own (filled with vectorised numpy, no per-token ctypes).
+
+    Shapes: tok/pos/nseq (cap,) int32, seq (cap, n_seq_max) int32, out (cap,) int8.
+    """
+
+    def __init__(self, cap: int, n_seq_max: int) -> None:
+        self.cap = cap
+        self.tok = np.zeros(cap, dtype=np.int32)
+        self.pos = np.zeros(cap, dtype=np.int32)
+        self.nseq = np.ones(cap, dtype=np.int32)
+        self.seq = np.zeros((cap, n_seq_max), dtype=np.int32)
+        self.out = np.zeros(cap, dtype=np.int8)
+        # seq_id is int32**: one pointer per row of self.seq.
+        self._ptrs = (self.seq.ctypes.data + np.arange(cap, dtype=np.uintp) * self.seq.strides[0]).astype(np.uintp)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        self.struct = C.llama_batch()
+        self.struct.n_tokens = 0
+        self.struct.token = self.tok.ctypes.data_as(i32p)
+        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
+        self.struct.pos = self.pos.ctypes.data_as(i32p)
+        self.struct.n_seq_id = self.nseq.ctypes.data_as(i32p)
+        self.struct.seq_id = ctypes.cast(self._ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
+        self.struct.logits = self.out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+
+class Model:
+    """A text GGUF (+ optional mmproj) loaded into llama.cpp. Create with :meth:`load`."""
+
+    def __init__(self) -> None:  # use Model.load()
+        self._model: Any = None
+        self._ctx: Any = None
+        self._mtmd: Any = None
+        self._vocab: Any = None
+        self._batch: _Batch | None = None
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self.lock = threading.RLock()  # one llama.cpp call sequence at a time on this context
+        self.active_session: Session | None = None
+        self.path: Path = Path()
+        self.mmproj_path: Path | None = None
+        self.n_ctx = 0
+        self.n_batch = 0
+        self.n_seq_max = 0
+        self.n_vocab = 0
+        self.n_threads = 0
+        self.n_threads_batch = 0
+        self.kv_type = "f16"
+        self.extra_buffers = False
+        self.add_bos = False
+        self.bos: int = -1
+        self.eos: int = -1
+        self.has_vision = False
+        self.image_px_per_token = 0  # pixels per image-token side (patch * merge; 32 for Qwen3-VL), 0 unknown
+        self.arch = ""
+        self.info: Any = None  # edge_agent.modelfile.ModelInfo of the text model
+        self.mmproj_info: Any = None
+        self.memory_bytes: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------ loading
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        mmproj: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 8192,
+        n_threads: int = 0,
+        n_threads_batch: int = 0,
+        n_seq_max: int = 8,
+        n_batch: int = DEFAULT_N_BATCH,
+        extra_buffers: str = "auto",
+        kv_type: str = "f16",
+        flash_attn: str = "auto",
+        seed: int = 0,
+    ) -> Model:
+        """Validate the files in Python, then load them. Raises ModelFileError / ModelRuntimeError.
+
+        ``n_seq_max``: 1 (conversation) + the most candidates scored in one decode (more are scored in
+        groups). ``n_batch``: the most tokens per llama_decode (also the physical ubatch). ``kv_type``:
+        f16 (default), f32 (exact comparisons in tests), q8_0. ``flash_attn``: auto|on|off (auto is
+        off with an f32 KV cache, else llama.cpp's choice).
+        ``seed`` is accepted for the ModelLike contract; sampling seeds are per ``generate`` call.
+        """
+        del seed
+        path = Path(path)
+        mm = Path(mmproj) if mmproj else None
+        if extra_buffers not in ("auto", "on", "off"):
+            raise ModelRuntimeError(f"extra_buffers must be auto, on or off, not {extra_buffers!r}.")
+        if kv_type not in _lib.KV_TYPES:
+            raise ModelRuntimeError(f"kv_type must be one of {', '.join(_lib.KV_TYPES)}, not {kv_type!r}.")
+        if flash_attn not in ("auto", "on", "off"):
+            raise ModelRuntimeError(f"flash_attn must be auto, on or off, not {flash_attn!r}.")
+        if n_seq_max < 1 or n_ctx < 16 or n_batch < 1:
+            raise ModelRuntimeError("n_seq_max must be >= 1, n_ctx >= 16 and n_batch >= 1.")
+        info, mm_info = _validate_files(path, mm)
+
+        _lib.ensure_init()
+        self = cls()
+        self.path, self.mmproj_path = path, mm
+        self.info, self.mmproj_info = info, mm_info
+        self.arch = info.architecture
+        self.n_threads = _lib.default_threads(n_threads)
+        self.n_threads_batch = _lib.default_threads(n_threads_batch)
+        self.extra_buffers = _lib.extra_buffers_enabled(extra_buffers)
+        self.kv_type = kv_type
+        try:
+            self._load(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, flash_attn=flash_attn)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None, **kw: Any
+    ) -> Model:
+        """:meth:`load` with context size, threads and extra buffers taken from ``settings``."""
+        kw.setdefault("n_ctx", settings.n_ctx)
+        kw.setdefault("n_threads", settings.n_threads)
+        kw.setdefault("n_threads_batch", settings.n_threads_batch)
+        kw.setdefault("extra_buffers", settings.extra_buffers)
+        kw.setdefault("seed", settings.seed)
+        return cls.load(path, mmproj, **kw)
+
+    def _load(self, *, n_ctx: int, n_seq_max: int, n_batch: int, flash_attn: str) -> None:
+        _lib.clear_errors()
+        mp = C.llama_model_default_params()
+        mp.use_extra_bufts = self.extra_buffers
+        self._model = C.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self._model:
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path} ({_lib.recent_errors() or 'no details'}). "
+                "Check that it is a complete text-model GGUF supported by llama-cpp-python 0.3.36."
+            )
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
+        self.bos = int(C.llama_vocab_bos(self._vocab))
+        self.eos = int(C.llama_vocab_eos(self._vocab))
+
+        cp = C.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_batch
+        cp.n_seq_max = n_seq_max
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads_batch
+        cp.kv_unified = True  # else each sequence gets n_ctx / n_seq_max cells
+        cp.type_k = _lib.KV_TYPES[self.kv_type]
+        cp.type_v = _lib.KV_TYPES[self.kv_type]
+        # auto: llama.cpp decides, except with an F32 KV cache (chosen for exactness): the CPU
+        # flash-attention kernel rounds through F16, which made token-by-token and batched logprobs
+        # differ by 3e-4 on the tiny F32 model (2.5e-6 with it off).
+        if flash_attn == "auto" and self.kv_type == "f32":
+            flash_attn = "off"
+        cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[flash_attn]
+        cp.no_perf = True
+        cp.embeddings = False
+        self._ctx = C.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise ModelRuntimeError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name} "
+                f"({_lib.recent_errors() or 'no details'}). Lower n_ctx or free memory."
+            )
+        self.n_ctx = C.llama_n_ctx(self._ctx)
+        self.n_batch = min(C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
+        self.n_seq_max = C.llama_n_seq_max(self._ctx)
+        self._batch = _Batch(self.n_batch, self.n_seq_max)
+
+        if self.mmproj_path is not None:
+            mparams = M.mtmd_context_params_default()
+            mparams.use_gpu = False
+            mparams.print_timings = False
+            mparams.n_threads = self.n_threads_batch
+            mparams.warmup = False
+            _lib.clear_errors()
+            self._mtmd = M.mtmd_init_from_file(str(self.mmproj_path).encode(), self._model, mparams)
+            if not self._mtmd:
+                raise ModelFileError(
+                    f"The vision projector {self.mmproj_path.name} does not fit {self.path.name} "
+                    f"({_lib.recent_errors() or 'mtmd_init_from_file failed'}). "
+                    "Use the mmproj file published with this exact model."
+                )
+            if not M.mtmd_support_vision(self._mtmd):
+                raise ModelFileError(f"{self.mmproj_path.name} is not a vision projector. Use the model's image mmproj.")
+            self.has_vision = True
+            mi = self.mmproj_info
+            self.image_px_per_token = mi.patch_size * (mi.spatial_merge_size or 1) if mi is not None else 0
+
+        n_layer = C.llama_model_n_layer(self._model)
+        n_embd = C.llama_model_n_embd(self._model)
+        n_head = max(1, C.llama_model_n_head(self._model))
+        n_head_kv = C.llama_model_n_head_kv(self._model)
+        head = _meta_int(self._model, f"{self.arch}.attention.key_length") or n_embd // n_head
+        head_v = _meta_int(self._model, f"{self.arch}.attention.value_length") or head
+        kv_elem = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[self.kv_type]
+        self.memory_bytes = {
+            "model": int(C.llama_model_size(self._model)),
+            "kv_cache": int(self.n_ctx * n_layer * n_head_kv * (head + head_v) * kv_elem),
+            "mmproj": int(self.mmproj_path.stat().st_size) if self.mmproj_path else 0,
+        }
+
+    # ------------------------------------------------------------------------------ tokens
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Token ids of ``text`` (no BOS added). ``special=False``: ``<|im_end|>`` etc. stay plain text."""
+        self._check_open()
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab, raw, len(raw), buf, cap, False, special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab, raw, len(raw), buf, cap, False, special)
+        if n < 0:
+            raise ModelRuntimeError(f"Could not tokenize a text of {len(raw)} bytes.")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """Raw bytes of one token (control tokens render as b'' unless ``special``)."""
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            piece = buf.raw[: max(n, 0)]
+            self._pieces[key] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return b"".join(self.token_bytes(int(t), special=special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of a token (for special tokens: its literal, e.g. '<|im_end|>')."""
+        t = C.llama_vocab_get_text(self._vocab, token)
+        return t.decode("utf-8", "replace") if t else ""
+
+    # ------------------------------------------------------------------------------ sessions
+    def session(self) -> Session:
+        """A fresh, empty session (clears this model's KV cache; the previous session is retired)."""
+        from edge_agent.runtime.session import Session
+
+        self._check_open()
+        with self.lock:
+            C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
+            s = Session(self)
+            self.active_session = s
+            return s
+
+    # ------------------------------------------------------------------------------ lifetime
+    @property
+    def closed(self) -> bool:
+        return self._model is None
+
+    def _check_open(self) -> None:
+        if self._model is None:
+            raise ModelRuntimeError("This model was closed. Load it again.")
+
+    def close(self) -> None:
+        """Free the mtmd context, the llama context and the model (idempotent)."""
+        with self.lock:
+            self.active_session = None
+            if self._mtmd:
+                M.mtmd_free(self._mtmd)
+            self._mtmd = None
+            if self._ctx:
+                C.llama_free(self._ctx)
+            self._ctx = None
+            if self._model:
+                C.llama_model_free(self._model)
+            self._model = None
+            self._batch = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # a forgotten close() must not leak the model for the process' life
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: modules may be gone
+            pass
+
+    def __repr__(self) -> str:
+        return f"Model({self.path.name!r}, n_ctx={self.n_ctx}, vision={self.has_vision})"
+
+
+def _meta_int(model: Any, key: str) -> int:
+    buf = ctypes.create_string_buffer(64)
+    n = C.llama_model_meta_val_str(model, key.encode(), buf, 64)
+    if n < 0:
+        return 0
+    try:
+        return int(buf.value.decode())
+    except ValueError:
+        return 0
+
+
+def _validate_files(path: Path, mmproj: Path | None) -> tuple[Any, Any]:
+    """Check the files in Python with ``edge_agent.modelfile`` (llama.cpp aborts the process on several
+    bad inputs: a wrong-width mmproj, too many deepstack layers, ...). Returns (text info, mmproj info)."""
+    from edge_agent import modelfile
+
+    text = modelfile.validate_text_model(path, need_vision=mmproj is not None)
+    if mmproj is None:
+        return text, None
+    mm = modelfile.inspect(mmproj)
+    modelfile.check_pair(text, mm)
+    return text, mm

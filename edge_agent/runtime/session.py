@@ -1,0 +1,678 @@
+"""A conversation in one llama.cpp context: seq 0 of the KV cache, its tokens and its position counter.
+
+Knows: evaluating new text/image input exactly once, positions (text +1 a token, an image
++max(nx, ny) under M-RoPE), checkpoints, batched teacher-forced scoring of candidate continuations
+in seqs 1..K (one llama_decode, shared prefixes once), adopting a scored candidate without
+re-evaluating it, and sampling with stop strings, a GBNF grammar and cancellation. Does not know
+chat formats, prompts, rationales or tools: callers hand it text, token ids and image bytes.
+
+State (all kept by us, never re-derived from llama.cpp):
+- ``history``: every token of the conversation (an image is one ``IMAGE`` placeholder entry).
+- ``_pending``: a tail of ``history`` not in the KV cache yet. ``generate`` leaves its last sampled
+  token pending (decoding it would only produce logits nobody may need) and ``adopt`` may leave one;
+  any later call that needs logits or appends evaluates them first, in the same batch as new input.
+- ``n_pos``: the position counter, pending tokens included; ``n_cells``: KV cells of seq 0 (pending
+  excluded). After images ``n_pos < n_cells`` is normal (an image of nx*ny cells takes max(nx, ny)
+  positions).
+- ``_logits``: (V,) float32 copy of the next-token logits, valid when nothing is pending. Copied right
+  after each decode because the next decode overwrites llama.cpp's buffer.
+
+Thread safety: every public method holds the model's lock, so two threads never interleave llama.cpp
+calls; one session is meant to be driven by one thread (the TUI's worker). ``cancel`` events may be set
+from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_agent.errors import ImageError, ModelFileError, ModelRuntimeError
+from edge_agent.runtime._lib import C, M, recent_errors
+from edge_agent.runtime.scoring import Trie, build_trie, row_logsumexp, split_points
+from edge_agent.runtime.textstream import StopStream
+from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk, TokenCallback
+
+if TYPE_CHECKING:
+    from edge_agent.runtime.model import Model
+
+IMAGE = -1  # history placeholder for one image
+
+# llama_token_data {int32 id; float logit; float p} as a numpy record (12 bytes, no padding).
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+@dataclass
+class _Kept:
+    """Candidates left in seqs 1..K by ``score(keep=True)``, for ``adopt``."""
+
+    trie: Trie
+    tokens: list[list[int]]
+    serial: int  # decode serial right after scoring: the logits buffer is valid while unchanged
+    row_base: int  # trie row of the first output row of the last scoring decode
+
+
+class Session:
+    """Seq 0 of a model's KV cache. Get one from ``Model.session()``."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._ctx = model._ctx
+        self._mem = C.llama_get_memory(self._ctx)
+        self.history: list[int] = []
+        self.images: list[ImageChunk] = []
+        self._pending: list[int] = []
+        self.n_pos = 0
+        self.n_cells = 0
+        self.n_evaluated = 0  # tokens (text + image embeddings) decoded into seq 0 by this session
+        self.n_scored = 0  # candidate tokens decoded by score()
+        self.n_decodes = 0  # llama_decode calls (image chunks count as one)
+        self._logits: np.ndarray | None = None
+        self._kept: _Kept | None = None
+        self._serial = 0
+        self._scratch: np.ndarray | None = None
+        self._tdata: np.ndarray | None = None
+
+    # ------------------------------------------------------------------------------ helpers
+    def _check(self) -> None:
+        if self.model.closed:
+            raise ModelRuntimeError("The model of this session was closed. Load it again.")
+        if self.model.active_session is not self:
+            raise ModelRuntimeError("This session was replaced: Model.session() started a new one and cleared the KV cache.")
+
+    @property
+    def n_pending(self) -> int:
+        return len(self._pending)
+
+    def _free_cells(self) -> int:
+        return self.model.n_ctx - self.n_cells
+
+    def _context_full(self, need: int) -> ModelRuntimeError:
+        return ModelRuntimeError(
+            f"The context is full: {self.n_cells} of {self.model.n_ctx} tokens used, {need} more needed. "
+            "Start a new chat, or raise n_ctx in the settings.",
+            title="Context full",
+        )
+
+    def _decode(self, n: int) -> None:
+        b = self.model._batch
+        assert b is not None and n <= b.cap
+        b.struct.n_tokens = n
+        rc = C.llama_decode(self._ctx, b.struct)
+        self._serial += 1
+        self.n_decodes += 1
+        if rc != 0:
+            if rc == 1:
+                raise self._context_full(n)
+            raise ModelRuntimeError(f"llama_decode failed with code {rc} ({recent_errors() or 'no details'}).")
+
+    def _logits_rows(self, n_rows: int) -> np.ndarray:
+        """Zero-copy (n_rows, V) float32 view of llama.cpp's logits buffer (valid until the next decode)."""
+        ptr = C.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
+
+    def _flush(self) -> int:
+        """Evaluate pending tokens into seq 0 (n_batch at a time); keep the last token's logits."""
+        toks = self._pending
+        if not toks:
+            return 0
+        if len(toks) > self._free_cells():
+            raise self._context_full(len(toks))
+        b = self.model._batch
+        assert b is not None
+        p0 = self.n_pos - len(toks)
+        done = 0
+        try:
+            while done < len(toks):
+                m = min(b.cap, len(toks) - done)
+                b.tok[:m] = toks[done : done + m]
+                b.pos[:m] = np.arange(p0 + done, p0 + done + m, dtype=np.int32)
+                b.nseq[:m] = 1
+                b.seq[:m, 0] = 0
+                b.out[:m] = 0
+                if done + m == len(toks):
+                    b.out[m - 1] = 1
+                self._decode(m)
+                done += m
+                self.n_cells += m
+                self.n_evaluated += m
+        except BaseException:
+            # Undo the part of this flush that reached the KV cache; the tokens stay pending.
+            C.llama_memory_seq_rm(self._mem, 0, p0, -1)
+            self.n_cells -= done
+            raise
+        last = C.llama_get_logits_ith(self._ctx, -1)
+        self._logits = np.ctypeslib.as_array(last, shape=(self.model.n_vocab,)).copy()
+        self._pending = []
+        return done
+
+    def _drop_kept(self) -> None:
+        if self._kept is not None:
+            for k in range(len(self._kept.tokens)):
+                C.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
+            self._kept = None
+
+    def _append(self, toks: list[int]) -> int:
+        """Add tokens to the history and evaluate them (with anything pending) in one pass."""
+        n_hist, n_pending = len(self.history), len(self._pending)
+        if not self.history and self.model.add_bos and (not toks or toks[0] != self.model.bos):
+            toks = [self.model.bos, *toks]
+        self.history.extend(toks)
+        self._pending.extend(toks)
+        self.n_pos += len(toks)
+        try:
+            self._flush()
+        except BaseException:
+            del self.history[n_hist:]
+            del self._pending[n_pending:]
+            self.n_pos -= len(toks)
+            raise
+        return len(toks)
+
+    # ------------------------------------------------------------------------------ input
+    def append_text(self, text: str, *, special: bool = True) -> int:
+        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text (no special tokens parsed).
+
+        Returns the number of tokens added (a BOS is prepended to the first input when the model wants one).
+        """
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            return self._append(self.model.tokenize(text, special=special))
+
+    def append_tokens(self, tokens: Sequence[int]) -> int:
+        """Evaluate token ids (no BOS handling); returns how many were added."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            toks = [int(t) for t in tokens]
+            bad = [t for t in toks if not 0 <= t < self.model.n_vocab]
+            if bad:
+                raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
+            n_hist, n_pending = len(self.history), len(self._pending)
+            self.history.extend(toks)
+            self._pending.extend(toks)
+            self.n_pos += len(toks)
+            try:
+                self._flush()
+            except BaseException:
+                del self.history[n_hist:]
+                del self._pending[n_pending:]
+                self.n_pos -= len(toks)
+                raise
+            return len(toks)
+
+    def append_image(self, image: bytes) -> ImageChunk:
+        """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in ``<|vision_start|>...<|vision_end|>``.
+
+        The wrapper tokens come from mtmd (it knows each projector's markers). Positions: the image
+        takes max(nx, ny) positions and nx*ny KV cells (M-RoPE); the text after it continues there.
+        """
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            mt = self.model._mtmd
+            if not mt:
+                raise ModelFileError(
+                    f"{self.model.path.name} was loaded without a vision projector, so it cannot read images. "
+                    "Pass the model's mmproj file (--mmproj) or pick a vision model.",
+                    title="No vision",
+                )
+            if not isinstance(image, bytes | bytearray) or not image:
+                raise ImageError("The image is empty. Attach a PNG or JPEG file.")
+            buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
+            bitmap = M.mtmd_helper_bitmap_init_from_buf(mt, buf, len(image), False)
+            if not bitmap:
+                raise ImageError("The image could not be decoded. Attach a PNG or JPEG file.")
+            chunks = M.mtmd_input_chunks_init()
+            cp = self._checkpoint()
+            try:
+                marker = M.mtmd_default_marker()
+                txt = M.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
+                bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+                rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
+                if rc != 0:
+                    raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another image.")
+                result: ImageChunk | None = None
+                for i in range(M.mtmd_input_chunks_size(chunks)):
+                    chunk = M.mtmd_input_chunks_get(chunks, i)
+                    kind = M.mtmd_input_chunk_get_type(chunk)
+                    if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                        n = ctypes.c_size_t(0)
+                        ptr = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                        self._append([int(ptr[j]) for j in range(n.value)])
+                    elif kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                        result = self._eval_image_chunk(chunk, bitmap)
+                    else:
+                        raise ImageError("The projector produced a non-image chunk; this model cannot read images.")
+                if result is None:
+                    raise ImageError("The projector produced no image tokens for this image.")
+                return result
+            except BaseException:
+                self._rollback(cp)
+                raise
+            finally:
+                M.mtmd_input_chunks_free(chunks)
+                M.mtmd_bitmap_free(bitmap)
+
+    def _eval_image_chunk(self, chunk: int, bitmap: int) -> ImageChunk:
+        self._flush()
+        img = M.mtmd_input_chunk_get_tokens_image(chunk)
+        nx, ny = M.mtmd_image_tokens_get_nx(img), M.mtmd_image_tokens_get_ny(img)
+        n_tok = int(M.mtmd_input_chunk_get_n_tokens(chunk))
+        n_pos = int(M.mtmd_input_chunk_get_n_pos(chunk))
+        if n_tok > self._free_cells():
+            raise self._context_full(n_tok)
+        new_pos = C.llama_pos(0)
+        rc = M.mtmd_helper_eval_chunk_single(
+            self.model._mtmd, self._ctx, chunk, self.n_pos, 0, self.model.n_batch, False, ctypes.byref(new_pos)
+        )
+        self._serial += 1
+        self.n_decodes += 1
+        if rc != 0:
+            C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
+            raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {recent_errors() or 'no details'}).")
+        if new_pos.value != self.n_pos + n_pos:
+            raise ModelRuntimeError(f"mtmd advanced the position by {new_pos.value - self.n_pos}, expected {n_pos}.")
+        px = self.model.image_px_per_token
+        w, h = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
+        chunk_info = ImageChunk(
+            n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else w, height=ny * px if px else h
+        )
+        self.history.append(IMAGE)
+        self.images.append(chunk_info)
+        self.n_pos = new_pos.value
+        self.n_cells += n_tok
+        self.n_evaluated += n_tok
+        self._logits = None  # the image decode outputs no logits; the closing text token will
+        return chunk_info
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def _checkpoint(self) -> Checkpoint:
+        return Checkpoint(
+            n_cells=self.n_cells,
+            n_pos=self.n_pos,
+            n_history=len(self.history),
+            n_pending=len(self._pending),
+            n_images=len(self.images),
+            logits=self._logits,  # never modified in place: safe to share
+        )
+
+    def checkpoint(self) -> Checkpoint:
+        """The current point, to :meth:`rollback` to later (cheap: counters and a reference to the logits)."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            return self._checkpoint()
+
+    def _rollback(self, cp: Checkpoint) -> None:
+        if cp.n_history > len(self.history) or cp.n_pos > self.n_pos:
+            raise ModelRuntimeError("This checkpoint is ahead of the session (it belongs to another session or a rolled-back branch).")
+        kv_end = cp.n_pos - cp.n_pending  # positions >= kv_end were not in the KV cache at the checkpoint
+        C.llama_memory_seq_rm(self._mem, 0, kv_end, -1)
+        del self.history[cp.n_history :]
+        del self.images[cp.n_images :]
+        self._pending = self.history[len(self.history) - cp.n_pending :] if cp.n_pending else []
+        self.n_pos = cp.n_pos
+        self.n_cells = cp.n_cells
+        self._logits = cp.logits
+
+    def rollback(self, cp: Checkpoint) -> None:
+        """Forget everything after ``cp`` (KV cells removed with llama_memory_seq_rm from its position)."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            self._rollback(cp)
+
+    # ------------------------------------------------------------------------------ distributions
+    def next_logits(self) -> np.ndarray:
+        """(V,) float32 raw logits for the next token (a copy)."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            self._flush()
+            if self._logits is None:
+                raise ModelRuntimeError("Nothing has been evaluated yet: append text first.")
+            return self._logits.copy()
+
+    def next_logprobs(self) -> np.ndarray:
+        """(V,) float32 log-softmax of the model's distribution for the next token."""
+        logits = self.next_logits()
+        lse = row_logsumexp(logits[None, :])[0]
+        return (logits.astype(np.float64) - lse).astype(np.float32)
+
+    # ------------------------------------------------------------------------------ scoring
+    def score(
+        self, candidates: Sequence[str | Sequence[int]], *, special: bool = False, keep: bool = False
+    ) -> list[ContinuationScore]:
+        """Teacher-forced log-probs of each candidate after the current context.
+
+        All candidates go into ONE llama_decode: candidate k lives in seq k+1 (a metadata-only copy of
+        seq 0 in the unified cache), shared leading tokens are evaluated once (a trie node with several
+        sequence ids), logits are requested only at nodes with children, and each candidate's first
+        token is scored from the saved context logits. Limits, documented rather than hidden: more
+        trie nodes than ``n_batch`` are split into several decodes (depth-first order keeps each valid),
+        and more candidates than ``n_seq_max - 1`` are scored in groups (one decode or more per group).
+        Candidate sequences are removed afterwards, also on error, unless ``keep=True`` (then they stay
+        until :meth:`adopt` or the next call on this session).
+
+        Strings are tokenized with ``special`` (default False: candidate text is plain text); token
+        lists are used as given. Positions continue from the tracked counter (correct after images).
+        """
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            toks = [
+                self.model.tokenize(c, special=special) if isinstance(c, str) else [int(t) for t in c] for c in candidates
+            ]
+            for i, t in enumerate(toks):
+                if not t:
+                    raise ValueError(f"candidate {i} is empty")
+                if min(t) < 0 or max(t) >= self.model.n_vocab:
+                    raise ValueError(f"candidate {i} has token ids out of range")
+            if not toks:
+                return []
+            group = self.model.n_seq_max - 1
+            if group < 1:
+                raise ModelRuntimeError("Scoring needs a context with n_seq_max >= 2. Load the model with n_seq_max > 1.")
+            if keep and len(toks) > group:
+                raise ModelRuntimeError(f"score(keep=True) takes at most {group} candidates (n_seq_max - 1).")
+            self._flush()
+            if self._logits is None:
+                raise ModelRuntimeError("Scoring needs a context: append text first.")
+            out: list[ContinuationScore] = []
+            for s in range(0, len(toks), group):
+                out.extend(self._score_group(toks[s : s + group], keep))
+            return out
+
+    def _score_group(self, cands: list[list[int]], keep: bool) -> list[ContinuationScore]:
+        trie = build_trie(cands)
+        n = trie.n_tokens
+        if n > self._free_cells():
+            raise self._context_full(n)
+        b = self.model._batch
+        assert b is not None
+        V = self.model.n_vocab
+        if self._scratch is None:
+            self._scratch = np.empty((8, V), dtype=np.float32)
+        # Per node: (log p, rank) of the node's token given its parent (or the context for roots).
+        lp = np.zeros(n, dtype=np.float64)
+        rk = np.zeros(n, dtype=np.int64)
+        ctx_logits = self._logits
+        assert ctx_logits is not None
+        ctx_lse = row_logsumexp(ctx_logits[None, :], self._scratch)[0]
+        for i, node in enumerate(trie.nodes):
+            if node.parent < 0:
+                v = ctx_logits[node.token]
+                lp[i] = float(v) - ctx_lse
+                rk[i] = int(np.count_nonzero(ctx_logits > v))
+
+        tok_arr = np.fromiter((nd.token for nd in trie.nodes), dtype=np.int32, count=n)
+        pos_arr = self.n_pos + np.fromiter((nd.depth for nd in trie.nodes), dtype=np.int32, count=n)
+        out_arr = np.fromiter((nd.row >= 0 for nd in trie.nodes), dtype=np.int8, count=n)
+        nseq_arr = np.fromiter((len(nd.seqs) for nd in trie.nodes), dtype=np.int32, count=n)
+
+        for k in range(len(cands)):
+            C.llama_memory_seq_cp(self._mem, 0, k + 1, -1, -1)
+        ok = False
+        row_base = 0
+        try:
+            for s, e in split_points(trie, b.cap):
+                m = e - s
+                b.tok[:m] = tok_arr[s:e]
+                b.pos[:m] = pos_arr[s:e]
+                b.nseq[:m] = nseq_arr[s:e]
+                for j in range(m):
+                    seqs = trie.nodes[s + j].seqs
+                    b.seq[j, : len(seqs)] = seqs
+                    b.seq[j, : len(seqs)] += 1
+                b.out[:m] = out_arr[s:e]
+                self._decode(m)
+                self.n_scored += m
+                n_out = int(out_arr[s:e].sum())
+                if n_out == 0:
+                    continue
+                row_base = trie.nodes[s + int(np.argmax(out_arr[s:e]))].row
+                rows = self._logits_rows(n_out)
+                lse = row_logsumexp(rows, self._scratch)
+                for j in range(s, e):
+                    node = trie.nodes[j]
+                    if node.row < 0:
+                        continue
+                    r = node.row - row_base
+                    row = rows[r]
+                    for t, c in node.children.items():
+                        v = row[t]
+                        lp[c] = float(v) - lse[r]
+                        rk[c] = int(np.count_nonzero(row > v))
+            ok = True
+        finally:
+            if not (keep and ok):
+                for k in range(len(cands)):
+                    C.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
+        if keep:
+            self._kept = _Kept(trie=trie, tokens=cands, serial=self._serial, row_base=row_base)
+        results = []
+        for k, path in enumerate(trie.paths):
+            lps = lp[path]
+            total = float(lps.sum())
+            results.append(
+                ContinuationScore(tokens=cands[k], logprobs=lps, ranks=rk[path], sum=total, mean=total / len(path), count=len(path))
+            )
+        return results
+
+    def adopt(self, index: int, n_tokens: int | None = None) -> int:
+        """Make the first ``n_tokens`` (default: all) of kept candidate ``index`` part of the conversation.
+
+        Needs ``score(..., keep=True)`` as the previous call on this session. No token is evaluated
+        again: the candidate's KV cells get seq 0 added (metadata only). The next-token logits come
+        from the scoring batch when that node had a logits row; otherwise (the candidate's last token:
+        a leaf) the last token is left pending and evaluated with the next input. The resulting state
+        is the one ``append_tokens`` of the same tokens gives. Returns the number of tokens adopted.
+        """
+        with self.model.lock:
+            self._check()
+            kept = self._kept
+            if kept is None:
+                raise ModelRuntimeError("adopt() needs score(..., keep=True) immediately before it.")
+            try:
+                if not 0 <= index < len(kept.tokens):
+                    raise IndexError(f"candidate index {index} out of range")
+                toks = kept.tokens[index]
+                n = len(toks) if n_tokens is None else n_tokens
+                if not 0 <= n <= len(toks):
+                    raise ValueError(f"n_tokens must be in [0, {len(toks)}]")
+                if n == 0:
+                    return 0
+                node = kept.trie.nodes[kept.trie.paths[index][n - 1]]
+                p0 = self.n_pos
+                logits = None
+                if node.row >= 0 and kept.serial == self._serial and node.row >= kept.row_base:
+                    logits = self._logits_rows(node.row - kept.row_base + 1)[node.row - kept.row_base].copy()
+                n_kv = n if logits is not None else n - 1
+                if n_kv:
+                    C.llama_memory_seq_cp(self._mem, index + 1, 0, p0, p0 + n_kv)
+                self.history.extend(toks[:n])
+                self.n_pos += n
+                self.n_cells += n_kv
+                self._pending = [] if logits is not None else [toks[n - 1]]
+                self._logits = logits
+                return n
+            finally:
+                self._drop_kept()
+
+    # ------------------------------------------------------------------------------ generation
+    def _token_data(self) -> np.ndarray:
+        if self._tdata is None:
+            self._tdata = np.zeros(self.model.n_vocab, dtype=_TOKEN_DATA)
+            self._tdata["id"] = np.arange(self.model.n_vocab, dtype=np.int32)
+        return self._tdata
+
+    @staticmethod
+    def _apply(gram: int, data: np.ndarray) -> None:
+        arr = C.llama_token_data_array(
+            data=data.ctypes.data_as(C.llama_token_data_p), size=len(data), selected=-1, sorted=False
+        )
+        C.llama_sampler_apply(gram, ctypes.byref(arr))
+
+    def _grammar_allows(self, gram: int, token: int) -> bool:
+        one = np.zeros(1, dtype=_TOKEN_DATA)
+        one["id"] = token
+        self._apply(gram, one)
+        return bool(np.isfinite(one["logit"][0]))
+
+    def _grammar_mask(self, gram: int, logits: np.ndarray) -> np.ndarray:
+        data = self._token_data()
+        data["logit"] = logits
+        self._apply(gram, data)
+        masked = data["logit"].copy()
+        if not np.isfinite(masked).any():
+            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this vocabulary).")
+        return masked
+
+    @staticmethod
+    def _draw(logits: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
+        if temperature <= 0 or rng is None:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        z -= z.max()
+        p = np.exp(z)
+        cdf = np.cumsum(p)
+        return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+    def _sample(self, logits: np.ndarray, gram: int | None, temperature: float, rng: np.random.Generator | None) -> int:
+        tok = self._draw(logits, temperature, rng)
+        if gram is None or self._grammar_allows(gram, tok):
+            return tok
+        # Rejected by the grammar: draw again from the masked distribution. Exact: the rejected mass
+        # is redistributed in proportion, which is the masked, renormalised distribution.
+        return self._draw(self._grammar_mask(gram, logits), temperature, rng)
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        temperature: float = 0.0,
+        seed: int = 0,
+        grammar: str | None = None,
+        on_token: TokenCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Sample up to ``max_tokens`` tokens and append them to the conversation.
+
+        - ``temperature`` 0: greedy; else softmax(logits / T) sampled with numpy's ``default_rng(seed)``.
+        - ``grammar``: GBNF text with a ``root`` rule; a bad grammar raises ModelRuntimeError. Every
+          token is checked against it (the fast path checks only the drawn token).
+        - ``stop``: strings; generation ends when the text contains one. ``Generation.text`` is cut
+          before it, but the tokens that produced it stay in the session (KV + history), as does an
+          end-of-generation token: the session holds exactly ``Generation.tokens``. Roll back with a
+          checkpoint to drop them.
+        - ``on_token(piece, token_id)``: once per sampled token with the text that became final (may be
+          '', text that could start a stop string is held back); after a cancel, held-back text comes
+          in one last call with token id -1. The pieces concatenate to ``Generation.text``.
+        - ``cancel``: checked before each token and after each callback; stop_reason "cancelled".
+        The last sampled token is left pending (not decoded) until the session needs it.
+        ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
+        """
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            t0 = time.perf_counter()
+            ev0 = self.n_evaluated
+            stream = StopStream(stop)
+            rng = np.random.default_rng(seed) if temperature > 0 else None
+            gram = None
+            if grammar is not None:
+                gram = C.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")
+                if not gram:
+                    raise ModelRuntimeError(f"The grammar is not valid GBNF ({recent_errors() or 'parse error'}).", title="Bad grammar")
+            tokens: list[int] = []
+            lps: list[float] = []
+            reason = "length"
+            try:
+                if max_tokens > 0:
+                    self._flush()
+                    if self._logits is None:
+                        raise ModelRuntimeError("Generation needs a context: append text first.")
+                for i in range(max(0, max_tokens)):
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancelled"
+                        break
+                    if i > 0:
+                        if self._free_cells() < 1:
+                            reason = "length"
+                            break
+                        self._flush()
+                    logits = self._logits
+                    assert logits is not None
+                    tok = self._sample(logits, gram, temperature, rng)
+                    if gram is not None:
+                        C.llama_sampler_accept(gram, tok)
+                    lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
+                    tokens.append(tok)
+                    lps.append(float(logits[tok]) - lse)
+                    self.history.append(tok)
+                    self._pending.append(tok)
+                    self.n_pos += 1
+                    self._logits = None
+                    if self.model.is_eog(tok):
+                        reason = "eos"
+                        piece = stream.flush()
+                    else:
+                        piece = stream.feed(self.model.token_bytes(tok))
+                        if stream.stopped:
+                            reason = "stop"
+                        elif i == max_tokens - 1:
+                            piece += stream.flush()
+                    if on_token is not None:
+                        on_token(piece, tok)
+                    if reason in ("eos", "stop"):
+                        break
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancelled"
+                        break
+                if reason == "cancelled":
+                    rest = stream.flush()
+                    if rest and on_token is not None:
+                        on_token(rest, -1)
+            finally:
+                if gram is not None:
+                    C.llama_sampler_free(gram)
+            return Generation(
+                text=stream.text,
+                tokens=tokens,
+                stop_reason=reason,
+                logprobs=lps,
+                n_eval=self.n_evaluated - ev0,
+                seconds=time.perf_counter() - t0,
+            )
+
+    def _scratch_for(self) -> np.ndarray:
+        if self._scratch is None:
+            self._scratch = np.empty((8, self.model.n_vocab), dtype=np.float32)
+        return self._scratch
+
+    # ------------------------------------------------------------------------------ introspection
+    def kv_seq_ranges(self) -> dict[int, tuple[int, int]]:
+        """{seq: (min pos, max pos)} for every sequence holding cells (tests use it to find leaks)."""
+        with self.model.lock:
+            out = {}
+            for s in range(self.model.n_seq_max):
+                hi = C.llama_memory_seq_pos_max(self._mem, s)
+                if hi >= 0:
+                    out[s] = (int(C.llama_memory_seq_pos_min(self._mem, s)), int(hi))
+            return out
+
+    def text(self) -> str:
+        """The conversation as text (special tokens rendered; an image as ``<image>``), for debugging."""
+        parts = []
+        for t in self.history:
+            parts.append("<image>" if t == IMAGE else self.model.detokenize([t], special=True))
+        return "".join(parts)
