@@ -167,7 +167,7 @@ def test_gcv_sends_exact_bytes_and_caches_by_their_hash(tmp_path, fake):
     assert any(r.source == "gcv/entity" for r in out.results)
     assert any(r.source == "gcv/page" and r.url.startswith("https://pages.example/") for r in out.results)
     assert len(out.results) <= 5
-    assert out.observation.startswith("Reverse image search results for this image (sha256 ")
+    assert out.observation.startswith("Reverse image search results for the image (gcv):\n1. Best guess: landmark ")
 
     assert t.image_search(red, "image/png").status == "cached"
     other = t.image_search(blue, "image/png")

@@ -6,6 +6,7 @@ Interface (what the agent calls)::
     out = tools.text_search("eiffel tower height")     # -> SearchOutcome
     out = tools.image_search(image_bytes, "image/png") # reverse image search of those exact bytes
     out = tools.image_search_file(path)                # the original image: same bytes as `cache prefetch`
+                                                       # (use it for img_idx 0 so prefetched entries hit)
     out.observation   # str: what the model sees (numbered results, or a clear message)
     out.status        # live | cached | stale | offline | unconfigured | error
     out.results       # tuple[SearchResult(title, url, snippet, source), ...]
@@ -72,6 +73,32 @@ MAX_IMAGE_BYTES = 8_000_000  # larger images are refused by image_search; load_i
 _SEND_IMAGE_BYTES = 4_000_000  # load_image_for_search re-encodes anything above this
 
 STATUSES = ("live", "cached", "stale", "offline", "unconfigured", "error")
+
+# Qwen-style function schemas for the system prompt's <tools> block (the agent may use its own wording).
+TEXT_SEARCH_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "text_search",
+        "description": "Search the web by text. Returns the top results (title, url, snippet).",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "A few keywords."}},
+            "required": ["query"],
+        },
+    },
+}
+IMAGE_SEARCH_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "image_search",
+        "description": "Reverse image search: find web pages and entities that match an image or a crop.",
+        "parameters": {
+            "type": "object",
+            "properties": {"img_idx": {"type": "integer", "description": "0: the original image; 1, 2...: earlier crops."}},
+            "required": ["img_idx"],
+        },
+    },
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -616,7 +643,7 @@ class SearchTools:
         params = b.cache_params()
         key = make_key(tool, b.name, norm, sha, params)
         entry = self.cache.get(key)
-        subject = f'"{q}"' if q else f"this image (sha256 {sha[:12]})"
+        subject = f'"{q}"' if q else "the image"  # the hash would cost tokens and tell the model nothing
 
         def outcome(status: str, results: list | tuple, observation: str, fetched: float | None, error: str | None = None):
             o = SearchOutcome(
