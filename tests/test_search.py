@@ -211,6 +211,7 @@ def test_image_input_problems_are_outcomes(tmp_path, fake):
     out = t.image_search(b"%PDF-1.4", "application/pdf")
     assert out.status == "error" and "JPEG, PNG" in out.observation
     assert gcv.count == 0
+    assert t.image_search(png_bytes((4, 4, 4)), "application/octet-stream").status == "live"  # the bytes decide
 
 
 def test_load_image_for_search_is_deterministic(tmp_path):

@@ -613,6 +613,7 @@ class SearchTools:
         image = bytes(image_bytes)
         if b.name == "none":  # nothing to look up, even in the cache
             return SearchOutcome("image_search", "", (), "unconfigured", _cap(b.missing() or ""), b.name, time.monotonic() - t0)
+        mime = sniff_mime(image) or (mime or "").lower().replace("image/jpg", "image/jpeg")  # the bytes decide
         problem = None
         if not image:
             problem = "image_search got an empty image."
@@ -654,7 +655,7 @@ class SearchTools:
             return o
 
         def from_entry(status: str, note: str = "", error: str | None = None) -> SearchOutcome:
-            results = [SearchResult(**r) for r in entry.results]
+            results = [_result_from_json(r) for r in entry.results]
             return outcome(status, results, _format(tool, subject, b.name, results, note), entry.fetched_at, error)
 
         if self.offline:
@@ -708,6 +709,16 @@ class SearchTools:
         except OSError as e:
             raise FetchError("config", f"cannot write {path} for SerpApi ({e.strerror})") from None
         return prefix.rstrip("/") + "/" + name
+
+
+def _result_from_json(r: Any) -> SearchResult:
+    """A stored result back as a value; a hand-edited cache row gets cleaned like fresh web text."""
+    if not isinstance(r, dict):
+        r = {}
+    return SearchResult(
+        clean_text(r.get("title"), TITLE_CHARS), clean_url(r.get("url")),
+        clean_text(r.get("snippet"), SNIPPET_CHARS), clean_text(r.get("source"), SOURCE_CHARS),
+    )  # fmt: skip
 
 
 def _hint(b: Backend, e: FetchError) -> str:
