@@ -331,6 +331,19 @@ class ResolvedModel:
     def is_demo(self) -> bool:
         return self.source == "demo"
 
+    def require_vision(self) -> None:
+        """Raise ModelFileError explaining why a text-only model cannot take an image, and what to do."""
+        if self.mmproj_path is not None:
+            return
+        if self.is_demo:
+            how = (f"The demo answers questions without images. For images, download a vision model: "
+                   f"`{PULL_HINT}`.")
+        else:
+            how = (f"Ask without an image, add the model's vision projector (`edge-agent models add {self.model_path} "
+                   f"--mmproj MMPROJ.gguf`, or the mmproj setting), or use a vision model: `{PULL_HINT}`.")
+        raise ModelFileError(f"{self.name} is text only: it has no mmproj (vision projector), so it cannot look at "
+                             f"images. {how}", title="Model cannot see images")
+
 
 def _looks_like_path(value: str) -> bool:
     return value.lower().endswith(".gguf") or os.sep in value or "/" in value or value.startswith(("~", "."))

@@ -210,3 +210,15 @@ def test_bad_paths(edge_home, tiny_models):
         find_model(settings(), "/no/such/model.gguf")
     with pytest.raises(ModelFileError, match="mmproj file not found"):
         find_model(settings(), str(tiny_models["text"]), "/no/such/mmproj.gguf")
+
+
+def test_text_only_models_refuse_images_with_an_explanation(edge_home, tiny_models, smollm2_gguf):
+    s = settings()
+    _register(s, "tiny", tiny_models["text"], tiny_models["mmproj"])
+    _register(s, "blind", tiny_models["text_q8_0"])
+    find_model(s, "tiny").require_vision()  # has an mmproj: no error
+    with pytest.raises(ModelFileError, match="blind is text only") as e:
+        find_model(s, "blind").require_vision()
+    assert e.value.title == "Model cannot see images" and "--mmproj" in e.value.message
+    with pytest.raises(ModelFileError, match="The demo answers questions without images"):
+        find_model(s, "demo").require_vision()
