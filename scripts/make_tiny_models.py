@@ -26,12 +26,14 @@ Text model (qwen3vl; the shapes of Qwen3-VL-2B scaled down):
     Per block: attn_norm, attn_q/k/v, attn_q_norm/k_norm [16], attn_output, ffn_norm, ffn_gate/up/down.
     llama.cpp rejects extra tensors, so nothing else is written.
 Tokenizer (``gpt2`` byte-level BPE, ``qwen2`` pre-tokenizer):
-    ids 0..255 the 256 bytes (GPT-2 byte-to-unicode text), then N_MERGES merge results learned on the
-    small English/JSON/chat corpus below (common words and JSON punctuation are single tokens), then the
-    26 Qwen added tokens in Qwen's order: ``<|endoftext|>`` ``<|im_start|>`` ``<|im_end|>`` ... ``<|vision_start|>``
+    ids 0..255 the 256 bytes (GPT-2 byte-to-unicode text), then one token per merge learned on the small
+    English/JSON/chat corpus below (354 merges: every pair seen at least twice, at most N_MERGES; common
+    words and JSON punctuation become single tokens), then the 26 Qwen added tokens (ids 610..635, vocab
+    636) in Qwen's order: ``<|endoftext|>`` ``<|im_start|>`` ``<|im_end|>`` ... ``<|vision_start|>``
     ``<|vision_end|>`` ``<|vision_pad|>`` ``<|image_pad|>`` ``<|video_pad|>`` (CONTROL) and ``<tool_call>``
     ``</tool_call>`` ``<tool_response>`` ``</tool_response>`` ``<think>`` ``</think>`` (USER_DEFINED, as
-    Qwen's tokenizer marks them not special). ``<answer>`` is deliberately NOT a token: in real Qwen3-VL it
+    Qwen's tokenizer marks them not special). Note: llama.cpp matches USER_DEFINED tokens even with
+    parse_special off, exactly as with the real Qwen3-VL GGUFs (only CONTROL tokens are protected). ``<answer>`` is deliberately NOT a token: in real Qwen3-VL it
     is several tokens, and the tiny model should not hide that. bos = pad = ``<|endoftext|>``, eos =
     ``<|im_end|>``, add_bos false. Chat template: Qwen3-VL-Instruct's (tools in ``<tools>``, JSON
     ``<tool_call>``, ``<tool_response>`` user turns, ``<|vision_start|><|image_pad|><|vision_end|>``).
@@ -61,7 +63,9 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -470,6 +474,24 @@ def vision_weights(rng: np.random.Generator, proj_dim: int) -> dict[str, np.ndar
 # ----------------------------------------------------------------------------------------------
 # writers
 # ----------------------------------------------------------------------------------------------
+def _apply_overrides(w: gguf.GGUFWriter, overrides: Mapping[str, Any] | None) -> None:
+    """Replace (or with None, delete) metadata keys: tests use this to write deliberately broken files."""
+    for key, value in (overrides or {}).items():
+        w.kv_data[0].pop(key, None)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, list(value))
+
+
 def _finish(w: gguf.GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -484,6 +506,7 @@ def write_text_model(
     *,
     name: str,
     quant: gguf.GGMLQuantizationType | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> None:
     tokens, types, merges = vocab
     w = gguf.GGUFWriter(str(path), ARCH)
@@ -515,6 +538,7 @@ def write_text_model(
     w.add_bos_token_id(endoftext)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    _apply_overrides(w, overrides)
     for tname, arr in weights.items():
         if quant is not None and arr.ndim == 2:
             q = gguf.quants.quantize(arr, quant)
@@ -524,7 +548,14 @@ def write_text_model(
     _finish(w)
 
 
-def write_mmproj(path: Path, weights: dict[str, np.ndarray], *, proj_dim: int, name: str) -> None:
+def write_mmproj(
+    path: Path,
+    weights: dict[str, np.ndarray],
+    *,
+    proj_dim: int,
+    name: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> None:
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_type("mmproj")
     w.add_name(name)
@@ -544,6 +575,7 @@ def write_mmproj(path: Path, weights: dict[str, np.ndarray], *, proj_dim: int, n
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     w.add_uint32("clip.vision.spatial_merge_size", V_MERGE)
     w.add_array("clip.vision.is_deepstack_layers", [i in V_DEEPSTACK_LAYERS for i in range(V_LAYER)])
+    _apply_overrides(w, overrides)
     for tname, arr in weights.items():
         w.add_tensor(tname, arr)
     _finish(w)
