@@ -316,7 +316,7 @@ def test_turn_limit_only_answers_and_untrusted_observation(tmp_path):
 
 def test_malformed_action_and_refused_box_become_observations():
     cut = '10, 20'  # generation ran out before the call was complete
-    bad_box = '500, 500, 500, 900], "label": "x", "img_idx": 0}}\n</tool_call>'
+    bad_box = '500, 500, 600, 900], "label": "x", "img_idx": 3}}\n</tool_call>'  # no image 3
     s = FakeSession(favour(["zoom", "zoom", "image shows"]), [cut, bad_box, "ok</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0)))
@@ -325,7 +325,7 @@ def test_malformed_action_and_refused_box_become_observations():
     fins = [e for e in events if e.kind == "turn_finished"]
     assert [f.action for f in fins] == ["invalid", "zoom", "answer"]
     failed = [e for e in events if e.kind == "tool_finished"][0]
-    assert not failed.ok and "no area" in failed.observation and failed.image_index is None
+    assert not failed.ok and "img_idx 3 does not exist" in failed.observation and failed.image_index is None
     assert events[-1].answer == "ok"
 
 

@@ -43,8 +43,9 @@ def test_normalize_bbox_repairs_and_refuses():
     for bad in ([1, 2, 3], "0,0,5,5", [0, 0, "a", 5], [0, 0, float("nan"), 5], [True, 0, 5, 5], None):
         with pytest.raises(ZoomError, match="four numbers"):
             normalize_bbox(bad)
-    with pytest.raises(ZoomError, match="no area"):
-        normalize_bbox([500, 500, 500, 700])
+    box, notes = normalize_bbox([500, 500, 500, 700])  # a line: widened around it
+    assert box == (375, 500, 625, 700) and "no area" in notes[0]
+    assert normalize_bbox([0, 0, 0, 0])[0] == (0, 0, 250, 250)  # a point in the corner stays inside
     with pytest.raises(ZoomError, match="outside"):
         normalize_bbox([1100, 0, 1200, 100])
 

@@ -3,7 +3,8 @@
 Knows: ``bbox_2d`` = [x1, y1, x2, y2] in Qwen3-VL's 0-1000 relative coordinates of the image
 ``img_idx`` (0 = the original, 1.. = earlier crops); how to repair a sloppy box (swapped corners,
 values outside 0-1000, a box too small or too thin to be useful) or refuse one that cannot mean
-anything (not four numbers, no area, entirely outside the image); how to enlarge a crop to a size
+anything (not four numbers, entirely outside the image; a box with no area is taken as a point
+to zoom around); how to enlarge a crop to a size
 the vision encoder can use, within the model's pixel budget. Crops are always cut from the
 full-resolution original (a crop of a crop is composed back to original pixels), so zooming twice
 loses nothing. Does not know: models, tokens, the agent's chat format.
@@ -28,6 +29,8 @@ MAX_ASPECT = 8.0
 # Crops are upscaled towards this many pixels (~256 vision tokens), but never more than MAX_UPSCALE x.
 CROP_TARGET_PIXELS = 512 * 512
 MAX_UPSCALE = 4.0
+# A box with no area (a point, a line) becomes a box this wide (0-1000 units) around it.
+POINT_BOX = 250.0
 
 
 class ZoomError(ValueError):
@@ -51,15 +54,21 @@ def normalize_bbox(raw: object) -> tuple[Box, list[str]]:
         x1, x2 = min(x1, x2), max(x1, x2)
         y1, y2 = min(y1, y2), max(y1, y2)
         notes.append("corners were swapped")
-    if x2 <= 0 or y2 <= 0 or x1 >= 1000 or y1 >= 1000:
+    if x2 < 0 or y2 < 0 or x1 > 1000 or y1 > 1000:
         raise ZoomError(f"bbox_2d {list(raw)} lies outside the image; coordinates go from 0 to 1000.")
     clamped = [min(max(v, 0.0), 1000.0) for v in (x1, y1, x2, y2)]
     if clamped != [x1, y1, x2, y2]:
         notes.append("box was clipped to the image (0-1000)")
     x1, y1, x2, y2 = clamped
-    box = (math.floor(x1), math.floor(y1), math.ceil(x2), math.ceil(y2))
     if x2 - x1 <= 0 or y2 - y1 <= 0:
-        raise ZoomError(f"bbox_2d {list(raw)} has no area; give two different corners.")
+        # A point or a line: zoom around it (a box of POINT_BOX units centred there), as a person
+        # pointing at a spot would mean. Both corners equal AND at the image's edge still works.
+        if x2 - x1 <= 0:
+            x1, x2 = _grow(x1, x2, POINT_BOX, 1000.0)
+        if y2 - y1 <= 0:
+            y1, y2 = _grow(y1, y2, POINT_BOX, 1000.0)
+        notes.append(f"the box had no area, so the crop is {POINT_BOX:.0f}/1000 around that point")
+    box = (math.floor(x1), math.floor(y1), math.ceil(x2), math.ceil(y2))
     return box, notes
 
 

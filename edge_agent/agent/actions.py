@@ -27,7 +27,7 @@ from edge_agent.agent.prompts import ACTION_OF_TOOL, ANSWER_CLOSE, ANSWER_OPEN, 
 
 # Upper bounds that keep a random or confused model from running on (chars, not tokens).
 MAX_LABEL_CHARS = 40
-MAX_QUERY_CHARS = 120
+MAX_QUERY_CHARS = 80
 MAX_IMAGES_IN_GRAMMAR = 100
 
 HEADS = {

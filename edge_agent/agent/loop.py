@@ -113,7 +113,7 @@ class AgentOptions:
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
     answer_max_tokens: int = 256
-    action_max_tokens: int = 96  # the tail of a tool call
+    action_max_tokens: int = 128  # the tail of a tool call (a label <= 40 and a query <= 80 chars fit)
     library: Library = field(default_factory=builtin_library)
     policy: Policy | None = None
     model_name: str = ""
@@ -135,7 +135,7 @@ class AgentOptions:
 
 
 def run_agent(
-    session: SessionLike,
+    session: SessionLike | Callable[[str], SessionLike],
     question: str,
     *,
     tools: ToolExecutor,
@@ -148,7 +148,9 @@ def run_agent(
 ) -> Iterator[Event]:
     """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``) in a few turns.
 
-    ``session`` must be fresh (empty). Yields RunStarted ... FinalAnswer, or ends with
+    ``session``: a fresh (empty) session, or a factory called with the system prompt that returns a
+    session already holding exactly that text (the engine reuses its KV cells across questions).
+    Yields RunStarted ... FinalAnswer, or ends with
     AgentError(fatal=True). Closing the generator early stops any generation in flight.
     """
     return _Run(session, question, tools, image, options or AgentOptions(), cancel, drafter, history,
@@ -156,12 +158,13 @@ def run_agent(
 
 
 class _Run:
-    def __init__(self, session: SessionLike, question: str, tools: ToolExecutor, image: bytes | None,
+    def __init__(self, session: SessionLike | Callable[[str], SessionLike], question: str, tools: ToolExecutor, image: bytes | None,
                  options: AgentOptions, cancel: threading.Event | None, drafter: Drafter | None,
                  history: Sequence[tuple[str, str]], image_label: str | None) -> None:
         if options.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {options.mode!r}")
-        self.s = session
+        self._factory = None if hasattr(session, "append_text") else session
+        self.s: SessionLike = session  # type: ignore[assignment]  # replaced by the factory's session
         self.question = question.strip()
         self.tools = tools
         self.image = image
@@ -195,7 +198,12 @@ class _Run:
         t = time.perf_counter()
         available = self.tools.available_actions()
         lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
-        segs: list[Segment] = [Text(system_prompt(sorted(available), has_image=self.image is not None, library=lib))]
+        system = system_prompt(sorted(available), has_image=self.image is not None, library=lib)
+        segs: list[Segment] = []
+        if self._factory is not None:
+            self.s = self._factory(system)
+        else:
+            segs.append(Text(system))
         segs += history_segments(self.history)
         segs += question_segments(self.question, self.image)
         if self.drafter is not None:  # the prophet can draft while the agent reads the prompt

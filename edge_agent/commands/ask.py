@@ -1,0 +1,144 @@
+"""`edge-agent ask [IMAGE] QUESTION`: answer one question and print the answer and a compact trace.
+
+Parses flags into settings, builds the engine (edge_agent.engine), and renders the agent's events:
+for people, the answer then one line per turn (the rationale chosen and its probability, or the
+reasoning's length; the tool call; timings); with ``--json``, one JSON object per event per line,
+the last the final answer with totals. Exit status: 0 answered, 130 cancelled (Ctrl-C), 2 with a
+one-line error otherwise (EdgeAgentError is printed by cli.py, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge_agent.agent import events as ev
+from edge_agent.config import Settings
+from edge_agent.errors import EdgeAgentError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
+
+
+def _looks_like_image(arg: str) -> bool:
+    return Path(arg).suffix.lower() in IMAGE_SUFFIXES or Path(arg).expanduser().is_file()
+
+
+@click.command("ask")
+@click.argument("args", nargs=-1, required=True, metavar="[IMAGE] QUESTION")
+@click.option("--model", default=None, help="Agent model: catalog name or GGUF path.")
+@click.option("--mmproj", default=None, help="Vision projector (mmproj) GGUF for the model.")
+@click.option("--mode", type=click.Choice(["ssr", "freeform"]), default=None,
+              help="ssr: score pre-written rationales (fast); freeform: the model writes its reasoning.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls before answering.")
+@click.option("--seed", type=int, default=None, help="Random seed (sampling, SSR sampling).")
+@click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event per line.")
+def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
+            max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool) -> None:
+    """Ask one question about an image (or, without IMAGE, a text-only question) and print the answer.
+
+    \b
+    Examples:
+      edge-agent ask photo.jpg "What does the small sign say?"
+      edge-agent ask photo.jpg "Where is this?" --mode freeform --max-turns 3
+      edge-agent ask photo.jpg "Who made this?" --offline --json
+      edge-agent ask "What is the capital of Peru?" --model smollm2-135m-instruct
+    """
+    if len(args) == 1:
+        image, question = None, args[0]
+        if _looks_like_image(question) and Path(question).expanduser().is_file():
+            raise click.UsageError(f"{question} is a file: give a question too, e.g. edge-agent ask {question} \"What is this?\"")
+    elif len(args) == 2:
+        image, question = args
+    else:
+        raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
+
+    settings = Settings.load({"model": model, "mmproj": mmproj, "mode": mode, "max_turns": max_turns,
+                              "seed": seed, "offline": True if offline else None})
+    from edge_agent.engine import Engine  # heavy: llama.cpp
+
+    def progress(msg: str, frac: float) -> None:
+        if not as_json and sys.stderr.isatty():
+            click.echo(f"{msg} ...", err=True)
+
+    engine = Engine.from_settings(settings, progress=progress)
+    cancel = threading.Event()
+    events: list[ev.Event] = []
+    live = not as_json and sys.stderr.isatty()
+    try:
+        for e in engine.ask(question, image, cancel=cancel):
+            events.append(e)
+            if as_json:
+                click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
+            elif live and isinstance(e, ev.TurnFinished):
+                click.echo(f"  turn {e.turn}: {e.action}", err=True)
+    except KeyboardInterrupt:
+        cancel.set()
+        click.echo("Cancelled.", err=True)
+        sys.exit(130)
+    finally:
+        engine.close()
+
+    last = events[-1] if events else None
+    if isinstance(last, ev.AgentError) and last.fatal:
+        raise EdgeAgentError(last.message, title=last.title)
+    if not isinstance(last, ev.FinalAnswer):
+        raise EdgeAgentError("The agent stopped without an answer.", title="No answer")
+    if not as_json:
+        click.echo(last.answer or "(no answer)")
+        click.echo(render_trace(events, settings.mode if mode is None else mode))
+    if last.stop_reason == "cancelled":
+        sys.exit(130)
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return str(v)
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def render_trace(events: list[ev.Event], mode: str) -> str:
+    """A compact per-turn trace: what was chosen, which tool ran, how long each part took."""
+    lines = ["", "trace:"]
+    per_turn: dict[int, list[str]] = {}
+    for e in events:
+        if isinstance(e, ev.RationaleScored):
+            c = e.candidates[e.chosen]
+            per_turn.setdefault(e.turn, []).append(f'rationale "{_short(c.text)}" p={c.prob:.2f} ({e.seconds * 1000:.0f} ms)')
+        elif isinstance(e, ev.ReasoningDone):
+            per_turn.setdefault(e.turn, []).append(f'reasoning {e.n_tokens} tokens "{_short(e.text, 50)}"')
+        elif isinstance(e, ev.DraftVerified):
+            per_turn.setdefault(e.turn, []).append(f"prophet {e.mode}: {e.accepted}/{e.drafted} tokens accepted")
+        elif isinstance(e, ev.ToolCalled):
+            per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
+        elif isinstance(e, ev.ToolFinished):
+            where = f" -> image {e.image_index}" if e.image_index is not None else ""
+            per_turn.setdefault(e.turn, []).append(f"  {'ok' if e.ok else 'failed'} ({e.status}){where}: {_short(e.observation, 70)}")
+        elif isinstance(e, ev.AgentError) and not e.fatal:
+            per_turn.setdefault(e.turn, []).append(f"  {e.title}: {_short(e.message, 70)}")
+        elif isinstance(e, ev.TurnFinished):
+            per_turn.setdefault(e.turn, []).append(
+                f"{e.action}: reasoning {e.reasoning_seconds:.2f}s, action {e.action_seconds:.2f}s, "
+                f"tool {e.tool_seconds:.2f}s, observe {e.observe_seconds:.2f}s")
+    for turn in sorted(per_turn):
+        items = per_turn[turn]
+        lines.append(f"turn {turn}: " + items[-1])
+        lines += [f"  {x}" for x in items[:-1]]
+    final = next((e for e in reversed(events) if isinstance(e, ev.FinalAnswer)), None)
+    if final is not None:
+        t = final.totals
+        lines.append(
+            f"{final.stop_reason} in {final.turns} turn(s), {t.get('total', 0):.2f}s "
+            f"(prompt {t.get('prompt', 0):.2f}s, reasoning {t.get('reasoning', 0):.2f}s, "
+            f"action {t.get('action', 0):.2f}s, tool {t.get('tool', 0):.2f}s, observe {t.get('observe', 0):.2f}s), mode {mode}")
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""The composition root: settings -> models, tools and the agent loop, behind one ``ask`` call.
+
+Used by ``edge-agent ask``, the TUI (in a worker thread), the eval and the benchmarks. Knows which
+parts exist and how they are wired: the catalog resolves files, the runtime loads them, the search
+tools come from settings, images are loaded and normalised here (so every caller gets the same
+errors), and each question runs :func:`edge_agent.agent.loop.run_agent` on a session of the loaded
+model. Does not know the chat format, the UI, or how any part works inside.
+
+    engine = Engine.from_settings(Settings.load())
+    for event in engine.ask("What does the sign say?", "photo.jpg"):
+        ...
+    engine.close()
+
+One question at a time per engine (a llama context holds one conversation): callers serialise
+(the TUI holds a lock). The system prompt's KV cells are kept between questions with the same
+system prompt, so a follow-up question does not pay for it again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from edge_agent.agent.events import AgentError, Event, RunStarted
+from edge_agent.agent.loop import MODES, AgentOptions, run_agent
+from edge_agent.agent.rationales import Library, load_library
+from edge_agent.agent.toolbox import SearchLike, Toolbox
+from edge_agent.config import Settings
+from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+from tools.images import LoadedImage, load_image, load_image_bytes
+from tools.zoom import ImageStore
+
+Progress = Callable[[str, float], None]
+
+
+class Engine:
+    """A loaded agent model with its tools. ``Engine(model, settings, tools=...)`` for tests."""
+
+    def __init__(
+        self,
+        model: ModelLike,
+        settings: Settings,
+        *,
+        tools: SearchLike | None = None,
+        drafter: Any = None,
+        library: Library | None = None,
+        model_name: str = "",
+        prophet: ModelLike | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.tools = tools
+        self.drafter = drafter
+        self.prophet = prophet
+        self.library = library if library is not None else load_library(settings.rationales)
+        self.model_name = model_name or Path(str(getattr(model, "path", "") or "model")).name
+        self._session: SessionLike | None = None
+        self._prefix: tuple[str, Checkpoint] | None = None  # (system prompt, checkpoint right after it)
+        self._busy = threading.Lock()
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Settings, *, progress: Progress | None = None) -> Engine:
+        """Resolve and load the models named by ``settings`` (raises EdgeAgentError with the fix)."""
+        from edge_agent.catalog import resolve
+        from edge_agent.runtime import Model
+
+        say = progress or (lambda msg, frac: None)
+        say("Finding the model", 0.0)
+        library = load_library(settings.rationales)  # a bad library fails before minutes of loading
+        resolved = resolve(settings)
+        say(f"Loading {resolved.name}", 0.1)
+        model = Model.from_settings(settings, resolved.model_path, resolved.mmproj_path,
+                                    n_seq_max=max(8, len(library) + 1))
+        try:
+            drafter, prophet = cls._load_drafter(settings, resolved, model, say)
+            from tools.search import SearchTools  # no network at construction (lazy session)
+
+            tools = SearchTools.from_settings(settings)
+        except BaseException:
+            model.close()
+            raise
+        say("Ready", 1.0)
+        return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
+                   prophet=prophet)
+
+    @staticmethod
+    def _load_drafter(settings: Settings, resolved: Any, model: ModelLike, say: Progress) -> tuple[Any, Any]:
+        """SeProD: the prophet model and its Drafter, when one is configured and seprod is on."""
+        prophet_files = getattr(resolved, "prophet", None)
+        if prophet_files is None or not settings.seprod:
+            return None, None
+        from edge_agent.agent.seprod import Drafter
+        from edge_agent.modelfile import check_same_tokenizer, inspect
+        from edge_agent.runtime import Model
+
+        check_same_tokenizer(inspect(resolved.model_path), inspect(prophet_files.model_path))
+        say(f"Loading the prophet {prophet_files.name}", 0.6)
+        prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2)
+        drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
+                          tau=settings.seprod_tau, a0=settings.seprod_a0)
+        return drafter, prophet
+
+    # ---- asking ---------------------------------------------------------------------------------
+    def ask(
+        self,
+        question: str,
+        image: str | Path | bytes | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        mode: str | None = None,
+        history: Sequence[Any] | None = None,
+        seprod: bool | None = None,
+        options: AgentOptions | None = None,
+    ) -> Iterator[Event]:
+        """Answer one question (optionally about an image file). Yields the agent's events, ending
+        with FinalAnswer, or AgentError(fatal=True) for a problem the user can fix (a bad image, an
+        image for a text-only model, a full context). ``history``: earlier (question, answer) pairs
+        of the chat. ``seprod``: None -> on when a prophet is loaded and the setting is on.
+        ``options`` (tests, benchmarks): replaces the options built from the settings."""
+        mode = mode or (options.mode if options else self.settings.mode)
+        label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
+        try:
+            if mode not in MODES:
+                raise ConfigError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}.")
+            if not question or not question.strip():
+                raise ConfigError("The question is empty. Type a question about the image.")
+            loaded = self._load_image(image)
+            pairs = _history_pairs(history)
+        except EdgeAgentError as e:
+            yield RunStarted(question=question, image=label, mode=mode, seprod=False, model=self.model_name)
+            yield AgentError(turn=0, title=e.title, message=e.message, fatal=True)
+            return
+        if not self._busy.acquire(blocking=False):
+            raise EdgeAgentError("The engine is already answering a question. Wait for it or cancel it.", title="Busy")
+        try:
+            store = None
+            if loaded is not None:
+                run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+                store = ImageStore(loaded.image, crops_dir=run_dir)
+            toolbox = Toolbox(store, self.tools)
+            opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
+            if opts.mode != mode:
+                opts = _replace(opts, mode=mode)
+            if not opts.model_name:
+                opts = _replace(opts, model_name=self.model_name)
+            use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
+            if use_drafter is not None and hasattr(use_drafter, "reset"):
+                use_drafter.reset()
+            yield from run_agent(
+                self._fresh_session, question, tools=toolbox,
+                image=toolbox.image_png(0) if store is not None else None,
+                options=opts, cancel=cancel, drafter=use_drafter, history=pairs, image_label=label,
+            )
+        finally:
+            self._busy.release()
+
+    def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
+        if image is None:
+            return None
+        if not getattr(self.model, "has_vision", False):
+            raise ImageError(
+                f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "
+                "Pass --mmproj FILE, choose a vision model (edge-agent models list), or ask without an image.",
+                title="Model cannot see images",
+            )
+        if isinstance(image, bytes | bytearray):
+            return load_image_bytes(bytes(image))
+        return load_image(image)
+
+    def _fresh_session(self, system_prompt: str) -> SessionLike:
+        """A session holding exactly ``system_prompt``: reused (rolled back) when it already holds it."""
+        if self._session is not None and self._prefix is not None and self._prefix[0] == system_prompt:
+            try:
+                self._session.rollback(self._prefix[1])
+                return self._session
+            except EdgeAgentError:
+                pass  # e.g. the model was reset: start a new session below
+        self._session = self._prefix = None
+        s = self.model.session()
+        s.append_text(system_prompt)
+        self._session, self._prefix = s, (system_prompt, s.checkpoint())
+        return s
+
+    def close(self) -> None:
+        for part in (self.drafter, self.tools, self.prophet, self.model):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+        self._session = self._prefix = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _replace(opts: AgentOptions, **kw: Any) -> AgentOptions:
+    import dataclasses
+
+    return dataclasses.replace(opts, **kw)
+
+
+def _history_pairs(history: Sequence[Any] | None) -> list[tuple[str, str]]:
+    """Earlier exchanges as (question, answer): tuples/lists of two strings or dicts with those keys."""
+    out: list[tuple[str, str]] = []
+    for h in history or ():
+        if isinstance(h, dict):
+            q, a = h.get("question"), h.get("answer")
+        elif isinstance(h, tuple | list) and len(h) == 2:
+            q, a = h
+        else:
+            raise ConfigError(f"History entries must be (question, answer) pairs, not {type(h).__name__}.")
+        if q and a:
+            out.append((str(q), str(a)))
+    return out
