@@ -214,19 +214,32 @@ def test_image_input_problems_are_outcomes(tmp_path, fake):
     assert t.image_search(png_bytes((4, 4, 4)), "application/octet-stream").status == "live"  # the bytes decide
 
 
-def test_load_image_for_search_is_deterministic(tmp_path):
-    """Small JPEG/PNG files are sent byte for byte; other formats are re-encoded the same way every time."""
+def test_load_image_for_search_sends_what_the_agent_sends(tmp_path):
+    """`cache prefetch` and the agent's image_search of img_idx 0 send identical bytes (one cache key)."""
     from PIL import Image
 
-    p = tmp_path / "a.png"
-    p.write_bytes(png_bytes((5, 6, 7)))
-    assert load_image_for_search(p) == (p.read_bytes(), "image/png")
-    tif = tmp_path / "b.tiff"
-    Image.new("RGB", (40, 30), (200, 10, 10)).save(tif, "TIFF")
-    a, b = load_image_for_search(tif), load_image_for_search(tif)
-    assert a == b and a[1] == "image/jpeg" and a[0][:3] == b"\xff\xd8\xff"
+    from edge_agent.agent.actions import ToolCall
+    from edge_agent.agent.toolbox import Toolbox
     from edge_agent.errors import ImageError
+    from tools.images import load_image
+    from tools.zoom import ImageStore
 
+    p = tmp_path / "b.tiff"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(p, "TIFF")
+    sent = []
+
+    class Recorder:
+        def text_search(self, query):
+            raise AssertionError
+
+        def image_search(self, image_bytes, mime="image/jpeg"):
+            sent.append((image_bytes, mime))
+            return tools_for(tmp_path, offline=True).image_search(image_bytes, mime)
+
+    Toolbox(ImageStore(load_image(p).image), Recorder()).run(ToolCall("image_search", {"img_idx": 0}))
+    data, mime = load_image_for_search(p)
+    assert sent == [(data, mime)] and mime == "image/jpeg" and data[:3] == b"\xff\xd8\xff"
+    assert load_image_for_search(p) == (data, mime)  # deterministic
     (tmp_path / "c.jpg").write_bytes(b"not an image")
     with pytest.raises(ImageError):
         load_image_for_search(tmp_path / "c.jpg")

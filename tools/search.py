@@ -39,7 +39,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import io
 import logging
 import math
 import re
@@ -53,7 +52,6 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
-from edge_agent.errors import ImageError
 from tools.cache import CacheEntry, SearchCache, make_key, normalise_query
 from tools.http import FetchError, HttpPolicy, fetch_json, protect_logs, redact
 
@@ -69,8 +67,7 @@ TITLE_CHARS, URL_CHARS, SNIPPET_CHARS, SOURCE_CHARS = 200, 500, 600, 40
 OBS_SNIPPET_CHARS = 300
 MAX_OBSERVATION_CHARS = 3000
 MAX_QUERY_CHARS = 300
-MAX_IMAGE_BYTES = 8_000_000  # larger images are refused by image_search; load_image_for_search shrinks them
-_SEND_IMAGE_BYTES = 4_000_000  # load_image_for_search re-encodes anything above this
+MAX_IMAGE_BYTES = 7_000_000  # larger images are refused (Cloud Vision takes <= 10 MB of base64 JSON)
 
 STATUSES = ("live", "cached", "stale", "offline", "unconfigured", "error")
 
@@ -777,29 +774,14 @@ def sniff_mime(data: bytes) -> str | None:
 
 
 def load_image_for_search(path: Path | str) -> tuple[bytes, str]:
-    """The bytes to send for an image file, and their MIME type. Deterministic, so the agent and
-    ``cache prefetch`` produce the same bytes (the same cache key) for the same file.
+    """The bytes the agent sends when it reverse-searches the original image (``img_idx`` 0), and
+    their MIME type, so ``cache prefetch`` stores the search under the very key the agent will ask for.
 
-    A JPEG/PNG/WebP/GIF/BMP file up to 4 MB is sent as is; anything else is re-encoded as JPEG
-    (quality 90, longest side at most 2048 px). Raises ImageError if the file cannot be read.
+    That is JPEG (quality 90) of the image as :func:`tools.images.load_image` normalises it (EXIF
+    rotation, RGB, full resolution): exactly what ``edge_agent.agent.toolbox`` sends
+    (``jpeg_bytes(store[0].image)``); ``tests/test_search.py`` pins the two together.
+    Raises ImageError if the file cannot be read.
     """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ImageError(f"Cannot read the image {path}: {e.strerror}. Check the path.") from None
-    mime = sniff_mime(data)
-    if mime and len(data) <= _SEND_IMAGE_BYTES:
-        return data, mime
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from tools.images import jpeg_bytes, load_image
 
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im = ImageOps.exif_transpose(im)
-            im = im.convert("RGB")
-            im.thumbnail((2048, 2048))
-            buf = io.BytesIO()
-            im.save(buf, "JPEG", quality=90)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageError(f"{path} is not an image edge-agent can read ({e}). Use a JPEG or PNG file.") from None
-    return buf.getvalue(), "image/jpeg"
+    return jpeg_bytes(load_image(path).image), "image/jpeg"
