@@ -27,7 +27,8 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -147,10 +148,13 @@ class HubClient:
     # -- transfer -------------------------------------------------------------------------------
     def download(self, f: RemoteFile, dest: Path, progress: Progress | None = None) -> Path:
         """Download ``f`` to ``dest`` through ``dest.part``: resume, verify, rename. Returns ``dest``."""
-        progress = progress or _NoProgress()
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(dest.name + ".part")
+        with _exclusive(part, f.name):
+            return self._download(f, dest, part, progress or _NoProgress())
+
+    def _download(self, f: RemoteFile, dest: Path, part: Path, progress: Progress) -> Path:
         have = part.stat().st_size if part.exists() else 0
         if have > f.size:  # not a prefix of this file: start over
             part.unlink()
@@ -215,6 +219,35 @@ class HubClient:
                     have += len(chunk)
                     progress.advance(have)
         return have
+
+
+@contextmanager
+def _exclusive(part: Path, name: str) -> Iterator[None]:
+    """One writer per ``.part``: two pulls of the same file would interleave bytes and both fail the checksum.
+
+    An advisory ``flock`` on ``<part>.lock``: the OS drops it when a process dies, so a killed pull leaves no
+    stale lock. (No flock on Windows: there the second pull is not stopped early, but still cannot install a
+    corrupt file, because of the checksum.)"""
+    lock = part.with_name(part.name + ".lock")
+    fh = open(lock, "a+")  # noqa: SIM115 - closed in finally
+    held = False
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - Windows
+            pass
+        except BlockingIOError:
+            raise DownloadError(f"Another edge-agent process is downloading {name} right now. Wait for it to "
+                                "finish, or stop it and run this command again (it resumes).",
+                                title="Download in progress") from None
+        held = True
+        yield
+    finally:
+        if held:
+            lock.unlink(missing_ok=True)
+        fh.close()
 
 
 def _chunks(r: requests.Response):

@@ -131,6 +131,7 @@ def test_corrupted_file_fails_checksum_and_is_not_installed(settings, hub):
     folder = settings.models_dir / repo_dirname(REPO)
     assert not (folder / "mmproj-tiny-F16.gguf").exists()
     assert not (folder / "mmproj-tiny-F16.gguf.part").exists()
+    assert not (folder / "mmproj-tiny-F16.gguf.part.lock").exists()
     assert Registry(settings.models_dir).get("tiny-vl") is None
 
 
@@ -247,3 +248,18 @@ def test_pulled_files_that_are_not_a_working_pair_are_not_installed(settings, hu
     with pytest.raises(ModelFileError, match="was not installed"):
         pull(entry(), settings, client=client())
     assert Registry(settings.models_dir).get("tiny-vl") is None
+
+
+def test_a_second_concurrent_download_of_the_same_file_is_refused(settings, hub, tmp_path):
+    """While another process holds the .part lock, a second download stops early instead of mixing bytes."""
+    import fcntl
+
+    c = client()
+    f = c.repo_files(REPO)["tiny-Q4_K_M.gguf"]
+    dest = tmp_path / "tiny-Q4_K_M.gguf"
+    with open(tmp_path / "tiny-Q4_K_M.gguf.part.lock", "a+") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(DownloadError, match="Another edge-agent process is downloading"):
+            c.download(f, dest)
+    assert c.download(f, dest).read_bytes() == MODEL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-Q4_K_M.gguf"]  # no .part, no .lock left
