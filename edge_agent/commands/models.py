@@ -47,7 +47,7 @@ def command() -> None:
       edge-agent models list
       edge-agent models pull qwen3-vl-2b-instruct
       edge-agent models add ~/models/Qwen3VL-2B-Instruct-Q4_K_M.gguf --mmproj ~/models/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf
-      edge-agent models verify qwen3-vl-2b-instruct --prophet smollm2-135m-demo
+      edge-agent models verify qwen3-vl-4b-thinking --prophet qwen3-vl-4b-instruct
     """
 
 
