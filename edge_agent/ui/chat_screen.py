@@ -226,7 +226,8 @@ class ChatScreen(Screen):
             return
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
-        history = self.store.history(self.chat_id)
+        # The agent takes earlier exchanges of this chat as (question, answer) pairs.
+        history = [(h["question"], h["answer"]) for h in self.store.history(self.chat_id)]
         self.store.add_user_message(self.chat_id, question, self.image)
         message_id = self.store.start_answer(self.chat_id)
         self.sub_title = self.store.load_title(self.chat_id)

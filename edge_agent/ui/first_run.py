@@ -54,13 +54,14 @@ class FirstRunScreen(Screen):
 
     DEFAULT_CSS = """
     FirstRunScreen { align: center top; }
-    FirstRunScreen #first-run { width: 100; max-width: 100%; height: 1fr; padding: 1 2; }
+    FirstRunScreen #first-run { width: 100; max-width: 100%; height: 1fr; padding: 1 2 0 2; }
     FirstRunScreen #problem { border: round $error; padding: 0 1; height: auto; margin: 0 0 1 0; }
     FirstRunScreen Markdown { margin: 0; padding: 0; }
     FirstRunScreen .paths { height: auto; margin: 0 0 1 3; }
-    FirstRunScreen .paths Input { width: 1fr; }
-    FirstRunScreen .paths Label { width: 10; padding: 1 0 0 0; }
+    FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0; }
+    FirstRunScreen .paths Label { width: 8; }
     FirstRunScreen .row { height: auto; }
+    FirstRunScreen #actions { dock: bottom; height: auto; padding: 0 2; width: 100%; }
     FirstRunScreen Button { margin: 0 1 0 0; }
     """
 
@@ -94,10 +95,10 @@ class FirstRunScreen(Screen):
                                 id="mmproj-path")
                 yield Button("Use these files", id="use-files", variant="primary")
             yield Markdown(DEMO)
-            with Horizontal(classes="row"):
-                yield Button("Use the demo model", id="use-demo")
-                yield Button("Retry", id="retry")
-                yield Button("Quit", id="quit", variant="error")
+        with Horizontal(id="actions"):
+            yield Button("Use the demo model", id="use-demo")
+            yield Button("Retry", id="retry")
+            yield Button("Quit", id="quit", variant="error")
         yield Footer()
 
     @on(Button.Pressed, "#use-files")

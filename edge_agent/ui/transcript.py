@@ -180,6 +180,10 @@ class AnswerView(Vertical):
         for key in ("tokens_per_second", "answer_tokens_per_second", "tok_s"):
             if totals.get(key):
                 return float(totals[key])
+        # The agent loop reports generated tokens and the model's seconds per phase.
+        model_s = float(totals.get("reasoning", 0.0)) + float(totals.get("action", 0.0))
+        if totals.get("generated_tokens") and model_s > 0:
+            return float(totals["generated_tokens"]) / model_s
         return None
 
     def set_expanded(self, expanded: bool) -> None:

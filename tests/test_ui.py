@@ -1,0 +1,373 @@
+"""Pilot tests of the app's behaviour with a scripted engine (pure UI logic: rendering, persistence,
+cancellation, settings). The same paths with the real engine on tiny models: tests/test_ui_real.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from textual.widgets import Markdown, Static
+
+from edge_agent.agent import events as ev
+from edge_agent.chats import ChatStore
+from edge_agent.config import Settings
+from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.ui.app import EdgeAgentApp
+from edge_agent.ui.chats_screen import ChatsScreen
+from edge_agent.ui.first_run import FirstRunScreen
+from edge_agent.ui.preview import half_blocks, looks_like_image_path, open_image, with_box
+from edge_agent.ui.prompt import PromptInput, parse_slash
+from edge_agent.ui.reasoning import TurnView
+from edge_agent.ui.settings_screen import SettingsScreen
+from edge_agent.ui.tool_view import ToolView
+from tests.ui_fakes import ScriptedEngine, make_image
+
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def settings(edge_home) -> Settings:
+    return Settings.load()
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    return make_image(tmp_path / "photo.png", (96, 64))
+
+
+def scripted_app(settings, tmp_path, **kw) -> tuple[EdgeAgentApp, list[ScriptedEngine]]:
+    made: list[ScriptedEngine] = []
+
+    def factory(s, *, progress=None):
+        if progress:
+            progress("loading scripted engine", 0.5)
+        made.append(ScriptedEngine(s, tmp_path, **kw))
+        return made[-1]
+
+    return EdgeAgentApp(settings, engine_factory=factory), made
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def type_and_enter(pilot, text: str) -> None:
+    prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.value = text
+    prompt.focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+# --- pure helpers -----------------------------------------------------------------------------------
+
+def test_parse_slash_and_pasted_paths(tmp_path, image):
+    assert parse_slash("/image ~/a b.png") == parse_slash("/image   ~/a b.png")
+    assert parse_slash("/image '/x/my photo.png'").arg == "/x/my photo.png"
+    assert parse_slash("/home/me/a.png") is None  # a path, not a command
+    assert parse_slash("what is this?") is None
+    assert looks_like_image_path(f"'{image}'") == image
+    assert looks_like_image_path(f"file://{image}") == image
+    assert looks_like_image_path(str(tmp_path / "missing.png")) is None
+    assert looks_like_image_path("what is in photo.png?") is None
+
+
+def test_half_blocks_size_and_colors(image):
+    """The cell picture fits the box, keeps the aspect ratio, and shows the image's own colours."""
+    img = open_image(image)  # 96x64
+    text = half_blocks(img, 24, 8)
+    lines = text.plain.split("\n")
+    assert len(lines) == 8 and {len(line) for line in lines} == {24}
+    assert "rgb(200,60,40)" in str(text.spans[0].style)  # the red of the picture
+    boxed = with_box(img, [0, 0, 500, 500])
+    assert boxed.getpixel((0, 0)) == (255, 220, 0) and img.getpixel((0, 0)) == (200, 60, 40)
+
+
+def test_rationale_bars_mark_the_chosen_one():
+    """Six rows, one bar each sized by p, the chosen row marked with ▶ and its percentage."""
+    from rich.console import Console
+
+    from edge_agent.ui.reasoning import bar, rationale_table
+    from tests.ui_fakes import candidates
+
+    e = ev.RationaleScored(turn=1, candidates=candidates([0.05, 0.10, 0.55, 0.05, 0.20, 0.05], 2), chosen=2,
+                           seconds=0.061)
+    console = Console(width=140, record=True, color_system=None)
+    console.print(rationale_table(e))
+    lines = console.export_text().splitlines()
+    assert "6 rationales scored in one pass, 61 ms" in lines[0]
+    rows = lines[1:]
+    assert len(rows) == 6
+    marked = [r for r in rows if r.lstrip().startswith("▶")]
+    assert len(marked) == 1 and "55%" in marked[0] and "zoom" in marked[0]
+    assert bar(1.0).plain == "█" * 12 and bar(0.0).plain.strip() == ""
+    assert len(bar(0.55).plain.rstrip()) == 7  # 0.55 * 12 = 6.6 cells: 6 full + a partial
+
+
+def test_open_image_rejects_a_non_image(tmp_path):
+    bad = tmp_path / "fake.png"
+    bad.write_text("not an image")
+    with pytest.raises(Exception) as e:
+        open_image(bad)
+    assert "not an image" in e.value.message
+
+
+# --- the app ----------------------------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_attach_ask_and_see_reasoning(settings, tmp_path, image):
+    """/image attaches; the answer streams into Markdown; each turn is a block with the rationale bars,
+    the zoom crop, the search badge and the prophet's accepted tokens; everything is in the store."""
+    app, engines = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.engine_state == "ready"
+        await type_and_enter(pilot, f"/image {image}")
+        assert app.chat_screen.image == str(image.resolve())
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        assert engines[0].asked == [("What does the sign say?", str(image.resolve()), "ssr")]
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "answered"
+        assert "OPEN" in view.query_one(Markdown).source
+        assert sorted(view.turns) == [1, 2, 3]
+        assert all(t.collapsed for t in view.turns.values())  # collapsed when done
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not any(t.collapsed for t in view.turns.values())
+        turn1 = view.turns[1]
+        assert len(turn1.query(".rationales")) == 1
+        tool = turn1.query_one(ToolView)
+        assert tool.finished.status == "local"
+        assert len(tool.query(".zoom-crop")) == 1 and len(tool.query(".zoom-original")) == 1
+        assert view.turns[2].query_one(ToolView).finished.status == "cached"
+        assert len(view.turns[2].query(".draft")) == 1
+        assert view.prophet_tokens == 1
+        assert "3 turns" in str(view.query_one(".answer-footer", Static).render())
+        # persisted: the chat resumes with the same events
+        chat = app.store.load(app.chat_screen.chat_id)
+        assert [m.role for m in chat.messages] == ["user", "assistant"]
+        assert chat.messages[1].status == "answered"
+        assert sum(isinstance(e, ev.RationaleScored) for e in chat.messages[1].events) == 3
+
+
+@pytest.mark.asyncio
+async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
+    """Esc during a running answer marks it cancelled at once; the engine sees the cancel; the next
+    question runs normally."""
+    app, engines = scripted_app(settings, tmp_path, hold=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, str(image))  # a pasted path attaches
+        await type_and_enter(pilot, "first question")
+        await pilot.pause(0.2)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "running" and app.chat_screen.running is not None
+        await pilot.press("escape")
+        await pilot.pause()
+        assert view.status == "cancelled" and app.chat_screen.running is None
+        await settle(pilot)
+        assert app.chat_screen.cancel_event.is_set()
+        engines[0].hold = False
+        await type_and_enter(pilot, "second question")
+        await settle(pilot)
+        second = app.chat_screen.transcript.answers()[1]
+        assert second.status == "answered"
+        chat = app.store.load(app.chat_screen.chat_id)
+        assert [m.status for m in chat.messages if m.role == "assistant"] == ["cancelled", "answered"]
+
+
+@pytest.mark.asyncio
+async def test_switch_mode_is_used_and_persisted(settings, tmp_path, image, edge_home):
+    app, engines = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.settings.mode == "freeform"
+        assert "free-form" in str(app.chat_screen.status.render())
+        await type_and_enter(pilot, "question")
+        await settle(pilot)
+        assert engines[0].asked[-1][2] == "freeform"
+        await type_and_enter(pilot, "/mode ssr")
+        assert app.settings.mode == "ssr"
+        await type_and_enter(pilot, "/offline on")
+    saved = Settings.load()
+    assert saved.offline is True and saved.mode == "ssr"
+    assert "offline = true" in (edge_home / "config.toml").read_text()
+
+
+@pytest.mark.asyncio
+async def test_settings_screen_saves_and_rejects_bad_values(settings, tmp_path, edge_home):
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        screen.query_one("#f-ssr_tau").value = "-1"
+        screen.action_save()
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)  # refused, with a notification
+        assert any("ssr_tau" in n.message for n in app._notifications)
+        screen.query_one("#f-ssr_tau").value = "0.5"
+        screen.query_one("#f-max_turns").value = "3"
+        screen.query_one("#f-seprod").value = False
+        screen.action_save()
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+        assert (app.settings.ssr_tau, app.settings.max_turns, app.settings.seprod) == (0.5, 3, False)
+    saved = Settings.load()
+    assert (saved.ssr_tau, saved.max_turns, saved.seprod) == (0.5, 3, False)
+
+
+@pytest.mark.asyncio
+async def test_export_chat_writes_markdown_json_and_crops(settings, tmp_path, image):
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        out = tmp_path / "exports"
+        await type_and_enter(pilot, f"/export {out}")
+    md = next(out.glob("*.md")).read_text()
+    data = json.loads(next(out.glob("*.json")).read_text())
+    assert "image_zoom_in_tool" in md and "![crop](" in md and "| **>** |" in md
+    assert data["messages"][0]["image"] == str(image.resolve())
+    assert any(e["event"] == "rationale_scored" for e in data["messages"][1]["events"])
+    assert len(list(out.glob("*_files/*"))) == 2  # the photo and the crop
+
+
+@pytest.mark.asyncio
+async def test_chat_list_resume_rename_delete(settings, tmp_path, image):
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await type_and_enter(pilot, "first chat question")
+        await settle(pilot)
+        first = app.chat_screen.chat_id
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.chat_screen.chat_id is None and not app.chat_screen.transcript.answers()
+        await type_and_enter(pilot, "second chat question")
+        await settle(pilot)
+        second = app.chat_screen.chat_id
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen)
+        assert [c.id for c in app.screen.chats] == [second, first]
+        await pilot.press("down", "r")
+        await pilot.pause()
+        rename = app.screen.query_one("#new-title")
+        rename.value = "Renamed chat"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.store.load(first).title == "Renamed chat"
+        await pilot.press("enter")  # resume the highlighted (first) chat
+        await pilot.pause()
+        await settle(pilot)
+        assert app.chat_screen.chat_id == first
+        assert app.chat_screen.image == str(image.resolve())
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "answered" and "OPEN" in view.query_one(Markdown).source
+        assert sorted(view.turns) == [1, 2, 3]
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("d")  # delete the other chat (newest first: highlighted)
+        await pilot.pause()
+        assert [c.id for c in app.screen.chats] == [first]
+        await pilot.press("escape")
+
+
+@pytest.mark.asyncio
+async def test_bad_image_and_engine_error_are_notifications(settings, tmp_path):
+    """A non-image file and an engine error show titled notifications; the app keeps running."""
+    bad = tmp_path / "bad.png"
+    bad.write_text("nope")
+
+    class Failing(ScriptedEngine):
+        def ask(self, *a, **k):
+            yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
+            raise ModelRuntimeError("Context is full (8192 tokens). Start a new chat or raise n_ctx.")
+
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: Failing(s))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {bad}")
+        assert app.chat_screen.image is None
+        assert any(n.title == "Image problem" for n in app._notifications)
+        await type_and_enter(pilot, "question")
+        await settle(pilot)
+        assert any(n.title == "Model error" and "n_ctx" in n.message for n in app._notifications)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "error" and app.chat_screen.running is None
+        chat = app.store.load(app.chat_screen.chat_id)
+        assert chat.messages[1].status == "error"
+
+
+@pytest.mark.asyncio
+async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
+    """No model: the first-run screen says how to get one; choosing the demo saves the setting and
+    loads again (here successfully)."""
+    calls: list[str] = []
+
+    def factory(s, *, progress=None):
+        calls.append(s.model)
+        if not s.model:
+            raise ModelFileError("No model is installed. Download one: `edge-agent models pull qwen3-vl-2b-instruct`",
+                                 title="No model")
+        return ScriptedEngine(s, tmp_path)
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, FirstRunScreen)
+        text = " ".join(str(w.render()) for w in app.screen.query(Static))
+        assert "No model" in text
+        await pilot.click("#use-demo")
+        await settle(pilot)
+        assert calls == ["", "smollm2-135m-demo"]
+        assert not isinstance(app.screen, FirstRunScreen) and app.engine_state == "ready"
+    assert Settings.load().model == "smollm2-135m-demo"
+
+
+@pytest.mark.asyncio
+async def test_engine_loads_in_a_worker_thread(settings, tmp_path):
+    """The factory runs off the UI thread (the UI stays responsive while a model loads)."""
+    import threading
+
+    seen = {}
+
+    def factory(s, *, progress=None):
+        seen["thread"] = threading.current_thread()
+        return ScriptedEngine(s, tmp_path)
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert seen["thread"] is not threading.main_thread()
+
+
+@pytest.mark.asyncio
+async def test_killed_mid_answer_is_shown_as_interrupted_on_resume(settings, tmp_path, image):
+    store = ChatStore(settings.chats_path)
+    cid = store.new_chat()
+    store.add_user_message(cid, "q", str(image))
+    mid = store.start_answer(cid)
+    store.add_event(mid, ev.TurnStarted(turn=1))
+    store.add_event(mid, ev.AnswerToken(turn=1, text="Half an ans"))
+    store.close()  # the 'running' row is what a killed app leaves behind
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s), open_chat=cid)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "interrupted"
+        assert view.query_one(Markdown).source == "Half an ans"
+        assert isinstance(view.turns[1], TurnView)
