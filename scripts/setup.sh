@@ -11,7 +11,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# CMake flags for llama.cpp on this CPU: empty (a native build) unless the CPU advertises AMX.
+cpu_cmake_args() {
+    local cpuinfo="${EDGE_AGENT_CPUINFO:-/proc/cpuinfo}" flags args pair
+    [[ -r "$cpuinfo" ]] || return 0
+    flags=" $(grep -m1 '^flags' "$cpuinfo" | cut -d: -f2) "
+    [[ "$flags" =~ \ amx_(tile|int8|bf16)\  ]] || return 0
+    args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
+                avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+        [[ "$flags" == *" ${pair%%:*} "* ]] && args+=" -DGGML_${pair##*:}=ON"
+    done
+    echo "$args"
+}
+
 extras="."
+[[ "${1:-}" == "--print-cmake-args" ]] && { cpu_cmake_args; exit 0; }
 [[ "${1:-}" == "--test" ]] && extras=".[test,plot]"
 
 PY="${PYTHON:-python3}"
@@ -26,15 +41,10 @@ VPY=.venv/bin/python
 
 llama_version=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '$llama_version')" 2>/dev/null; then
-    if [[ -z "${CMAKE_ARGS:-}" && -r /proc/cpuinfo ]] && grep -qwE 'amx_tile|amx_int8|amx_bf16' /proc/cpuinfo; then
-        flags=$(grep -m1 '^flags' /proc/cpuinfo)
-        args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-        for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
-                    avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
-            if grep -qw "${pair%%:*}" <<<"$flags"; then args+=" -DGGML_${pair##*:}=ON"; fi
-        done
-        export CMAKE_ARGS="$args"
-        echo "This CPU advertises AMX: building llama.cpp without AMX kernels ($CMAKE_ARGS)."
+    if [[ -z "${CMAKE_ARGS:-}" ]]; then
+        CMAKE_ARGS=$(cpu_cmake_args)
+        [[ -n "$CMAKE_ARGS" ]] && echo "This CPU advertises AMX: building llama.cpp without AMX kernels ($CMAKE_ARGS)."
+        export CMAKE_ARGS
     fi
     echo "Building llama-cpp-python $llama_version from source (about 7 minutes on 2 cores; once per machine)..."
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
