@@ -364,3 +364,17 @@ def test_export_after_a_keyed_search_has_no_key(home, tmp_path, fake, monkeypatc
     run("cache", "export", str(out))
     text = out.read_text()
     assert KEY not in text and "api_key=***" in text
+
+
+def test_clear_never_deletes_a_healthy_file_that_is_merely_locked(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    SearchCache(path).put(entry())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process is writing
+    try:
+        with pytest.raises(CacheError, match="locked"):
+            SearchCache(path, busy_timeout=0.2).clear()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert SearchCache(path).get(entry().key) is not None

@@ -101,6 +101,13 @@ class CacheEntry:
         return d
 
 
+def _damaged(message: str) -> CacheError:
+    """A CacheError for a file that is not (or no longer) a cache we can read: `clear` may delete it."""
+    e = CacheError(message)
+    e.damaged = True  # type: ignore[attr-defined]
+    return e
+
+
 class SearchCache:
     """The cache file at ``path``. Cheap to construct (does not open the file until first use)."""
 
@@ -147,6 +154,16 @@ class SearchCache:
             raise CacheError(f"The search cache {self.path} stayed locked by another process. Try again.")
         del mode  # WAL is unavailable on some network file systems; the cache still works, just less concurrently
         conn.execute("PRAGMA synchronous=NORMAL")
+        try:  # the common case, an existing cache: a read, no write lock (another process may be writing)
+            row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):
+                raise
+            row = None
+        if row is not None:
+            self._check_version(row[0])
+            self._ready = True
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -154,7 +171,7 @@ class SearchCache:
             if row is None:
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 if tables - {"meta"}:
-                    raise CacheError(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}")
+                    raise _damaged(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}")
                 conn.execute(
                     """CREATE TABLE entries (
                         key TEXT PRIMARY KEY,
@@ -169,16 +186,20 @@ class SearchCache:
                     )"""
                 )
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
-                raise CacheError(
-                    f"The search cache {self.path} has schema version {row[0]}, this edge-agent reads version "
-                    f"{SCHEMA_VERSION}. Export it with the version that wrote it, or: {REBUILD_HINT}"
-                )
+            else:
+                self._check_version(row[0])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         self._ready = True
+
+    def _check_version(self, version: str) -> None:
+        if version != str(SCHEMA_VERSION):
+            raise _damaged(
+                f"The search cache {self.path} has schema version {version}, this edge-agent reads version "
+                f"{SCHEMA_VERSION}. Export it with the version that wrote it, or: {REBUILD_HINT}"
+            )
 
     def _error(self, e: sqlite3.Error) -> CacheError:
         text = str(e)
@@ -191,7 +212,7 @@ class SearchCache:
                 return CacheError(f"The search cache {self.path} is read-only ({text}). Check its permissions.")
             if "disk" in text and "full" in text:
                 return CacheError(f"No space left to write the search cache {self.path}. Free some disk space.")
-        return CacheError(f"The search cache {self.path} is damaged ({text}). {REBUILD_HINT}")
+        return _damaged(f"The search cache {self.path} is damaged ({text}). {REBUILD_HINT}")
 
     # --- reading and writing --------------------------------------------------------------------
     def get(self, key: str) -> CacheEntry | None:
@@ -205,7 +226,7 @@ class SearchCache:
         try:
             entry = CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
         except (ValueError, TypeError) as e:
-            raise CacheError(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+            raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
         return entry
 
     def put(self, entry: CacheEntry) -> str:
@@ -257,7 +278,7 @@ class SearchCache:
             try:
                 yield CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
             except (ValueError, TypeError) as e:
-                raise CacheError(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+                raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
 
     def stats(self) -> dict[str, Any]:
         """Counts per tool and backend, time range and file size. Does not create a missing file."""
@@ -283,7 +304,9 @@ class SearchCache:
                 n = conn.execute("DELETE FROM entries").rowcount
                 conn.execute("VACUUM")
             return n
-        except CacheError:
+        except CacheError as e:
+            if not getattr(e, "damaged", False):  # locked or unreadable: deleting would hurt another process
+                raise
             for p in self._files():
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
