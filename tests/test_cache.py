@@ -321,7 +321,8 @@ def test_cli_prefetch_failures_exit_nonzero(home, tmp_path, fake, monkeypatch):
     qfile.write_text('{"text_queries": ["a", "b"]}\n')
     r = CliRunner().invoke(cli, ["cache", "prefetch", str(qfile)])
     assert r.exit_code == 1
-    assert "1 fetched" in r.output and "1 failed;" in r.output
+    assert "1 fetched" in r.output and "1 failed (0 with an older copy kept)" in r.output
+    assert 'error   text  "a" -> response is not valid JSON' in r.output
 
 
 def test_cli_stats_export_import_clear(home, tmp_path, monkeypatch):

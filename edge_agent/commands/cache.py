@@ -128,8 +128,10 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
             click.echo(json.dumps({"tool": kind, "input": label, "status": out.status, "results": len(out.results),
                                    "seconds": round(out.seconds, 3), "error": out.error}))  # fmt: skip
         else:
-            extra = f" ({out.error})" if out.error else ""
-            click.echo(f"{out.status:<7} {kind:<5} {label} -> {len(out.results)} results{extra}")
+            what = out.error if out.status in ("error", "unconfigured") else f"{len(out.results)} results"
+            if out.status == "stale":
+                what += f"; kept the older copy ({out.error})"
+            click.echo(f"{out.status:<7} {kind:<5} {label} -> {what}")
 
     try:
         for q in queries:
@@ -148,9 +150,10 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"summary": summary, "cache": str(s.cache_path)}))
     else:
+        failed = summary["error"] + summary["stale"]
         click.echo(
-            f"done: {summary['live']} fetched, {summary['cached']} already cached, {summary['stale']} failed "
-            f"(stale copy kept), {summary['error']} failed; cache {s.cache_path}"
+            f"done: {summary['live']} fetched, {summary['cached']} already cached, {failed} failed "
+            f"({summary['stale']} with an older copy kept); cache {s.cache_path}"
         )
     if summary["error"] or summary["stale"]:
         click.get_current_context().exit(1)
