@@ -4,14 +4,18 @@ Interface (what the agent calls)::
 
     tools = SearchTools.from_settings(settings)        # no network, no file opened yet
     out = tools.text_search("eiffel tower height")     # -> SearchOutcome
-    out = tools.image_search(image_bytes, "image/png") # reverse image search of those exact bytes
-    out = tools.image_search_file(path)                # the original image: same bytes as `cache prefetch`
-                                                       # (use it for img_idx 0 so prefetched entries hit)
-    out.observation   # str: what the model sees (numbered results, or a clear message)
+    out = tools.image_search(image_bytes, "image/jpeg")  # reverse image search of those exact bytes
+                                  # (the type is sniffed from the bytes; the cache key is their SHA-256)
+    out = tools.image_search_file(path)  # = image_search(*load_image_for_search(path)): the bytes the
+                                  # agent's toolbox sends for img_idx 0, so `cache prefetch` entries hit
+    out.observation   # str: what the model sees (numbered results, or a clear message), <= 3000 chars
     out.status        # live | cached | stale | offline | unconfigured | error
-    out.results       # tuple[SearchResult(title, url, snippet, source), ...]
-    out.backend, out.seconds, out.ok, out.results_json()   # for ToolFinished events
-    tools.offline = True                               # the TUI may flip it at any time
+    out.ok            # status in (live, cached, stale)
+    out.results       # tuple[SearchResult(title, url, snippet, source), ...]; results_json() -> dicts
+    out.backend, out.seconds, out.fetched_at, out.error, out.query, out.image_sha256
+    tools.offline = True          # the TUI may flip it at any time
+    tools.text_search(q, refresh=True)   # ignore a fresh cache entry (prefetch --refresh)
+    tools.close()                 # the HTTP session, if one was opened
 
 Statuses: ``live`` fetched now; ``cached`` served from the cache (offline, or online and younger
 than ``search_cache_days``); ``stale`` the backend failed (network down, 5xx, bad JSON...) so an
