@@ -379,3 +379,20 @@ def test_clear_never_deletes_a_healthy_file_that_is_merely_locked(tmp_path):
         holder.execute("ROLLBACK")
         holder.close()
     assert SearchCache(path).get(entry().key) is not None
+
+
+def test_export_and_import_scrub_secrets_that_slipped_in(tmp_path):
+    """Belt and braces: a key stored by some older version is removed on export and on import."""
+    c = SearchCache(tmp_path / "c.sqlite3")
+    leaky = entry(raw=f'{{"u": "https://x/?api_key={KEY}"}}')
+    leaky.results[0]["snippet"] = f"token {KEY} here"
+    c.put(leaky)
+    out = tmp_path / "e.json"
+    c.export(out, secrets=[KEY])
+    assert KEY not in out.read_text() and "token *** here" in out.read_text()
+    raw_doc = {"format": "edge-agent-search-cache", "version": 1, "entries": [leaky.to_json()]}
+    src = tmp_path / "leaky.json"
+    src.write_text(json.dumps(raw_doc))
+    d = SearchCache(tmp_path / "d.sqlite3")
+    d.import_file(src, secrets=[KEY])
+    assert KEY.encode() not in b"".join(p.read_bytes() for p in tmp_path.glob("d.sqlite3*"))
