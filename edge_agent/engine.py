@@ -74,6 +74,7 @@ class Engine:
         say("Finding the model", 0.0)
         library = load_library(settings.rationales)  # a bad library fails before minutes of loading
         resolved = resolve(settings)
+        cls._check_prophet(settings, resolved)  # SeProD: a tokenizer mismatch fails before any load
         say(f"Loading {resolved.name}", 0.1)
         model = Model.from_settings(settings, resolved.model_path, resolved.mmproj_path,
                                     n_seq_max=max(8, len(library) + 1))
@@ -90,21 +91,45 @@ class Engine:
                    prophet=prophet)
 
     @staticmethod
-    def _load_drafter(settings: Settings, resolved: Any, model: ModelLike, say: Progress) -> tuple[Any, Any]:
-        """SeProD: the prophet model and its Drafter, when one is configured and seprod is on."""
+    def _check_prophet(settings: Settings, resolved: Any) -> None:
+        """SeProD compares token ids across the two models: refuse a prophet with another tokenizer
+        (GGUF headers only, ~0.05 s) before either model is loaded."""
         prophet_files = getattr(resolved, "prophet", None)
         if prophet_files is None or not settings.seprod:
-            return None, None
-        from edge_agent.agent.seprod import Drafter
+            return
         from edge_agent.modelfile import check_same_tokenizer, inspect
-        from edge_agent.runtime import Model
 
         check_same_tokenizer(inspect(resolved.model_path), inspect(prophet_files.model_path))
+
+    @staticmethod
+    def _load_drafter(settings: Settings, resolved: Any, model: ModelLike, say: Progress) -> tuple[Any, Any]:
+        """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
+        (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
+        prophet_files = getattr(resolved, "prophet", None)
+        if prophet_files is None or not settings.seprod:
+            say(f"Memory: {_memory_line(model)}", 0.9)
+            return None, None
+        from edge_agent.agent.seprod import Drafter
+        from edge_agent.runtime import Model
+
         say(f"Loading the prophet {prophet_files.name}", 0.6)
+        # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable.
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2)
-        drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
-                          tau=settings.seprod_tau, a0=settings.seprod_a0)
+        try:
+            drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
+                              tau=settings.seprod_tau, a0=settings.seprod_a0)
+        except BaseException:
+            prophet.close()
+            raise
+        say(f"Memory: agent {_memory_line(model)}; prophet {_memory_line(prophet)}", 0.9)
         return drafter, prophet
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
+        out = {"agent": dict(getattr(self.model, "memory_bytes", {}) or {})}
+        if self.prophet is not None:
+            out["prophet"] = dict(getattr(self.prophet, "memory_bytes", {}) or {})
+        return out
 
     # ---- asking ---------------------------------------------------------------------------------
     def ask(
@@ -199,6 +224,15 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _memory_line(model: Any) -> str:
+    """``model 94 MB + KV 64 MB + mmproj 0 MB = 158 MB`` from ``Model.memory_bytes``."""
+    mem = dict(getattr(model, "memory_bytes", {}) or {})
+    if not mem:
+        return "unknown"
+    parts = " + ".join(f"{'KV' if k == 'kv_cache' else k} {v / 2**20:.0f} MB" for k, v in mem.items())
+    return f"{parts} = {sum(mem.values()) / 2**20:.0f} MB"
 
 
 def _replace(opts: AgentOptions, **kw: Any) -> AgentOptions:

@@ -264,26 +264,30 @@ def test_tokenizer_mismatch_is_refused_before_any_model_loads(tiny_models, smoll
 
 
 def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="What colour is the square?"):
-    from edge_agent.agent.loop import AgentOptions, run_agent
-    from edge_agent.agent.toolbox import Toolbox
-    from tools.zoom import ImageStore
+    """One question through the real Engine (offline search tools), SeProD on, zoom then answer."""
+    from edge_agent.agent.loop import AgentOptions
+    from edge_agent.config import Settings
+    from edge_agent.engine import Engine
+    from tools.search import SearchTools
 
-    store = ImageStore(Image.new("RGB", (200, 100), (200, 30, 30)), crops_dir=tmp_path) if image else None
-    tb = Toolbox(store, None)
+    settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 8,
+                              "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path)},
+                             env={"EDGE_AGENT_HOME": str(tmp_path)})
+    path = None
+    if image:
+        path = tmp_path / "photo.png"
+        Image.new("RGB", (96, 64), (200, 30, 30)).save(path)
 
     def policy(turn, allowed):  # zoom in turn 1 when there is an image, then answer
         return {"zoom"} if (turn == 1 and image) else {"answer"}
 
-    opts = AgentOptions(mode=mode, max_turns=2, policy=policy, answer_max_tokens=8, freeform_max_tokens=8,
-                        action_max_tokens=48)
     d = make_drafter(prophet, agent, draft_len=6, tau=tau, background=True)
+    engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=d)
     try:
-        s = agent.session()
-        events = list(run_agent(s, question, tools=tb, image=tb.image_png(0) if store else None,
-                                options=opts, drafter=d))
+        events = list(engine.ask(question, path, options=AgentOptions.from_settings(settings, mode=mode, policy=policy)))
+        return events, engine._session
     finally:
         d.close()
-    return events, s
 
 
 @pytest.mark.parametrize("mode", ["ssr", "freeform"])

@@ -38,8 +38,11 @@ def _looks_like_image(arg: str) -> bool:
 @click.option("--seed", type=int, default=None, help="Random seed (sampling, SSR sampling).")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event per line.")
+@click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path (same tokenizer).")
+@click.option("--prophet-mmproj", default=None, help="Vision projector (mmproj) GGUF for the prophet.")
 def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
-            max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool) -> None:
+            max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool,
+            prophet: str | None = None, prophet_mmproj: str | None = None) -> None:
     """Ask one question about an image (or, without IMAGE, a text-only question) and print the answer.
 
     \b
@@ -48,6 +51,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
       edge-agent ask photo.jpg "Where is this?" --mode freeform --max-turns 3
       edge-agent ask photo.jpg "Who made this?" --offline --json
       edge-agent ask "What is the capital of Peru?" --model smollm2-135m-instruct
+      edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf --prophet base.gguf --prophet-mmproj mm.gguf
     """
     if len(args) == 1:
         image, question = None, args[0]
@@ -59,7 +63,8 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
         raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
 
     settings = Settings.load({"model": model, "mmproj": mmproj, "mode": mode, "max_turns": max_turns,
-                              "seed": seed, "offline": True if offline else None})
+                              "seed": seed, "offline": True if offline else None,
+                              "prophet": prophet, "prophet_mmproj": prophet_mmproj})
     from edge_agent.engine import Engine  # heavy: llama.cpp
 
     def progress(msg: str, frac: float) -> None:
@@ -67,6 +72,10 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
             click.echo(f"{msg} ...", err=True)
 
     engine = Engine.from_settings(settings, progress=progress)
+    memory = getattr(engine, "memory", None)
+    if memory is not None and not as_json:  # --json's output holds events only
+        click.echo("memory: " + "; ".join(
+            f"{who} {sum(m.values()) / 2**20:.0f} MB" for who, m in memory().items()), err=True)
     cancel = threading.Event()
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
