@@ -15,6 +15,7 @@ Failure modes are queued with :meth:`FakeBackend.fail_next` and used up one requ
     drip         200, then a few bytes every 0.05 s for ``hang`` seconds (beats a per-read timeout)
     gzip         the normal answer, gzip-compressed (Content-Encoding), as real APIs send it
     chunked_gzip the same with Transfer-Encoding: chunked
+    redirect     302 to ``arg`` + the same path and query (use ("redirect", other.base))
     no_results   200 with the backend's "nothing found" shape
     echo         200, normal shape, but every result echoes the full request URL and headers
                  (the worst case for key leaks: a backend that reflects the query string)
@@ -148,6 +149,8 @@ class FakeBackend:
             except (BrokenPipeError, ConnectionResetError):
                 pass
             return None
+        if mode == "redirect":  # to another server (``arg``): must not receive our key
+            return self._send(h, 302, b"", {"Location": f"{arg}{h.path}"})
         if mode == "no_results":
             return self._send(h, 200, json.dumps(self._empty()).encode())
         if mode in ("gzip", "chunked_gzip"):  # what real servers do: compressed, maybe chunked

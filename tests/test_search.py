@@ -567,3 +567,20 @@ def test_parsers_survive_any_json_shape():
             for r in results:
                 assert all(isinstance(v, str) for v in r.to_json().values()) and (r.title or r.url)
     assert outcomes == {"ok", "error"}
+
+
+def test_keyed_requests_do_not_follow_redirects(tmp_path, fake):
+    """A redirect would carry the key (header or query string) to another host: refused with a clear message.
+    Keyless requests (Wikipedia) follow redirects as usual."""
+    lens, other = fake("serpapi"), fake("serpapi")
+    lens.fail_next(("redirect", other.base))
+    t = tools_for(
+        tmp_path, image_search="serpapi", serpapi_url=lens.url, serpapi_api_key=KEY, public_image_url_prefix="https://p.example"
+    )
+    out = t.image_search(png_bytes((2, 2, 2)), "image/png")
+    assert out.status == "error" and "redirects (HTTP 302)" in out.observation and KEY not in out.observation
+    assert other.count == 0
+    wiki, wiki2 = fake("wikipedia"), fake("wikipedia")
+    wiki.fail_next(("redirect", wiki2.base))
+    assert tools_for(tmp_path, wikipedia_url=wiki.url).text_search("moved").status == "live"
+    assert wiki2.count == 1

@@ -186,12 +186,16 @@ def fetch_json(
     secrets = tuple(secrets)
     t0 = time.monotonic()
     where = safe_url(url)
+    # requests strips only `Authorization` when a redirect changes host; a key in a custom header or
+    # in the query string would follow the redirect to wherever it points. So: no redirects with a key.
+    sent = [str(v) for v in (headers or {}).values()] + [str(v) for v in (params or {}).values()]
+    follow = not any(sec and sec in v for sec in secrets for v in sent)
     attempt = 0
     while True:
         attempt += 1
         log.debug("%s %s (attempt %d)", method, where, attempt)
         try:
-            status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy)
+            status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy, follow)
         except FetchError as e:
             e.attempts = attempt
             e.message = redact(e.message, secrets)
@@ -219,6 +223,11 @@ def fetch_json(
             log.info("%s %s: %s; retrying in %.2f s", method, where, what, wait)
             sleep(wait)
             continue
+        if 300 <= status < 400:
+            target = safe_url(redact(resp_headers.get("Location", ""), secrets)) or "elsewhere"
+            raise FetchError(
+                "http", f"the endpoint redirects (HTTP {status}) to {target}; put that address in the settings", status, attempt
+            )
         if status >= 400:
             raise FetchError("http", f"HTTP {status}{_error_hint(body, secrets)}", status, attempt)
         if not body.strip():
@@ -234,7 +243,7 @@ def fetch_json(
         return FetchResult(data, text, status, attempt, time.monotonic() - t0)
 
 
-def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[int, dict, bytes]:
+def _attempt(session, method, url, params, headers, json_body, policy, follow) -> tuple[int, dict, bytes]:
     """One request: (status, headers, body bytes), the body read under the size limit and deadline."""
     deadline = time.monotonic() + policy.timeout
     try:
@@ -246,7 +255,7 @@ def _attempt(session, method, url, params, headers, json_body, policy) -> tuple[
             json=json_body,
             timeout=(policy.timeout, policy.timeout),
             stream=True,
-            allow_redirects=True,
+            allow_redirects=follow,
         )
     except requests.exceptions.Timeout:
         raise FetchError("timeout", f"no answer within {policy.timeout:g} s") from None
