@@ -1,0 +1,228 @@
+"""The agent loop on the real runtime: tiny random-weight Qwen3-VL (vision, M-RoPE) and SmolLM2.
+
+Random weights give gibberish, so these tests check structure: the complete, ordered event stream,
+that a zoom's crop really enters the context as a new image (positions advance by max(nx, ny)),
+that the action always has the type the chosen rationale implies, text-only episodes, the turn
+limit, cancellation, and clear errors. A ``policy`` forces the path where a test needs one (the
+real batched scoring still runs; only the allowed action types are restricted).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from edge_agent.agent.loop import AgentOptions
+from edge_agent.agent.rationales import builtin_library
+from edge_agent.config import Settings
+from edge_agent.engine import Engine
+from edge_agent.runtime import Model
+from tools.search import SearchTools
+
+
+class SpySession:
+    """Passes every call to the real session; records images (chunk, n_pos before/after)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.images: list[tuple[object, int, int]] = []
+
+    def append_image(self, image):
+        before = self._inner.n_pos
+        chunk = self._inner.append_image(image)
+        self.images.append((chunk, before, self._inner.n_pos))
+        return chunk
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class SpyModel:
+    def __init__(self, inner):
+        self._inner = inner
+        self.sessions: list[SpySession] = []
+
+    def session(self):
+        s = SpySession(self._inner.session())
+        self.sessions.append(s)
+        return s
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@pytest.fixture(scope="module")
+def tiny_vl(tiny_models):
+    m = Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def settings(edge_home: Path) -> Settings:
+    # offline: the real search tools answer from an (empty) cache; nothing touches the network
+    return Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6,
+                          "freeform_max_tokens": 8, "max_turns": 3})
+
+
+@pytest.fixture
+def photo(tmp_path: Path) -> Path:
+    im = Image.new("RGB", (96, 64), (30, 90, 200))
+    ImageDraw.Draw(im).rectangle([60, 8, 90, 24], fill=(250, 250, 250))
+    p = tmp_path / "photo.png"
+    im.save(p)
+    return p
+
+
+def zoom_then_answer(turn: int, allowed):
+    return {"zoom"} if turn == 1 else {"answer"}
+
+
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode):
+    """A full episode: the crop enters the context as an image, positions advance by max(nx, ny)."""
+    spy = SpyModel(tiny_vl)
+    engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
+    opts = AgentOptions.from_settings(settings, mode=mode, policy=zoom_then_answer)
+    events = list(engine.ask("What does the white sign say?", photo, options=opts))
+    kinds = [e.kind for e in events]
+    reasoning = ["rationale_scored"] if mode == "ssr" else None
+    if mode == "ssr":
+        assert kinds[:6] == ["run_started", "turn_started", *reasoning, "tool_called", "tool_finished", "turn_finished"]
+    else:
+        r = kinds.index("reasoning_done")
+        assert kinds[:2] == ["run_started", "turn_started"] and set(kinds[2:r]) <= {"reasoning_token"}
+        assert kinds[r + 1 : r + 4] == ["tool_called", "tool_finished", "turn_finished"]
+    assert kinds[-2:] == ["turn_finished", "final_answer"] and kinds.count("turn_started") == 2
+    called = next(e for e in events if e.kind == "tool_called")
+    done = next(e for e in events if e.kind == "tool_finished")
+    assert called.name == "image_zoom_in_tool" and set(called.arguments) == {"bbox_2d", "label", "img_idx"}
+    assert done.ok and done.image_index == 1 and Path(done.image_path).exists()
+    # two images in the context: the question's and the crop; each advanced positions by max(nx, ny)
+    s = spy.sessions[-1]
+    assert len(s.images) == 2
+    for chunk, before, after in s.images:
+        assert chunk.n_pos == max(chunk.nx, chunk.ny) and chunk.n_tokens == chunk.nx * chunk.ny
+        assert after - before == chunk.n_pos + 2  # + <|vision_start|> and <|vision_end|>
+    crop_chunk = s.images[1][0]
+    assert crop_chunk.nx * crop_chunk.ny > s.images[0][0].nx * s.images[0][0].ny  # the crop was enlarged
+    final = events[-1]
+    assert final.stop_reason == "answered" and final.turns == 2
+    assert final.totals["n_pos"] == s.n_pos and final.totals["tool"] > 0
+    fins = [e for e in events if e.kind == "turn_finished"]
+    assert [f.action for f in fins] == ["zoom", "answer"] and fins[0].observe_seconds > 0
+    assert "".join(e.text for e in events if e.kind == "answer_token").strip() == final.answer
+
+
+def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo):
+    """Unforced SSR with sampled rationales: every turn's action is the chosen rationale's action."""
+    engine = Engine(tiny_vl, settings, tools=SearchTools.from_settings(settings))
+    seen = set()
+    for seed in range(4):
+        opts = AgentOptions.from_settings(settings, sample=True, seed=seed, tau=5.0, max_turns=2)
+        events = list(engine.ask("Where was this taken?", photo, options=opts))
+        assert events[-1].kind == "final_answer"
+        chosen = {e.turn: e.candidates[e.chosen].action for e in events if e.kind == "rationale_scored"}
+        for f in (e for e in events if e.kind == "turn_finished"):
+            assert f.action in (chosen[f.turn], "invalid")  # invalid: a tail cut off by max tokens
+            seen.add(f.action)
+        scored = [e for e in events if e.kind == "rationale_scored"]
+        assert all(abs(sum(c.prob for c in e.candidates) - 1) < 1e-9 for e in scored)
+        assert len(scored[0].candidates) == len(builtin_library())
+    assert len(seen) >= 2  # sampling explored more than one move
+
+
+def test_turn_limit_asks_for_an_answer(tiny_vl, settings, photo):
+    engine = Engine(tiny_vl, settings, tools=SearchTools.from_settings(settings))
+    opts = AgentOptions.from_settings(settings, max_turns=1, policy=lambda t, a: a - {"answer"})
+    events = list(engine.ask("Where?", photo, options=opts))
+    final = events[-1]
+    assert final.stop_reason == "turn_limit" and final.turns == 2
+    last = [e for e in events if e.kind == "rationale_scored"][-1]
+    assert {c.action for c in last.candidates} == {"answer"}
+
+
+def test_system_prompt_kv_is_reused_across_questions(tiny_vl, settings, photo):
+    spy = SpyModel(tiny_vl)
+    engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
+    opts = AgentOptions.from_settings(settings, policy=lambda t, a: {"answer"})
+    a = list(engine.ask("What colour?", photo, options=opts))
+    b = list(engine.ask("What colour?", photo, options=opts))
+    assert len(spy.sessions) == 1  # the second question rolled back to the system prompt
+    assert a[-1].totals["n_pos"] == b[-1].totals["n_pos"] and a[-1].answer == b[-1].answer  # same state
+    c = list(engine.ask("Follow-up?", photo, options=opts, history=[("What colour?", a[-1].answer)]))
+    assert c[-1].kind == "final_answer" and c[-1].totals["n_pos"] > a[-1].totals["n_pos"]
+
+
+def test_cancel_stops_a_free_form_turn_quickly(tiny_vl, settings, photo):
+    engine = Engine(tiny_vl, settings.updated({"freeform_max_tokens": 4000}), tools=None)
+    cancel = threading.Event()
+    out = []
+    for e in engine.ask("Q?", photo, mode="freeform", cancel=cancel):
+        out.append(e)
+        if e.kind == "reasoning_token":
+            cancel.set()
+    assert out[-1].kind == "final_answer" and out[-1].stop_reason == "cancelled"
+    assert sum(e.kind == "reasoning_token" for e in out) < 50
+
+
+def test_user_errors_end_the_stream_with_a_fatal_error(tiny_models, settings, tmp_path):
+    text_only = Model.load(tiny_models["text"], n_ctx=1024, n_threads=1, n_threads_batch=1)
+    try:
+        engine = Engine(text_only, settings)
+        (tmp_path / "a.png").write_bytes(b"not really")
+        out = list(engine.ask("What is this?", tmp_path / "a.png"))
+        assert out[-1].kind == "error" and out[-1].fatal and "cannot look at images" in out[-1].message
+    finally:
+        text_only.close()
+
+
+def test_bad_image_is_a_fatal_error_event(tiny_vl, settings, tmp_path):
+    engine = Engine(tiny_vl, settings)
+    (tmp_path / "a.png").write_bytes(b"not an image at all")
+    out = list(engine.ask("What is this?", tmp_path / "a.png"))
+    assert [e.kind for e in out] == ["run_started", "error"] and out[-1].title == "Image problem"
+
+
+@pytest.fixture(scope="module")
+def smol_engine(smollm2_gguf, tmp_path_factory):
+    """SmolLM2 behind one engine for the module: the system prompt's KV is evaluated once."""
+    home = tmp_path_factory.mktemp("smol-home")
+    st = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6,
+                        "freeform_max_tokens": 8, "max_turns": 3}, env={"EDGE_AGENT_HOME": str(home)})
+    m = Model.load(smollm2_gguf, n_ctx=2048, n_threads=1, n_threads_batch=1, n_seq_max=8)
+    engine = Engine(m, st, tools=SearchTools.from_settings(st))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+def test_smollm2_text_only_episode(smol_engine, mode):
+    """No image: only text_search and answer exist; a search turn (offline: a cache miss the model
+    reads) then an answer; unforced, no image tool is ever called."""
+    engine, settings = smol_engine, smol_engine.settings
+    opts = AgentOptions.from_settings(settings, mode=mode,
+                                      policy=lambda t, a: {"text_search"} if t == 1 else {"answer"})
+    events = list(engine.ask("What is the capital of Peru?", None, options=opts))
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "run_started" and kinds[-1] == "final_answer", kinds
+    done = next(e for e in events if e.kind == "tool_finished")
+    assert done.name == "text_search" and done.status == "offline" and "offline" in done.observation
+    if mode == "ssr":
+        scored = [e for e in events if e.kind == "rationale_scored"]
+        assert {c.action for c in scored[0].candidates} == {"text_search"}
+        assert {c.action for c in scored[1].candidates} == {"answer"}
+    else:
+        assert [e.n_tokens <= 8 for e in events if e.kind == "reasoning_done"] == [True, True]
+    fins = [e.action for e in events if e.kind == "turn_finished"]
+    assert fins == ["text_search", "answer"] and events[-1].stop_reason == "answered"
+    events = list(engine.ask("What is the capital of Peru?", None,
+                             options=AgentOptions.from_settings(settings, mode=mode, max_turns=1, action_max_tokens=48)))
+    assert events[-1].kind == "final_answer"
+    assert all(e.name == "text_search" for e in events if e.kind == "tool_called")
+    scored = [e for e in events if e.kind == "rationale_scored"]
+    assert all(c.action in ("text_search", "answer") for e in scored for c in e.candidates)
