@@ -38,6 +38,32 @@ def default_engine_factory(settings: Settings, *, progress: Callable[[str, float
     return Engine.from_settings(settings, progress=progress)
 
 
+# Settings that take new model files or a new llama context: the engine is rebuilt.
+RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
+                           "extra_buffers", "rationales", "text_search", "image_search"})
+
+
+def apply_live(engine: Any, new: Settings, changed: set[str]) -> bool:
+    """Give a loaded engine the new settings without reloading models; False when it needs a reload.
+
+    The engine builds each question's options from ``engine.settings``; the search tools and the
+    SeProD drafter keep their own copies of ``offline`` and ``seprod_tau``/``seprod_draft_len``.
+    """
+    if engine is None:
+        return True
+    engine.settings = new
+    tools, drafter = getattr(engine, "tools", None), getattr(engine, "drafter", None)
+    if "offline" in changed and tools is not None and hasattr(tools, "offline"):
+        tools.offline = new.offline
+    if drafter is not None:
+        if hasattr(drafter, "tau"):
+            drafter.tau = new.seprod_tau
+        if hasattr(drafter, "draft_len"):
+            drafter.draft_len = new.seprod_draft_len
+    # SeProD switched on after loading without it: the prophet must be loaded now.
+    return not ("seprod" in changed and new.seprod and new.prophet and drafter is None)
+
+
 class EdgeAgentApp(App):
     TITLE = "edge-agent"
     CSS_PATH = "app.tcss"
@@ -174,17 +200,10 @@ class EdgeAgentApp(App):
                 base.updated({k: getattr(new, k) for k in changed}).save()
             except (EdgeAgentError, OSError) as e:
                 self.notify(str(e), title="Settings not saved", severity="error")
-        engine = self.engine
-        if engine is not None and hasattr(engine, "settings"):
-            try:
-                engine.settings = new  # the engine reads per-ask settings from here
-            except AttributeError:
-                pass
         chat = self.chat_screen
         if chat is not None:
             chat.status.set_settings(new)
-        if changed & {"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
-                      "extra_buffers"}:
+        if (changed & RELOAD_FIELDS) or not apply_live(self.engine, new, changed):
             self.start_loading()
         elif changed:
             self.notify(", ".join(f"{k} = {getattr(new, k)}" for k in sorted(changed)), title="Settings saved",

@@ -1,0 +1,209 @@
+"""Pilot tests of the app with the real engine: tiny random-weight Qwen3-VL GGUFs (+ mmproj, + a
+prophet) loaded by llama.cpp through ``Engine.from_settings`` in the app's worker thread.
+
+Random weights give gibberish text, so these check structure and behaviour: the model loads with
+progress, an attached image reaches the model, SSR blocks hold the six scored rationales, free-form
+blocks hold generated reasoning, SeProD drafts show their counts, Escape stops a long generation and
+the chat stays usable, a chat exports, a model that cannot see images yields a titled error.
+Offline settings: the search tools answer from an empty cache; nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from textual.widgets import Markdown
+
+from edge_agent.agent import events as ev
+from edge_agent.config import Settings
+from edge_agent.ui.app import EdgeAgentApp
+from edge_agent.ui.prompt import PromptInput
+from edge_agent.ui.reasoning import TurnView
+from tests.ui_fakes import make_image
+
+pytestmark = pytest.mark.asyncio
+
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def real_settings(edge_home, tiny_models) -> Settings:
+    return Settings.load({
+        "model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
+        "offline": True, "n_threads": 1, "n_threads_batch": 1, "n_ctx": 4096,
+        "answer_max_tokens": 6, "freeform_max_tokens": 8, "max_turns": 2,
+    })
+
+
+@pytest.fixture
+def photo(tmp_path) -> Path:
+    return make_image(tmp_path / "photo.png", (96, 64))
+
+
+async def settle(pilot, timeout: float = 120) -> None:
+    async def _wait():
+        for _ in range(2):
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+
+    await asyncio.wait_for(_wait(), timeout)
+
+
+async def submit(pilot, text: str) -> None:
+    prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.value = text
+    prompt.focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def wait_for(pilot, predicate, timeout: float = 60) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, "timed out waiting for the app"
+        await pilot.pause(0.05)
+
+
+def stored_events(app) -> list[ev.Event]:
+    chat = app.store.load(app.chat_screen.chat_id)
+    return [e for m in chat.messages for e in m.events]
+
+
+async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo, tmp_path):
+    """The model loads in a worker; /image + a question run the real agent; the SSR block holds six
+    rationales with probabilities summing to 1; the stored chat exports with its scores."""
+    app = EdgeAgentApp(real_settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.engine_state == "ready", [n.message for n in app._notifications]
+        assert app.engine.model_name  # status bar shows the real model's name
+        assert app.engine.model_name in str(app.chat_screen.status.render())
+        await submit(pilot, f"/image {photo}")
+        await submit(pilot, "What does the sign say?")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status in ("answered", "turn_limit"), view.status
+        assert view.turns and all(isinstance(t, TurnView) for t in view.turns.values())
+        events = stored_events(app)
+        started = next(e for e in events if isinstance(e, ev.RunStarted))
+        assert started.image == str(photo.resolve()) and started.mode == "ssr"
+        scored = [e for e in events if isinstance(e, ev.RationaleScored)]
+        assert scored and len(scored[0].candidates) == 6
+        assert abs(sum(c.prob for c in scored[0].candidates) - 1) < 1e-6
+        assert len(view.turns[1].query(".rationales")) == 1
+        final = next(e for e in events if isinstance(e, ev.FinalAnswer))
+        assert view.query_one(Markdown).source == final.answer
+        out = tmp_path / "exports"
+        await submit(pilot, f"/export {out}")
+    data = json.loads(next(out.glob("*.json")).read_text())
+    kinds = [e["event"] for e in data["messages"][1]["events"]]
+    assert kinds[0] == "run_started" and kinds[-1] == "final_answer" and "rationale_scored" in kinds
+    assert "| **>** |" in next(out.glob("*.md")).read_text()
+
+
+async def test_real_engine_escape_cancels_then_next_question_runs(real_settings, photo):
+    """Free-form mode with a long reasoning budget: Esc while tokens stream stops the model (the worker
+    ends soon after), the answer reads 'cancelled', and a second question is answered."""
+    settings = real_settings.updated({"mode": "freeform", "freeform_max_tokens": 4000, "answer_max_tokens": 4000})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await submit(pilot, f"/image {photo}")
+        await submit(pilot, "Describe every detail.")
+        view = app.chat_screen.transcript.answers()[0]
+        await wait_for(pilot, lambda: any(t.query(".freeform") for t in view.turns.values()))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert view.status == "cancelled" and app.chat_screen.running is None
+        await settle(pilot, timeout=60)  # the worker saw the cancel and released the model
+        assert not app.engine_lock.locked()
+        app.change_settings({"freeform_max_tokens": 8, "answer_max_tokens": 6})
+        await submit(pilot, "And now briefly?")
+        await settle(pilot)
+        second = app.chat_screen.transcript.answers()[1]
+        assert second.status in ("answered", "turn_limit")
+        statuses = [m.status for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"]
+        assert statuses == ["cancelled", second.status]
+        # free-form mode was used: the generated reasoning is in the block
+        assert any(isinstance(e, ev.ReasoningDone) for e in stored_events(app))
+
+
+async def test_real_engine_mode_switch_reaches_the_agent(real_settings, photo):
+    app = EdgeAgentApp(real_settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await submit(pilot, f"/image {photo}")
+        await pilot.press("ctrl+r")
+        await submit(pilot, "What is this?")
+        await settle(pilot)
+        await pilot.press("ctrl+r")
+        await submit(pilot, "And this?")
+        await settle(pilot)
+        modes = [e.mode for e in stored_events(app) if isinstance(e, ev.RunStarted)]
+        assert modes == ["freeform", "ssr"]
+        assert any(isinstance(e, ev.ReasoningDone) for e in stored_events(app))
+    assert Settings.load().mode == "ssr"
+
+
+async def test_real_engine_with_prophet_shows_drafts(real_settings, tiny_models, photo):
+    """SeProD on: the prophet model loads too; its drafts appear in the turn blocks with counts."""
+    settings = real_settings.updated({"prophet": str(tiny_models["prophet"]),
+                                      "prophet_mmproj": str(tiny_models["mmproj"]), "seprod": True,
+                                      "answer_max_tokens": 12, "seprod_draft_len": 4})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.engine_state == "ready", [n.message for n in app._notifications]
+        assert "prophet" in str(app.chat_screen.status.render())
+        await submit(pilot, f"/image {photo}")
+        await submit(pilot, "What does the sign say?")
+        await settle(pilot)
+        verified = [e for e in stored_events(app) if isinstance(e, ev.DraftVerified)]
+        assert verified, "the prophet drafted nothing"
+        view = app.chat_screen.transcript.answers()[0]
+        drafts = [d for t in view.turns.values() for d in t.query(".draft")]
+        assert len(drafts) == len(verified)
+        assert f"{verified[0].accepted}/{verified[0].drafted}" in str(drafts[0].render())
+        # settings that need no reload reach the loaded engine's parts
+        engine = app.engine
+        app.change_settings({"seprod_tau": 0.5, "offline": False})
+        assert app.engine is engine and engine.drafter.tau == 0.5 and engine.tools.offline is False
+        app.change_settings({"offline": True})
+        assert engine.tools.offline is True and engine.settings.seprod_tau == 0.5
+
+
+async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_home, tiny_models, photo, tmp_path):
+    import shutil
+
+    alone = tmp_path / "text-only"  # no mmproj beside it: loaded as a text-only model
+    alone.mkdir()
+    model = shutil.copy(tiny_models["text"], alone / "tiny.gguf")
+    settings = Settings.load({"model": str(model), "offline": True, "n_threads": 1,
+                              "n_threads_batch": 1, "n_ctx": 2048, "answer_max_tokens": 4, "max_turns": 1})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await submit(pilot, f"/image {photo}")
+        await submit(pilot, "What is this?")
+        await settle(pilot)
+        assert any(n.title == "Model cannot see images" for n in app._notifications)
+        assert app.chat_screen.transcript.answers()[0].status == "error"
+        await submit(pilot, "/new")
+        await submit(pilot, "Hello?")  # no image: the same model answers
+        await settle(pilot)
+        assert app.chat_screen.transcript.answers()[0].status in ("answered", "turn_limit")
+
+
+async def test_missing_model_file_opens_the_first_run_screen(edge_home, tmp_path):
+    from edge_agent.ui.first_run import FirstRunScreen
+
+    settings = Settings.load({"model": str(tmp_path / "nope.gguf")})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, FirstRunScreen)
+        assert "nope.gguf" in app.screen.problem
