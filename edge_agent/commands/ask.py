@@ -73,7 +73,9 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
 
     engine = Engine.from_settings(settings, progress=progress)
     memory = getattr(engine, "memory", None)
-    if memory is not None and not as_json:  # --json's output holds events only
+    # like the progress lines, for people only: --json's output holds events only, and a piped
+    # stderr gets nothing but a one-line error
+    if memory is not None and not as_json and sys.stderr.isatty():
         click.echo("memory: " + "; ".join(
             f"{who} {sum(m.values()) / 2**20:.0f} MB" for who, m in memory().items()), err=True)
     cancel = threading.Event()

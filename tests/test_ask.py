@@ -1,0 +1,82 @@
+"""`edge-agent ask`: JSON lines, human output, text-only questions, exit codes and one-line errors
+(real runtime, tiny Qwen3-VL models, offline search; nothing touches the network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from edge_agent.cli import cli
+
+
+@pytest.fixture
+def env(edge_home, monkeypatch):
+    for k, v in {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "5",
+                 "FREEFORM_MAX_TOKENS": "6", "MAX_TURNS": "2"}.items():
+        monkeypatch.setenv(f"EDGE_AGENT_{k}", v)
+    return edge_home
+
+
+@pytest.fixture
+def photo(tmp_path: Path) -> Path:
+    p = tmp_path / "photo.jpg"
+    Image.new("RGB", (80, 60), (120, 40, 40)).save(p)
+    return p
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["ask", *args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+def test_json_lines_end_with_the_final_answer(env, tiny_models, photo, mode):
+    r = run(str(photo), "What colour is it?", "--model", str(tiny_models["text"]), "--mmproj",
+            str(tiny_models["mmproj"]), "--mode", mode, "--offline", "--json", "--seed", "3")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows[0]["event"] == "run_started" and rows[0]["mode"] == mode and rows[0]["image"] == str(photo)
+    assert rows[-1]["event"] == "final_answer" and rows[-1]["stop_reason"] in ("answered", "turn_limit")
+    assert {"reasoning", "action", "tool", "total"} <= set(rows[-1]["totals"])
+    kinds = {row["event"] for row in rows}
+    assert ("rationale_scored" in kinds) == (mode == "ssr") and ("reasoning_done" in kinds) == (mode == "freeform")
+
+
+def test_human_output_is_the_answer_then_a_trace(env, tiny_models, photo):
+    r = run(str(photo), "What colour is it?", "--model", str(tiny_models["text"]), "--mmproj",
+            str(tiny_models["mmproj"]), "--offline", "--max-turns", "1")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    trace = lines.index("trace:")
+    assert trace >= 1 and lines[trace + 1].startswith("turn 1: ")
+    assert any(" p=" in ln and "rationale" in ln for ln in lines[trace:])
+    assert "mode ssr" in lines[-1] and "Traceback" not in r.output
+
+
+def test_text_only_model_answers_without_an_image(env, tiny_models, tmp_path):
+    lone = tmp_path / "lone" / "model.gguf"  # no mmproj next to it
+    lone.parent.mkdir()
+    shutil.copy(tiny_models["text"], lone)
+    r = run("What is the capital of Peru?", "--model", str(lone), "--offline", "--json", "--max-turns", "1")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows[-1]["event"] == "final_answer" and rows[0]["image"] is None
+
+
+def test_errors_are_one_line_and_nonzero(env, tiny_models, photo, tmp_path):
+    lone = tmp_path / "lone" / "model.gguf"
+    lone.parent.mkdir()
+    shutil.copy(tiny_models["text"], lone)
+    r = run(str(photo), "What is this?", "--model", str(lone), "--offline")
+    assert r.exit_code == 2 and "cannot look at images" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run(str(tmp_path / "missing.jpg"), "What?", "--model", str(tiny_models["text"]), "--mmproj",
+            str(tiny_models["mmproj"]), "--offline")
+    assert r.exit_code == 2 and r.stderr.startswith("Error: Image problem: Image file not found")
+    r = run(str(photo), "What?", "--model", str(tmp_path / "nope.gguf"), "--offline")
+    assert r.exit_code == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.output
+    r = run(str(photo))
+    assert r.exit_code == 2 and "give a question too" in r.output
