@@ -463,8 +463,8 @@ def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, nee
     arch = info.architecture
     if arch not in SUPPORTED_TEXT_ARCHS:
         raise ModelFileError(
-            f"{p} is a '{arch}' model, which edge-agent does not support. Supported architectures: "
-            f"{_supported_list()}.", title="Unsupported model")
+            f"{p} is a '{arch}' model, which edge-agent does not support. Use a GGUF of a supported "
+            f"architecture, {_supported_list()}.", title="Unsupported model")
     if need_vision and arch not in VISION_PROJECTORS:
         raise ModelFileError(
             f"{p} is a '{arch}' model without vision support, so it cannot look at images. Use a vision "
@@ -524,13 +524,16 @@ def validate_mmproj(path_or_info: str | os.PathLike[str] | ModelInfo) -> ModelIn
     return info
 
 
+_BROKEN_MMPROJ = " Use the mmproj file published with the model (download it again)."
+
+
 def _check_qwen_vision(info: ModelInfo) -> None:
     """Checks for asserts in clip's Qwen graphs (they abort the process instead of failing)."""
     p, m = info.path, info.metadata
     n_head = _int(m.get("clip.vision.attention.head_count"))
     if info.n_embd % n_head or (info.n_embd // n_head) % 4:
         raise ModelFileError(f"{p}: vision width {info.n_embd} with {n_head} heads gives a head size that is not a "
-                             "multiple of 4, which Qwen's vision M-RoPE needs. The mmproj is broken.")
+                             "multiple of 4, which Qwen's vision M-RoPE needs." + _BROKEN_MMPROJ)
     required = ["v.patch_embd.weight", "v.position_embd.weight", "mm.0.weight", "mm.2.weight", "mm.2.bias"]
     if info.projector_type == "qwen3vl_merger":
         required.append("v.patch_embd.bias")
@@ -539,7 +542,7 @@ def _check_qwen_vision(info: ModelInfo) -> None:
         raise ModelFileError(f"{p} lacks tensors {', '.join(missing)} that a {info.projector_type} mmproj needs; "
                              "llama.cpp would abort. Use the mmproj that belongs to the model.")
     if info.tensor("v.class_embd") is not None and info.projector_type == "qwen3vl_merger":
-        raise ModelFileError(f"{p} has a class embedding, which a qwen3vl_merger mmproj must not have.")
+        raise ModelFileError(f"{p} has a class embedding, which a qwen3vl_merger mmproj must not have." + _BROKEN_MMPROJ)
     pos = info.tensor("v.position_embd.weight")
     if pos is not None and info.projector_type == "qwen3vl_merger":
         if pos.type != "F32":
@@ -548,11 +551,11 @@ def _check_qwen_vision(info: ModelInfo) -> None:
         n_pos = pos.shape[1] if len(pos.shape) > 1 else 0
         if n_pos <= 0 or math.isqrt(n_pos) ** 2 != n_pos:
             raise ModelFileError(f"{p}: v.position_embd.weight has {n_pos} positions, not a square grid. The "
-                                 "mmproj is broken.")
+                                 "mmproj is broken." + _BROKEN_MMPROJ)
     for blk in {t.name.split(".")[2] for t in info.tensors if t.name.startswith("v.deepstack.")}:
         for part in ("norm.weight", "fc1.weight", "fc2.weight"):
             if info.tensor(f"v.deepstack.{blk}.{part}") is None:
-                raise ModelFileError(f"{p}: deepstack merger {blk} lacks {part}. The mmproj is broken.")
+                raise ModelFileError(f"{p}: deepstack merger {blk} lacks {part}." + _BROKEN_MMPROJ)
 
 
 def _size_hint(text: ModelInfo, mmproj: ModelInfo) -> str:
@@ -595,7 +598,8 @@ def check_same_tokenizer(a: ModelInfo, b: ModelInfo, *, max_listed: int = 5) -> 
     """Raise ModelFileError unless ``a`` and ``b`` have identical token lists (SeProD compares token ids)."""
     for info in (a, b):
         if info.kind != "text" or not info.n_vocab:
-            raise ModelFileError(f"{info.path} is not a text model with a tokenizer; SeProD needs two text models.")
+            raise ModelFileError(f"{info.path} is not a text model with a tokenizer; SeProD needs two text models. "
+                                 "Pass the agent's text GGUF and its base model's text GGUF (not an mmproj).")
     if a.vocab_hash == b.vocab_hash:
         if a.eos_token_id != b.eos_token_id:
             raise ModelFileError(

@@ -7,6 +7,8 @@ its JSON (or its exit status). It uses llama_cpp's low-level API directly (the a
 elsewhere): load with extra buffers off (AMX repack kernels crash quantized models on some VMs),
 1 thread, tokenize, decode, greedy-generate a few tokens, render the GGUF chat template with jinja2,
 and with --mmproj evaluate images through mtmd, reporting image token counts and positions.
+From a test, call :func:`run_probe`; it sets GGML_NO_BACKTRACE=1 so an abort ends the child at once
+(otherwise ggml attaches gdb to print a backtrace, which takes seconds).
 """
 
 from __future__ import annotations
@@ -14,10 +16,25 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+
+def run_probe(model: str | os.PathLike[str], *args: str, timeout: float = 120) -> tuple[int, dict]:
+    """Run this script on ``model`` in a child process: (exit status, its JSON report or {}).
+
+    A negative status (or 134) means llama.cpp aborted the child: what would have killed the app.
+    """
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(model), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return proc.returncode, (json.loads(lines[-1]) if lines else {})
 
 
 def main() -> int:

@@ -6,7 +6,6 @@ llama.cpp runs in a child process (tests/llama_probe.py): a bad file can abort t
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +15,9 @@ import pytest
 
 from edge_agent import modelfile
 from tests.conftest import TINY_SEED, load_make_tiny_models
+from tests.llama_probe import run_probe as probe
 
-PROBE = Path(__file__).with_name("llama_probe.py")
 mtm = load_make_tiny_models()
-
-
-def probe(model: Path, *args: str, timeout: float = 120) -> tuple[int, dict]:
-    """Run the llama.cpp probe on ``model``; (exit status, parsed JSON or {})."""
-    proc = subprocess.run([sys.executable, str(PROBE), str(model), *args], capture_output=True, text=True,
-                          timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return proc.returncode, (json.loads(lines[-1]) if lines else {})
 
 
 def sha(path: Path) -> str:
@@ -133,7 +124,8 @@ def test_bpe_training_is_deterministic_and_learns_words():
 @pytest.fixture(scope="module")
 def f32_probe(tiny_models):
     rc, out = probe(tiny_models["text"], "--mmproj", str(tiny_models["mmproj"]),
-                    "--image", "64x64", "--image", "96x96", "--image", "256x256", "--image", "300x100")
+                    "--image", "64x64", "--image", "96x96", "--image", "256x256", "--image", "300x100",
+                    "--image", "32x2000", "--image", "1000x750")
     assert rc == 0 and out.get("loaded"), out
     return out
 
