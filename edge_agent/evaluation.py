@@ -652,7 +652,7 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
          f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / {searches.get('offline', 0)}{other}"),
         ("Cache hits", f"{m['cache_hits']} of {searches['total']} searches ({_pct(m['cache_hit_rate'])})"),
         ("Offline coverage (ran entirely from the cache)",
-         f"{oc['questions']}/{m['questions']} questions ({_pct(oc['share'])}; {oc['with_searches']} of them searched)"),
+         f"{oc['questions']}/{m['questions']} questions ({_pct(oc['share'])}; {oc['with_searches']} of them used cached results)"),
         ("Stop reasons", ", ".join(f"{k} {v}" for k, v in m["stop_reasons"].items()) or "none"),
     ]
     if m["seprod"]["rounds"]:
@@ -693,10 +693,13 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     for label, fn in summary:
         lines.append(f"| {label} | " + " | ".join(fn(M[n]) for n in modes) + " |")
     base = M.get("freeform", {}).get("reasoning_seconds_per_turn", {}).get("mean")
+    ratios = []
     for n in modes:
         r = M[n]["reasoning_seconds_per_turn"]["mean"]
         if n != "freeform" and base and r is not None:
-            lines.append(f"\nReasoning per turn, {n} vs freeform: {r / base:.2f}x ({100 * (1 - r / base):.0f}% less).")
+            ratios.append(f"{n} {r / base:.2f}x ({100 * (1 - r / base):.0f}% less)")
+    if ratios:
+        lines += ["", "Mean reasoning time per turn vs freeform: " + "; ".join(ratios) + "."]
 
     for n in modes:
         lines += ["", f"## Mode: {n}", "", "| metric | value |", "|---|---|"]

@@ -410,7 +410,7 @@ def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
     made = []
-    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, quiet=False: lambda: made.append(settings) or ScriptedEngine())
+    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, on_status=None: lambda: made.append(settings) or ScriptedEngine())
     out = tmp_path / "out"
     runner = CliRunner()
     res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--no-plot"])

@@ -34,16 +34,14 @@ def fingerprint(settings: Settings, dataset: Path) -> dict[str, Any]:
     return fp
 
 
-def engine_factory(settings: Settings, *, quiet: bool = False):
-    """A function that loads the models once (called by the runner only if there is work to do)."""
+def engine_factory(settings: Settings, *, on_status=None):
+    """A function that loads the models once (the runner calls it only if there is work to do).
+    ``on_status(text)`` gets the engine's loading steps (shown next to the progress bar)."""
 
     def make():
         from edge_agent.engine import Engine  # heavy: llama.cpp
 
-        if not quiet:
-            click.echo(f"Loading {settings.model or 'the default model'}"
-                       + (f" and prophet {settings.prophet}" if settings.prophet else "") + " ...", err=True)
-        return Engine.from_settings(settings)
+        return Engine.from_settings(settings, progress=(lambda msg, frac: on_status(msg)) if on_status else None)
 
     return make
 
@@ -100,6 +98,12 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     bar_holder: dict[str, Any] = {}
     status = {"last": ""}
 
+    def on_status(text: str) -> None:
+        status["last"] = text
+        bar = bar_holder.get("bar")
+        if bar is not None:
+            bar.render_progress()
+
     def on_progress(done: int, total_: int, rec: dict[str, Any] | None) -> None:
         bar = bar_holder.get("bar")
         if rec is not None:
@@ -117,7 +121,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
             bar.update(1)
 
     try:
-        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, quiet=as_json), limit=limit,
+        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=on_status), limit=limit,
                          fingerprint=fp, on_progress=on_progress)
     except KeyboardInterrupt:
         bar = bar_holder.get("bar")
