@@ -378,12 +378,15 @@ class _Run:
         return action_of_head(gen.text)
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
+        budget = self.o.answer_max_tokens
         if self.drafter is not None:
             # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
             # yields it as AnswerToken(from_prophet=True)); generation continues from it.
             v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question)
             if getattr(v, "accepted_text", ""):
                 self.answer_parts.append(v.accepted_text)
+            # accepted tokens count against the answer's token budget (same answer length either way)
+            budget = max(1, budget - int(getattr(v, "accepted", 0) or 0))
         held = {"cut": False}
 
         def piece_event(piece: str) -> Event | None:
@@ -400,7 +403,7 @@ class _Run:
 
         yield from self._stream(
             lambda on_token, stop: self.s.generate(
-                max_tokens=self.o.answer_max_tokens, grammar=tail_grammar("answer"), stop=[ANSWER_CLOSE],
+                max_tokens=budget, grammar=tail_grammar("answer"), stop=[ANSWER_CLOSE],
                 temperature=self.o.temperature,
                 seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
             piece_event,
