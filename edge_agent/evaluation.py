@@ -518,6 +518,7 @@ def run_eval(
     fingerprint: dict[str, Any] | None = None,
     ask: AskFn = default_ask,
     on_progress: ProgressFn | None = None,
+    on_question: Callable[[Question, ModeSpec], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> EvalRun:
     """Run every pending (question, mode) and return all records + metrics.
@@ -544,6 +545,8 @@ def run_eval(
                 break
             if engine is None:
                 engine = engine_factory()
+            if on_question:
+                on_question(q, m)
             started = time.perf_counter()
             collected: list[ev.Event] = []
             error = None

@@ -122,7 +122,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
 
     try:
         run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=on_status), limit=limit,
-                         fingerprint=fp, on_progress=on_progress)
+                         fingerprint=fp, on_progress=on_progress, on_question=lambda q, m: on_status(f"{q.id} {m.name} ..."))
     except KeyboardInterrupt:
         bar = bar_holder.get("bar")
         if bar is not None:
