@@ -282,3 +282,15 @@ def test_bad_settings_are_config_errors():
         seprod.Drafter(FakeModel(), agent_vocab=V, a0=1.5)
     with pytest.raises(ConfigError, match="seprod_tau"):
         seprod.Drafter(FakeModel(), agent_vocab=V, tau=-1)
+
+
+def test_a_new_image_drops_drafts_prepared_for_the_old_one():
+    m = FakeModel("abc")
+    d = seprod.Drafter(m, agent_vocab=V, draft_len=3, background=True)
+    try:
+        d.start(image=b"OLD", question="q")
+        d.start(image=b"NEW", question="q", target="cat")
+        assert {k[2] for k in d._pending} == {seprod._image_key(b"NEW")}
+        assert d.draft(seprod.ANSWERING, "q", b"NEW").text == "abc"
+    finally:
+        d.close()

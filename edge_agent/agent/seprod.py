@@ -301,6 +301,10 @@ class Drafter:
         """
         if not self.background:
             return
+        key = _image_key(image)
+        with self._lock:  # drafts for an earlier image are never asked for again: don't spend on them
+            for k in [k for k in self._pending if k[2] != key]:
+                self._pending.pop(k).cancel()
         if target is not None:
             self._submit(GROUNDING, grounding_query(target), image)
         self._submit(ANSWERING, answering_query(question), image)
