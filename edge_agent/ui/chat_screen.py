@@ -368,14 +368,16 @@ class ChatScreen(Screen):
         self.chat_id = chat.id
         self.sub_title = chat.title
         image: str | None = None
-        for m in chat.messages:
+        widgets = []
+        for m in chat.messages:  # built unmounted, then mounted in one go (fast for long chats)
             if m.role == "user":
                 image = m.image or image
-                await self.transcript.mount(UserMessage(m.text, m.image))
+                widgets.append(UserMessage(m.text, m.image))
             else:
                 view = AnswerView(m.id, image)
-                await self.transcript.mount(view)
                 await view.replay(m.events, m.status, m.text)
+                widgets.append(view)
+        await self.transcript.mount_all(widgets)
         self.images = []
         for p in chat.images:
             if p not in self.images:

@@ -58,7 +58,7 @@ class FirstRunScreen(Screen):
     FirstRunScreen #problem { border: round $error; padding: 0 1; height: auto; margin: 0 0 1 0; }
     FirstRunScreen Markdown { margin: 0; padding: 0; }
     FirstRunScreen .paths { height: auto; margin: 0 0 1 3; }
-    FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0; }
+    FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0; background: $boost; }
     FirstRunScreen .paths Label { width: 8; }
     FirstRunScreen .row { height: auto; }
     FirstRunScreen #actions { dock: bottom; height: auto; padding: 0 2; width: 100%; }

@@ -86,10 +86,11 @@ class TurnView(Collapsible):
         self._reasoning: list[str] = []
         self._proposed: ev.DraftProposed | None = None
         self._tool: ToolView | None = None
+        self._freeform_w: Static | None = None
         self.action = ""
 
     async def _add(self, widget) -> None:
-        contents = self.query(Collapsible.Contents)
+        contents = self.query(Collapsible.Contents) if self.is_mounted else None
         if contents:
             await contents.first().mount(widget)
         else:  # not composed yet: compose() yields these
@@ -128,12 +129,10 @@ class TurnView(Collapsible):
             self._retitle(e)
 
     async def _freeform(self) -> Static:
-        found = self.query(".freeform")
-        if found:
-            return found.first(Static)
-        w = Static(classes="freeform")
-        await self._add(w)
-        return w
+        if self._freeform_w is None:
+            self._freeform_w = Static(classes="freeform")
+            await self._add(self._freeform_w)
+        return self._freeform_w
 
     def _retitle(self, done: ev.TurnFinished | None = None) -> None:
         parts = [f"Turn {self.turn}"]

@@ -49,9 +49,12 @@ class SettingsScreen(ModalScreen[Settings | None]):
     SettingsScreen { align: center middle; }
     SettingsScreen #settings { width: 90; max-width: 100%; height: 90%; border: thick $accent; background: $surface;
                                padding: 0 1; }
+    SettingsScreen VerticalScroll { height: 1fr; }
     SettingsScreen .field { height: auto; margin: 0 0 1 0; }
-    SettingsScreen .field Label { width: 16; padding: 1 1 0 0; text-style: bold; }
+    SettingsScreen .field Horizontal { height: auto; }
+    SettingsScreen .field Label { width: 16; text-style: bold; }
     SettingsScreen .field Input, SettingsScreen .field Select { width: 1fr; }
+    SettingsScreen .field Input { height: 1; border: none; padding: 0 1; background: $boost; }
     SettingsScreen .doc { color: $text-muted; padding: 0 0 0 16; height: auto; }
     SettingsScreen #buttons { height: auto; align: right middle; }
     SettingsScreen #buttons Button { margin: 0 0 0 1; }

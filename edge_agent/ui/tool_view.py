@@ -15,6 +15,7 @@ from textual.widgets import Static
 
 from edge_agent.agent import events as ev
 from edge_agent.ui.preview import ImagePreview
+from edge_agent.ui.put import put
 
 BADGE_STYLES = {
     "live": "black on green",
@@ -80,9 +81,9 @@ class ToolView(Vertical):
         n = len(e.results)
         if n:
             head.append(f", {n} result{'s' if n != 1 else ''}", style="dim")
-        await self.mount(Static(head, classes="tool-status"))
+        await put(self, Static(head, classes="tool-status"))
         if not e.ok:
-            await self.mount(Static(Text(e.observation), classes="tool-failed"))
+            await put(self, Static(Text(e.observation), classes="tool-failed"))
             return
         if e.image_path:
             if e.image_index is not None:
@@ -93,8 +94,8 @@ class ToolView(Vertical):
             if src:
                 previews.append(ImagePreview(src, width=24, height=8, box=args.get("bbox_2d"), classes="zoom-original"))
             previews.append(ImagePreview(e.image_path, width=24, height=8, classes="zoom-crop"))
-            await self.mount(Horizontal(*previews, classes="tool-images"))
+            await put(self, Horizontal(*previews, classes="tool-images"))
         elif e.results:
-            await self.mount(Static(results_text(e), classes="tool-results"))
+            await put(self, Static(results_text(e), classes="tool-results"))
         elif e.observation:
-            await self.mount(Static(Text(e.observation[:500], style="dim"), classes="tool-results"))
+            await put(self, Static(Text(e.observation[:500], style="dim"), classes="tool-results"))

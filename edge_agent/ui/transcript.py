@@ -15,6 +15,7 @@ from textual.widgets import Markdown, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.ui.preview import ImagePreview
+from edge_agent.ui.put import put
 from edge_agent.ui.reasoning import TurnView, ms
 
 STATUS_TEXT = {
@@ -70,20 +71,28 @@ class AnswerView(Vertical):
         self.prophet_tokens = 0
         self._stream = None
         self._prophet_draft: ev.DraftVerified | None = None
+        self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
+        self.detail = ""  # the error line under the footer, once set
+        # Parts exist before mounting so a stored answer can be built whole, then mounted once.
+        self._turns_box = Vertical(classes="turns")
+        self._note = Static(classes="prophet-note")
+        self._md = Markdown("", classes="answer")
+        self._footer = Static(Text(*STATUS_TEXT["running"]), classes="answer-footer")
 
     def compose(self) -> ComposeResult:
-        yield Vertical(classes="turns")
-        yield Static(classes="prophet-note")
-        yield Markdown("", classes="answer")
-        yield Static(Text(*STATUS_TEXT["running"]), classes="answer-footer")
+        yield self._turns_box
+        yield self._note
+        yield self._md
+        yield self._footer
 
     async def _turn(self, n: int) -> TurnView:
         if n not in self.turns:
-            for t in self.turns.values():  # only the running turn stays open while live
-                t.collapsed = True
-            view = TurnView(n, self.images)
+            if not self._replaying:
+                for t in self.turns.values():  # only the running turn stays open while live
+                    t.collapsed = True
+            view = TurnView(n, self.images, collapsed=self._replaying)
             self.turns[n] = view
-            await self.query_one(".turns").mount(view)
+            await put(self._turns_box, view)
         return self.turns[n]
 
     async def apply(self, e: ev.Event) -> None:
@@ -113,11 +122,10 @@ class AnswerView(Vertical):
             if self._prophet_draft is not None:
                 d = self._prophet_draft
                 note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
-            self.query_one(".prophet-note", Static).update(note)
+            self._note.update(note)
         self.text += e.text
-        md = self.query_one(Markdown)
         if self._stream is None:
-            self._stream = Markdown.get_stream(md)
+            self._stream = Markdown.get_stream(self._md)
         await self._stream.write(e.text)
 
     async def _set_answer(self, text: str) -> None:
@@ -125,15 +133,18 @@ class AnswerView(Vertical):
             await self._stream.stop()
             self._stream = None
         self.text = text
-        await self.query_one(Markdown).update(text)
+        if self._md.is_mounted:
+            await self._md.update(text)
+        else:  # a stored answer being built: the widget parses it when it mounts
+            self._md = Markdown(text, classes="answer")
 
     async def finish(self, status: str, detail: str = "") -> None:
         """End of the run (answered, turn_limit, cancelled, error, interrupted): footer, collapse turns."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        if self.status != "running" and status == "cancelled":
-            return
+        if self.status != "running" and (status == "cancelled" or self._replaying):
+            return  # already closed (an Esc before the engine's own end; a stored fatal error)
         self.status = status
         label, style = STATUS_TEXT.get(status, (status, "dim"))
         foot = Text(label, style=style)
@@ -145,17 +156,19 @@ class AnswerView(Vertical):
             foot.append(f" · {ms(float(totals['total']))}", style="dim")
         if tps:
             foot.append(f" · {tps:.1f} tok/s", style="dim")
-        if detail:
-            foot.append(f"\n{detail}", style="red")
-        self.query_one(".answer-footer", Static).update(foot)
+        self.detail = detail or self.detail
+        if self.detail:
+            foot.append(f"\n{self.detail}", style="red")
+        self._footer.update(foot)
         if not self.text and status != "answered":
-            self.query_one(Markdown).display = False
-        if self.collapse_when_done:
+            self._md.display = False
+        if self.collapse_when_done and not self._replaying:
             for t in self.turns.values():
                 t.collapsed = True
 
     async def replay(self, events: list[ev.Event], status: str, text: str) -> None:
         """Render a stored answer: the same views as live, the answer text set once."""
+        self._replaying = True
         for e in events:
             if isinstance(e, ev.AnswerToken):
                 self.answer_tokens += 1
@@ -169,7 +182,7 @@ class AnswerView(Vertical):
             note = Text("Answer starts with the prophet's draft: ", style="dim")
             note.append(d.accepted_text, style="black on magenta")
             note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
-            self.query_one(".prophet-note", Static).update(note)
+            self._note.update(note)
         if text:
             await self._set_answer(text)
         await self.finish("answered" if status == "done" else status)
