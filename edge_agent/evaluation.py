@@ -566,9 +566,15 @@ def run_eval(
         close = getattr(engine, "close", None)
         if callable(close):
             close()
-    records = [store.records[(m.name, q.id)] for q in questions for m in specs if store.has(m.name, q.id)]
+    # Re-score with the answers as they are now (a corrected answer key needs no rerun).
+    records = [_rescored(store.records[(m.name, q.id)], q) for q in questions for m in specs if store.has(m.name, q.id)]
     return EvalRun(dataset, questions, specs, Path(out_dir), records, compute_metrics(records, specs),
                    ran=len(pending), fingerprint=fingerprint or {})
+
+
+def _rescored(rec: dict[str, Any], q: Question) -> dict[str, Any]:
+    exact, contains = match_answer(rec["prediction"], q.answers)
+    return {**rec, "answers": list(q.answers), "exact": exact, "contains": contains}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -785,5 +791,5 @@ def write_plot(run: EvalRun, path: Path) -> Path | None:
         ax2.set_axis_off()
     ax2.set_title(f"Rationale mix ({dataset_name(run.dataset)})")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", bbox_inches="tight")  # keep the legend outside the axes
     return path

@@ -454,3 +454,16 @@ def test_model_time_prefers_episode_totals():
     assert with_totals["model_seconds"] == 2.0 and with_totals["turn_model_seconds"] == 0.875
     without = E.make_record(q, E.MODES["ssr"], [turn, ev.FinalAnswer("x", 1, "answered", {})])
     assert without["model_seconds"] == 0.875
+
+
+def test_answers_are_rescored_against_the_current_file(dataset, tmp_path):
+    """Fixing the answer key and rerunning re-scores the stored predictions without running anything."""
+    out = tmp_path / "out"
+    first = E.run_eval(dataset, "ssr", out, ScriptedEngine)
+    assert first.metrics["ssr"]["success"]["exact_count"] == 1
+    rows = [json.loads(x) for x in dataset.read_text().splitlines()]
+    rows[2]["answers"] = ["blue"]  # ssr answered "blue" for q3
+    dataset.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    second = E.run_eval(dataset, "ssr", out, lambda: pytest.fail("nothing to run"))
+    assert second.metrics["ssr"]["success"]["exact_count"] == 2
+    assert {r["id"]: r["answers"] for r in second.records}["q3"] == ["blue"]

@@ -36,7 +36,7 @@ def _synthetic(out: Path, n: int) -> Path:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}  # no developer settings
     env.update(EDGE_AGENT_HOME=str(home), EDGE_AGENT_N_THREADS="1", EDGE_AGENT_N_THREADS_BATCH="1",
                EDGE_AGENT_N_CTX="4096", EDGE_AGENT_FREEFORM_MAX_TOKENS="24", EDGE_AGENT_ANSWER_MAX_TOKENS="12")
     return env
@@ -64,7 +64,7 @@ def _quality(metrics: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_eval_end_to_end_on_tiny_models(tiny_models, tmp_path, monkeypatch):
+def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkeypatch):
     """All three modes on the synthetic set: one result each, consistent SSR actions, real timings,
     report + JSON + plot written, models loaded once for the whole run."""
     from click.testing import CliRunner
@@ -73,8 +73,9 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, tmp_path, monkeypatch):
     from edge_agent.engine import Engine
 
     data = _synthetic(tmp_path / "svqa", n=2)
-    for k, v in _env(tmp_path / "home").items():
-        monkeypatch.setenv(k, v)
+    for k, v in _env(edge_home).items():
+        if k.startswith("EDGE_AGENT_"):
+            monkeypatch.setenv(k, v)
     loads = []
     real = Engine.from_settings.__func__
 

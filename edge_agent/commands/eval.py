@@ -29,7 +29,9 @@ FINGERPRINT_SETTINGS = (
 
 
 def fingerprint(settings: Settings, dataset: Path) -> dict[str, Any]:
-    fp: dict[str, Any] = {"dataset": str(dataset.resolve())}
+    # The set's name, not its path: a moved folder still resumes (records are keyed by question id,
+    # and answers are re-scored against the file at the end of every run).
+    fp: dict[str, Any] = {"dataset": E.dataset_name(dataset)}
     fp.update({k: getattr(settings, k) for k in FINGERPRINT_SETTINGS})
     return fp
 
