@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,6 +72,7 @@ class Model:
         self._vocab: Any = None
         self._batch: _Batch | None = None
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._guard_re: re.Pattern[str] | None | bool = False  # False: not built yet
         self.lock = threading.RLock()  # one llama.cpp call sequence at a time on this context
         self.active_session: Session | None = None
         self.path: Path = Path()
@@ -239,8 +241,43 @@ class Model:
 
     # ------------------------------------------------------------------------------ tokens
     def tokenize(self, text: str, *, special: bool) -> list[int]:
-        """Token ids of ``text`` (no BOS added). ``special=False``: ``<|im_end|>`` etc. stay plain text."""
+        """Token ids of ``text`` (no BOS added). ``special=False``: ``<|im_end|>``, ``<tool_call>`` etc. stay plain text.
+
+        llama.cpp's ``parse_special=False`` only protects CONTROL tokens: USER_DEFINED ones such as
+        ``</tool_response>`` or ``<tool_call>`` are still matched, so a search snippet could close the
+        tool response and forge a tool call. For untrusted text we therefore cut every occurrence of a
+        non-normal token's text after its first character, so it is spelled with ordinary tokens.
+        """
         self._check_open()
+        if not special:
+            guard = self._special_texts()
+            if guard is not None and guard.search(text):
+                out: list[int] = []
+                pos = 0
+                for m in guard.finditer(text):
+                    out += self._tokenize(text[pos : m.start()], False)
+                    out += self._tokenize(m.group()[0], False) + self.tokenize(m.group()[1:], special=False)
+                    pos = m.end()
+                return out + self._tokenize(text[pos:], False)
+        return self._tokenize(text, special)
+
+    def _special_texts(self) -> re.Pattern[str] | None:
+        """A pattern matching the text of every control / user-defined token (built once: ~0.1 s at V=151k)."""
+        if self._guard_re is False:
+            mask = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
+            texts = {
+                self.token_text(t)
+                for t in range(self.n_vocab)
+                if C.llama_vocab_get_attr(self._vocab, t) & mask
+            }
+            texts.discard("")
+            ordered = sorted(texts, key=len, reverse=True)  # longest first: "<tool_call>" before "<"
+            self._guard_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        return self._guard_re  # type: ignore[return-value]
+
+    def _tokenize(self, text: str, special: bool) -> list[int]:
+        if not text:
+            return []
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (C.llama_token * cap)()
