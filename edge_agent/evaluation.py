@@ -682,6 +682,9 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     if fp:
         shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search", "seed") if k in fp}
         lines.append("Settings: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ".")
+    if len(modes) > 1:
+        lines.append("For each question the modes run in this order on the same search cache, so a search an "
+                     "earlier mode made live can be a cache hit for a later one.")
     missing = len(run.questions) * len(modes) - len(run.records)
     if missing:
         lines.append(f"**Incomplete:** {missing} (question, mode) pairs have no result yet; rerun the same command to finish.")

@@ -467,3 +467,13 @@ def test_answers_are_rescored_against_the_current_file(dataset, tmp_path):
     second = E.run_eval(dataset, "ssr", out, lambda: pytest.fail("nothing to run"))
     assert second.metrics["ssr"]["success"]["exact_count"] == 2
     assert {r["id"]: r["answers"] for r in second.records}["q3"] == ["blue"]
+
+
+def test_evaluation_imports_no_model_ui_or_plot_library():
+    """The eval logic stays importable without llama.cpp, Textual or matplotlib (the plot is optional)."""
+    import subprocess
+
+    code = ("import sys, edge_agent.evaluation, edge_agent.commands.eval; "
+            "bad = [m for m in ('llama_cpp', 'textual', 'matplotlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
