@@ -371,3 +371,31 @@ async def test_killed_mid_answer_is_shown_as_interrupted_on_resume(settings, tmp
         assert view.status == "interrupted"
         assert view.query_one(Markdown).source == "Half an ans"
         assert isinstance(view.turns[1], TurnView)
+
+
+def test_edge_agent_without_a_subcommand_opens_the_app(edge_home, monkeypatch):
+    """`edge-agent` (no sub-command) runs the TUI with the loaded settings and CLI overrides."""
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+
+    ran = []
+    monkeypatch.setattr(EdgeAgentApp, "run", lambda self, *a, **k: ran.append(self))
+    result = CliRunner().invoke(cli, [])
+    assert result.exit_code == 0, result.output
+    assert len(ran) == 1 and ran[0].settings.home == edge_home
+    result = CliRunner().invoke(cli, ["tui", "--mode", "freeform", "--offline"])
+    assert result.exit_code == 0, result.output
+    assert ran[1].settings.mode == "freeform" and ran[1].settings.offline is True
+    for app in ran:
+        app.store.close()
+
+
+@pytest.mark.asyncio
+async def test_narrow_terminal_hides_the_image_panel(settings, tmp_path):
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        from edge_agent.ui.chat_screen import ImagePanel
+
+        assert app.chat_screen.query_one(ImagePanel).display is False

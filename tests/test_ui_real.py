@@ -187,6 +187,7 @@ async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_ho
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        assert "(text only)" in str(app.chat_screen.status.render())
         await submit(pilot, f"/image {photo}")
         await submit(pilot, "What is this?")
         await settle(pilot)

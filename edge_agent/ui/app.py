@@ -136,7 +136,7 @@ class EdgeAgentApp(App):
         if chat is not None:
             chat.show_loading("", None)
             chat.status.state = "ready"
-            chat.status.set_models(*self.model_names())
+            chat.status.set_models(*self.model_names(), text_only=not self.engine_sees_images())
         self.notify(f"{self.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
 
     def on_engine_failed(self, m: EngineFailed) -> None:
@@ -154,6 +154,10 @@ class EdgeAgentApp(App):
             self.change_settings(m.changes)  # model fields changed: reloads
         else:
             self.start_loading()
+
+    def engine_sees_images(self) -> bool:
+        model = getattr(self.engine, "model", None)
+        return bool(getattr(model, "has_vision", True)) if model is not None else True
 
     def model_names(self) -> tuple[str, str | None]:
         """Display names of the loaded agent and prophet models."""

@@ -115,6 +115,10 @@ class ChatScreen(Screen):
         yield StatusBar(self.edge_app.settings, id="status")
         yield Footer()
 
+    def on_resize(self, event) -> None:
+        # The image panel needs ~36 columns; below 100 the transcript gets the whole width.
+        self.query_one(ImagePanel).display = event.size.width >= 100
+
     def on_mount(self) -> None:
         self.sub_title = "new chat"
         self.query_one(AttachmentBar).show(None, 0)
@@ -151,7 +155,12 @@ class ChatScreen(Screen):
         if p not in self.images:
             self.images.append(p)
         self._show_images()
-        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+        if self.edge_app.engine is not None and not self.edge_app.engine_sees_images():
+            self.notify("The loaded model is text only (no mmproj): it cannot look at this image. Choose a vision "
+                        "model in the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`.",
+                        title="Model cannot see images", severity="warning", timeout=8)
+        else:
+            self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
         return True
 
     def _show_images(self) -> None:

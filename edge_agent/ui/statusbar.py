@@ -31,13 +31,14 @@ class StatusBar(Static):
         self.settings = settings
         self.model_name = model_label(settings.model) or "default model"
         self.prophet_name = model_label(settings.prophet)
+        self.text_only = False
 
     def set_settings(self, settings: Settings) -> None:
         self.settings = settings
         self.refresh_bar()
 
-    def set_models(self, model: str, prophet: str | None) -> None:
-        self.model_name, self.prophet_name = model, prophet or ""
+    def set_models(self, model: str, prophet: str | None, text_only: bool = False) -> None:
+        self.model_name, self.prophet_name, self.text_only = model, prophet or "", text_only
         self.refresh_bar()
 
     def watch_state(self) -> None:
@@ -54,6 +55,8 @@ class StatusBar(Static):
         sep = Text(" │ ", style="dim")
         t = Text()
         t.append(self.model_name, style="bold")
+        if self.text_only:
+            t.append(" (text only)", style="yellow")
         if self.prophet_name:
             t.append(f" + prophet {self.prophet_name}", style="magenta")
         t.append_text(sep)

@@ -54,12 +54,14 @@ def results_text(e: ev.ToolFinished) -> Text:
 
 
 class ToolView(Vertical):
+    """One Static for the call, badge and results (few widgets: long chats stay fast to lay out),
+    plus the two previews for a zoom."""
+
     DEFAULT_CSS = """
-    ToolView { height: auto; margin: 0 0 0 0; }
-    ToolView .tool-call, ToolView .tool-status, ToolView .tool-results { height: auto; }
+    ToolView { height: auto; }
+    ToolView .tool-body { height: auto; }
     ToolView .tool-images { height: auto; }
     ToolView .tool-images ImagePreview { margin: 0 2 0 0; }
-    ToolView .tool-failed { color: $error; height: auto; }
     """
 
     def __init__(self, called: ev.ToolCalled | None, images: dict[int, str]) -> None:
@@ -67,25 +69,31 @@ class ToolView(Vertical):
         self.called = called
         self.images = images
         self.finished: ev.ToolFinished | None = None
+        self.body = Static(call_text(called) if called is not None else "", classes="tool-body")
 
     def compose(self) -> ComposeResult:
-        if self.called is not None:
-            yield Static(call_text(self.called), classes="tool-call")
+        yield self.body
 
     async def finish(self, e: ev.ToolFinished) -> None:
         self.finished = e
-        head = Text()
-        head.append_text(badge(e.status if e.ok else "error"))
-        head.append(f" {e.name} ", style="bold")
-        head.append(f"{'ok' if e.ok else 'failed'}", style="green" if e.ok else "red")
+        t = call_text(self.called) if self.called is not None else Text()
+        if self.called is not None:
+            t.append("\n")
+        t.append_text(badge(e.status if e.ok else "error"))
+        t.append(f" {e.name} ", style="bold")
+        t.append("ok" if e.ok else "failed", style="green" if e.ok else "red")
         n = len(e.results)
         if n:
-            head.append(f", {n} result{'s' if n != 1 else ''}", style="dim")
-        await put(self, Static(head, classes="tool-status"))
+            t.append(f", {n} result{'s' if n != 1 else ''}", style="dim")
         if not e.ok:
-            await put(self, Static(Text(e.observation), classes="tool-failed"))
-            return
-        if e.image_path:
+            t.append("\n" + e.observation, style="red")
+        elif e.results:
+            t.append("\n")
+            t.append_text(results_text(e))
+        elif e.observation and not e.image_path:
+            t.append("\n" + e.observation[:500], style="dim")
+        self.body.update(t)
+        if e.ok and e.image_path:
             if e.image_index is not None:
                 self.images[e.image_index] = e.image_path
             args = self.called.arguments if self.called is not None else {}
@@ -95,7 +103,3 @@ class ToolView(Vertical):
                 previews.append(ImagePreview(src, width=24, height=8, box=args.get("bbox_2d"), classes="zoom-original"))
             previews.append(ImagePreview(e.image_path, width=24, height=8, classes="zoom-crop"))
             await put(self, Horizontal(*previews, classes="tool-images"))
-        elif e.results:
-            await put(self, Static(results_text(e), classes="tool-results"))
-        elif e.observation:
-            await put(self, Static(Text(e.observation[:500], style="dim"), classes="tool-results"))
