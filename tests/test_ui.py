@@ -339,6 +339,39 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
 
 
 @pytest.mark.asyncio
+async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_path, image):
+    """While the model loads, a progress line shows the loader's words; typing and attaching work; a
+    question asked too early gets a 'still loading' notice instead of blocking."""
+    import threading
+
+    release = threading.Event()
+
+    def factory(s, *, progress=None):
+        progress("Loading tiny-model", 0.4)
+        release.wait(30)
+        return ScriptedEngine(s, tmp_path)
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.chat_screen
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if "Loading tiny-model" in str(screen.query_one("#loading-label", Static).render()):
+                break
+        assert screen.query_one("#loading").has_class("-visible")
+        assert screen.query_one("#loading-bar").progress == pytest.approx(0.4)
+        assert app.engine_state == "loading"
+        await type_and_enter(pilot, f"/image {image}")
+        assert screen.image == str(image.resolve())
+        await type_and_enter(pilot, "too early?")
+        assert any(n.title == "Model loading" for n in app._notifications)
+        assert screen.query_one(PromptInput).value == "too early?"  # kept, to send again
+        release.set()
+        await settle(pilot)
+        assert app.engine_state == "ready" and not screen.query_one("#loading").has_class("-visible")
+
+
+@pytest.mark.asyncio
 async def test_engine_loads_in_a_worker_thread(settings, tmp_path):
     """The factory runs off the UI thread (the UI stays responsive while a model loads)."""
     import threading

@@ -222,6 +222,8 @@ class ChatScreen(Screen):
 
     async def ask(self, question: str) -> None:
         app = self.edge_app
+        if app.engine is None or self.running is not None:
+            self.query_one(PromptInput).value = question  # not asked: keep it to send again
         if app.engine is None:
             if app.engine_state == "loading":
                 self.notify("The model is still loading; ask again in a moment.", title="Model loading",

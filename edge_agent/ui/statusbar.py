@@ -15,7 +15,7 @@ def model_label(value: str) -> str:
     """A catalog name stays as it is; a path shows its file name."""
     if not value:
         return ""
-    return Path(value).name if ("/" in value or value.endswith(".gguf")) else value
+    return Path(value).stem if ("/" in value or value.endswith(".gguf")) else value
 
 
 class StatusBar(Static):
