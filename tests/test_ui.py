@@ -432,3 +432,37 @@ async def test_narrow_terminal_hides_the_image_panel(settings, tmp_path):
         from edge_agent.ui.chat_screen import ImagePanel
 
         assert app.chat_screen.query_one(ImagePanel).display is False
+
+
+@pytest.mark.asyncio
+async def test_file_picker_offers_only_images_and_attaches_one(settings, tmp_path, image, monkeypatch):
+    """Ctrl+F opens a tree of folders and image files (a .txt is not offered); Enter on the image
+    attaches it; `/image 1` goes back to the first image of the chat after another was attached."""
+    from edge_agent.ui.picker import ImagePickerScreen, ImageTree
+
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "sub").mkdir()
+    other = make_image(tmp_path / "sub" / "other.png")
+    monkeypatch.chdir(tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+f")
+        await pilot.pause()
+        assert isinstance(app.screen, ImagePickerScreen)
+        tree = app.screen.query_one(ImageTree)
+        await pilot.pause(0.3)
+        names = sorted(Path(str(n.data.path)).name for n in tree.root.children)
+        assert "notes.txt" not in names and "photo.png" in names and "sub" in names
+        photo_node = next(n for n in tree.root.children if Path(str(n.data.path)).name == "photo.png")
+        tree.move_cursor(photo_node)
+        tree.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, ImagePickerScreen)
+        assert app.chat_screen.image == str(image.resolve())
+        await type_and_enter(pilot, str(other))
+        assert app.chat_screen.image == str(other.resolve())
+        await type_and_enter(pilot, "/image 1")
+        assert app.chat_screen.image == str(image.resolve())
+        assert app.chat_screen.images == [str(image.resolve()), str(other.resolve())]

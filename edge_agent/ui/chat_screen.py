@@ -201,6 +201,8 @@ class ChatScreen(Screen):
         if name == "image":
             if not arg:
                 self.action_pick_image()
+            elif arg.isdigit() and 1 <= int(arg) <= len(self.images):
+                self.attach(self.images[int(arg) - 1])  # back to an earlier image of this chat
             else:
                 self.attach(arg)
         elif name == "new":

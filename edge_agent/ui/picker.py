@@ -34,7 +34,7 @@ class ImageTree(DirectoryTree):
 
 
 class ImagePickerScreen(ModalScreen[Path | None]):
-    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("backspace", "up", "Parent folder")]
     DEFAULT_CSS = """
     ImagePickerScreen { align: center middle; }
     ImagePickerScreen #picker { width: 100; max-width: 100%; height: 85%; border: thick $accent;
@@ -52,7 +52,7 @@ class ImagePickerScreen(ModalScreen[Path | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
-            yield Static("[b]Attach an image[/b]  Enter on a file attaches it · Esc cancels", id="picker-hint")
+            yield Static("[b]Attach an image[/b]  Enter on a file attaches it · Backspace: parent folder · Esc cancels", id="picker-hint")
             yield Input(str(self.start) + "/", placeholder="or type a path and press Enter", id="picker-path")
             with Horizontal(id="picker-body"):
                 yield ImageTree(self.start)
@@ -60,6 +60,12 @@ class ImagePickerScreen(ModalScreen[Path | None]):
 
     def on_mount(self) -> None:
         self.query_one(ImageTree).focus()
+
+    def action_up(self) -> None:
+        if self.focused is self.query_one("#picker-path"):
+            return  # backspace edits the typed path
+        tree = self.query_one(ImageTree)
+        tree.path = Path(tree.path).resolve().parent
 
     @on(DirectoryTree.FileSelected)
     def chosen(self, event: DirectoryTree.FileSelected) -> None:

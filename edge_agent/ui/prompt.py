@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Static
 
 SLASH_HELP = (
-    "/image PATH  attach an image (or paste a path, or Ctrl+F)\n"
+    "/image PATH  attach an image (or paste a path, or Ctrl+F); /image 2  the chat's 2nd image again\n"
     "/new  new chat   /chats  list chats   /export  export this chat\n"
     "/mode ssr|freeform   /offline on|off   /settings   /help"
 )
