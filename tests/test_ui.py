@@ -466,3 +466,24 @@ async def test_file_picker_offers_only_images_and_attaches_one(settings, tmp_pat
         await type_and_enter(pilot, "/image 1")
         assert app.chat_screen.image == str(image.resolve())
         assert app.chat_screen.images == [str(image.resolve()), str(other.resolve())]
+
+
+@pytest.mark.asyncio
+async def test_graphics_previews_use_textual_image_when_enabled(settings, tmp_path, image, monkeypatch):
+    """Where the terminal speaks a graphics protocol, previews are textual-image widgets (here its
+    half-cell widget stands in for Kitty/Sixel, which a test terminal cannot show)."""
+    from textual_image.widget import HalfcellImage
+
+    from edge_agent.ui import preview
+
+    monkeypatch.setattr(preview, "_GRAPHICS", HalfcellImage)
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await pilot.pause()
+        current = app.chat_screen.query_one("#current-image", preview.ImagePreview)
+        assert len(current.query(HalfcellImage)) == 1
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        assert len(app.chat_screen.transcript.query(HalfcellImage)) >= 3  # question thumb, original, crop

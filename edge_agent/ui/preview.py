@@ -85,12 +85,18 @@ def with_box(img: Image.Image, bbox_1000: list[float] | tuple[float, ...], color
     return out
 
 
-def half_blocks(img: Image.Image, max_width: int, max_height: int) -> Text:
-    """``img`` in at most ``max_width`` x ``max_height`` cells (2 px a cell, upper half block)."""
+def cell_size(img: Image.Image, max_width: int, max_height: int) -> tuple[int, int]:
+    """(columns, rows) that show ``img`` at its aspect ratio within the box (a cell is ~1:2, w:h)."""
     w, h = img.size
     scale = min(max_width / w, (2 * max_height) / h)
     cw, ph = max(1, round(w * scale)), max(2, round(h * scale))
-    ph += ph % 2
+    return cw, (ph + ph % 2) // 2
+
+
+def half_blocks(img: Image.Image, max_width: int, max_height: int) -> Text:
+    """``img`` in at most ``max_width`` x ``max_height`` cells (2 px a cell, upper half block)."""
+    cw, rows = cell_size(img, max_width, max_height)
+    ph = 2 * rows
     small = img.convert("RGB").resize((cw, ph), Image.Resampling.BILINEAR)
     px = small.load()
     text = Text(no_wrap=True, overflow="crop")
@@ -133,11 +139,12 @@ class ImagePreview(Static):
         if self.box is not None:
             img = with_box(img, self.box)
         if _GRAPHICS is not None:
+            cols, rows = cell_size(img, self.max_w, self.max_h)
             self.update("")
             self.remove_children()
             g = _GRAPHICS(img)
-            g.styles.width, g.styles.height = self.max_w, self.max_h
-            self.styles.width, self.styles.height = self.max_w, self.max_h
+            g.styles.width, g.styles.height = cols, rows
+            self.styles.width, self.styles.height = cols, rows
             self.mount(g)
             return
         self.update(half_blocks(img, self.max_w, self.max_h))
