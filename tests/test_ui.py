@@ -487,3 +487,23 @@ async def test_graphics_previews_use_textual_image_when_enabled(settings, tmp_pa
         await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         assert len(app.chat_screen.transcript.query(HalfcellImage)) >= 3  # question thumb, original, crop
+
+
+def test_only_the_ui_package_imports_textual():
+    """The engine, agent, runtime, tools and chat store never import Textual (checked in a fresh
+    interpreter and in the source)."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"^\s*(from|import)\s+textual", re.M)
+    ui = root / "edge_agent" / "ui"
+    sources = [*(root / "edge_agent").rglob("*.py"), *(root / "tools").rglob("*.py")]
+    offenders = [str(p.relative_to(root)) for p in sources
+                 if ui not in p.parents and pattern.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
+    code = ("import sys, edge_agent.chats, edge_agent.engine, edge_agent.cli; "
+            "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "False"
