@@ -278,7 +278,7 @@ def kinds(events):
 
 def test_ssr_episode_zoom_then_answer(tmp_path):
     """Order of events, the crop enters the context as an image, the action matches the rationale."""
-    s = FakeSession(favour(["zoom", "image shows"]), [ZOOM_TAIL, "red</answer>"])
+    s = FakeSession(favour(["zoom", "from the image"]), [ZOOM_TAIL, "red</answer>"])
     tb = toolbox(tmp_path)
     events = list(run_agent(s, "What colour?", tools=tb, image=tb.image_png(0), options=AgentOptions()))
     assert kinds(events) == ["run_started", "turn_started", "rationale_scored", "tool_called", "tool_finished",
@@ -317,7 +317,7 @@ def test_turn_limit_only_answers_and_untrusted_observation(tmp_path):
 def test_malformed_action_and_refused_box_become_observations():
     cut = '10, 20'  # generation ran out before the call was complete
     bad_box = '500, 500, 600, 900], "label": "x", "img_idx": 3}}\n</tool_call>'  # no image 3
-    s = FakeSession(favour(["zoom", "zoom", "image shows"]), [cut, bad_box, "ok</answer>"])
+    s = FakeSession(favour(["zoom", "zoom", "from the image"]), [cut, bad_box, "ok</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0)))
     errs = [e for e in events if e.kind == "error"]
@@ -347,7 +347,7 @@ def test_freeform_streams_reasoning_and_chooses_any_action():
 
 
 def test_policy_forces_actions_and_no_image_hides_image_tools():
-    s = FakeSession(favour(["image shows"]), ['q"}}\n</tool_call>', "x</answer>"])
+    s = FakeSession(favour(["from the image"]), ['q"}}\n</tool_call>', "x</answer>"])
     opts = AgentOptions(policy=lambda turn, allowed: {"text_search"} if turn == 1 else {"answer"})
     events = list(run_agent(s, "Q?", tools=Toolbox(None, FakeSearch()), options=opts))
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
@@ -362,8 +362,8 @@ def test_index_only_scores_indices_and_pastes_text():
     assert s.scored[0] == ["[1]", "[2]", "[3]", "[4]", "[5]", "[6]"]
     r = events[2]
     assert r.chosen == 4 and r.candidates[4].id == "answer_image"
-    assert "[5] I should answer now from what the image shows." in s.text  # numbered in the system prompt
-    assert "<think>\nI should answer now from what the image shows.\n</think>" in s.text
+    assert "[5] I should answer from the image" in s.text  # numbered in the system prompt
+    assert "<think>\nI should answer from the image\n</think>" in s.text
 
 
 def test_cancel_during_answer_ends_quickly_with_cancelled():
@@ -373,7 +373,7 @@ def test_cancel_during_answer_ends_quickly_with_cancelled():
         cancel.set()
         return "a long answer</answer>"
 
-    s = FakeSession(favour(["image shows"]), [slow_answer])
+    s = FakeSession(favour(["from the image"]), [slow_answer])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), cancel=cancel))
     assert events[-1].kind == "final_answer" and events[-1].stop_reason == "cancelled"
@@ -386,7 +386,7 @@ def test_fatal_model_error_ends_stream():
         def append_image(self, image):
             raise ModelRuntimeError("Context full: raise n_ctx.")
 
-    s = Full(favour(["zoom", "image shows"]), [ZOOM_TAIL])
+    s = Full(favour(["zoom", "from the image"]), [ZOOM_TAIL])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=None))  # no image in the prompt, but a zoom later
     assert events[-1].kind == "error" and events[-1].fatal and "Context full" in events[-1].message
@@ -416,7 +416,7 @@ def test_seprod_hooks_are_called_at_their_points():
             yield ev.AnswerToken(turn=turn, text="Re", from_prophet=True)
             return V("Re")
 
-    s = FakeSession(favour(["zoom", "image shows"]), [ZOOM_TAIL, "d</answer>"])
+    s = FakeSession(favour(["zoom", "from the image"]), [ZOOM_TAIL, "d</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), drafter=Drafter()))
     assert calls[0] == ("start", None) and calls[1] == ("start", "red square")

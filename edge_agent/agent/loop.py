@@ -178,6 +178,7 @@ class _Run:
         self.answer_parts: list[str] = []
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
         self.ground_target: str | None = None  # set after a successful zoom
+        self.close_pending = ""  # SSR: the think block's close, appended with the action's head
         self.t = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.t_start = 0.0
@@ -327,7 +328,9 @@ class _Run:
             adopt(choice)
         else:
             self.s.append_tokens(scores[choice].tokens)
-        self.s.append_text(THINK_CLOSE)
+        # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
+        # counted as action time): see _head.
+        self.close_pending = THINK_CLOSE
         yield RationaleScored(
             turn=turn,
             candidates=tuple(
@@ -364,8 +367,12 @@ class _Run:
         if action is None and len(allowed) == 1:
             action = next(iter(allowed))
         if action is not None:  # SSR (the rationale decided) or only one choice: prefill the head
-            self.s.append_text(HEADS[action])
+            self.s.append_text(self.close_pending + HEADS[action])
+            self.close_pending = ""
             return action
+        if self.close_pending:
+            self.s.append_text(self.close_pending)
+            self.close_pending = ""
         # Stop strings = the heads' last words, so generation ends exactly at the end of the head
         # (the grammar would otherwise let the model add an end-of-turn token); the text before the
         # stop tells which head it was.
