@@ -15,9 +15,10 @@ several questions over several turns (a policy drives zoom -> search -> answer w
 search -> search -> answer without), with canned search results (~200 tokens, like a real
 top-3). At every turn, right where the agent scores its rationales (after ``<think>\\n``), the
 benchmark checkpoints the session and measures on that same context, then rolls back:
-- ssr:      the whole SSR reasoning step with the full six-rationale library: one batched
-            ``score(keep=True)``, softmax selection, ``adopt`` of the chosen rationale (no
-            re-evaluation), and closing ``\\n</think>\\n\\n``;
+- ssr:      the whole SSR reasoning step with the full six-rationale library, as the loop does
+            it: one batched ``score(keep=True)``, softmax selection, ``adopt`` of the chosen
+            rationale (no re-evaluation; the loop evaluates the closing ``\\n</think>\\n\\n``
+            together with the action's head, so that is counted as action time);
 - freeform: 128 greedy reasoning tokens with ``generate`` (restarted after an end-of-generation
             token, so every context decodes exactly 128).
 The order alternates per repetition. Reported: mean / p50 / p95 of each, the ratio ssr/freeform,
@@ -48,7 +49,6 @@ if str(ROOT) not in sys.path:
 from PIL import Image, ImageDraw  # noqa: E402
 
 from edge_agent.agent.loop import AgentOptions  # noqa: E402
-from edge_agent.agent.prompts import THINK_CLOSE  # noqa: E402
 from edge_agent.agent.rationales import builtin_library, select  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
@@ -151,8 +151,7 @@ class MeasuringSession:
         sc = s.score(self._lib, keep=True)
         k, _ = select([c.mean for c in sc])
         t_score = time.perf_counter() - t0
-        s.adopt(k)
-        s.append_text(THINK_CLOSE)
+        s.adopt(k)  # metadata only; the loop evaluates "\n</think>\n\n" with the action's head
         return time.perf_counter() - t0, t_score
 
     def _freeform(self) -> tuple[float, int]:
