@@ -199,12 +199,23 @@ async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_ho
         assert app.chat_screen.transcript.answers()[0].status in ("answered", "turn_limit")
 
 
-async def test_missing_model_file_opens_the_first_run_screen(edge_home, tmp_path):
+async def test_first_run_screen_then_choosing_local_files_loads_them(edge_home, tmp_path, tiny_models):
+    """A missing model file opens the first-run screen with the loader's fix; typing a GGUF + mmproj
+    there loads them (real llama.cpp), opens the chat and saves the choice."""
     from edge_agent.ui.first_run import FirstRunScreen
 
-    settings = Settings.load({"model": str(tmp_path / "nope.gguf")})
+    settings = Settings.load({"model": str(tmp_path / "nope.gguf"), "n_threads": 1, "n_threads_batch": 1,
+                              "n_ctx": 2048, "offline": True})
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert isinstance(app.screen, FirstRunScreen)
-        assert "nope.gguf" in app.screen.problem
+        assert "nope.gguf" in app.screen.problem and app.screen.problem_title == "Model file problem"
+        app.screen.query_one("#model-path").value = str(tiny_models["text"])
+        app.screen.query_one("#mmproj-path").value = str(tiny_models["mmproj"])
+        await pilot.click("#use-files")
+        await settle(pilot)
+        assert not isinstance(app.screen, FirstRunScreen)
+        assert app.engine_state == "ready" and app.engine_sees_images()
+    saved = Settings.load()
+    assert (saved.model, saved.mmproj) == (str(tiny_models["text"]), str(tiny_models["mmproj"]))

@@ -47,6 +47,7 @@ Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.
 class FirstRunScreen(Screen):
     """Posts :class:`FirstRunScreen.Chosen` with settings changes when the user picks a way."""
 
+    AUTO_FOCUS = "#retry"  # not a text box: R must reach the binding
     BINDINGS = [
         Binding("r", "retry", "Retry"),
         Binding("ctrl+q", "app.quit", "Quit"),
