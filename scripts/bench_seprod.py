@@ -267,7 +267,7 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         from tools.search import SearchTools
 
         engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=drafter, prophet=None)
-        lat = bench_latency(engine, drafter, questions, image, args.reps, args.answer_tokens)
+        lat = None if args.skip_latency else bench_latency(engine, drafter, questions, image, args.reps, args.answer_tokens)
     finally:
         drafter.close()
         prophet.close()
@@ -293,14 +293,18 @@ def report(res: dict) -> str:
                    f"verify/generate (grammar, sampling) {v['verify_over_generate']:.2f}; "
                    f"break-even: a draft pays off above {v['break_even_tokens']:.1f} accepted tokens")
         out.append("acceptance rate by tau: " + ", ".join(f"{t}: {a:.2f}" for t, a in v["acceptance"].items()))
-    out.append("-- answer latency through Engine.ask, SSR, answer in turn 1 (median s)")
-    out.append(f"{'question':44} {'acc':>6} {'without':>8} {'bg':>7} {'sync':>7} {'bg/w':>6} {'sync/w':>6} same")
+    if lat is None:
+        lat = {"rows": [], "total": None, "n_half_accepted": 0}
+    else:
+        out.append("-- answer latency through Engine.ask, SSR, answer in turn 1 (median s)")
+        out.append(f"{'question':44} {'acc':>6} {'without':>8} {'bg':>7} {'sync':>7} {'bg/w':>6} {'sync/w':>6} same")
     for r in lat["rows"]:
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] is not None else "-"
         out.append(f"{r['question'][:44]:44} {acc:>6} {r['without_s']:8.2f} {r['background_s']:7.2f} {r['sync_s']:7.2f} "
                    f"{r['background_over_without']:6.2f} {r['sync_over_without']:6.2f} {r['same_answer']}")
     t = lat["total"]
-    out.append(f"total: without {t['without']:.2f}s, background {t['background']:.2f}s, sync {t['sync']:.2f}s")
+    if t:
+        out.append(f"total: without {t['without']:.2f}s, background {t['background']:.2f}s, sync {t['sync']:.2f}s")
     if lat["n_half_accepted"]:
         out.append(f"questions with >= half the draft accepted: {lat['n_half_accepted']}; with/without: background "
                    f"{lat['background_over_without_when_half_accepted']:.2f}, sync {lat['sync_over_without_when_half_accepted']:.2f}"
@@ -330,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--a0", type=float, default=0.5)
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--skip-latency", action="store_true", help="only verify/acceptance and memory")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)

@@ -136,6 +136,12 @@ class FakeSession:
     def checkpoint(self):
         return Checkpoint(len(self.tokens), len(self.tokens), len(self.log))
 
+    def next_logprobs(self):
+        # the agent's greedy next token: queued ``prefer`` tokens first, else "x" (content)
+        lp = np.full(0x110000, -30.0, dtype=np.float32)
+        lp[self.prefer.pop(0) if getattr(self, "prefer", None) else ord("x")] = 0.0
+        return lp
+
     def rollback(self, cp):
         self.log.append(("rollback", cp.n_cells))
         del self.tokens[cp.n_cells:]
@@ -292,5 +298,27 @@ def test_a_new_image_drops_drafts_prepared_for_the_old_one():
         d.start(image=b"NEW", question="q", target="cat")
         assert {k[2] for k in d._pending} == {seprod._image_key(b"NEW")}
         assert d.draft(seprod.ANSWERING, "q", b"NEW").text == "abc"
+    finally:
+        d.close()
+
+
+def test_agent_writes_its_own_leading_whitespace_before_the_draft():
+    """agent_lead: while the agent's greedy token is whitespace (and the draft starts with content),
+    the agent writes it itself, at most agent_lead tokens; then the draft is scored after it."""
+    d = seprod.Drafter(FakeModel("ab"), agent_vocab=V, draft_len=2, tau=0.1, background=False, agent_lead=2)
+    try:
+        dr = d.draft(seprod.ANSWERING, "q", None)
+        agent = FakeSession(FakeModel())
+        agent.prefer = [ord("\n"), ord(" "), ord(" ")]
+        v = d.verify(agent, dr)
+        assert v.lead == (ord("\n"), ord(" ")) and v.accepted == 2  # capped at 2, then the draft
+        assert agent.log == [("tokens", [10]), ("tokens", [32]), ("tokens", [97, 98])]
+        agent = FakeSession(FakeModel())
+        agent.prefer = [ord("\n")]
+        d.agent_lead = 0
+        assert d.verify(agent, dr).lead == ()
+        d.agent_lead = 2
+        agent = FakeSession(FakeModel())  # greedy is content: nothing written
+        assert d.verify(agent, dr).lead == () and agent.log == [("tokens", [97, 98])]
     finally:
         d.close()

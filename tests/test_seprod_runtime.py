@@ -87,10 +87,13 @@ def agent_session(agent, kind):
     return s
 
 
-def reference(pair_models, kind, draft):
-    """Token-by-token log p_s, ranks (agent) and log p_p (prophet) from full next-token distributions."""
+def reference(pair_models, kind, draft, lead=()):
+    """Token-by-token log p_s, ranks (agent) and log p_p (prophet) from full next-token distributions.
+    ``lead``: whitespace the agent wrote itself before the draft (Verification.lead)."""
     agent, prophet = pair_models
     s = agent_session(agent, kind)
+    if lead:
+        s.append_tokens(list(lead))
     ls, ranks = [], []
     for t in draft.tokens:
         lp = s.next_logprobs().astype(np.float64)
@@ -125,15 +128,16 @@ def test_tau_zero_accepts_all_and_tau_above_every_score_accepts_none(pair):
         s = agent_session(agent, kind)
         n0 = s.n_pos
         v = d.verify(s, dr)
-        assert v.accepted == len(dr.tokens) and v.accepted_text == dr.text and s.n_pos == n0 + len(dr.tokens)
+        assert v.accepted == len(dr.tokens) and v.accepted_text == dr.text
+        assert s.n_pos == n0 + len(v.lead) + len(dr.tokens)
         assert v.adopted == "adopted" and 1 not in s.kv_seq_ranges()  # no leftover candidate sequence
         top = float(v.scores.max())
         assert top < 1.0
         d.tau = min(1.0, top + 1e-6)
         s = agent_session(agent, kind)
         cp = s.checkpoint()
-        v = d.verify(s, dr)
-        assert v.accepted == 0 and v.accepted_text == "" and s.n_pos == cp.n_pos
+        v = d.verify(s, dr)  # only the agent's own greedy whitespace (if any) was written
+        assert v.accepted == 0 and v.accepted_text == "" and s.n_pos == cp.n_pos + len(v.lead)
         assert set(s.kv_seq_ranges()) == {0}
     finally:
         d.close()
@@ -146,11 +150,10 @@ def test_accepted_length_and_scores_match_a_token_by_token_reference(pair):
     agent, _ = models
     d, dr = draft_for(models, kind)
     try:
-        ls, lpp, ranks, ref = reference(models, kind, dr)
+        v = d.verify(agent_session(agent, kind), dr)
+        ls, lpp, ranks, ref = reference(models, kind, dr, v.lead)
         tol = 1e-4 if kind == "tiny" else 0.05  # F32 exact; Q4_1 batch-shape summation order
         np.testing.assert_allclose(dr.logprobs, lpp, atol=tol)  # the drafter's p_p is the prophet's own
-        s = agent_session(agent, kind)
-        v = d.verify(s, dr)
         np.testing.assert_allclose(v.logp_search, ls, atol=tol)
         if kind == "tiny":
             np.testing.assert_array_equal(v.ranks, ranks)
@@ -192,7 +195,7 @@ def test_generation_after_acceptance_equals_generation_after_evaluating(pair, cu
         pos_a = s.n_pos
 
         s = agent_session(agent, kind)
-        s.append_tokens(list(v.accepted_tokens))
+        s.append_tokens(list(v.lead) + list(v.accepted_tokens))
         lp_b = s.next_logprobs()
         g_b = s.generate(max_tokens=10)
         tol = 1e-4 if kind == "tiny" else 0.05
@@ -322,3 +325,37 @@ def test_text_only_episode_smollm2(smol_pair, tmp_path):
     v = next(e for e in events if isinstance(e, DraftVerified))
     assert v.accepted == v.drafted and isinstance(events[-1], FinalAnswer)
     assert events[-1].answer.startswith(v.accepted_text.strip())
+
+
+def ssr_answer_context(session, question):
+    """The agent's context at an SSR answer: system prompt with tools, question, rationale, <answer>."""
+    from edge_agent.agent.prompts import ANSWER_OPEN, THINK_CLOSE, question_segments, system_prompt
+
+    session.append_text(system_prompt(["answer", "text_search"], has_image=False))
+    for seg in question_segments(question, None):
+        session.append_text(seg.text, special=seg.special)
+    session.append_text("I should answer now from general knowledge." + THINK_CLOSE + ANSWER_OPEN)
+
+
+def test_agent_lead_is_the_agents_own_greedy_whitespace(smol_pair):
+    """In the real answer format SmolLM2 writes "\\n" after <answer>; the drafter lets the agent write it
+    (exactly its greedy tokens) and scores the draft after it, so the draft is judged on content."""
+    agent, prophet = smol_pair
+    q = "Why is the sky blue?"
+    d = make_drafter(prophet, agent, draft_len=8, tau=0.0)
+    try:
+        dr = d.draft(seprod.ANSWERING, q, None)
+        s = agent.session()
+        ssr_answer_context(s, q)
+        v = d.verify(s, dr)
+        assert v.lead and all(not agent.detokenize([t]).strip() for t in v.lead)
+        s = agent.session()
+        ssr_answer_context(s, q)
+        assert s.generate(max_tokens=len(v.lead)).tokens == list(v.lead)
+        d.agent_lead = 0
+        s = agent.session()
+        ssr_answer_context(s, q)
+        v0 = d.verify(s, dr)
+        assert v0.lead == () and v0.scores[0] < v.scores[0]  # without it the first token pays for the newline
+    finally:
+        d.close()

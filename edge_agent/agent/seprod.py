@@ -148,6 +148,7 @@ class Verification:
     accepted_text: str
     seconds: float  # score + adopt
     adopted: str = "none"  # how the accepted tokens entered the cache: "adopted" | "evaluated" | "none"
+    lead: tuple[int, ...] = ()  # whitespace tokens the agent wrote itself before the draft (see agent_lead)
 
     @property
     def accepted_tokens(self) -> tuple[int, ...]:
@@ -230,6 +231,13 @@ class Drafter:
     ``background``: run the prophet in a worker thread so :meth:`start` can prepare drafts while the
     agent evaluates its own context. With ``False`` the work still happens in that one thread (the
     prophet model is only ever touched by it) but callers only submit and wait.
+    ``agent_lead``: before verifying, the agent first writes up to this many tokens itself while its
+    own greedy choice is pure whitespace and the draft does not start with whitespace. Why: the
+    prophet answers a bare question, the agent writes inside its format (e.g. ``<answer>\n``); without
+    this, a draft is rejected at its first token for a newline, not for its content (SmolLM2: p_s of
+    the draft's first token 0.01-0.15 after ``<answer>``, where the agent puts 0.85 on "\n"). The
+    tokens are the agent's greedy choice, so under greedy decoding the result is what the agent would
+    have generated; 0 turns it off.
 
     Hook points for the agent loop (all generators ``yield``-ing events and returning a value, use
     ``v = yield from drafter.ground(...)``):
@@ -252,6 +260,7 @@ class Drafter:
         background: bool = True,
         cut: Sequence[str] = DEFAULT_CUT,
         answer_cut: Sequence[str] = ANSWER_CUT,
+        agent_lead: int = 2,
     ) -> None:
         if draft_len < 1:
             raise ConfigError("Setting seprod_draft_len must be at least 1.")
@@ -268,6 +277,7 @@ class Drafter:
         self.background = background
         self.cut = tuple(cut)
         self.answer_cut = tuple(answer_cut)
+        self.agent_lead = agent_lead
         self.stats = SeProDStats()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -391,6 +401,7 @@ class Drafter:
             empty = np.zeros(0)
             return Verification(draft, 0, empty, empty, empty, np.zeros(0, dtype=np.int64), "",
                                 time.perf_counter() - t0)
+        lead = self._lead_in(session, draft)
         adopt = getattr(session, "adopt", None)
         if adopt is not None:  # runtime.Session: keep the scored cells so the prefix can be adopted
             (sc,) = session.score([list(draft.tokens)], keep=True)  # type: ignore[call-arg]
@@ -401,7 +412,21 @@ class Drafter:
         how = self._adopt(session, sc, k)
         text = self._text(draft.tokens[:k])
         return Verification(draft, k, scores, weights, np.asarray(sc.logprobs, dtype=np.float64),
-                            np.asarray(sc.ranks, dtype=np.int64), text, time.perf_counter() - t0, how)
+                            np.asarray(sc.ranks, dtype=np.int64), text, time.perf_counter() - t0, how, lead)
+
+    def _lead_in(self, session: SessionLike, draft: Draft) -> tuple[int, ...]:
+        """The agent's own whitespace before the draft (see ``agent_lead``); appended to ``session``."""
+        if self.agent_lead <= 0 or not self._text(draft.tokens[:1], special=True).strip():
+            return ()
+        lead: list[int] = []
+        for _ in range(self.agent_lead):
+            t = int(np.argmax(session.next_logprobs()))  # (V,) one row: the context's logits, no decode
+            piece = self._text([t], special=True)
+            if not piece or piece.strip():  # content, or a control token (renders empty): stop
+                break
+            session.append_tokens([t])
+            lead.append(t)
+        return tuple(lead)
 
     def _scores(self, sc: ContinuationScore, draft: Draft) -> tuple[np.ndarray, np.ndarray]:
         weights = search_weight(sc.ranks, self.agent_vocab, self.a0, self.gamma)
