@@ -507,3 +507,17 @@ def test_only_the_ui_package_imports_textual():
             "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.asyncio
+async def test_changing_the_model_closes_the_old_engine_and_loads_the_new(settings, tmp_path, edge_home):
+    app, engines = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.change_settings({"model": "other-model.gguf"})
+        assert app.engine is None and app.engine_state == "loading"
+        await settle(pilot)
+        assert len(engines) == 2 and engines[0].closed and not engines[1].closed
+        assert app.engine is engines[1] and engines[1].settings.model == "other-model.gguf"
+    assert engines[1].closed  # closed at exit
+    assert 'model = "other-model.gguf"' in (edge_home / "config.toml").read_text()

@@ -79,6 +79,7 @@ class EdgeAgentApp(App):
         self.engine: Any = None
         self.engine_state = "starting"  # loading | ready | no model
         self.engine_lock = threading.Lock()  # held by the thread that is using the model
+        self._load_gen = 0  # bumps per load: an engine from an older load is closed, not used
         self.open_chat = open_chat
 
     # --- start and stop ---
@@ -98,36 +99,43 @@ class EdgeAgentApp(App):
         if chat is not None:
             chat.status.state = "loading"
             chat.show_loading("Loading the model…", -1)
-        self.load_engine(self.settings)
+        if chat is not None and chat.running is not None and chat.cancel_event is not None:
+            chat.cancel_event.set()  # the old model is about to go: stop its answer
+        self._load_gen += 1
+        old, self.engine = self.engine, None  # questions wait for the new engine from here on
+        self.load_engine(self.settings, self._load_gen, old)
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def load_engine(self, settings: Settings) -> None:
-        """Worker thread: build the engine (loads GGUFs), posting progress; never touches widgets."""
+    def load_engine(self, settings: Settings, gen: int = 0, old: Any = None) -> None:
+        """Worker thread: close ``old``, build the engine (loads GGUFs) posting progress; the UI
+        thread alone assigns ``self.engine`` (on EngineReady). Never touches widgets."""
         t0 = time.monotonic()
-        with self.engine_lock:
-            old, self.engine = self.engine, None
+        with self.engine_lock:  # a running answer on ``old`` finishes (or sees its cancel) first
             if old is not None:
                 old.close()
             try:
                 engine = self.engine_factory(settings, progress=lambda text, frac: self.post_message(
                     EngineProgress(text, frac)))
             except ModelFileError as e:
-                self.post_message(EngineFailed(e.title, e.message, no_model=True))
+                self.post_message(EngineFailed(e.title, e.message, no_model=True, gen=gen))
                 return
             except EdgeAgentError as e:
-                self.post_message(EngineFailed(e.title, e.message, no_model=True))
+                self.post_message(EngineFailed(e.title, e.message, no_model=True, gen=gen))
                 return
             except Exception as e:  # a bug or a llama.cpp failure: say so, keep the app alive
                 log.error("engine load failed:\n%s", traceback.format_exc())
-                self.post_message(EngineFailed("Model failed to load", f"{type(e).__name__}: {e}", no_model=True))
+                self.post_message(EngineFailed("Model failed to load", f"{type(e).__name__}: {e}", no_model=True, gen=gen))
                 return
-        self.post_message(EngineReady(engine, time.monotonic() - t0))
+        self.post_message(EngineReady(engine, time.monotonic() - t0, gen))
 
     def on_engine_progress(self, m: EngineProgress) -> None:
         if self.chat_screen is not None:
             self.chat_screen.show_loading(m.text, m.fraction)
 
     def on_engine_ready(self, m: EngineReady) -> None:
+        if m.gen != self._load_gen:
+            m.engine.close()  # settings changed while it loaded: a newer load is on its way
+            return
         self.engine = m.engine
         self.engine_state = "ready"
         if isinstance(self.screen, FirstRunScreen):
@@ -140,6 +148,8 @@ class EdgeAgentApp(App):
         self.notify(f"{self.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
 
     def on_engine_failed(self, m: EngineFailed) -> None:
+        if m.gen != self._load_gen:
+            return  # a newer load is on its way
         self.engine_state = "no model"
         chat = self.chat_screen
         if chat is not None:

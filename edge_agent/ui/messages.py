@@ -21,17 +21,19 @@ class EngineProgress(Message):
 
 
 class EngineReady(Message):
-    def __init__(self, engine: Any, seconds: float) -> None:
+    """``gen``: which load this was (a newer load makes this engine stale)."""
+
+    def __init__(self, engine: Any, seconds: float, gen: int = 0) -> None:
         super().__init__()
-        self.engine, self.seconds = engine, seconds
+        self.engine, self.seconds, self.gen = engine, seconds, gen
 
 
 class EngineFailed(Message):
     """Loading failed with a user-fixable error (title + message); ``no_model``: show the first-run screen."""
 
-    def __init__(self, title: str, message: str, no_model: bool) -> None:
+    def __init__(self, title: str, message: str, no_model: bool, gen: int = 0) -> None:
         super().__init__()
-        self.title, self.message, self.no_model = title, message, no_model
+        self.title, self.message, self.no_model, self.gen = title, message, no_model, gen
 
 
 class AgentEvent(Message):
