@@ -359,3 +359,29 @@ def test_agent_lead_is_the_agents_own_greedy_whitespace(smol_pair):
         assert v0.lead == () and v0.scores[0] < v.scores[0]  # without it the first token pays for the newline
     finally:
         d.close()
+
+
+def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, monkeypatch, tmp_path):
+    """`edge-agent ask IMAGE Q --prophet P --prophet-mmproj M --json`: the prophet is loaded and its
+    answering draft shows up as draft_proposed / draft_verified events before the final answer."""
+    import json
+
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+
+    for k, v in {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "5",
+                 "SEPROD_TAU": "0"}.items():
+        monkeypatch.setenv(f"EDGE_AGENT_{k}", v)
+    photo = tmp_path / "p.png"
+    Image.new("RGB", (80, 60), (120, 40, 40)).save(photo)
+    r = CliRunner().invoke(cli, ["ask", str(photo), "What colour is it?", "--model", str(tiny_models["text"]),
+                                 "--mmproj", str(tiny_models["mmproj"]), "--prophet", str(tiny_models["prophet"]),
+                                 "--prophet-mmproj", str(tiny_models["mmproj"]), "--offline", "--max-turns", "1",
+                                 "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    kinds = [row["event"] for row in rows]
+    assert rows[0]["seprod"] is True and "draft_verified" in kinds and kinds[-1] == "final_answer"
+    dv = rows[kinds.index("draft_verified")]
+    assert dv["accepted"] == dv["drafted"] and rows[-1]["totals"]["seprod_drafts"] >= 1
