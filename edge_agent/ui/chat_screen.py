@@ -348,6 +348,8 @@ class ChatScreen(Screen):
         from edge_agent.ui.chats_screen import ChatAction, ChatsScreen
 
         async def chosen(choice: ChatAction | None) -> None:
+            if self.chat_id is not None:
+                self.sub_title = self.store.load_title(self.chat_id) or "new chat"  # it may have been renamed
             if choice is None:
                 if self.chat_id is not None and not any(c.id == self.chat_id for c in self.store.list_chats()):
                     await self.new_chat()  # the open chat was deleted

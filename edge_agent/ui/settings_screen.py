@@ -17,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
 from edge_agent.config import Settings
-from edge_agent.errors import ConfigError
+from edge_agent.errors import ConfigError, EdgeAgentError
 
 # (field, kind) in the order shown. kind: select | bool | text
 FIELDS: list[tuple[str, str]] = [
@@ -40,6 +40,25 @@ def field_doc(name: str) -> str:
         if f.name == name:
             return f.metadata.get("doc", "")
     return ""
+
+
+def model_choices(settings: Settings) -> str:
+    """'Installed: a, b. To download: c, d.' from the catalog and registry (local files only)."""
+    from edge_agent.catalog import overview
+
+    try:
+        rows = overview(settings)
+    except EdgeAgentError as e:
+        return f"(model list unavailable: {e.message})"
+    ready = [r.name for r in rows if r.status in ("installed", "added", "demo")]
+    pull = [r.name for r in rows if r.status == "available"]
+    parts = []
+    if ready:
+        parts.append("Installed: " + ", ".join(ready) + ".")
+    if pull:
+        parts.append("To download (edge-agent models pull NAME): " + ", ".join(pull[:4])
+                     + (", …" if len(pull) > 4 else "") + ".")
+    return " ".join(parts)
 
 
 class SettingsScreen(ModalScreen[Settings | None]):
@@ -81,7 +100,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
                                 yield Switch(value=bool(value), id=f"f-{name}")
                             else:
                                 yield Input(str(value), id=f"f-{name}")
-                        yield Static(field_doc(name), classes="doc", markup=False)
+                        doc = field_doc(name)
+                        if name == "model":
+                            doc += "\n" + model_choices(self.settings)
+                        yield Static(doc, classes="doc", markup=False)
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Save", id="save", variant="primary")
