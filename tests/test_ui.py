@@ -521,3 +521,25 @@ async def test_changing_the_model_closes_the_old_engine_and_loads_the_new(settin
         assert app.engine is engines[1] and engines[1].settings.model == "other-model.gguf"
     assert engines[1].closed  # closed at exit
     assert 'model = "other-model.gguf"' in (edge_home / "config.toml").read_text()
+
+
+@pytest.mark.asyncio
+async def test_prompt_history_walks_earlier_questions_across_restarts(settings, tmp_path):
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for q in ("first question", "second question"):
+            await type_and_enter(pilot, q)
+            await settle(pilot)
+    app, _ = scripted_app(settings, tmp_path)  # a new session reads the history from the chat store
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        prompt = app.screen.query_one(PromptInput)
+        prompt.focus()
+        prompt.value = "draft"
+        await pilot.press("up")
+        assert prompt.value == "second question"
+        await pilot.press("up", "up")
+        assert prompt.value == "first question"
+        await pilot.press("down", "down")
+        assert prompt.value == "draft"  # back to what was being typed
