@@ -9,10 +9,13 @@ sessions. llama.cpp and mtmd log heavily to stderr; we route their logs into a s
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
 
 import llama_cpp  # noqa: F401  (the binding; import cost ~0.1 s)
@@ -70,6 +73,28 @@ def recent_errors(n: int = 3) -> str:
 def clear_errors() -> None:
     _recent.clear()
     _partial.clear()
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[list[str]]:
+    """Capture what C code writes to file descriptor 2 during the block (llama.cpp's GBNF parser
+    prints its errors with fprintf, bypassing the log callback). Yields a list that holds the text
+    afterwards. Other threads' stderr output in that window (milliseconds) lands there too."""
+    out: list[str] = []
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed/replaced sys.stderr must not break model calls
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode("utf-8", "replace"))
 
 
 @lru_cache(maxsize=1)

@@ -295,6 +295,9 @@ class Model:
         key = (token, special)
         piece = self._pieces.get(key)
         if piece is None:
+            if not 0 <= token < self.n_vocab:  # llama.cpp would throw (and abort the process)
+                raise ValueError(f"token id {token} out of range [0, {self.n_vocab})")
+            self._check_open()
             buf = ctypes.create_string_buffer(64)
             n = C.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
             if n < 0:
@@ -308,10 +311,12 @@ class Model:
         return b"".join(self.token_bytes(int(t), special=special) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_eog(self._vocab, token))
+        return 0 <= token < self.n_vocab and bool(C.llama_vocab_is_eog(self._vocab, token))
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text of a token (for special tokens: its literal, e.g. '<|im_end|>')."""
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} out of range [0, {self.n_vocab})")
         t = C.llama_vocab_get_text(self._vocab, token)
         return t.decode("utf-8", "replace") if t else ""
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.errors import ImageError, ModelFileError, ModelRuntimeError
-from edge_agent.runtime._lib import C, M, recent_errors
+from edge_agent.runtime._lib import C, M, captured_stderr, clear_errors, recent_errors
 from edge_agent.runtime.scoring import Trie, build_trie, row_logsumexp, split_points
 from edge_agent.runtime.textstream import StopStream
 from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk, TokenCallback
@@ -77,6 +77,7 @@ class Session:
         self._kept: _Kept | None = None
         self._serial = 0
         self._scratch: np.ndarray | None = None
+        self.last_timing: dict[str, float] = {}  # seconds of the last score(): decode / post (numpy)
         self._tdata: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------ helpers
@@ -104,6 +105,7 @@ class Session:
         b = self.model._batch
         assert b is not None and n <= b.cap
         b.struct.n_tokens = n
+        clear_errors()
         rc = C.llama_decode(self._ctx, b.struct)
         self._serial += 1
         self.n_decodes += 1
@@ -270,6 +272,7 @@ class Session:
         if n_tok > self._free_cells():
             raise self._context_full(n_tok)
         new_pos = C.llama_pos(0)
+        clear_errors()
         rc = M.mtmd_helper_eval_chunk_single(
             self.model._mtmd, self._ctx, chunk, self.n_pos, 0, self.model.n_batch, False, ctypes.byref(new_pos)
         )
@@ -422,6 +425,7 @@ class Session:
             C.llama_memory_seq_cp(self._mem, 0, k + 1, -1, -1)
         ok = False
         row_base = 0
+        t_decode = t_post = 0.0
         try:
             for s, e in split_points(trie, b.cap):
                 m = e - s
@@ -433,10 +437,14 @@ class Session:
                     b.seq[j, : len(seqs)] = seqs
                     b.seq[j, : len(seqs)] += 1
                 b.out[:m] = out_arr[s:e]
+                t0 = time.perf_counter()
                 self._decode(m)
+                t1 = time.perf_counter()
+                t_decode += t1 - t0
                 self.n_scored += m
                 n_out = int(out_arr[s:e].sum())
                 if n_out == 0:
+                    row_base = trie.n_rows  # this decode replaced the logits buffer with no rows
                     continue
                 row_base = trie.nodes[s + int(np.argmax(out_arr[s:e]))].row
                 rows = self._logits_rows(n_out)
@@ -451,7 +459,9 @@ class Session:
                         v = row[t]
                         lp[c] = float(v) - lse[r]
                         rk[c] = int(np.count_nonzero(row > v))
+                t_post += time.perf_counter() - t1
             ok = True
+            self.last_timing = {"decode": t_decode, "post": t_post}
         finally:
             if not (keep and ok):
                 for k in range(len(cands)):
@@ -590,9 +600,12 @@ class Session:
             rng = np.random.default_rng(seed) if temperature > 0 else None
             gram = None
             if grammar is not None:
-                gram = C.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")
+                clear_errors()
+                with captured_stderr() as printed:
+                    gram = C.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")
                 if not gram:
-                    raise ModelRuntimeError(f"The grammar is not valid GBNF ({recent_errors() or 'parse error'}).", title="Bad grammar")
+                    detail = " ".join(printed[0].split()) or recent_errors() or "parse error"
+                    raise ModelRuntimeError(f"The grammar is not valid GBNF: {detail[:400]}", title="Bad grammar")
             tokens: list[int] = []
             lps: list[float] = []
             reason = "length"
@@ -617,7 +630,7 @@ class Session:
                         C.llama_sampler_accept(gram, tok)
                     lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
                     tokens.append(tok)
-                    lps.append(float(logits[tok]) - lse)
+                    lps.append(float(logits[tok]) - float(lse))
                     self.history.append(tok)
                     self._pending.append(tok)
                     self.n_pos += 1

