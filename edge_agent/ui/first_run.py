@@ -62,7 +62,7 @@ class FirstRunScreen(Screen):
     FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0; background: $boost; }
     FirstRunScreen .paths Label { width: 8; }
     FirstRunScreen .row { height: auto; }
-    FirstRunScreen #actions { dock: bottom; height: auto; padding: 0 2; width: 100%; }
+    FirstRunScreen #actions { height: auto; width: 100; max-width: 100%; padding: 0 2; }
     FirstRunScreen Button { margin: 0 1 0 0; }
     """
 
