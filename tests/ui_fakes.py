@@ -98,6 +98,7 @@ class ScriptedEngine:
         self.hold = hold
         self.asked: list[tuple[str, str | None, str | None]] = []
         self.closed = False
+        self.model_name = "tiny-qwen3vl"
 
     def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None
             ) -> Iterator[ev.Event]:
