@@ -543,3 +543,57 @@ async def test_prompt_history_walks_earlier_questions_across_restarts(settings, 
         assert prompt.value == "first question"
         await pilot.press("down", "down")
         assert prompt.value == "draft"  # back to what was being typed
+
+
+def test_app_killed_mid_answer_keeps_the_streamed_events(edge_home, tmp_path):
+    """The app process is SIGKILLed while an answer is running; the chat store already holds the
+    question and the events so far, and the answer reads 'interrupted' when the chat is opened."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    child = """
+import sqlite3, sys, time
+from edge_agent.config import Settings
+from edge_agent.ui.app import EdgeAgentApp
+from tests.ui_fakes import ScriptedEngine
+
+s = Settings.load()
+app = EdgeAgentApp(s, engine_factory=lambda st, progress=None: ScriptedEngine(st, hold=True))
+
+async def pilot(p):
+    while app.engine is None:
+        await p.pause(0.05)
+    prompt = app.screen.query_one("#prompt")
+    prompt.value = "a question before the crash"
+    await p.press("enter")
+    while True:  # wait until the engine's first events are on disk, then say so
+        await p.pause(0.05)
+        n = sqlite3.connect(s.chats_path).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        if n >= 3:
+            print("EVENTS", n, flush=True)
+            time.sleep(60)
+
+app.run(headless=True, size=(100, 30), auto_pilot=pilot)
+"""
+    env = {**os.environ, "EDGE_AGENT_HOME": str(edge_home), "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", child], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the app never stored the running answer's events"
+        line = proc.stdout.readline()
+        assert line.startswith("EVENTS"), line
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    store = ChatStore(Settings.load().chats_path)
+    chat = store.load(store.list_chats()[0].id)
+    assert chat.messages[0].text == "a question before the crash"
+    answer = chat.messages[1]
+    assert answer.status == "interrupted"
+    assert [e.kind for e in answer.events][:3] == ["run_started", "turn_started", "rationale_scored"]
+    store.close()
