@@ -303,22 +303,22 @@ def test_a_new_image_drops_drafts_prepared_for_the_old_one():
 
 
 def test_agent_writes_its_own_leading_whitespace_before_the_draft():
-    """agent_lead: while the agent's greedy token is whitespace (and the draft starts with content),
-    the agent writes it itself, at most agent_lead tokens; then the draft is scored after it."""
-    d = seprod.Drafter(FakeModel("ab"), agent_vocab=V, draft_len=2, tau=0.1, background=False, agent_lead=2)
+    """agent_lead: when the agent's greedy token is whitespace and the draft starts with content, that
+    token goes first, scored and put in the cache in the same call as the draft."""
+    d = seprod.Drafter(FakeModel("ab"), agent_vocab=V, draft_len=2, tau=0.1, background=False)
     try:
         dr = d.draft(seprod.ANSWERING, "q", None)
         agent = FakeSession(FakeModel())
-        agent.prefer = [ord("\n"), ord(" "), ord(" ")]
+        agent.prefer = [ord("\n")]
         v = d.verify(agent, dr)
-        assert v.lead == (ord("\n"), ord(" ")) and v.accepted == 2  # capped at 2, then the draft
-        assert agent.log == [("tokens", [10]), ("tokens", [32]), ("tokens", [97, 98])]
+        assert v.lead == (ord("\n"),) and v.accepted == 2 and v.scores.shape == (2,)
+        assert agent.log == [("tokens", [10, 97, 98])]
         agent = FakeSession(FakeModel())
         agent.prefer = [ord("\n")]
-        d.agent_lead = 0
+        d.agent_lead = False
         assert d.verify(agent, dr).lead == ()
-        d.agent_lead = 2
-        agent = FakeSession(FakeModel())  # greedy is content: nothing written
+        d.agent_lead = True
+        agent = FakeSession(FakeModel())  # greedy is content: nothing before the draft
         assert d.verify(agent, dr).lead == () and agent.log == [("tokens", [97, 98])]
     finally:
         d.close()
