@@ -55,6 +55,14 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
+async def wait_until(pilot, predicate, timeout: float = 10) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("the app did not reach the expected state")
+
+
 async def type_and_enter(pilot, text: str) -> None:
     prompt = pilot.app.screen.query_one(PromptInput)
     prompt.value = text
@@ -167,6 +175,7 @@ async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
         await pilot.pause(0.2)
         view = app.chat_screen.transcript.answers()[0]
         assert view.status == "running" and app.chat_screen.running is not None
+        await wait_until(pilot, lambda: "writing the zoom action" in str(view._footer.render()))
         await pilot.press("escape")
         await pilot.pause()
         assert view.status == "cancelled" and app.chat_screen.running is None

@@ -95,7 +95,26 @@ class AnswerView(Vertical):
             await put(self._turns_box, view)
         return self.turns[n]
 
+    def _phase(self, e: ev.Event) -> None:
+        """While running, the footer says what the agent is doing now."""
+        turn = getattr(e, "turn", None)
+        words = {
+            ev.TurnStarted: "choosing a move",
+            ev.ReasoningToken: "reasoning",
+            ev.DraftProposed: "the prophet is drafting",
+            ev.DraftVerified: "checking the prophet's draft",
+            ev.ToolFinished: "reading the result",
+            ev.AnswerToken: "answering",
+        }.get(type(e))
+        if isinstance(e, ev.RationaleScored) and 0 <= e.chosen < len(e.candidates):
+            words = f"writing the {e.candidates[e.chosen].action} action"
+        elif isinstance(e, ev.ToolCalled):
+            words = f"running {e.name}"
+        if words and self.status == "running" and not self._replaying:
+            self._footer.update(Text(f"turn {turn}: {words}…" if turn else f"{words}…", style="yellow"))
+
     async def apply(self, e: ev.Event) -> None:
+        self._phase(e)
         turn = getattr(e, "turn", None)
         if isinstance(e, ev.TurnStarted):
             await self._turn(e.turn)
