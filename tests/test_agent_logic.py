@@ -16,10 +16,13 @@ from PIL import Image
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.actions import (
+    CHOICE_GRAMMAR,
     HEADS,
+    TAIL_REST,
+    TAIL_STOP,
     ActionError,
-    action_of_head,
-    head_grammar,
+    head_rest,
+    name_grammar,
     parse_action,
     tail_grammar,
 )
@@ -121,11 +124,16 @@ def test_grammars_name_the_right_structure():
     assert 'idx ::= "0" | "1" | "2"' in g and '"1000"' in g and "{1,40}" in g
     assert tail_grammar("image_search", n_images=1).endswith('idx ::= "0"')
     assert tail_grammar("answer") == 'root ::= [^<]* "</answer>"'
-    h = head_grammar({"answer", "text_search"})
-    assert h.count("|") == 1 and '"<answer>"' in h and "text_search" in h and "image_zoom" not in h
-    assert action_of_head(HEADS["image_search"]) == "image_search" and action_of_head("<answer>") == "answer"
-    with pytest.raises(ActionError):
-        action_of_head("<tool_call>\n{")
+    # every tail grammar ends with its stop string, and the fixed rest completes the action
+    for a in ("zoom", "text_search", "image_search"):
+        root = tail_grammar(a).splitlines()[0]
+        assert root.endswith(json.dumps(TAIL_STOP[a])), root
+        assert (TAIL_STOP[a] + TAIL_REST[a]).endswith("}}\n</tool_call>")
+    assert "{}" in tail_grammar("zoom").splitlines()[2]  # braces excluded from labels: "}" is the stop
+    assert CHOICE_GRAMMAR == 'root ::= "<answer>" | "<tool_call>"'
+    n = name_grammar({"answer", "text_search", "image_search"})
+    assert n == 'root ::= ("text_search" | "image_search") "\\""'
+    assert head_rest("zoom") == ', "arguments": {"bbox_2d": [' and head_rest("text_search").endswith('"query": "')
 
 
 def test_prompts_hold_only_available_tools_and_untrusted_text_is_flagged():
@@ -294,7 +302,7 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     # the context: question image, then the crop inside the tool response; rationale pasted in think
     assert [k for k, *_ in s.log].count("image") == 2
     assert "<think>\n" + r1.candidates[r1.chosen].text + "\n</think>\n\n<tool_call>" in s.text
-    assert "<tool_response>\n<IMG>Zoomed into" in s.text and s.text.endswith("red</answer>")
+    assert "<tool_response>\n<IMG>Zoomed into" in s.text and s.text.endswith("<answer>red<")  # stops at "<"
     assert all(g is not None for g in s.grammars)  # every action generated under a grammar
     # scoring happens right after "<think>\n"
     assert s.scored[0][0].startswith("I should")
@@ -330,7 +338,8 @@ def test_malformed_action_and_refused_box_become_observations():
 
 
 def test_freeform_streams_reasoning_and_chooses_any_action():
-    outs = ["I will zoom.</think>", HEADS["zoom"], ZOOM_TAIL, "Done." + EOS, HEADS["answer"], "red</answer>"]
+    outs = ["I will zoom.</think>", "<tool_call>", 'image_zoom_in_tool"', ZOOM_TAIL, "Done." + EOS, "<answer>",
+            "red</answer>"]
     s = FakeSession(outputs=outs)
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
@@ -341,9 +350,10 @@ def test_freeform_streams_reasoning_and_chooses_any_action():
     convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
     assert convo.count("</think>") == 2 and "I will zoom.</think>\n\n<tool_call>" in convo
     assert s.n_score == 0 and events[-1].answer == "red"
-    assert "image_zoom_in_tool" in s.grammars[1] and "<answer>" in s.grammars[1]  # head: any action
+    assert s.grammars[1] == CHOICE_GRAMMAR and "image_search" in s.grammars[2]  # the model chooses
+    assert "I will zoom.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
     assert EOS not in s.text and "<think>\nDone.\n</think>\n\n<answer>red" in s.text  # EOS taken back
-    assert s.stops[1] == ('"bbox_2d": [', '"query": "', '"img_idx": ', "<answer>")
+    assert s.stops[1:4] == [(">",), ('"',), ("}",)]
 
 
 def test_policy_forces_actions_and_no_image_hides_image_tools():

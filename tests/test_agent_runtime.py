@@ -9,6 +9,7 @@ real batched scoring still runs; only the allowed action types are restricted).
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -107,6 +108,13 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     for chunk, before, after in s.images:
         assert chunk.n_pos == max(chunk.nx, chunk.ny) and chunk.n_tokens == chunk.nx * chunk.ny
         assert after - before == chunk.n_pos + 2  # + <|vision_start|> and <|vision_end|>
+    # the action in the context is the tool call the tool received: head, tail, fixed rest once
+    # (the label is random bytes that text() renders per token, so it is left out of the comparison)
+    a = called.arguments
+    text = s.text()
+    assert f'<tool_call>\n{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": {json.dumps(a["bbox_2d"])}, "label": "' in text
+    assert f'", "img_idx": {a["img_idx"]}}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n' in text
+    assert text.count("</tool_call><|im_end|>") == 2  # the system prompt's format example + this call
     crop_chunk = s.images[1][0]
     assert crop_chunk.nx * crop_chunk.ny > s.images[0][0].nx * s.images[0][0].ny  # the crop was enlarged
     final = events[-1]

@@ -7,12 +7,14 @@ Knows: the four action types (zoom, text_search, image_search, answer) and how e
     <tool_call>\\n{"name": "image_search", "arguments": {"img_idx": N}}\\n</tool_call>
     <answer>...</answer>
 
-An action is produced in two parts: a fixed **head** (everything up to the first free value, e.g.
-``<tool_call>\\n{"name": "text_search", "arguments": {"query": "``) and a **tail** generated under a
-grammar. In SSR mode the chosen rationale fixes the type, so the head is simply appended (prefill
-is ~10x cheaper than decoding it) and only the tail is generated; in free-form mode the model
-generates the head under :func:`head_grammar` (which admits the head of every allowed action) and
-the tail as in SSR. Either way the text in the context is the same, and every action parses.
+An action is produced in parts: a fixed **head** (everything up to the first free value, e.g.
+``<tool_call>\\n{"name": "text_search", "arguments": {"query": "``), a **tail** generated under a
+grammar up to the end of the last free value, and the fixed **rest** (``"}}\\n</tool_call>``).
+Fixed text is appended (prefill costs a fraction of decoding it); only free values are decoded.
+In SSR mode the chosen rationale fixes the type, so the whole head is appended; in free-form
+mode the model first chooses under :data:`CHOICE_GRAMMAR` (``<answer>`` or ``<tool_call>``) and
+:func:`name_grammar` (which tool). Either way the context holds the same text, and every action
+parses.
 
 Does not know: models, tokens, tools' behaviour.
 """
@@ -37,11 +39,23 @@ HEADS = {
     "answer": ANSWER_OPEN,
 }
 TOOL_CLOSE = "}}\n</tool_call>"
+# Each tail's grammar ENDS with its stop string, right after the last free value; the rest of the
+# action is fixed and is appended (prefilled) instead of decoded token by token. Because the
+# grammar ends there, the token that completes the stop string cannot carry any further text, so
+# the session holds exactly text + stop. (The answer is the end of the episode: nothing follows.)
+TAIL_STOP = {"zoom": "}", "image_search": "}", "text_search": '"', "answer": "<"}
+TAIL_REST = {"zoom": "}\n</tool_call>", "image_search": "}\n</tool_call>", "text_search": "}}\n</tool_call>",
+             "answer": "/answer>"}
 
-# GBNF pieces. A JSON string char: no quote, backslash, control char, or "<" (which could start a
-# chat-format tag); coordinates are integers 0-1000 without leading zeros.
-_STR_CHAR = r'[^"\\<\x00-\x1F]'
+# GBNF pieces. A JSON string char: no quote, backslash, control char, "<" (which could start a
+# chat-format tag) or brace (a tail's stop); coordinates are integers 0-1000 without leading zeros.
+_STR_CHAR = r'[^"\\<{}\x00-\x1F]'
 _COORD = 'coord ::= "0" | [1-9] | [1-9] [0-9] | [1-9] [0-9] [0-9] | "1000"'
+# Free-form mode chooses its action in two small steps (see the loop's _head): the tag, then the
+# tool's name; everything else of the head is fixed and prefilled.
+CHOICE_GRAMMAR = 'root ::= "<answer>" | "<tool_call>"'
+CHOICE_STOP = ">"
+NAME_PREFIX = '\n{"name": "'  # after "<tool_call>"
 
 
 class ActionError(ValueError):
@@ -75,43 +89,43 @@ def _idx_rule(n_images: int) -> str:
 
 
 def tail_grammar(action: str, *, n_images: int = 1) -> str:
-    """GBNF for what follows ``HEADS[action]``. ``img_idx`` is limited to the images that exist."""
-    close = _gbnf_literal(TOOL_CLOSE)
+    """GBNF for what follows ``HEADS[action]``, ending with ``TAIL_STOP[action]``.
+
+    ``img_idx`` is limited to the images that exist.
+    """
     if action == "zoom":
         return "\n".join([
-            f'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " idx {close}',
+            'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " idx "}"',
             _COORD,
             f"label ::= {_STR_CHAR}{{1,{MAX_LABEL_CHARS}}}",
             _idx_rule(n_images),
         ])
     if action == "text_search":
         return "\n".join([
-            f'root ::= query "\\"" {close}',
+            'root ::= query "\\""',
             # the first char is not a space either: a query starts with a word
             "query ::= " + _STR_CHAR[:-1] + " ]" + f" {_STR_CHAR}{{0,{MAX_QUERY_CHARS - 1}}}",
         ])
     if action == "image_search":
-        return "\n".join([f"root ::= idx {close}", _idx_rule(n_images)])
+        return "\n".join(['root ::= idx "}"', _idx_rule(n_images)])
     if action == "answer":
         # any text without "<" (no chat-format tag can start inside the answer), then the close tag
         return f"root ::= [^<]* {_gbnf_literal(ANSWER_CLOSE)}"
     raise ValueError(f"unknown action {action!r}")
 
 
-def head_grammar(actions: set[str] | frozenset[str] | list[str]) -> str:
-    """GBNF admitting exactly the head of each allowed action (free-form mode's choice of action)."""
-    alts = [_gbnf_literal(HEADS[a]) for a in ("zoom", "text_search", "image_search", "answer") if a in actions]
-    if not alts:
-        raise ValueError("no allowed actions")
-    return "root ::= " + " | ".join(alts)
+def name_grammar(actions: set[str] | frozenset[str] | list[str]) -> str:
+    """GBNF for the tool name (and its closing quote) among the allowed tool actions."""
+    names = [_gbnf_literal(TOOL_NAMES[a]) for a in ("zoom", "text_search", "image_search") if a in actions]
+    if not names:
+        raise ValueError("no allowed tools")
+    return "root ::= (" + " | ".join(names) + ') "\\""'
 
 
-def action_of_head(text: str) -> str:
-    """Which action a generated head starts (the longest head that ``text`` starts with)."""
-    for a, h in sorted(HEADS.items(), key=lambda kv: -len(kv[1])):
-        if text.startswith(h):
-            return a
-    raise ActionError(f"Your action must start with one of: {', '.join(repr(h) for h in HEADS.values())}.")
+def head_rest(action: str) -> str:
+    """What follows ``<tool_call>\n{"name": "NAME"`` in the head of a tool action."""
+    head = HEADS[action]
+    return head[head.index(TOOL_NAMES[action]) + len(TOOL_NAMES[action]) + 1:]
 
 
 def parse_action(text: str) -> Action:

@@ -38,10 +38,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_agent.agent.actions import (
+    CHOICE_GRAMMAR,
+    CHOICE_STOP,
     HEADS,
+    NAME_PREFIX,
+    TAIL_REST,
+    TAIL_STOP,
     ActionError,
-    action_of_head,
-    head_grammar,
+    head_rest,
+    name_grammar,
     parse_action,
     tail_grammar,
 )
@@ -61,7 +66,8 @@ from edge_agent.agent.events import (
     TurnStarted,
 )
 from edge_agent.agent.prompts import (
-    ANSWER_CLOSE,
+    ACTION_OF_TOOL,
+    ANSWER_OPEN,
     THINK_CLOSE,
     TURN_LIMIT_NOTE,
     Img,
@@ -78,11 +84,7 @@ from edge_agent.errors import Cancelled, EdgeAgentError, ModelRuntimeError
 from edge_agent.runtime.types import Checkpoint, Generation, SessionLike
 
 THINK_STOP = "</think>"
-TOOL_CALL_CLOSE = "</tool_call>"
-# The last words of each action's head (see actions.HEADS): distinct, and none occurs earlier in
-# any head, so as stop strings they end a free-form head exactly where it ends.
-HEAD_ENDS = {"zoom": '"bbox_2d": [', "text_search": '"query": "', "image_search": '"img_idx": ', "answer": "<answer>"}
-HEAD_MAX_TOKENS = 64  # the longest head is ~25 tokens on Qwen, ~35 where tags are not single tokens
+HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
 MODES = ("ssr", "freeform")
 
 # (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
@@ -258,11 +260,16 @@ class _Run:
                                    tool_seconds=0.0)
                 yield self._final("turn_limit" if final else "answered", answer)
                 return True
-            # The stop string ends generation at the grammar's last token (before the model could add
-            # an end-of-turn token); the session then holds exactly head + tail.
-            gen = self._generate(max_tokens=self.o.action_max_tokens, stop=[TOOL_CALL_CLOSE],
+            # Decode only up to the end of the last free value (the grammar ends with the stop string,
+            # so the session holds exactly head + text + stop); the fixed rest is prefilled.
+            stop = TAIL_STOP[action]
+            gen = self._generate(max_tokens=self.o.action_max_tokens, stop=[stop],
                                  grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
-            parsed = parse_action(HEADS[action] + gen.text + (TOOL_CALL_CLOSE if gen.stop_reason == "stop" else ""))
+            text = HEADS[action] + gen.text
+            if gen.stop_reason == "stop":
+                self.s.append_text(TAIL_REST[action])
+                text += stop + TAIL_REST[action]
+            parsed = parse_action(text)
             if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
                 raise ActionError(f"Expected a {action} action.")
             call = parsed.call
@@ -373,16 +380,28 @@ class _Run:
         if self.close_pending:
             self.s.append_text(self.close_pending)
             self.close_pending = ""
-        # Stop strings = the heads' last words, so generation ends exactly at the end of the head
-        # (the grammar would otherwise let the model add an end-of-turn token); the text before the
-        # stop tells which head it was.
-        gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=head_grammar(allowed), stop=list(HEAD_ENDS.values()))
-        if gen.stop_reason != "stop":
-            raise ActionError("The action was cut off before it said which tool to call.")
-        for a, end in HEAD_ENDS.items():
-            if a in allowed and gen.text + end == HEADS[a]:
-                return a
-        return action_of_head(gen.text)
+        # Free-form: the model chooses, in two small grammar-constrained steps whose grammars end
+        # with their stop strings: the tag (<answer> or <tool_call>), then the tool's name. The
+        # fixed parts between are prefilled, not decoded.
+        tools = [a for a in ("zoom", "text_search", "image_search") if a in allowed]
+        if "answer" in allowed:
+            gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=CHOICE_GRAMMAR, stop=[CHOICE_STOP])
+            if gen.stop_reason != "stop":
+                raise ActionError("The action was cut off before it said whether to answer or call a tool.")
+            if gen.text + CHOICE_STOP == ANSWER_OPEN:
+                return "answer"
+        else:
+            self.s.append_text("<tool_call>")
+        if len(tools) == 1:
+            self.s.append_text(HEADS[tools[0]][len("<tool_call>"):])
+            return tools[0]
+        self.s.append_text(NAME_PREFIX)
+        gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=name_grammar(tools), stop=['"'])
+        action = ACTION_OF_TOOL.get(gen.text) if gen.stop_reason == "stop" else None
+        if action is None:
+            raise ActionError("The tool call was cut off before its name was complete.")
+        self.s.append_text(head_rest(action))
+        return action
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.o.answer_max_tokens
@@ -410,7 +429,8 @@ class _Run:
 
         yield from self._stream(
             lambda on_token, stop: self.s.generate(
-                max_tokens=budget, grammar=tail_grammar("answer"), stop=[ANSWER_CLOSE],
+                # stops at the "<" of "</answer>": nothing follows the answer in this episode
+                max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
                 temperature=self.o.temperature,
                 seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
             piece_event,
