@@ -234,3 +234,17 @@ def test_smollm2_text_only_episode(smol_engine, mode):
     assert all(e.name == "text_search" for e in events if e.kind == "tool_called")
     scored = [e for e in events if e.kind == "rationale_scored"]
     assert all(c.action in ("text_search", "answer") for e in scored for c in e.candidates)
+
+
+def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
+    """Index-only SSR scores "[1]".."[6]" (one batch) and still pastes the chosen rationale's text."""
+    spy = SpyModel(tiny_vl)
+    engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
+    opts = AgentOptions.from_settings(settings, index_only=True, policy=lambda t, a: {"answer"})
+    events = list(engine.ask("What colour?", photo, options=opts))
+    scored = next(e for e in events if e.kind == "rationale_scored")
+    assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 3
+    chosen = scored.candidates[scored.chosen].text
+    text = spy.sessions[-1].text()
+    assert "[1] I should search the web with the image" in text  # the numbered plans in the system prompt
+    assert f"<think>\n{chosen}\n</think>\n\n<answer>" in text and events[-1].kind == "final_answer"
