@@ -411,8 +411,10 @@ class _Run:
             v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question)
             if getattr(v, "accepted_text", ""):
                 self.answer_parts.append(v.accepted_text)
-            # accepted tokens count against the answer's token budget (same answer length either way)
-            budget = max(1, budget - int(getattr(v, "accepted", 0) or 0))
+            # accepted tokens (and the agent's own lead token before them) count against the answer's
+            # token budget: the same answer length with or without SeProD
+            used = len(getattr(v, "lead", ()) or ()) + int(getattr(v, "accepted", 0) or 0)
+            budget = max(1, budget - used)
         held = {"cut": False}
 
         def piece_event(piece: str) -> Event | None:
