@@ -221,6 +221,7 @@ def bench_latency(engine, drafter, questions, image, reps, answer_tokens) -> dic
         row["background_over_without"] = row["background_s"] / row["without_s"]
         row["sync_over_without"] = row["sync_s"] / row["without_s"]
         row["same_answer"] = len(set(info[q]["answers"].values())) == 1
+        row["answers"] = info[q]["answers"]
         rows.append(row)
     half = [r for r in rows if r["drafted"] and r["accepted"] >= r["drafted"] / 2]
     return {
