@@ -322,3 +322,24 @@ def test_agent_writes_its_own_leading_whitespace_before_the_draft():
         assert d.verify(agent, dr).lead == () and agent.log == [("tokens", [97, 98])]
     finally:
         d.close()
+
+
+def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
+    """a user-fixable prophet error (context full) -> AgentError(fatal=False), no draft, agent untouched."""
+    from edge_agent.agent.events import AgentError
+    from edge_agent.errors import ModelRuntimeError
+
+    def boom(*a, **k):
+        raise ModelRuntimeError("The context is full.", title="Context full")
+
+    drafter.prophet.session = boom
+    agent = FakeSession(FakeModel())
+    gen = drafter.answer(agent, turn=1, image=b"I", question="q")
+    events = []
+    try:
+        while True:
+            events.append(next(gen))
+    except StopIteration as stop:
+        v = stop.value
+    assert [type(e) for e in events] == [AgentError] and not events[0].fatal and "prophet" in events[0].message
+    assert v.accepted == 0 and v.accepted_text == "" and agent.log == []

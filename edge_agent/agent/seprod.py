@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_agent.agent.events import AnswerToken, DraftProposed, DraftVerified, Event
-from edge_agent.errors import ConfigError
+from edge_agent.agent.events import AgentError, AnswerToken, DraftProposed, DraftVerified, Event
+from edge_agent.errors import ConfigError, EdgeAgentError
 from edge_agent.runtime.types import ModelLike, SessionLike
 
 GROUNDING = "grounding"
@@ -470,7 +470,16 @@ class Drafter:
     def _round(
         self, session: SessionLike, *, turn: int, mode: str, query: str, image: bytes | None
     ) -> Generator[Event, None, Verification]:
-        d = self.draft(mode, query, image)
+        try:
+            d = self.draft(mode, query, image)
+        except EdgeAgentError as e:
+            # the prophet failed (e.g. its context cannot hold this image): the agent answers without a
+            # draft; the person sees why. Bugs (anything else) propagate.
+            yield AgentError(turn=turn, title=e.title, message=f"The prophet could not draft ({e.message}); "
+                             "continuing without it.", fatal=False)
+            empty = np.zeros(0)
+            d = Draft(mode, query, (), empty, "", 0.0)
+            return Verification(d, 0, empty, empty, empty, np.zeros(0, dtype=np.int64), "", 0.0)
         yield DraftProposed(turn=turn, mode=mode, text=d.text, tokens=d.tokens, seconds=d.seconds)
         v = self.verify(session, d)
         self.stats.add(v)
