@@ -385,3 +385,25 @@ def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, mon
     assert rows[0]["seprod"] is True and "draft_verified" in kinds and kinds[-1] == "final_answer"
     dv = rows[kinds.index("draft_verified")]
     assert dv["accepted"] == dv["drafted"] and rows[-1]["totals"]["seprod_drafts"] >= 1
+
+
+def test_engine_loads_the_prophet_and_reports_both_models_memory(tiny_models, edge_home):
+    """--prophet with the same tokenizer: both models load, the progress says their memory, and
+    Engine.memory() gives weights + KV cache bytes for each."""
+    from edge_agent.config import Settings
+    from edge_agent.engine import Engine
+
+    settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
+                              "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
+                              "n_threads": 1, "n_threads_batch": 1, "n_ctx": 2048, "offline": True})
+    said = []
+    engine = Engine.from_settings(settings, progress=lambda msg, frac: said.append(msg))
+    try:
+        mem = engine.memory()
+        assert set(mem) == {"agent", "prophet"}
+        assert all(m["model"] > 0 and m["kv_cache"] > 0 for m in mem.values())
+        line = next(m for m in said if m.startswith("Memory:"))
+        assert "agent" in line and "prophet" in line and "MB" in line
+        assert engine.drafter is not None and engine.drafter.draft_len == settings.seprod_draft_len
+    finally:
+        engine.close()
