@@ -290,9 +290,18 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         "ssr_p95_over_mean": s_ssr["p95"] / s_ssr["mean"],
         "decode_ms_per_token": per_token * 1000,
         "break_even_tokens": s_ssr["mean"] / per_token,
+        # does SSR time grow with the context (attention over n_pos per scored token) or is it noise?
+        "ssr_vs_n_pos_correlation": _corr([float(r["n_pos"]) for r in rows], ssr),
+        "per_context": [{"n_pos": r["n_pos"], "ssr_s": a, "freeform_s": b} for r, a, b in zip(rows, ssr, ff, strict=True)],
         "share_of_turn": shares,
         "clean_episodes": per_turn,
     }
+
+
+def _corr(xs: list[float], ys: list[float]) -> float:
+    if len(xs) < 3 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return 0.0
+    return statistics.correlation(xs, ys)
 
 
 def table(results: list[dict]) -> str:
@@ -306,7 +315,8 @@ def table(results: list[dict]) -> str:
             f"  SSR reasoning      mean {a['mean'] * 1000:8.1f} ms   p50 {a['p50'] * 1000:8.1f}   p95 {a['p95'] * 1000:8.1f}"
             f"   (scoring only mean {r['ssr_scoring_only_s']['mean'] * 1000:.1f})",
             f"  free-form 128 tok  mean {f['mean'] * 1000:8.1f} ms   p50 {f['p50'] * 1000:8.1f}   p95 {f['p95'] * 1000:8.1f}",
-            f"  ratio SSR/free-form: mean {r['ratio_mean']:.3f}, p50 {r['ratio_p50']:.3f}; SSR p95/mean {r['ssr_p95_over_mean']:.2f}",
+            f"  ratio SSR/free-form: mean {r['ratio_mean']:.3f}, p50 {r['ratio_p50']:.3f}; SSR p95/mean {r['ssr_p95_over_mean']:.2f}"
+            f" (corr. with context length {r.get('ssr_vs_n_pos_correlation', 0.0):+.2f})",
             f"  decode {r['decode_ms_per_token']:.1f} ms/token -> break-even length {r['break_even_tokens']:.1f} tokens",
         ]
         for mode, sh in r["share_of_turn"].items():
