@@ -50,7 +50,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
       edge-agent ask photo.jpg "What does the small sign say?"
       edge-agent ask photo.jpg "Where is this?" --mode freeform --max-turns 3
       edge-agent ask photo.jpg "Who made this?" --offline --json
-      edge-agent ask "What is the capital of Peru?" --model smollm2-135m-instruct
+      edge-agent ask "What is the capital of Peru?" --model smollm2-135m-demo
       edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf --prophet base.gguf --prophet-mmproj mm.gguf
     """
     if len(args) == 1:
