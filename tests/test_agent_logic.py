@@ -436,3 +436,26 @@ def test_seprod_hooks_are_called_at_their_points():
     assert events[-1].answer == "Red" and events[0].seprod
     i_draft = kinds(events).index("draft_verified")
     assert kinds(events)[i_draft + 1] == "rationale_scored"
+
+
+def test_engine_input_errors_are_fatal_events(edge_home):
+    """Engine.ask turns user mistakes into RunStarted + AgentError(fatal=True), not exceptions."""
+    from edge_agent.config import Settings
+    from edge_agent.engine import Engine
+
+    class FakeModel:
+        has_vision = False
+        n_vocab = 100
+        path = "fake.gguf"
+
+        def session(self):
+            return FakeSession(favour(["from the image"]), ["hi</answer>"])
+
+    engine = Engine(FakeModel(), Settings.load())
+    for kw, msg in [({"question": "  "}, "empty"), ({"question": "Q?", "mode": "telepathy"}, "Mode must be"),
+                    ({"question": "Q?", "image": "x.png"}, "cannot look at images"),
+                    ({"question": "Q?", "history": ["just a string"]}, "pairs")]:
+        out = list(engine.ask(**kw))
+        assert [e.kind for e in out] == ["run_started", "error"] and out[-1].fatal and msg in out[-1].message, kw
+    out = list(engine.ask("Q?", history=[{"question": "Earlier?", "answer": "Yes."}]))
+    assert out[-1].kind == "final_answer" and out[-1].answer == "hi"
