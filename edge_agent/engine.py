@@ -149,6 +149,8 @@ class Engine:
         of the chat. ``seprod``: None -> on when a prophet is loaded and the setting is on.
         ``options`` (tests, benchmarks): replaces the options built from the settings."""
         mode = mode or (options.mode if options else self.settings.mode)
+        if isinstance(image, str) and not image.strip():
+            image = None  # "" from a form field means no image
         label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
         try:
             if mode not in MODES:
