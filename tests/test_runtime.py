@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -404,8 +405,12 @@ def test_cancel_from_another_thread(tiny):
     cancel, started = threading.Event(), threading.Event()
     result: dict[str, object] = {}
 
+    def on_token(piece: str, tok: int) -> None:
+        started.set()
+        time.sleep(0.002)  # >= 6 s for all 3000 tokens: ample time for the main thread to cancel
+
     def worker() -> None:
-        result["g"] = s.generate(max_tokens=3000, grammar=INFINITE, cancel=cancel, on_token=lambda p, t: started.set())
+        result["g"] = s.generate(max_tokens=3000, grammar=INFINITE, cancel=cancel, on_token=on_token)
 
     th = threading.Thread(target=worker)
     th.start()
@@ -487,3 +492,14 @@ def test_streamed_pieces_concatenate_to_the_text(tiny):
     with pytest.raises(ValueError):  # a bad id raises instead of aborting llama.cpp
         tiny.detokenize([-1])
     assert "".join(p for p, _ in got) == g.text == tiny.detokenize(g.tokens)
+
+
+def test_from_settings_takes_threads_context_and_buffers(tiny_models, edge_home):
+    """Model.from_settings maps n_ctx, threads and extra_buffers from the Settings object."""
+    from edge_agent.config import Settings
+
+    st = Settings.load({"n_ctx": 1024, "n_threads": 1, "n_threads_batch": 1, "extra_buffers": "off"})
+    with Model.from_settings(st, tiny_models["text"]) as m:
+        assert (m.n_ctx, m.n_threads, m.n_threads_batch, m.extra_buffers) == (1024, 1, 1, False)
+        assert not m.has_vision
+    assert m.closed
