@@ -503,3 +503,13 @@ def test_from_settings_takes_threads_context_and_buffers(tiny_models, edge_home)
         assert (m.n_ctx, m.n_threads, m.n_threads_batch, m.extra_buffers) == (1024, 1, 1, False)
         assert not m.has_vision
     assert m.closed
+
+
+def test_image_token_limit(tiny_models):
+    """image_max_tokens bounds what one image costs (Qwen would make 256x256 px into 8x8 = 64 tokens)."""
+    with Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=1024, n_threads=1, n_threads_batch=1,
+                    image_max_tokens=16) as m:
+        s = m.session()
+        s.append_text("<|im_start|>user\n")
+        img = s.append_image(png(256, 256))
+        assert img.n_tokens <= 16 and img.n_pos == max(img.nx, img.ny)

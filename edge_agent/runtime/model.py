@@ -111,6 +111,8 @@ class Model:
         extra_buffers: str = "auto",
         kv_type: str = "f16",
         flash_attn: str = "auto",
+        image_min_tokens: int = 0,
+        image_max_tokens: int = 0,
         seed: int = 0,
     ) -> Model:
         """Validate the files in Python, then load them. Raises ModelFileError / ModelRuntimeError.
@@ -119,6 +121,8 @@ class Model:
         groups). ``n_batch``: the most tokens per llama_decode (also the physical ubatch). ``kv_type``:
         f16 (default), f32 (exact comparisons in tests), q8_0. ``flash_attn``: auto|on|off (auto: off
         on CPU-only builds, where it measured slower, and with an f32 KV cache; else llama.cpp's choice).
+        ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image becomes (0: the
+        projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper on a CPU.
         ``seed`` is accepted for the ModelLike contract; sampling seeds are per ``generate`` call.
         """
         del seed
@@ -144,7 +148,10 @@ class Model:
         self.extra_buffers = _lib.extra_buffers_enabled(extra_buffers)
         self.kv_type = kv_type
         try:
-            self._load(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, flash_attn=flash_attn)
+            self._load(
+                n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, flash_attn=flash_attn,
+                image_tokens=(image_min_tokens, image_max_tokens),
+            )
         except BaseException:
             self.close()
             raise
@@ -162,7 +169,7 @@ class Model:
         kw.setdefault("seed", settings.seed)
         return cls.load(path, mmproj, **kw)
 
-    def _load(self, *, n_ctx: int, n_seq_max: int, n_batch: int, flash_attn: str) -> None:
+    def _load(self, *, n_ctx: int, n_seq_max: int, n_batch: int, flash_attn: str, image_tokens: tuple[int, int]) -> None:
         _lib.clear_errors()
         mp = C.llama_model_default_params()
         mp.use_extra_bufts = self.extra_buffers
@@ -217,6 +224,10 @@ class Model:
             mparams.print_timings = False
             mparams.n_threads = self.n_threads_batch
             mparams.warmup = False
+            if image_tokens[0] > 0:
+                mparams.image_min_tokens = image_tokens[0]
+            if image_tokens[1] > 0:
+                mparams.image_max_tokens = image_tokens[1]
             _lib.clear_errors()
             self._mtmd = M.mtmd_init_from_file(str(self.mmproj_path).encode(), self._model, mparams)
             if not self._mtmd:
