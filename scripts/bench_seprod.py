@@ -24,7 +24,10 @@ read the ratios, not the times):
    (verify time in decoded tokens: a draft pays for its verification once more tokens than that are
    accepted).
 2. ``acceptance``: accepted / drafted at the configured tau and a tau sweep (from the same scores).
-3. ``latency``: whole ``Engine.ask`` answers (SSR, answer in turn 1) without the prophet, with it drafting
+3. ``fixed``: answers of exactly --answer-tokens tokens from a fresh context (prefill included), without
+   the prophet / drafting in the background (started before the prefill) / drafting synchronously: the
+   controlled comparison (same token count; the agent cannot stop early differently).
+   ``latency``: whole ``Engine.ask`` answers (SSR, answer in turn 1) without the prophet, with it drafting
    in the background (overlapping the agent's prompt evaluation: the default) and with it drafting
    synchronously; per question and in total. Target: with the prophet no slower than without when at
    least half of the draft is accepted.
@@ -182,6 +185,51 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
     }
 
 
+def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
+    """Controlled: answers of exactly ``n_tokens`` tokens (grammar ``[^<]*``, no early stop), timed from the
+    start of the agent's context (system prompt, question, rationale, <answer>: ~700 tokens prefilled)
+    to the last token. without: the agent decodes all; sync: draft, verify, decode the rest; background:
+    the draft is started before the context prefill and overlaps it."""
+    grammar = "root ::= [^<]*"
+    variants = ("without", "background", "sync")
+    rows = []
+    for q in questions:
+        t = {v: [] for v in variants}
+        acc = None
+        for r in range(reps):
+            for v in (variants if r % 2 == 0 else tuple(reversed(variants))):
+                drafter.background = v == "background"
+                t0 = time.perf_counter()
+                if v == "background":
+                    drafter.start(image=image, question=q)
+                s = agent.session()
+                answer_context(s, q, image)
+                left = n_tokens
+                if v != "without":
+                    d = drafter.draft(seprod.ANSWERING, seprod.answering_query(q), image)
+                    ver = drafter.verify(s, d)
+                    left -= ver.accepted + len(ver.lead)
+                    acc = (ver.accepted, len(d.tokens))
+                if left > 0:
+                    s.generate(max_tokens=left, grammar=grammar)
+                t[v].append(time.perf_counter() - t0)
+        drafter.background = False
+        row = {"question": q, "accepted": acc[0] if acc else None, "drafted": acc[1] if acc else None,
+               **{f"{v}_s": med(t[v]) for v in variants}}
+        row["background_over_without"] = row["background_s"] / row["without_s"]
+        row["sync_over_without"] = row["sync_s"] / row["without_s"]
+        rows.append(row)
+    half = [r for r in rows if r["drafted"] and r["accepted"] >= r["drafted"] / 2]
+
+    def ratio(v, rs):
+        return sum(r[f"{v}_s"] for r in rs) / sum(r["without_s"] for r in rs) if rs else None
+
+    return {"rows": rows, "n_tokens": n_tokens, "background_over_without": ratio("background", rows),
+            "sync_over_without": ratio("sync", rows), "n_half_accepted": len(half),
+            "background_over_without_when_half_accepted": ratio("background", half),
+            "sync_over_without_when_half_accepted": ratio("sync", half)}
+
+
 def bench_latency(engine, drafter, questions, image, reps, answer_tokens) -> dict:
     """Whole answers through Engine.ask: no prophet / background drafting / synchronous drafting."""
     from edge_agent.agent.events import DraftVerified, FinalAnswer, TurnFinished
@@ -265,6 +313,7 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         drafter.draft(seprod.ANSWERING, "Hello?", image)
         mem["rss_after_drafting_mb"] = rss_mb()
         ver = bench_verify(agent, drafter, questions, image, args.reps)
+        fixed = bench_fixed(agent, drafter, questions, image, args.reps, args.answer_tokens)
         from tools.search import SearchTools
 
         engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=drafter, prophet=None)
@@ -275,7 +324,7 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         agent.close()
     return {"pair": name, "agent": str(agent_path), "prophet": str(prophet_path), "threads": args.threads,
             "draft_len": args.draft_len, "tau": args.tau, "a0": args.a0, "memory": mem, "verify": ver,
-            "latency": lat}
+            "fixed": fixed, "latency": lat}
 
 
 def report(res: dict) -> str:
@@ -294,6 +343,17 @@ def report(res: dict) -> str:
                    f"verify/generate (grammar, sampling) {v['verify_over_generate']:.2f}; "
                    f"break-even: a draft pays off above {v['break_even_tokens']:.1f} accepted tokens")
         out.append("acceptance rate by tau: " + ", ".join(f"{t}: {a:.2f}" for t, a in v["acceptance"].items()))
+    f = res["fixed"]
+    out.append(f"-- answers of exactly {f['n_tokens']} tokens, from the start of the context (~700 tokens) (median s)")
+    out.append(f"{'question':44} {'acc':>6} {'without':>8} {'bg':>7} {'sync':>7} {'bg/w':>6} {'sync/w':>6}")
+    for r in f["rows"]:
+        out.append(f"{r['question'][:44]:44} {str(r['accepted']) + '/' + str(r['drafted']):>6} {r['without_s']:8.2f} "
+                   f"{r['background_s']:7.2f} {r['sync_s']:7.2f} {r['background_over_without']:6.2f} {r['sync_over_without']:6.2f}")
+    out.append(f"all: with/without background {f['background_over_without']:.2f}, sync {f['sync_over_without']:.2f}")
+    if f["n_half_accepted"]:
+        out.append(f"questions with >= half the draft accepted: {f['n_half_accepted']}; with/without: background "
+                   f"{f['background_over_without_when_half_accepted']:.2f}, sync "
+                   f"{f['sync_over_without_when_half_accepted']:.2f} (target <= 1.0)")
     if lat is None:
         lat = {"rows": [], "total": None, "n_half_accepted": 0}
     else:
