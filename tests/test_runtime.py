@@ -513,3 +513,29 @@ def test_image_token_limit(tiny_models):
         s.append_text("<|im_start|>user\n")
         img = s.append_image(png(256, 256))
         assert img.n_tokens <= 16 and img.n_pos == max(img.nx, img.ny)
+
+
+def test_cancel_and_interrupt_abort_a_long_prefill(smollm2_gguf):
+    """A cancel Event (or Model.interrupt) aborts a running llama_decode: Cancelled, state unchanged."""
+    from edge_agent.errors import Cancelled
+
+    with Model.load(smollm2_gguf, n_ctx=4096, n_threads=1, n_threads_batch=1) as m:
+        s = m.session()
+        s.append_text("Hello.")
+        before = s.checkpoint()
+        long_text = "The quick brown fox jumps over the lazy dog. " * 300  # ~3000 tokens: seconds of prefill
+        for how in ("event", "interrupt"):
+            cancel = threading.Event()
+            trigger = cancel.set if how == "event" else m.interrupt
+            timer = threading.Timer(0.3, trigger)
+            t0 = time.perf_counter()
+            timer.start()
+            with pytest.raises(Cancelled):
+                s.append_text(long_text, cancel=cancel if how == "event" else None)
+            elapsed = time.perf_counter() - t0
+            timer.join()
+            assert elapsed < 3.0, (how, elapsed)  # the whole prefill would take ~10-20 s here
+            assert (s.n_pos, s.n_cells, len(s.history)) == (before.n_pos, before.n_cells, before.n_history)
+            assert s.kv_seq_ranges() == {0: (0, before.n_pos - 1)}
+        s.append_text(" Bye.")  # the flag was cleared: the next call runs normally
+        assert s.generate(max_tokens=2).tokens

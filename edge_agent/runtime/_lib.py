@@ -164,5 +164,43 @@ def default_threads(requested: int, *, decode: bool = False) -> int:
     return max(1, n)
 
 
+class AbortFlag:
+    """A one-byte flag that llama.cpp's compute loop polls between graph nodes, with no Python involved.
+
+    llama.cpp calls ``bool abort_callback(void *data)`` before every node (~1000 per decode). A Python
+    callback there would take the GIL each time (and wait up to the 5 ms switch interval whenever the UI
+    thread is busy); instead the callback is libc's ``strlen`` on a 2-byte buffer: "" -> 0 -> false,
+    "x" -> 1 -> true (the bool return is read from the low byte of the integer return register on
+    x86-64 and arm64). ``available`` is False where libc cannot be found; then nothing is interruptible.
+    """
+
+    def __init__(self) -> None:
+        self.buf = ctypes.create_string_buffer(2)
+        self.callback = None
+        try:
+            libc = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.cdll.msvcrt
+            addr = ctypes.cast(libc.strlen, ctypes.c_void_p).value
+            self.callback = C.ggml_abort_callback(addr)
+        except (OSError, AttributeError, TypeError):
+            self.callback = None
+
+    @property
+    def available(self) -> bool:
+        return self.callback is not None
+
+    def set(self) -> None:
+        self.buf[0] = b"x"
+
+    def clear(self) -> None:
+        self.buf[0] = b"\0"
+
+    def is_set(self) -> bool:
+        return self.buf[0] != b"\0"
+
+    def install(self, ctx: object) -> None:
+        if self.callback is not None:
+            C.llama_set_abort_callback(ctx, self.callback, ctypes.cast(self.buf, ctypes.c_void_p))
+
+
 # KV cache element types by name (ggml_type enum values).
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}

@@ -74,6 +74,7 @@ class Model:
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._guard_re: re.Pattern[str] | None | bool = False  # False: not built yet
         self.lock = threading.RLock()  # one llama.cpp call sequence at a time on this context
+        self.abort: _lib.AbortFlag | None = None  # polled by llama.cpp between graph nodes
         self.active_session: Session | None = None
         self.path: Path = Path()
         self.mmproj_path: Path | None = None
@@ -213,6 +214,8 @@ class Model:
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name} "
                 f"({_lib.recent_errors() or 'no details'}). Lower n_ctx or free memory."
             )
+        self.abort = _lib.AbortFlag()
+        self.abort.install(self._ctx)
         self.n_ctx = C.llama_n_ctx(self._ctx)
         self.n_batch = min(C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
         self.n_seq_max = C.llama_n_seq_max(self._ctx)
@@ -347,6 +350,15 @@ class Model:
             s = Session(self)
             self.active_session = s
             return s
+
+    def interrupt(self) -> None:
+        """Abort the llama_decode running now (from any thread): the call raises ``Cancelled``.
+
+        Sessions clear the flag when their next call starts, so an interrupt that arrives while nothing
+        is decoding is dropped. Image encoding inside the vision projector is not interruptible.
+        """
+        if self.abort is not None:
+            self.abort.set()
 
     # ------------------------------------------------------------------------------ lifetime
     @property

@@ -24,16 +24,17 @@ from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_agent.errors import ImageError, ModelFileError, ModelRuntimeError
+from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
 from edge_agent.runtime._lib import C, M, captured_stderr, clear_errors, recent_errors
 from edge_agent.runtime.scoring import Trie, build_trie, row_logsumexp, split_points
 from edge_agent.runtime.textstream import StopStream
@@ -101,6 +102,42 @@ class Session:
             title="Context full",
         )
 
+    @contextlib.contextmanager
+    def _cancellable(self, cancel: threading.Event | None) -> Iterator[None]:
+        """Run a public call so that ``cancel`` (or ``Model.interrupt()``) aborts a running llama_decode.
+
+        A watcher thread mirrors the Event into the model's C-level abort flag (llama.cpp polls it
+        between graph nodes); an aborted decode raises ``Cancelled`` after its partial KV is removed.
+        """
+        flag = self.model.abort
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        if flag is not None:
+            flag.clear()
+        if cancel is None or flag is None or not flag.available:
+            try:
+                yield
+            finally:
+                if flag is not None:
+                    flag.clear()
+            return
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if cancel.wait(0.02):
+                    flag.set()
+                    return
+
+        th = threading.Thread(target=watch, name="edge-agent-cancel-watch", daemon=True)
+        th.start()
+        try:
+            yield
+        finally:
+            done.set()
+            th.join()
+            flag.clear()
+
     def _decode(self, n: int) -> None:
         b = self.model._batch
         assert b is not None and n <= b.cap
@@ -112,6 +149,8 @@ class Session:
         if rc != 0:
             if rc == 1:
                 raise self._context_full(n)
+            if rc == 2:  # aborted through the abort flag: processed ubatches stay; callers remove them
+                raise Cancelled()
             raise ModelRuntimeError(f"llama_decode failed with code {rc} ({recent_errors() or 'no details'}).")
 
     def _logits_rows(self, n_rows: int) -> np.ndarray:
@@ -178,19 +217,20 @@ class Session:
         return len(toks)
 
     # ------------------------------------------------------------------------------ input
-    def append_text(self, text: str, *, special: bool = True) -> int:
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
         """Tokenize and evaluate ``text``; ``special=False`` for untrusted text (no special tokens parsed).
 
         Returns the number of tokens added (a BOS is prepended to the first input when the model wants one).
+        ``cancel`` set during the evaluation aborts it: ``Cancelled`` is raised and nothing is appended.
         """
-        with self.model.lock:
+        with self.model.lock, self._cancellable(cancel):
             self._check()
             self._drop_kept()
             return self._append(self.model.tokenize(text, special=special))
 
-    def append_tokens(self, tokens: Sequence[int]) -> int:
-        """Evaluate token ids (no BOS handling); returns how many were added."""
-        with self.model.lock:
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int:
+        """Evaluate token ids (no BOS handling); returns how many were added. ``cancel``: as append_text."""
+        with self.model.lock, self._cancellable(cancel):
             self._check()
             self._drop_kept()
             toks = [int(t) for t in tokens]
@@ -210,13 +250,14 @@ class Session:
                 raise
             return len(toks)
 
-    def append_image(self, image: bytes) -> ImageChunk:
+    def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
         """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in ``<|vision_start|>...<|vision_end|>``.
 
         The wrapper tokens come from mtmd (it knows each projector's markers). Positions: the image
         takes max(nx, ny) positions and nx*ny KV cells (M-RoPE); the text after it continues there.
+        ``cancel`` aborts the decode of the image tokens (not the projector's encoding): ``Cancelled``.
         """
-        with self.model.lock:
+        with self.model.lock, self._cancellable(cancel):
             self._check()
             self._drop_kept()
             mt = self.model._mtmd
@@ -280,6 +321,8 @@ class Session:
         self.n_decodes += 1
         if rc != 0:
             C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
+            if self.model.abort is not None and self.model.abort.is_set():
+                raise Cancelled()
             raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {recent_errors() or 'no details'}).")
         if new_pos.value != self.n_pos + n_pos:
             raise ModelRuntimeError(f"mtmd advanced the position by {new_pos.value - self.n_pos}, expected {n_pos}.")
@@ -352,7 +395,12 @@ class Session:
 
     # ------------------------------------------------------------------------------ scoring
     def score(
-        self, candidates: Sequence[str | Sequence[int]], *, special: bool = False, keep: bool = False
+        self,
+        candidates: Sequence[str | Sequence[int]],
+        *,
+        special: bool = False,
+        keep: bool = False,
+        cancel: threading.Event | None = None,
     ) -> list[ContinuationScore]:
         """Teacher-forced log-probs of each candidate after the current context.
 
@@ -367,8 +415,9 @@ class Session:
 
         Strings are tokenized with ``special`` (default False: candidate text is plain text); token
         lists are used as given. Positions continue from the tracked counter (correct after images).
+        ``cancel`` aborts the scoring decode (``Cancelled``; the candidate sequences are removed).
         """
-        with self.model.lock:
+        with self.model.lock, self._cancellable(cancel):
             self._check()
             self._drop_kept()
             toks = [
@@ -587,11 +636,12 @@ class Session:
         - ``on_token(piece, token_id)``: once per sampled token with the text that became final (may be
           '', text that could start a stop string is held back); after a cancel, held-back text comes
           in one last call with token id -1. The pieces concatenate to ``Generation.text``.
-        - ``cancel``: checked before each token and after each callback; stop_reason "cancelled".
+        - ``cancel``: checked before each token and after each callback, and it aborts a running
+          decode (through the model's abort flag); stop_reason "cancelled".
         The last sampled token is left pending (not decoded) until the session needs it.
         ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
         """
-        with self.model.lock:
+        with self.model.lock, self._cancellable(cancel):
             self._check()
             self._drop_kept()
             t0 = time.perf_counter()
@@ -611,8 +661,11 @@ class Session:
             reason = "length"
             try:
                 if max_tokens > 0:
-                    self._flush()
-                    if self._logits is None:
+                    try:
+                        self._flush()
+                    except Cancelled:
+                        max_tokens, reason = 0, "cancelled"
+                    if self._logits is None and reason != "cancelled":
                         raise ModelRuntimeError("Generation needs a context: append text first.")
                 for i in range(max(0, max_tokens)):
                     if cancel is not None and cancel.is_set():
@@ -622,7 +675,11 @@ class Session:
                         if self._free_cells() < 1:
                             reason = "length"
                             break
-                        self._flush()
+                        try:
+                            self._flush()
+                        except Cancelled:  # the abort flag stopped this token's decode; it stays pending
+                            reason = "cancelled"
+                            break
                     logits = self._logits
                     assert logits is not None
                     tok = self._sample(logits, gram, temperature, rng)
