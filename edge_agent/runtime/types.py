@@ -62,7 +62,7 @@ class Generation:
     text: str
     tokens: list[int]
     stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled"
-    logprobs: list[float] = field(default_factory=list)  # log p of each sampled token (after grammar)
+    logprobs: list[float] = field(default_factory=list)  # log p of each sampled token under the model (before grammar/temperature)
     n_eval: int = 0  # tokens evaluated into the KV cache by this call
     seconds: float = 0.0
 
