@@ -7,8 +7,12 @@ What this module knows:
 - how a draft is verified: one batched teacher-forced ``score`` call on the agent's session
   (log p_s and ranks of every draft token in one decode), then the accepted prefix is put into the
   agent's KV cache exactly as if the agent had generated it (adopted from the scoring pass when the
-  runtime can, else evaluated); the agent then continues from its own distribution;
-- the events it yields (DraftProposed, DraftVerified, AnswerToken(from_prophet=True)).
+  runtime can, else evaluated); the agent then continues from its own distribution. "Exactly": same
+  tokens, positions and cells; the values equal sequential decoding on F32 weights, and on quantized
+  weights up to the batch-shape rounding llama.cpp has anyway (near-ties can flip later greedy picks);
+- that the agent writes its own format whitespace before a draft (``Drafter(agent_lead=True)``);
+- the events it yields (DraftProposed, DraftVerified, AnswerToken(from_prophet=True), and a non-fatal
+  AgentError when the prophet cannot draft).
 
 What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
