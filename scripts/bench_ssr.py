@@ -21,7 +21,9 @@ benchmark checkpoints the session and measures on that same context, then rolls 
             together with the action's head, so that is counted as action time);
 - freeform: 128 greedy reasoning tokens with ``generate`` (restarted after an end-of-generation
             token, so every context decodes exactly 128).
-The order alternates per repetition. Reported: mean / p50 / p95 of each, the ratio ssr/freeform,
+The order alternates per repetition; each context keeps the median of its repetitions. Reported:
+mean / p50 / p95 of each, the ratio ssr/freeform (of the means, of the medians, and per context,
+paired: measured back to back on the same context, the number least disturbed by a busy machine),
 the per-token decode time and the break-even length (ssr time / per-token time: the free-form
 length at which both cost the same).
 Pass 2, clean episodes (no measurement inside) in both modes: the share of each turn's time
@@ -269,9 +271,10 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
     finally:
         model.close()
 
-    ssr = [statistics.fmean(r["ssr"]) for r in rows]
-    ssr_score = [statistics.fmean(r["ssr_score"]) for r in rows]
-    ff = [statistics.fmean(r["freeform"]) for r in rows]
+    # per context: the median over repetitions (a shared machine has slow spells)
+    ssr = [statistics.median(r["ssr"]) for r in rows]
+    ssr_score = [statistics.median(r["ssr_score"]) for r in rows]
+    ff = [statistics.median(r["freeform"]) for r in rows]
     per_token = statistics.fmean(f / FREEFORM_TOKENS for f in ff)
     s_ssr, s_ff = stats(ssr), stats(ff)
     return {
@@ -317,6 +320,7 @@ def table(results: list[dict]) -> str:
             f"  free-form 128 tok  mean {f['mean'] * 1000:8.1f} ms   p50 {f['p50'] * 1000:8.1f}   p95 {f['p95'] * 1000:8.1f}",
             f"  ratio SSR/free-form: mean {r['ratio_mean']:.3f}, p50 {r['ratio_p50']:.3f}; SSR p95/mean {r['ssr_p95_over_mean']:.2f}"
             f" (corr. with context length {r.get('ssr_vs_n_pos_correlation', 0.0):+.2f})",
+            "  paired per-context ratio: mean {mean:.3f}, p50 {p50:.3f}, p95 {p95:.3f}".format(**r["ratios_per_context"]),
             f"  decode {r['decode_ms_per_token']:.1f} ms/token -> break-even length {r['break_even_tokens']:.1f} tokens",
         ]
         for mode, sh in r["share_of_turn"].items():
