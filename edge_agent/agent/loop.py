@@ -224,7 +224,7 @@ class _Run:
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
         if self.o.policy is not None:
-            allowed = frozenset(self.o.policy(turn, allowed)) & available
+            allowed = frozenset(self.o.policy(turn, allowed)) & allowed  # a policy only narrows
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
@@ -238,12 +238,15 @@ class _Run:
             if self.o.mode == "ssr" and getattr(v, "accepted_text", "") and not v.accepted_text.endswith("\n"):
                 self.s.append_text("\n")  # the rationale starts on its own line
         self.ground_target = None
+        scored = None
         if self.o.mode == "ssr":
-            action = yield from self._ssr_reason(turn, allowed)
+            action, scored = self._ssr_reason(turn, allowed)
         else:
             yield from self._free_reason(turn)
             action = None
         reasoning_s = time.perf_counter() - t0
+        if scored is not None:  # yielded after the clock stopped: the consumer's time is not ours
+            yield scored
         self._check()
 
         # ---- action ----
@@ -308,7 +311,7 @@ class _Run:
         return False
 
     # ---- reasoning ------------------------------------------------------------------------------
-    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> Generator[Event, None, str]:
+    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored]:
         lib = self.o.library
         idx = lib.for_actions(allowed) or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
@@ -338,7 +341,7 @@ class _Run:
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
         # counted as action time): see _head.
         self.close_pending = THINK_CLOSE
-        yield RationaleScored(
+        return chosen.action, RationaleScored(
             turn=turn,
             candidates=tuple(
                 RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
@@ -348,7 +351,6 @@ class _Run:
             chosen=choice,
             seconds=seconds,
         )
-        return chosen.action
 
     def _free_reason(self, turn: int) -> Generator[Event, None, str]:
         t0 = time.perf_counter()
