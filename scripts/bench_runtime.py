@@ -19,7 +19,9 @@ methods rotates every repetition; medians reported):
 - verify16:       SeProD-style: one 16-token draft scored in one decode.
 Ratios: batched/one_at_a_time, batched/floor, and the break-even length = batched time / per-token
 decode time (how many free-form tokens cost as much as scoring the library). Times are wall-clock on a
-shared machine: read the ratios.
+shared machine: read the ratios (the 1-minute load average before/after each model is in the JSON).
+With more threads than idle cores, OpenMP's spin-waiting makes llama.cpp many times slower: on a
+busy 2-core machine use --threads 1.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -286,9 +289,12 @@ def main(argv: list[str] | None = None) -> int:
             models += [("tiny-qwen3vl F32", paths["text"]), ("tiny-qwen3vl Q8_0", paths["text_q8_0"])]
         results = []
         for label, p in models:
-            results.append(bench_model(p, threads=args.threads, reps=args.reps, n_context=args.context, label=label))
-            if not args.json:
-                print(f"done: {label}", file=sys.stderr)
+            load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
+            r = bench_model(p, threads=args.threads, reps=args.reps, n_context=args.context, label=label)
+            r["loadavg_1min_before_after"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0]
+            results.append(r)
+            # Progress on stderr as each model finishes, so a run cut short still reports something.
+            print(table([r]).splitlines()[-1] + f"   (load {r['loadavg_1min_before_after']})", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
