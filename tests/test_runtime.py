@@ -396,6 +396,8 @@ def test_cancel_from_callback_stops_after_that_token(tiny):
     g = s.generate(max_tokens=100, grammar=INFINITE, on_token=on_token, cancel=cancel)
     assert g.stop_reason == "cancelled" and len(g.tokens) == 3
     assert g.n_eval == 2  # the token that triggered the cancel is not decoded
+    again = s.generate(max_tokens=5, cancel=cancel)  # already cancelled: nothing sampled, no exception
+    assert again.stop_reason == "cancelled" and again.tokens == []
 
 
 def test_cancel_from_another_thread(tiny):

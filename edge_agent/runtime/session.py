@@ -103,14 +103,14 @@ class Session:
         )
 
     @contextlib.contextmanager
-    def _cancellable(self, cancel: threading.Event | None) -> Iterator[None]:
+    def _cancellable(self, cancel: threading.Event | None, *, raise_if_set: bool = True) -> Iterator[None]:
         """Run a public call so that ``cancel`` (or ``Model.interrupt()``) aborts a running llama_decode.
 
         A watcher thread mirrors the Event into the model's C-level abort flag (llama.cpp polls it
         between graph nodes); an aborted decode raises ``Cancelled`` after its partial KV is removed.
         """
         flag = self.model.abort
-        if cancel is not None and cancel.is_set():
+        if raise_if_set and cancel is not None and cancel.is_set():
             raise Cancelled()
         if flag is not None:
             flag.clear()
@@ -641,7 +641,7 @@ class Session:
         The last sampled token is left pending (not decoded) until the session needs it.
         ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
         """
-        with self.model.lock, self._cancellable(cancel):
+        with self.model.lock, self._cancellable(cancel, raise_if_set=False):  # a set cancel -> "cancelled"
             self._check()
             self._drop_kept()
             t0 = time.perf_counter()
