@@ -26,8 +26,8 @@ mean / p50 / p95 of each, the ratio ssr/freeform (of the means, of the medians, 
 paired: measured back to back on the same context, the number least disturbed by a busy machine),
 the per-token decode time and the break-even length (ssr time / per-token time: the free-form
 length at which both cost the same).
-Pass 2, clean episodes (no measurement inside) in both modes: the share of each turn's time
-spent in reasoning / action / tool / observe (observe = evaluating the tool's result, text and
+Pass 2, clean episodes (no measurement inside, no policy: the model picks its moves) in both
+modes, interleaved per question: the share of each turn's time spent in reasoning / action / tool / observe (observe = evaluating the tool's result, text and
 images, into the context). Canned search takes ~0 s: real web searches add their network time to
 "tool". Times are wall-clock on whatever machine runs this: read the ratios.
 """
@@ -244,30 +244,33 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
             assert events[-1].kind == "final_answer", events[-1]
             print(f"  {label}: measured {q[:40]!r}", file=sys.stderr)
 
-        # pass 2: clean episodes, both modes: where a turn's time goes
+        # pass 2: clean episodes, both modes, unforced (the model chooses its moves, SSR scores every
+        # candidate that applies), interleaved per question so a busy spell hits both modes alike:
+        # where a turn's time goes.
+        engines = {m: Engine(model, settings, tools=CannedSearch()) for m in ("ssr", "freeform")}
+        sums = {m: {"reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0} for m in engines}
+        reasoning: dict[str, list[float]] = {m: [] for m in engines}
+        moves: dict[str, dict[str, int]] = {m: {} for m in engines}
+        for i, (q, img) in enumerate(questions):
+            for mode in (("ssr", "freeform") if i % 2 == 0 else ("freeform", "ssr")):
+                opts = AgentOptions.from_settings(settings, mode=mode, max_turns=args.turns - 1)
+                for e in engines[mode].ask(q, img, options=opts):
+                    if e.kind == "turn_finished":
+                        sums[mode]["reasoning"] += e.reasoning_seconds
+                        sums[mode]["action"] += e.action_seconds
+                        sums[mode]["tool"] += e.tool_seconds
+                        sums[mode]["observe"] += e.observe_seconds
+                        reasoning[mode].append(e.reasoning_seconds)
+                        moves[mode][e.action] = moves[mode].get(e.action, 0) + 1
         shares: dict[str, dict[str, float]] = {}
         per_turn: dict[str, dict[str, Any]] = {}
-        for mode in ("ssr", "freeform"):
-            eng = Engine(model, settings, tools=CannedSearch())
-            sums = {"reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
-            reasoning: list[float] = []
-            n_turns = 0
-            for q, img in questions:
-                opts = AgentOptions.from_settings(settings, mode=mode, max_turns=args.turns,
-                                                  policy=policy_for(has_image, args.turns))
-                for e in eng.ask(q, img, options=opts):
-                    if e.kind == "turn_finished":
-                        n_turns += 1
-                        sums["reasoning"] += e.reasoning_seconds
-                        sums["action"] += e.action_seconds
-                        sums["tool"] += e.tool_seconds
-                        sums["observe"] += e.observe_seconds
-                        reasoning.append(e.reasoning_seconds)
-            total = sum(sums.values()) or 1.0
-            shares[mode] = {k: v / total for k, v in sums.items()}
+        for mode in engines:
+            total = sum(sums[mode].values()) or 1.0
+            n_turns = len(reasoning[mode])
+            shares[mode] = {k: v / total for k, v in sums[mode].items()}
             per_turn[mode] = {"turns": n_turns, "seconds_per_turn": total / max(1, n_turns),
-                              "reasoning": stats(reasoning)}
-            print(f"  {label}: clean {mode} episodes done", file=sys.stderr)
+                              "reasoning": stats(reasoning[mode]), "moves": moves[mode]}
+        print(f"  {label}: clean episodes done", file=sys.stderr)
     finally:
         model.close()
 
@@ -326,7 +329,8 @@ def table(results: list[dict]) -> str:
         for mode, sh in r["share_of_turn"].items():
             ce = r["clean_episodes"][mode]
             out.append(f"  share of turn time, {mode:8s}: " + ", ".join(f"{k} {v * 100:4.1f}%" for k, v in sh.items())
-                       + f"  ({ce['seconds_per_turn']:.2f} s/turn over {ce['turns']} turns)")
+                       + f"  ({ce['seconds_per_turn']:.2f} s/turn over {ce['turns']} turns: "
+                       + ", ".join(f"{k} {v}" for k, v in sorted(ce.get("moves", {}).items())) + ")")
     return "\n".join(out)
 
 
