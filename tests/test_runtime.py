@@ -175,14 +175,16 @@ def test_batched_scores_equal_one_at_a_time_f32(tiny):
 
 
 def test_shared_prefixes_are_evaluated_once(tiny):
-    """The batch holds each distinct prefix once: scored tokens = trie nodes, not the sum of lengths."""
+    """The batch holds each distinct proper prefix once (leaves are never evaluated)."""
     s = tiny.session()
     s.append_text(CONTEXT)
     toks = [tiny.tokenize(c, special=False) for c in CANDIDATES]
     n0 = s.n_scored
     s.score(toks)
-    unique = {tuple(t[: i + 1]) for t in toks for i in range(len(t))}
-    assert s.n_scored - n0 == len(unique) < sum(map(len, toks))
+    inner = {tuple(t[: i + 1]) for t in toks for i in range(len(t) - 1)}
+    assert s.n_scored - n0 == len(inner) < sum(len(t) - 1 for t in toks)
+    one = s.score([[t[0]] for t in toks])  # one-token candidates: the context logits alone
+    assert s.n_scored - n0 == len(inner) and all(o.count == 1 for o in one)
 
 
 def test_split_decodes_and_groups_match(tiny, tiny_small_batch):
@@ -228,10 +230,11 @@ def test_scoring_needs_room_in_the_context(tiny_models):
         s = m.session()
         s.append_tokens(m.tokenize("hello", special=False)[:1] * (m.n_ctx // 4))  # a quarter full
         room = m.n_ctx - s.n_cells
+        # a candidate of T tokens needs T - 1 cells (its last token is never evaluated)
         with pytest.raises(ModelRuntimeError, match="context is full"):
-            s.score([list(range(300, 300 + room + 1))])
+            s.score([list(range(300, 300 + room + 2))])
         assert s.kv_seq_ranges().keys() == {0}
-        s.score([list(range(300, 300 + room))])  # exactly fits
+        s.score([list(range(300, 300 + room + 1))])  # exactly fits
         with pytest.raises(ModelRuntimeError, match="context is full"):
             s.append_tokens([300] * (room + 1))
         assert s.n_cells == len(s.history) == m.n_ctx - room

@@ -28,25 +28,25 @@ def test_trie_shares_prefixes_and_orders_depth_first():
     assert sorted(root.seqs) == [0, 1, 2]
 
 
-def test_trie_requests_rows_only_where_children_are_predicted():
-    """A node gets a logits row iff it has children (leaves predict nothing we score)."""
+def test_trie_evaluates_only_inner_nodes():
+    """The batch holds the nodes with children (their rows predict the children); leaves are skipped."""
     t = build_trie([[1, 2, 3], [1, 2, 4], [5]])
-    with_rows = [n.token for n in t.nodes if n.row >= 0]
-    assert with_rows == [1, 2]
-    assert t.n_rows == 2
-    assert [n.row for n in t.nodes if n.row >= 0] == [0, 1]  # rows in batch order
+    assert [t.nodes[i].token for i in t.batch] == [1, 2]
+    assert t.n_rows == 2 and [t.nodes[i].row for i in t.batch] == [0, 1]  # row = batch index
+    assert all(t.nodes[i].row == -1 for p in t.paths for i in p[-1:])  # last tokens: never evaluated
     t2 = build_trie([[1, 2], [1, 2, 3]])  # a candidate that is a prefix of another
-    assert t2.n_tokens == 3 and t2.n_rows == 2
+    assert t2.n_tokens == 3 and t2.n_rows == 2  # token 2 ends one candidate but predicts 3
+    assert build_trie([[7], [8]]).batch == []  # one-token candidates need no evaluation at all
 
 
 def test_trie_duplicates_and_split_points():
     """Identical candidates share every node; split ranges cover all nodes in order."""
     t = build_trie([[4, 5, 6], [4, 5, 6]])
     assert t.n_tokens == 3 and t.paths[0] == t.paths[1]
-    t = build_trie([[i, i + 1] for i in range(0, 20, 2)])
+    t = build_trie([[i, i + 1, i + 2] for i in range(0, 30, 3)])
     ranges = split_points(t, 3)
-    assert ranges[0] == (0, 3) and ranges[-1][1] == t.n_tokens
-    assert sum(e - s for s, e in ranges) == t.n_tokens
+    assert ranges[0] == (0, 3) and ranges[-1][1] == len(t.batch) == 20
+    assert sum(e - s for s, e in ranges) == len(t.batch)
 
 
 def test_row_logsumexp_matches_float64_reference():

@@ -3,11 +3,14 @@
 Knows token ids and float rows; does not know llama.cpp (no llama_cpp import), sequences in a KV
 cache, or what the candidates mean. ``session.py`` turns a :class:`Trie` into one llama batch.
 
-Trie layout (why): K candidates that share leading tokens are evaluated once. Every trie node is one
-batch entry, in depth-first order, so each sequence's tokens appear in increasing position order and
-every node's sequence set contains its children's (the two rules llama.cpp's batch validator checks
-for tokens with several sequence ids). Only nodes with children need logits: a node's logits row
-predicts its children; a candidate's first token is predicted by the context's saved logits.
+Trie layout (why): K candidates that share leading tokens are evaluated once. The batch holds the
+trie's inner nodes (nodes with children) in depth-first order, so each sequence's tokens appear in
+increasing position order and every node's sequence set contains its children's (the two rules
+llama.cpp's batch validator checks for tokens with several sequence ids). Each batch entry requests
+logits: an inner node's row predicts its children. Leaves (a candidate's last token) are never
+evaluated: their log-prob comes from the parent's row, and nothing reads their KV or logits (an
+adopted candidate's last token is evaluated later, with the next input). A candidate's first token is
+predicted by the context's saved logits, so a one-token candidate costs no evaluation at all.
 """
 
 from __future__ import annotations
@@ -25,28 +28,30 @@ class TrieNode:
     parent: int  # index of the parent node, -1 for a first token
     seqs: list[int] = field(default_factory=list)  # candidate indices passing through this node
     children: dict[int, int] = field(default_factory=dict)  # token -> node index
-    row: int = -1  # output row of this node's logits in the batch (-1: not requested)
+    row: int = -1  # index in the batch = row of this node's logits (-1: a leaf, not evaluated)
 
 
 @dataclass
 class Trie:
-    """Nodes in depth-first order; ``paths[k]`` = node indices of candidate k, one per token."""
+    """Nodes in depth-first order; ``paths[k]`` = node indices of candidate k, one per token;
+    ``batch`` = the inner nodes to evaluate, in batch (= logits row) order."""
 
     nodes: list[TrieNode]
     paths: list[list[int]]
-    n_rows: int  # output rows requested (nodes with children, plus kept leaves)
+    batch: list[int]
 
     @property
     def n_tokens(self) -> int:
+        """Distinct (prefix, token) pairs: what scoring without a trie-aware leaf skip would evaluate."""
         return len(self.nodes)
 
+    @property
+    def n_rows(self) -> int:
+        return len(self.batch)
 
-def build_trie(candidates: Sequence[Sequence[int]], *, rows_for_leaves: bool = False) -> Trie:
-    """Prefix trie over token lists, nodes renumbered in depth-first (pre-)order.
 
-    ``rows_for_leaves``: also request logits at every candidate's last token (needed only when a
-    caller wants the distribution after a whole candidate; costs one row per distinct leaf).
-    """
+def build_trie(candidates: Sequence[Sequence[int]]) -> Trie:
+    """Prefix trie over token lists, nodes renumbered in depth-first (pre-)order."""
     # Build with insertion-order children, then renumber by DFS so parents precede children and
     # each branch is contiguous.
     tmp: list[TrieNode] = []
@@ -89,24 +94,24 @@ def build_trie(candidates: Sequence[Sequence[int]], *, rows_for_leaves: bool = F
             )
         )
     paths = [[new_index[i] for i in p] for p in tmp_paths]
-    leaves = {p[-1] for p in paths if p}
-    n_rows = 0
+    batch: list[int] = []
     for i, n in enumerate(nodes):
-        if n.children or (rows_for_leaves and i in leaves):
-            n.row = n_rows
-            n_rows += 1
-    return Trie(nodes=nodes, paths=paths, n_rows=n_rows)
+        if n.children:
+            n.row = len(batch)
+            batch.append(i)
+    return Trie(nodes=nodes, paths=paths, batch=batch)
 
 
 def split_points(trie: Trie, max_tokens: int) -> list[tuple[int, int]]:
-    """[start, end) node ranges of at most ``max_tokens`` each (one llama_decode per range).
+    """[start, end) ranges of ``trie.batch`` of at most ``max_tokens`` each (one llama_decode per range).
 
     DFS order keeps every range valid for llama.cpp: a node's ancestors are in the same or an
     earlier range, so the sequences sharing a node have identical KV contents when it is decoded.
     """
     if max_tokens < 1:
         raise ValueError("max_tokens must be >= 1")
-    return [(s, min(s + max_tokens, trie.n_tokens)) for s in range(0, trie.n_tokens, max_tokens)]
+    n = len(trie.batch)
+    return [(s, min(s + max_tokens, n)) for s in range(0, n, max_tokens)]
 
 
 # Rows processed per block in row_logsumexp: keeps the (block, V) float32 scratch in cache-friendly

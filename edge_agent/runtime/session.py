@@ -56,7 +56,7 @@ class _Kept:
     trie: Trie
     tokens: list[list[int]]
     serial: int  # decode serial right after scoring: the logits buffer is valid while unchanged
-    row_base: int  # trie row of the first output row of the last scoring decode
+    row_base: int  # batch index of the first logits row of the last scoring decode
 
 
 class Session:
@@ -406,8 +406,9 @@ class Session:
 
         All candidates go into ONE llama_decode: candidate k lives in seq k+1 (a metadata-only copy of
         seq 0 in the unified cache), shared leading tokens are evaluated once (a trie node with several
-        sequence ids), logits are requested only at nodes with children, and each candidate's first
-        token is scored from the saved context logits. Limits, documented rather than hidden: more
+        sequence ids), only inner trie nodes are evaluated (each candidate's last token is scored from
+        its parent's logits row and never evaluated), and each candidate's first token is scored from
+        the saved context logits. Limits, documented rather than hidden: more
         trie nodes than ``n_batch`` are split into several decodes (depth-first order keeps each valid),
         and more candidates than ``n_seq_max - 1`` are scored in groups (one decode or more per group).
         Candidate sequences are removed afterwards, also on error, unless ``keep=True`` (then they stay
@@ -445,7 +446,8 @@ class Session:
 
     def _score_group(self, cands: list[list[int]], keep: bool) -> list[ContinuationScore]:
         trie = build_trie(cands)
-        n = trie.n_tokens
+        n_nodes, batch = trie.n_tokens, trie.batch
+        n = len(batch)  # inner nodes only: leaves are scored from their parent's row, never evaluated
         if n > self._free_cells():
             raise self._context_full(n)
         b = self.model._batch
@@ -454,8 +456,8 @@ class Session:
         if self._scratch is None:
             self._scratch = np.empty((8, V), dtype=np.float32)
         # Per node: (log p, rank) of the node's token given its parent (or the context for roots).
-        lp = np.zeros(n, dtype=np.float64)
-        rk = np.zeros(n, dtype=np.int64)
+        lp = np.zeros(n_nodes, dtype=np.float64)
+        rk = np.zeros(n_nodes, dtype=np.int64)
         ctx_logits = self._logits
         assert ctx_logits is not None
         ctx_lse = row_logsumexp(ctx_logits[None, :], self._scratch)[0]
@@ -465,15 +467,16 @@ class Session:
                 lp[i] = float(v) - ctx_lse
                 rk[i] = int(np.count_nonzero(ctx_logits > v))
 
-        tok_arr = np.fromiter((nd.token for nd in trie.nodes), dtype=np.int32, count=n)
-        pos_arr = self.n_pos + np.fromiter((nd.depth for nd in trie.nodes), dtype=np.int32, count=n)
-        out_arr = np.fromiter((nd.row >= 0 for nd in trie.nodes), dtype=np.int8, count=n)
-        nseq_arr = np.fromiter((len(nd.seqs) for nd in trie.nodes), dtype=np.int32, count=n)
+        nodes = [trie.nodes[i] for i in batch]
+        tok_arr = np.fromiter((nd.token for nd in nodes), dtype=np.int32, count=n)
+        pos_arr = self.n_pos + np.fromiter((nd.depth for nd in nodes), dtype=np.int32, count=n)
+        nseq_arr = np.fromiter((len(nd.seqs) for nd in nodes), dtype=np.int32, count=n)
 
-        for k in range(len(cands)):
+        n_seqs = len(cands) if n else 0  # nothing to evaluate (one-token candidates): no sequences
+        for k in range(n_seqs):
             C.llama_memory_seq_cp(self._mem, 0, k + 1, -1, -1)
         ok = False
-        row_base = 0
+        row_base = n  # batch index of the first row still in llama.cpp's logits buffer (n: none)
         t_decode = t_post = 0.0
         try:
             for s, e in split_points(trie, b.cap):
@@ -482,29 +485,21 @@ class Session:
                 b.pos[:m] = pos_arr[s:e]
                 b.nseq[:m] = nseq_arr[s:e]
                 for j in range(m):
-                    seqs = trie.nodes[s + j].seqs
+                    seqs = nodes[s + j].seqs
                     b.seq[j, : len(seqs)] = seqs
                     b.seq[j, : len(seqs)] += 1
-                b.out[:m] = out_arr[s:e]
+                b.out[:m] = 1  # every inner node's row predicts its children
                 t0 = time.perf_counter()
                 self._decode(m)
                 t1 = time.perf_counter()
                 t_decode += t1 - t0
                 self.n_scored += m
-                n_out = int(out_arr[s:e].sum())
-                if n_out == 0:
-                    row_base = trie.n_rows  # this decode replaced the logits buffer with no rows
-                    continue
-                row_base = trie.nodes[s + int(np.argmax(out_arr[s:e]))].row
-                rows = self._logits_rows(n_out)
+                row_base = s
+                rows = self._logits_rows(m)  # (m, V) zero-copy view, batch order
                 lse = row_logsumexp(rows, self._scratch)
-                for j in range(s, e):
-                    node = trie.nodes[j]
-                    if node.row < 0:
-                        continue
-                    r = node.row - row_base
+                for r in range(m):
                     row = rows[r]
-                    for t, c in node.children.items():
+                    for t, c in nodes[s + r].children.items():
                         v = row[t]
                         lp[c] = float(v) - lse[r]
                         rk[c] = int(np.count_nonzero(row > v))
@@ -513,7 +508,7 @@ class Session:
             self.last_timing = {"decode": t_decode, "post": t_post}
         finally:
             if not (keep and ok):
-                for k in range(len(cands)):
+                for k in range(n_seqs):
                     C.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
         if keep:
             self._kept = _Kept(trie=trie, tokens=cands, serial=self._serial, row_base=row_base)
@@ -552,6 +547,8 @@ class Session:
                 node = kept.trie.nodes[kept.trie.paths[index][n - 1]]
                 p0 = self.n_pos
                 logits = None
+                # An inner node's KV and logits row exist (the row only while it is still in the
+                # buffer: last decode, nothing decoded since); a leaf was never evaluated.
                 if node.row >= 0 and kept.serial == self._serial and node.row >= kept.row_base:
                     logits = self._logits_rows(node.row - kept.row_base + 1)[node.row - kept.row_base].copy()
                 n_kv = n if logits is not None else n - 1
