@@ -544,3 +544,20 @@ def test_cancel_and_interrupt_abort_a_long_prefill(smollm2_gguf):
             assert s.kv_seq_ranges() == {0: (0, before.n_pos - 1)}
         s.append_text(" Bye.")  # the flag was cleared: the next call runs normally
         assert s.generate(max_tokens=2).tokens
+
+
+def test_rollback_to_a_checkpoint_without_logits(tiny):
+    """Dropping a pending generated token with a hand-made checkpoint (as the agent does) leaves a
+    session whose next distribution is the plain one."""
+    from edge_agent.runtime import Checkpoint
+
+    s = tiny.session()
+    s.append_text(CONTEXT)
+    ref = s.next_logprobs()
+    s.generate(max_tokens=1)
+    cp = s.checkpoint()
+    assert cp.n_pending == 1
+    s.rollback(Checkpoint(n_cells=cp.n_cells, n_pos=cp.n_pos - 1, n_history=cp.n_history - 1, n_pending=0,
+                          n_images=cp.n_images, logits=None))
+    np.testing.assert_allclose(s.next_logprobs(), ref, atol=1e-5)
+    assert s.n_cells == s.n_pos == len(s.history)

@@ -368,6 +368,12 @@ class Session:
         self.n_pos = cp.n_pos
         self.n_cells = cp.n_cells
         self._logits = cp.logits
+        if not self._pending and self._logits is None and self.history and self.history[-1] != IMAGE:
+            # A checkpoint without logits (e.g. built by hand to drop a pending token): re-evaluate
+            # the last token lazily so next_logprobs/score/generate still work.
+            C.llama_memory_seq_rm(self._mem, 0, self.n_pos - 1, -1)
+            self.n_cells -= 1
+            self._pending = [self.history[-1]]
 
     def rollback(self, cp: Checkpoint) -> None:
         """Forget everything after ``cp`` (KV cells removed with llama_memory_seq_rm from its position)."""
