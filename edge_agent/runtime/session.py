@@ -19,7 +19,12 @@ State (all kept by us, never re-derived from llama.cpp):
 
 Thread safety: every public method holds the model's lock, so two threads never interleave llama.cpp
 calls; one session is meant to be driven by one thread (the TUI's worker). ``cancel`` events may be set
-from any thread.
+from any thread: ``generate`` checks them per token, and every call that takes one also aborts a running
+llama_decode through the model's C-level abort flag (``Model.interrupt()`` does the same).
+
+Costs (SmolLM2-135M, 1 thread of a shared 2-core VM, ~600-token context): scoring the built-in six
+rationales (41 tokens, 23 distinct prefixes, 17 inner trie nodes evaluated) takes the time of ~7-10
+decoded tokens; see scripts/bench_runtime.py.
 """
 
 from __future__ import annotations
