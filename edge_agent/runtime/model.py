@@ -25,8 +25,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_agent.errors import ModelFileError, ModelRuntimeError
-from edge_agent.runtime import _lib
-from edge_agent.runtime._lib import C, M
+
+if TYPE_CHECKING:
+    from edge_agent.runtime import _lib
+
+# llama_cpp is imported on first use (Model.load), not when this module is imported, so
+# ``from edge_agent.runtime import Model`` stays cheap for code that only names the class.
+C: Any = None
+M: Any = None
+
+
+def _bind() -> Any:
+    """Import the binding (edge_agent.runtime._lib) once; set this module's C and M; return _lib."""
+    global C, M
+    from edge_agent.runtime import _lib as lib
+
+    C, M = lib.C, lib.M
+    return lib
 
 if TYPE_CHECKING:
     from edge_agent.config import Settings
@@ -127,6 +142,7 @@ class Model:
         ``seed`` is accepted for the ModelLike contract; sampling seeds are per ``generate`` call.
         """
         del seed
+        _lib = _bind()
         path = Path(path)
         mm = Path(mmproj) if mmproj else None
         if extra_buffers not in ("auto", "on", "off"):
@@ -171,6 +187,7 @@ class Model:
         return cls.load(path, mmproj, **kw)
 
     def _load(self, *, n_ctx: int, n_seq_max: int, n_batch: int, flash_attn: str, image_tokens: tuple[int, int]) -> None:
+        _lib = _bind()
         _lib.clear_errors()
         mp = C.llama_model_default_params()
         mp.use_extra_bufts = self.extra_buffers
