@@ -13,6 +13,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
@@ -248,3 +249,28 @@ def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
     text = spy.sessions[-1].text()
     assert "[1] I should search the web with the image" in text  # the numbered plans in the system prompt
     assert f"<think>\n{chosen}\n</think>\n\n<answer>" in text and events[-1].kind == "final_answer"
+
+
+def test_taking_back_an_end_of_turn_token_keeps_the_session_consistent(tiny_vl):
+    """Free-form reasoning that ends with an end-of-generation token: the loop takes the (pending)
+    token back with a hand-built checkpoint; positions, history and later decoding stay right."""
+    from edge_agent.agent.loop import _Run
+    from edge_agent.agent.toolbox import Toolbox
+
+    s = tiny_vl.session()
+    s.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    before = s.n_pos
+    g = s.generate(max_tokens=3)
+    assert s.n_pos == before + len(g.tokens)
+    run = _Run(s, "hi", Toolbox(None), None, AgentOptions(), None, None, (), None)
+    run._drop_last_token()
+    assert s.n_pos == before + len(g.tokens) - 1 and len(s.history) == s.n_pos
+    ref = tiny_vl.session()  # the same text evaluated directly gives the same next-token distribution
+    ref.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    ref.append_tokens(g.tokens[:-1])
+    a = ref.next_logprobs()
+    s2 = tiny_vl.session()
+    s2.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    s2.generate(max_tokens=3)
+    _Run(s2, "hi", Toolbox(None), None, AgentOptions(), None, None, (), None)._drop_last_token()
+    np.testing.assert_allclose(s2.next_logprobs(), a, atol=1e-4)
