@@ -71,7 +71,13 @@ TokenCallback = Callable[[str, int], None]  # (text piece, token id)
 
 
 class SessionLike(Protocol):
-    """The verbs the agent uses. ``edge_agent.runtime.Session`` implements them on llama.cpp."""
+    """The verbs the agent uses. ``edge_agent.runtime.Session`` implements them on llama.cpp.
+
+    Beyond this protocol the real Session offers (feature-detect with getattr in code that also runs
+    on fakes): ``score(..., keep=True)`` then ``adopt(index, n_tokens=None)`` to paste a scored
+    candidate (or its prefix) without evaluating it again; ``cancel=`` on ``append_*`` and ``score``
+    (aborts a running decode, raises ``Cancelled``); ``next_logits()``; counters ``n_evaluated``,
+    ``n_scored``, ``n_pending``; ``kv_seq_ranges()``. ``Model.interrupt()`` aborts the running decode."""
 
     n_pos: int  # the position counter (text: +1 a token; image: +max(nx, ny))
     n_cells: int  # KV cells used by seq 0
