@@ -449,7 +449,7 @@ def test_engine_input_errors_are_fatal_events(edge_home):
         path = "fake.gguf"
 
         def session(self):
-            return FakeSession(favour(["from the image"]), ["hi</answer>"])
+            return FakeSession(favour(["from what I know"]), ["hi</answer>"])
 
     engine = Engine(FakeModel(), Settings.load())
     for kw, msg in [({"question": "  "}, "empty"), ({"question": "Q?", "mode": "telepathy"}, "Mode must be"),
@@ -459,3 +459,17 @@ def test_engine_input_errors_are_fatal_events(edge_home):
         assert [e.kind for e in out] == ["run_started", "error"] and out[-1].fatal and msg in out[-1].message, kw
     out = list(engine.ask("Q?", history=[{"question": "Earlier?", "answer": "Yes."}]))
     assert out[-1].kind == "final_answer" and out[-1].answer == "hi"
+
+
+def test_text_only_questions_never_offer_image_rationales():
+    """Without an image, "answer from the image" (and zoom / image search) are not candidates."""
+    from edge_agent.agent.rationales import builtin_library, parse_library
+
+    lib = builtin_library()
+    allowed = {"text_search", "answer"}
+    ids = [lib.rationales[i].id for i in lib.for_actions(allowed, has_image=False)]
+    assert ids == ["text_search", "answer_evidence", "answer_knowledge"]
+    with_image = [lib.rationales[i].id for i in lib.for_actions(allowed | {"zoom", "image_search"})]
+    assert "answer_image" in with_image and "zoom" in with_image
+    with pytest.raises(RationaleLibraryError, match="needs_image must be true or false"):
+        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}], source="x.json")

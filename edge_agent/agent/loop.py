@@ -313,7 +313,9 @@ class _Run:
     # ---- reasoning ------------------------------------------------------------------------------
     def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored]:
         lib = self.o.library
-        idx = lib.for_actions(allowed) or lib.for_actions({"answer"})
+        has_image = self.image is not None or self.tools.n_images() > 0
+        idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
+            or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
         cands = [index_label(k) if self.o.index_only else r.text for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()

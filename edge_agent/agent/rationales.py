@@ -38,6 +38,7 @@ class Rationale:
     id: str
     text: str
     action: str  # one of ACTIONS
+    needs_image: bool = False  # e.g. "answer from the image": offered only when there is an image
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,14 @@ class Library:
     def __iter__(self):
         return iter(self.rationales)
 
-    def for_actions(self, allowed: set[str] | frozenset[str]) -> list[int]:
-        """Indices of the rationales whose action is allowed (keeps library order)."""
-        return [i for i, r in enumerate(self.rationales) if r.action in allowed]
+    def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True) -> list[int]:
+        """Indices of the rationales whose action is allowed (keeps library order).
+
+        Without an image, rationales that need one are left out: a text-only question must not be
+        answered "from the image".
+        """
+        return [i for i, r in enumerate(self.rationales)
+                if r.action in allowed and (has_image or not r.needs_image)]
 
 
 def builtin_library() -> Library:
@@ -110,8 +116,11 @@ def parse_library(data: Any, *, source: str) -> Library:
         if bad:
             raise RationaleLibraryError(
                 f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
+        needs_image = item.get("needs_image", action in ("zoom", "image_search"))
+        if not isinstance(needs_image, bool):
+            raise RationaleLibraryError(f"Rationale {rid!r} in {where}: needs_image must be true or false.")
         seen.add(rid)
-        out.append(Rationale(rid, text, action))
+        out.append(Rationale(rid, text, action, needs_image))
     if not any(r.action == "answer" for r in out):
         raise RationaleLibraryError(
             f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")
