@@ -664,7 +664,7 @@ class SearchTools:
                 return from_entry("cached")
             return outcome(
                 "offline", (),
-                f"No cached result for {subject} (offline). Answer from the image or what you know, "
+                f"No cached result for {subject} (offline). Answer from what you have seen or know, "
                 "or try a query searched before.",
                 None,
             )  # fmt: skip
