@@ -190,15 +190,15 @@ class Engine:
     def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
         if image is None:
             return None
+        # Read the image first: a wrong path is the first thing to fix, whatever the model.
+        loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
         if not getattr(self.model, "has_vision", False):
             raise ImageError(
                 f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "
                 "Pass --mmproj FILE, choose a vision model (edge-agent models list), or ask without an image.",
                 title="Model cannot see images",
             )
-        if isinstance(image, bytes | bytearray):
-            return load_image_bytes(bytes(image))
-        return load_image(image)
+        return loaded
 
     def _fresh_session(self, system_prompt: str) -> SessionLike:
         """A session holding exactly ``system_prompt``: reused (rolled back) when it already holds it."""

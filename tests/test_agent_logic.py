@@ -452,8 +452,11 @@ def test_engine_input_errors_are_fatal_events(edge_home):
             return FakeSession(favour(["from what I know"]), ["hi</answer>"])
 
     engine = Engine(FakeModel(), Settings.load())
+    real = edge_home / "x.png"
+    Image.new("RGB", (64, 48), "red").save(real)
     for kw, msg in [({"question": "  "}, "empty"), ({"question": "Q?", "mode": "telepathy"}, "Mode must be"),
-                    ({"question": "Q?", "image": "x.png"}, "cannot look at images"),
+                    ({"question": "Q?", "image": str(real)}, "cannot look at images"),
+                    ({"question": "Q?", "image": str(edge_home / "missing.png")}, "Image file not found"),
                     ({"question": "Q?", "history": ["just a string"]}, "pairs")]:
         out = list(engine.ask(**kw))
         assert [e.kind for e in out] == ["run_started", "error"] and out[-1].fatal and msg in out[-1].message, kw
