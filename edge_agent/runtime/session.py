@@ -204,10 +204,10 @@ class Session:
                 C.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
             self._kept = None
 
-    def _append(self, toks: list[int]) -> int:
+    def _append(self, toks: list[int], *, bos: bool = True) -> int:
         """Add tokens to the history and evaluate them (with anything pending) in one pass."""
         n_hist, n_pending = len(self.history), len(self._pending)
-        if not self.history and self.model.add_bos and (not toks or toks[0] != self.model.bos):
+        if bos and not self.history and self.model.add_bos and (not toks or toks[0] != self.model.bos):
             toks = [self.model.bos, *toks]
         self.history.extend(toks)
         self._pending.extend(toks)
@@ -242,18 +242,7 @@ class Session:
             bad = [t for t in toks if not 0 <= t < self.model.n_vocab]
             if bad:
                 raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
-            n_hist, n_pending = len(self.history), len(self._pending)
-            self.history.extend(toks)
-            self._pending.extend(toks)
-            self.n_pos += len(toks)
-            try:
-                self._flush()
-            except BaseException:
-                del self.history[n_hist:]
-                del self._pending[n_pending:]
-                self.n_pos -= len(toks)
-                raise
-            return len(toks)
+            return self._append(toks, bos=False)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
         """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in ``<|vision_start|>...<|vision_end|>``.
