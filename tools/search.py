@@ -724,7 +724,7 @@ def _result_from_json(r: Any) -> SearchResult:
 
 def _hint(b: Backend, e: FetchError) -> str:
     if e.network_down:
-        return " The network may be down: answer from the image, or search again later."
+        return " The network may be down: answer from what you have, or search again later."
     if e.status in (401, 403):
         if b.name == "searxng":
             return " The SearXNG instance refused JSON output: enable `json` under search.formats in its settings.yml."
