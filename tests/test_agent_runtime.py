@@ -182,7 +182,7 @@ def test_user_errors_end_the_stream_with_a_fatal_error(tiny_models, settings, tm
     text_only = Model.load(tiny_models["text"], n_ctx=1024, n_threads=1, n_threads_batch=1)
     try:
         engine = Engine(text_only, settings)
-        (tmp_path / "a.png").write_bytes(b"not really")
+        Image.new("RGB", (32, 32), "green").save(tmp_path / "a.png")  # a real image the model cannot see
         out = list(engine.ask("What is this?", tmp_path / "a.png"))
         assert out[-1].kind == "error" and out[-1].fatal and "cannot look at images" in out[-1].message
     finally:
