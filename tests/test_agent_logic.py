@@ -476,3 +476,26 @@ def test_text_only_questions_never_offer_image_rationales():
     assert "answer_image" in with_image and "zoom" in with_image
     with pytest.raises(RationaleLibraryError, match="needs_image must be true or false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}], source="x.json")
+
+
+def test_a_repeated_search_is_answered_without_searching_again():
+    """The same query twice in one question (up to case and spaces) is not sent again; the model is told."""
+    from edge_agent.agent.actions import ToolCall
+    from edge_agent.agent.toolbox import Toolbox
+
+    class Search:
+        def __init__(self):
+            self.queries = []
+
+        def text_search(self, query):
+            self.queries.append(query)
+            return type("O", (), {"results": (), "status": "live", "ok": True, "observation": f"results for {query}"})()
+
+    search = Search()
+    tb = Toolbox(None, search)
+    first = tb.run(ToolCall("text_search", {"query": "Eiffel Tower"}))
+    again = tb.run(ToolCall("text_search", {"query": "  eiffel   TOWER "}))
+    other = tb.run(ToolCall("text_search", {"query": "Eiffel Tower height"}))
+    assert search.queries == ["Eiffel Tower", "Eiffel Tower height"]
+    assert first.ok and other.ok and not again.ok
+    assert 'already searched for "eiffel tower"' in again.observation

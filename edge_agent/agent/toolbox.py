@@ -60,6 +60,7 @@ class Toolbox:
     def __init__(self, images: ImageStore | None, search: SearchLike | None = None) -> None:
         self.images = images
         self.search = search
+        self._searched: set[tuple[str, str]] = set()  # (tool, normalised query or image index) this question
 
     def available_actions(self) -> frozenset[str]:
         if self.images is None:
@@ -103,8 +104,23 @@ class Toolbox:
         if self.search is None:
             return ToolOutcome(False, "text_search is not available in this session; answer from what you know.",
                                time.perf_counter() - t0, "unconfigured")
-        o = self.search.text_search(call.arguments["query"])
+        query = call.arguments["query"]
+        if (repeat := self._repeat("text_search", " ".join(query.casefold().split()), t0)) is not None:
+            return repeat
+        o = self.search.text_search(query)
         return self._from_search(o, t0)
+
+    def _repeat(self, tool: str, key: str, t0: float) -> ToolOutcome | None:
+        """The same search twice in one question gives the same results: say so instead of re-running it.
+
+        Small models otherwise loop on one query until the turn limit (seen with SmolLM2 offline).
+        """
+        if (tool, key) not in self._searched:
+            self._searched.add((tool, key))
+            return None
+        what = f'"{key}"' if tool == "text_search" else f"image {key}"
+        return ToolOutcome(False, f"You already searched for {what}; its results are above. "
+                                  "Search for something different, or answer.", time.perf_counter() - t0, "error")
 
     def _image_search(self, call: ToolCall, t0: float) -> ToolOutcome:
         if self.images is None:
@@ -114,6 +130,8 @@ class Toolbox:
         if self.search is None:
             return ToolOutcome(False, "image_search is not available in this session; answer or zoom instead.",
                                time.perf_counter() - t0, "unconfigured")
+        if (repeat := self._repeat("image_search", str(idx), t0)) is not None:
+            return repeat
         o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")
         return self._from_search(o, t0)
 
