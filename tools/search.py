@@ -75,33 +75,6 @@ MAX_IMAGE_BYTES = 7_000_000  # larger images are refused (Cloud Vision takes <= 
 
 STATUSES = ("live", "cached", "stale", "offline", "unconfigured", "error")
 
-# Qwen-style function schemas for the system prompt's <tools> block (the agent may use its own wording).
-TEXT_SEARCH_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "text_search",
-        "description": "Search the web by text. Returns the top results (title, url, snippet).",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "A few keywords."}},
-            "required": ["query"],
-        },
-    },
-}
-IMAGE_SEARCH_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "image_search",
-        "description": "Reverse image search: find web pages and entities that match an image or a crop.",
-        "parameters": {
-            "type": "object",
-            "properties": {"img_idx": {"type": "integer", "description": "0: the original image; 1, 2...: earlier crops."}},
-            "required": ["img_idx"],
-        },
-    },
-}
-
-
 # ------------------------------------------------------------------------------------------------
 # Values
 
