@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-USER_AGENT = "edge-agent/0.1 (on-device VLM agent; https://github.com/edge-agent)"
+USER_AGENT = "edge-agent/0.1 (on-device VLM agent)"
 
 # Per-field limits for stored results (chars). The observation shortens snippets further.
 TITLE_CHARS, URL_CHARS, SNIPPET_CHARS, SOURCE_CHARS = 200, 500, 600, 40
