@@ -161,5 +161,5 @@ class FinalAnswer(Event):
     kind: ClassVar[str] = "final_answer"
     answer: str
     turns: int
-    stop_reason: str  # answered | turn_limit | cancelled
+    stop_reason: str  # answered | turn_limit | no_answer (it only repeated its instructions) | cancelled
     totals: dict[str, float] = field(default_factory=dict)  # reasoning/action/tool/total seconds, tokens...

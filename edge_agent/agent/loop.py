@@ -73,6 +73,7 @@ from edge_agent.agent.prompts import (
     Img,
     Segment,
     Text,
+    echoes_instructions,
     history_segments,
     observation_segments,
     question_segments,
@@ -261,6 +262,11 @@ class _Run:
                 self._add(reasoning_s, action_s, 0.0, 0.0)
                 yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
                                    tool_seconds=0.0)
+                if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
+                    yield AgentError(turn=turn, title="No answer found", fatal=False,
+                                     message=f"The model repeated its instructions instead of answering ({answer!r}).")
+                    yield self._final("no_answer", "")
+                    return True
                 yield self._final("turn_limit" if final else "answered", answer)
                 return True
             # Decode only up to the end of the last free value (the grammar ends with the stop string,

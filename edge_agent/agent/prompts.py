@@ -17,6 +17,7 @@ read the same layout as plain text. Does not know: tokens, models, the loop's co
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -143,6 +144,40 @@ def question_segments(question: str, image: bytes | None) -> list[Segment]:
         out.append(Img(image))
     out += [Text(question, special=False), Text(TURN_END + THINK_OPEN)]
     return out
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[^\W_]+", text.casefold())
+
+
+def _instruction_texts() -> list[list[str]]:
+    """The words of every instruction the model reads (system prompts, notes), one list per sentence."""
+    out = []
+    for text in (SYSTEM, SYSTEM_TEXT_ONLY, TURN_LIMIT_NOTE):
+        out += [_words(sentence) for sentence in re.split(r"(?<=[.!?])\s+", text)]
+    return [w for w in out if w]
+
+
+def echoes_instructions(answer: str) -> bool:
+    """True when ``answer`` merely repeats the prompt's own instruction text (e.g. SmolLM2 answering
+    "You have no tool calls left"): a run of 3+ words from one instruction sentence, or nothing but
+    whole instruction sentences. Such an answer is not presented as one."""
+    words = _words(answer)
+    if len(words) < 3:
+        return False
+    sentences = _instruction_texts()
+
+    def inside(run: list[str], sentence: list[str]) -> bool:
+        n = len(run)
+        return any(sentence[i:i + n] == run for i in range(len(sentence) - n + 1))
+
+    if any(inside(words, s) for s in sentences):
+        return True
+    rest = " ".join(words)
+    for s in sorted(sentences, key=len, reverse=True):
+        if len(s) >= 4:
+            rest = re.sub(rf"(^| ){re.escape(' '.join(s))}( |$)", " ", rest)
+    return not rest.split()
 
 
 def observation_segments(observation: str, image: bytes | None = None, *, note: str = "") -> list[Segment]:
