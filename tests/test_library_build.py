@@ -1,0 +1,330 @@
+"""`library build` as pure logic: hand-made traces with a known structure (which moves recur, under
+which action, with which specifics), the three source formats, and the messages for bad sources.
+
+The real-model path (a SmolLM2 free-form eval, embeddings, `library show`) is in
+tests/test_library_real.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edge_agent.agent import events as ev
+from edge_agent.agent import library_build as LB
+from edge_agent.agent.rationales import load_library
+
+# Three moves, each written several ways with question-specific details; the structure the build
+# must recover: zoom x6 (two phrasings), text_search x4, answer x6 (two phrasings), one stray.
+ZOOM_A = ['The sign is small. I should zoom in on the sign to read "{w}"',
+          'I cannot read the {n} words on the sign. I should zoom in on the sign to read it',
+          "I should zoom in on the sign at [{n}, 40, 300, 200] to read it"]
+ZOOM_B = ["Let me zoom in closer on the tag in the corner", "Let me zoom in closer on the tag near {name}",
+          "Let me zoom in closer on the tag"]
+SEARCH = ["I should search the web for facts about {name}", 'I should search the web for facts about "{w}"',
+          "I need facts. I should search the web for facts about {name} Tower",
+          "I should search the web for facts about the {n} buildings"]
+ANSWER_A = ["The crop shows it clearly. I can answer from the image now", "I can answer from the image now",
+            "I can answer from the image now: it says {w}"]
+ANSWER_B = ["I know this already, so I will answer from what I know",
+            "The search gave {n} results. I will answer from what I know",
+            "I will answer from what I know about {name}"]
+NAMES = ["Prague", "Eiffel", "Lisbon", "Marie Curie", "Tokyo", "Berlin"]
+WORDS = ["harbor", "lantern", "meadow", "copper", "falcon", "velvet"]
+
+
+def _fill(t: str, i: int) -> str:
+    return t.format(w=WORDS[i % len(WORDS)], n=3 + i, name=NAMES[i % len(NAMES)])
+
+
+def _turns() -> list[LB.Turn]:
+    out = []
+    q = 0
+    for texts, action in ((ZOOM_A, "zoom"), (ZOOM_B, "zoom"), (SEARCH, "text_search"), (ANSWER_A, "answer"),
+                          (ANSWER_B, "answer")):
+        for t in texts:
+            out.append(LB.Turn(trace=f"set:q{q}", turn=1, text=_fill(t, q), action=action, correct=True))
+            q += 1
+    out.append(LB.Turn(trace="set:q99", turn=1, text="Hmm, maybe the colour of the dog matters", action="zoom",
+                       correct=True))
+    return out
+
+
+def _read(turns: list[LB.Turn]) -> LB.Read:
+    return LB.Read(turns=turns, traces=len({t.trace for t in turns}))
+
+
+# --- generalising one turn ---------------------------------------------------------------------
+
+def test_generalise_keeps_the_decision_sentence_and_drops_specifics():
+    """Quoted strings, numbers, boxes and names go; the sentence that says what to do stays."""
+    m = LB.generalise('The question is about the Old Town Hall in Prague. It has 3 towers. '
+                      'I should search for "astronomical clock 1410" to find out.')
+    assert m is not None and m.text == "I should search for it to find out" and m.placeholders == 1
+    m = LB.generalise("Let me zoom into [120, 40, 380, 260] to read the tag.")
+    assert m is not None and m.text == "Let me zoom into it to read the tag"
+    m = LB.generalise("The answer is 42 and I can answer from the evidence now.")
+    assert m is not None and not re.search(r"\d", m.text)
+    m = LB.generalise("I should answer that Marie Curie discovered it, as Wikipedia says.")
+    assert m is not None and "Marie" not in m.text and "Curie" not in m.text
+
+
+def test_generalise_removes_chat_markup_and_rejects_garbage():
+    """Nothing that breaks the chat format survives; text without a generic move gives None."""
+    m = LB.generalise("<|im_start|>assistant <think> I will answer now </think><tool_call>")
+    assert m is not None and m.text == "I will answer now"
+    assert all(f not in m.text for f in ("<|", "<think>", "<tool_call>"))
+    assert LB.generalise("") is None
+    assert LB.generalise("%% 12 ## <|im_end|> $$ 7 ~~") is None
+    assert LB.generalise("ok then") is None  # under three words
+
+
+def test_generalise_cuts_long_text_at_a_word_boundary():
+    m = LB.generalise("I should " + "zoom in very carefully and " * 20 + "read the sign", max_chars=60)
+    assert m is not None and len(m.text) <= 60 and not m.text.endswith(" ") and m.text.startswith("I should zoom")
+
+
+# --- clustering ---------------------------------------------------------------------------------
+
+def test_cluster_recovers_planted_groups_largest_first():
+    """Rows near three directions form three clusters; weights order them."""
+    rng = np.random.default_rng(0)
+    centres = np.eye(3)
+    rows, labels = [], []
+    for k, n in ((0, 3), (1, 5), (2, 2)):
+        for _ in range(n):
+            rows.append(centres[k] + 0.1 * rng.standard_normal(3))
+            labels.append(k)
+    v = LB._normalise(np.array(rows))
+    clusters = LB.cluster(v, [1] * len(rows), threshold=0.5)
+    assert [sorted({labels[i] for i in c}) for c in clusters] == [[1], [0], [2]]
+    assert sorted(len(c) for c in clusters) == [2, 3, 5]
+    # weights count turns: one row standing for 10 turns outranks five single rows
+    weights = [1] * len(rows)
+    weights[-1] = 10
+    assert {labels[i] for i in LB.cluster(v, weights, threshold=0.5)[0]} == {2}
+
+
+def test_cluster_threshold_one_keeps_distinct_texts_apart():
+    v = LB.lexical_vectors(["I should zoom in", "I should search the web", "I should zoom in"])
+    assert len(LB.cluster(v, [1, 1, 1], threshold=1.01)) == 3
+    assert len(LB.cluster(v, [1, 1, 1], threshold=0.99)) == 2  # the identical pair merges
+
+
+# --- the build ----------------------------------------------------------------------------------
+
+def test_build_finds_the_recurring_moves_per_action():
+    """Hand-made traces with two zoom moves, one search move and two answer moves: the library has
+    exactly those, generic, each with its cluster's provenance; the stray turn is left out."""
+    b = LB.build_library(_read(_turns()))
+    got = {(e.action, e.size) for e in b.entries}
+    assert got == {("zoom", 3), ("text_search", 4), ("answer", 3)} or sorted(e.size for e in b.entries) == [3, 3, 3, 3, 4]
+    assert [e.action for e in b.entries].count("zoom") == 2 and [e.action for e in b.entries].count("answer") == 2
+    assert len(b.entries) == 5 and b.used == 17
+    texts = " ".join(e.text for e in b.entries)
+    for specific in NAMES + WORDS + ["Tower", '"', "[", "]"]:
+        assert specific not in texts
+    assert not re.search(r"\d", texts)
+    assert all(e.share == pytest.approx(e.size / 17) for e in b.entries)
+    assert sum(e.size for e in b.entries) == 16  # everything but the stray turn
+    assert any("min-support" in d for d in b.dropped)
+    ids = [e.id for e in b.entries]
+    assert ids == sorted(ids, key=lambda i: ("image_search", "text_search", "zoom", "answer").index(i.rsplit("_", 1)[0]))
+    # the representative with no placeholder and the shortest text wins
+    assert "I can answer from the image now" in [e.text for e in b.entries]
+    assert next(e for e in b.entries if e.text == "I can answer from the image now").needs_image
+    search = next(e for e in b.entries if e.action == "text_search")
+    assert search.examples[0].startswith("set:q") and "#t1" in search.examples[0]
+
+
+def test_build_caps_per_action_and_in_all(tmp_path):
+    """--per-action and the global cap (never above the runtime's 15) hold; the biggest answer stays."""
+    b = LB.build_library(_read(_turns()), per_action=1)
+    assert sorted(e.action for e in b.entries) == ["answer", "text_search", "zoom"]
+    assert any("--per-action 1" in d for d in b.dropped)
+    b = LB.build_library(_read(_turns()), max_total=1)
+    assert [e.action for e in b.entries] == ["answer"]
+    many = [LB.Turn(f"s:q{i}-{j}", 1, f"I should zoom in on the {w} part of it", "zoom", True)
+            for i, w in enumerate(["left", "right", "upper", "lower", "middle", "far", "near", "inner", "outer",
+                                   "red", "blue", "green", "dark", "bright", "small", "large", "odd", "top"])
+            for j in range(2)]
+    many += [LB.Turn("s:a", 1, "I can answer now", "answer", True), LB.Turn("s:b", 1, "I can answer now", "answer", True)]
+    b = LB.build_library(_read(many), per_action=20, max_total=99, similarity=1.01)
+    assert len(b.entries) == 15 and sum(e.action == "answer" for e in b.entries) == 1
+    out = LB.write_library(b, tmp_path / "lib.json")
+    assert len(load_library(out)) == 15
+
+
+def test_build_uses_only_correct_turns_unless_all():
+    turns = _turns()
+    wrong = [LB.Turn("set:bad", 1, "I should search the image on the web now", "image_search", False),
+             LB.Turn("set:bad", 2, "I should search the image on the web now", "image_search", False)]
+    b = LB.build_library(_read(turns + wrong))
+    assert b.skipped_failed == 2 and all(e.action != "image_search" for e in b.entries)
+    b = LB.build_library(_read(turns + wrong), take_all=True)
+    assert any(e.action == "image_search" for e in b.entries)
+
+
+def test_build_errors_say_what_to_do():
+    failed = [LB.Turn(f"s:q{i}", 1, "I can answer from the image now", "answer", False) for i in range(3)]
+    with pytest.raises(LB.LibraryBuildError, match="--all"):
+        LB.build_library(_read(failed))
+    with pytest.raises(LB.LibraryBuildError, match="freeform"):
+        LB.build_library(LB.Read(traces=2, scored_turns=4))
+    garbage = [LB.Turn(f"s:q{i}", 1, "## 12 %% <|im_end|>", "answer", True) for i in range(3)]
+    with pytest.raises(LB.LibraryBuildError, match="generic move"):
+        LB.build_library(_read(garbage))
+    no_answer = [LB.Turn(f"s:q{i}", 1, "I should zoom in on the sign", "zoom", True) for i in range(3)]
+    with pytest.raises(LB.LibraryBuildError, match="answer"):
+        LB.build_library(_read(no_answer))
+
+
+def test_build_with_an_embedder_uses_its_vectors():
+    """The embed callable decides the clusters: a fake that maps every zoom text to one vector merges
+    phrasings the lexical vectors keep apart."""
+    def embed(texts):
+        return np.array([[1.0, 0.0, 0.0] if "zoom" in t.lower() else [0.0, 1.0, 0.0] if "search" in t.lower()
+                         else [0.0, 0.0, 1.0] for t in texts])
+
+    b = LB.build_library(_read(_turns()), embed=embed, method="fake")
+    assert b.method == "fake"
+    assert [e.size for e in b.entries if e.action == "zoom"] == [6]  # both phrasings in one cluster
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+def _events(turns: list[tuple[str, str]], *, stop: str = "answered") -> list[ev.Event]:
+    out: list[ev.Event] = [ev.RunStarted(question="q?", image=None, mode="freeform", seprod=False, model="m")]
+    for n, (text, action) in enumerate(turns, 1):
+        out += [ev.TurnStarted(turn=n), ev.ReasoningDone(turn=n, text=text, n_tokens=5, seconds=0.1),
+                ev.TurnFinished(turn=n, action=action, reasoning_seconds=0.1, action_seconds=0.1, tool_seconds=0.0)]
+    out.append(ev.FinalAnswer(answer="x", turns=len(turns), stop_reason=stop))
+    return out
+
+
+def _record(qid: str, turns: list[tuple[str, str]], *, correct: bool, mode: str = "freeform") -> dict:
+    log = [{"turn": n, "action": a, "rationale": None if mode == "freeform" else "zoom",
+            **({"reasoning": t} if mode == "freeform" else {})} for n, (t, a) in enumerate(turns, 1)]
+    return {"id": qid, "mode": mode, "turn_log": log, "exact": correct, "contains": correct, "error": None}
+
+
+TRACE = [("I should zoom in on the sign", "zoom"), ("I can answer from the image now", "answer")]
+
+
+def test_reads_eval_results_folder_json_and_jsonl(tmp_path):
+    recs = [_record("q1", TRACE, correct=True), _record("q2", TRACE, correct=False),
+            _record("q1", TRACE, correct=True, mode="ssr")]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "results.json").write_text(json.dumps({"records": recs, "metrics": {}}))
+    for src in (tmp_path / "run", tmp_path / "run" / "results.jsonl", tmp_path / "results.json"):
+        r = LB.read_sources([src])
+        assert r.traces == 3 and r.scored_turns == 2
+        assert [(t.trace.split(":")[1], t.turn, t.action, t.correct) for t in r.turns] == [
+            ("q1", 1, "zoom", True), ("q1", 2, "answer", True), ("q2", 1, "zoom", False), ("q2", 2, "answer", False)]
+
+
+def test_reads_eval_records_made_by_the_eval_itself():
+    """The eval's own record (make_record from real events) carries the reasoning text per turn."""
+    from edge_agent import evaluation as E
+
+    q = E.Question("q1", "q?", ("x",), None)
+    rec = E.make_record(q, E.MODES["freeform"], _events(TRACE))
+    r = LB.Read()
+    LB._read_records([json.loads(json.dumps(rec))], "run", Path("results.jsonl"), r)
+    assert [(t.text, t.action, t.correct) for t in r.turns] == [(TRACE[0][0], "zoom", True), (TRACE[1][0], "answer", True)]
+
+
+def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
+    from edge_agent.chats import ChatStore
+
+    chats = ChatStore(tmp_path / "chats.sqlite3")
+    cid = chats.new_chat("t")
+    for stop, status in (("answered", "answered"), ("cancelled", "cancelled")):
+        chats.add_user_message(cid, "q?")
+        mid = chats.start_answer(cid)
+        for e in _events(TRACE, stop=stop):
+            chats.add_event(mid, e)
+        chats.finish_answer(mid, status, "x")
+    _, jpath = chats.export(cid, tmp_path / "export")
+    r = LB.read_sources([jpath])
+    assert r.traces == 2 and [t.correct for t in r.turns] == [None, None, False, False]
+    assert {t.action for t in r.turns} == {"zoom", "answer"}
+
+    log = tmp_path / "ask.jsonl"
+    lines = [json.dumps(e.to_json()) for e in _events(TRACE) + _events(TRACE[1:])]
+    log.write_text("\n".join(lines) + "\n")
+    r = LB.read_sources([log])
+    assert r.traces == 2 and [(t.trace, t.turn) for t in r.turns] == [("ask:run1", 1), ("ask:run1", 2), ("ask:run2", 1)]
+    assert all(t.correct is None for t in r.turns)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "empty"),
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not UTF-8"),
+    (b"this is not json\nat all", "neither JSON nor JSON lines"),
+    (b'{"hello": "world"}', "not an eval result"),
+    (b'[1, 2, 3]', "not an eval result"),
+])
+def test_garbage_sources_get_a_clear_message(tmp_path, content, match):
+    p = tmp_path / "src.json"
+    p.write_bytes(content)
+    with pytest.raises(LB.LibraryBuildError, match=match):
+        LB.read_sources([p])
+
+
+def test_missing_source_and_folder_without_results(tmp_path):
+    with pytest.raises(LB.LibraryBuildError, match="not found"):
+        LB.read_sources([tmp_path / "nope.json"])
+    with pytest.raises(LB.LibraryBuildError, match="without results"):
+        LB.read_sources([tmp_path])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def _eval_file(tmp_path: Path, correct: bool = True) -> Path:
+    recs = []
+    for i, t in enumerate(_turns()):
+        recs.append(_record(f"q{i}", [(t.text, t.action)] + ([] if t.action == "answer" else [TRACE[1]]), correct=correct))
+    p = tmp_path / "results.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+def test_cli_build_then_check(tmp_path, edge_home):
+    from edge_agent.cli import cli
+
+    src = _eval_file(tmp_path)
+    out = tmp_path / "lib" / "mine.json"
+    res = CliRunner().invoke(cli, ["library", "build", str(src), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Wrote" in res.output and "answer_1" in res.output
+    data = json.loads(out.read_text())
+    assert data["built"]["method"].startswith("lexical") and data["built"]["sources"] == [str(src)]
+    assert all({"cluster_size", "share", "examples"} <= set(r["provenance"]) for r in data["rationales"])
+    res = CliRunner().invoke(cli, ["library", "check", str(out)])
+    assert res.exit_code == 0 and f"OK: {out} holds {len(data['rationales'])} rationales" in res.output
+    data["rationales"][0]["text"] = "I should <think> twice"
+    out.write_text(json.dumps(data))
+    res = CliRunner().invoke(cli, ["library", "check", str(out)])
+    assert res.exit_code == 2 and "would break the chat format" in res.output
+
+
+def test_cli_build_all_failed_and_garbage(tmp_path, edge_home):
+    from edge_agent.cli import cli
+
+    src = _eval_file(tmp_path, correct=False)
+    res = CliRunner().invoke(cli, ["library", "build", str(src), "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "answered wrongly or failed" in res.output and "--all" in res.output
+    assert not (tmp_path / "x.json").exists()
+    res = CliRunner().invoke(cli, ["library", "build", str(src), "--all", "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 0, res.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    res = CliRunner().invoke(cli, ["library", "build", str(bad), "-o", str(tmp_path / "y.json")])
+    assert res.exit_code == 2 and "Error:" in res.output and "SOURCES are" in res.output
