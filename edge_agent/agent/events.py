@@ -58,6 +58,7 @@ class RationaleScored(Event):
     candidates: tuple[RationaleCandidate, ...]
     chosen: int  # index into candidates
     seconds: float
+    library: str = ""  # the library scored: "built-in" or its file (Library.source); "" in older events
 
 
 @dataclass(frozen=True)

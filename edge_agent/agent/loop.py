@@ -358,6 +358,7 @@ class _Run:
             ),
             chosen=choice,
             seconds=seconds,
+            library=lib.source,
         )
 
     def _free_reason(self, turn: int) -> Generator[Event, None, str]:
