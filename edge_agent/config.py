@@ -53,10 +53,11 @@ class Settings:
     n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
     n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
     extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
+    theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------
     mode: str = _doc("Reasoning mode: ssr (scored rationales) or freeform (the model writes its reasoning).", default="ssr")
-    max_turns: int = _doc("Most agent turns (tool calls) before the model must answer.", default=5)
+    max_turns: int = _doc("Most tool calls per question; then one more turn must answer.", default=5)
     ssr_tau: float = _doc("SSR softmax temperature over rationale scores.", default=1.0)
     ssr_sample: bool = _doc("SSR: sample a rationale (seeded) instead of taking the best.", default=False)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.", default=False)
@@ -174,6 +175,14 @@ class Settings:
             raise ConfigError("Settings search_cache_days must be at least 0 and search_timeout greater than 0.")
         if self.ssr_tau <= 0:
             raise ConfigError("Setting ssr_tau must be greater than 0.")
+        cpus = os.cpu_count() or 1
+        for name in ("n_threads", "n_threads_batch"):
+            n = getattr(self, name)
+            if not 0 <= n <= cpus:
+                raise ConfigError(
+                    f"Setting {name} must be between 0 and {cpus} (this machine has {cpus} CPU threads; "
+                    f"more threads than that only slow llama.cpp down), not {n}. 0 picks one per physical core: "
+                    f"`edge-agent config set {name} 0`.")
 
     def save(self, keys: list[str] | None = None) -> Path:
         """Write the settings that differ from the defaults (or ``keys``) to ``config_path``."""
@@ -185,11 +194,10 @@ class Settings:
             v = getattr(self, f.name)
             if (keys is not None and f.name in keys) or (keys is None and v != getattr(default, f.name)):
                 out[f.name] = v
-        self.home.mkdir(parents=True, exist_ok=True)
-        tmp = self.config_path.with_suffix(".toml.tmp")
-        tmp.write_text(_dump_toml(out), encoding="utf-8")
-        os.replace(tmp, self.config_path)
-        return self.config_path
+        from edge_agent.files import atomic_write
+
+        # private (0600), as gh and aws keep their credentials: the file may hold API keys
+        return atomic_write(self.config_path, _dump_toml(out), private=True)
 
     def public_dict(self) -> dict[str, Any]:
         """Settings as plain values with secrets masked: safe for logs, exports and `--json`."""

@@ -30,14 +30,14 @@ def show(as_json: bool) -> None:
     click.echo(f"\n(file: {s.config_path})")
 
 
-@command.command("set")
+# ignore_unknown_options: a negative VALUE ("-1") is a value for the validator, not an option
+@command.command("set", context_settings={"ignore_unknown_options": True})
 @click.argument("key")
 @click.argument("value")
 def set_(key: str, value: str) -> None:
     """Set KEY to VALUE in the config file, e.g. `edge-agent config set mode freeform`."""
-    s = Settings.load()
-    s = s.updated({key: value}, source="command line")
-    s.validate()
+    # The new value is applied before validation, so a file holding a bad value can be fixed here.
+    s = Settings.load({key: value})
     path = s.save()
     shown = "***" if key in SECRET_FIELDS else getattr(s, key)
     click.echo(f"{key} = {shown}  (saved to {path})")
