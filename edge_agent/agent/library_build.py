@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.agent.rationales import ACTIONS, FORBIDDEN, MAX_CHARS, MAX_RATIONALES, parse_library
+from edge_agent.agent.rationales import ACTIONS, FORBIDDEN, MAX_RATIONALES, parse_library
 from edge_agent.errors import EdgeAgentError
 
 Embed = Callable[[Sequence[str]], np.ndarray]

@@ -1,12 +1,15 @@
 """The reasoning of one agent turn, as a collapsible block.
 
-SSR: the six rationales with their probabilities as bars, the chosen one marked. Free-form: the
+SSR: the library's rationales (and which library: built-in or its file name) with their probabilities
+as bars, the chosen one marked. Free-form: the
 reasoning text as it streams. SeProD: the prophet's draft with the accepted tokens highlighted and
 accepted/drafted counts. Then the tool call and its result (``tool_view``), then the turn's timings
 in the block's title. Pure rendering of agent events; knows nothing of the engine.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -51,7 +54,9 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
             Text(c.action, style="bold cyan" if chosen else "cyan"),
             Text(c.text, style=style),
         )
-    head = Text(f"SSR: {len(e.candidates)} rationales scored in one pass, {ms(e.seconds)}", style="dim")
+    lib = getattr(e, "library", "")
+    where = "" if not lib else f" from {lib if lib == 'built-in' else Path(lib).name}"
+    head = Text(f"SSR: {len(e.candidates)} rationales{where} scored in one pass, {ms(e.seconds)}", style="dim")
     return Group(head, table)
 
 

@@ -1,7 +1,9 @@
-"""The settings screen: mode, tau, SeProD, offline, max turns and models; saved with Settings.save().
+"""The settings screen: mode, tau, SeProD, offline, rationale library, max turns and models; saved
+with Settings.save().
 
 Each field shows the help text from ``Settings`` field metadata. Values are checked by
-``Settings.updated().validate()`` so the screen and the config file accept the same things.
+``Settings.updated().validate()`` so the screen and the config file accept the same things; a new
+rationale library file is loaded (validated) before the screen closes.
 Dismisses with the new Settings (or None when cancelled).
 """
 
@@ -16,6 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
+from edge_agent.agent.rationales import load_library
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError
 
@@ -27,6 +30,7 @@ FIELDS: list[tuple[str, str]] = [
     ("seprod", "bool"),
     ("seprod_tau", "text"),
     ("offline", "bool"),
+    ("rationales", "text"),
     ("model", "text"),
     ("mmproj", "text"),
     ("prophet", "text"),
@@ -120,6 +124,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         try:
             new = self.settings.updated(self.values(), source="the settings screen")
             new.validate()
+            if new.rationales != self.settings.rationales:
+                load_library(new.rationales)  # a bad library file is refused here, not at the next question
         except ConfigError as e:
             self.notify(e.message, title=e.title, severity="error")
             return
