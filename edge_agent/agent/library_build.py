@@ -79,6 +79,7 @@ class Read:
     scored_turns: int = 0  # SSR turns: no written reasoning, nothing to learn from
     invalid_turns: int = 0  # turns whose action did not parse
     missing_text: int = 0  # free-form turns recorded without their reasoning text (an older eval)
+    errors: list[str] = field(default_factory=list)  # traces that ended in an error (e.g. an image for a text model)
 
 
 def read_sources(paths: Iterable[str | Path]) -> Read:
@@ -138,6 +139,8 @@ def _read_records(records: list[Any], name: str, path: Path, out: Read) -> None:
         out.traces += 1
         correct = bool(rec.get("contains") or rec.get("exact")) and not rec.get("error")
         trace = f"{name}:{rec.get('id', out.traces)}"
+        if rec.get("error"):
+            out.errors.append(str(rec["error"]))
         if rec.get("mode") not in (None, "freeform"):
             out.scored_turns += len(rec["turn_log"])
             continue
@@ -205,8 +208,10 @@ def _read_ask_log(rows: list[dict[str, Any]], name: str, out: Read) -> None:
         runs[-1].append(r)
     for n, events in enumerate(runs, 1):
         final = next((e for e in reversed(events) if e.get("event") == "final_answer"), None)
-        fatal = any(e.get("event") == "error" and e.get("fatal") for e in events)
-        ok = final is not None and final.get("stop_reason") in ("answered", "turn_limit") and not fatal
+        fatal = next((e for e in events if e.get("event") == "error" and e.get("fatal")), None)
+        if fatal is not None:
+            out.errors.append(f"{fatal.get('title', 'Error')}: {fatal.get('message', '')}")
+        ok = final is not None and final.get("stop_reason") in ("answered", "turn_limit") and fatal is None
         _add_events(out, f"{name}:run{n}", events, None if ok else False)
 
 
@@ -472,6 +477,8 @@ def build_library(
                        "(results of an older edge-agent: rerun the eval with a new --out)")
         if read.invalid_turns:
             why.append(f"{read.invalid_turns} turns ended in a malformed action")
+        if read.errors:
+            why.append(f"{len(read.errors)} of {read.traces} questions ended in an error ({read.errors[0]})")
         detail = ("; ".join(why) + ".") if why else f"{read.traces} traces were read."
         raise LibraryBuildError(f"The sources hold no free-form turns: {detail} {HELP}")
     kept = [t for t in read.turns if take_all or t.correct is not False]
