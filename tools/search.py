@@ -41,6 +41,7 @@ Does not know: the model, prompts, chat format, images beyond bytes + MIME type 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import html
 import logging
@@ -106,6 +107,7 @@ class SearchOutcome:
     fetched_at: float | None = None  # Unix time the results were fetched (None: no results)
     image_sha256: str = ""
     error: str | None = None  # why the backend failed (error / stale), secret-free
+    unreachable: bool = False  # the network, not the service, failed (DNS, refused, timeout): error / stale
 
     @property
     def ok(self) -> bool:
@@ -659,9 +661,11 @@ class SearchTools:
             reason = redact(e.message, self.secrets)
             if entry is not None:
                 when = _date(entry.fetched_at)
-                return from_entry("stale", f"stale copy from {when}; the search failed now: {reason}", reason)
+                stale = from_entry("stale", f"stale copy from {when}; the search failed now: {reason}", reason)
+                return dataclasses.replace(stale, unreachable=e.network_down)
             hint = _hint(b, e)
-            return outcome("error", (), f"{tool} failed ({b.name}): {reason}.{hint}", None, reason)
+            failed = outcome("error", (), f"{tool} failed ({b.name}): {reason}.{hint}", None, reason)
+            return dataclasses.replace(failed, unreachable=e.network_down)
         now = time.time()
         self.cache.put(
             CacheEntry(tool, b.name, norm, sha, params, [r.to_json() for r in results], redact(res.text, self.secrets), now)

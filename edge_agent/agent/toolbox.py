@@ -3,7 +3,15 @@
 Knows: how a parsed :class:`ToolCall` maps to a tool, and how every outcome (a crop, search results,
 a refused box, an unconfigured backend, an offline cache miss) becomes a :class:`ToolOutcome` whose
 ``observation`` the model reads. A mistake is a value, never an exception; bugs still propagate.
-Does not know: the network (the search object is handed in; ``tools.search.SearchTools`` in the app,
+
+The tool-availability policy of one question lives here (the loop asks :meth:`Toolbox.available_actions`
+at the start of every turn, so the prompt's schemas, the SSR candidates and the free-form grammar
+follow it): a search whose backend is unconfigured is never offered; a search found unreachable
+(connection refused, DNS failure, timeout) is withdrawn for the rest of the question; a call repeated
+exactly is refused (a second time: the model is looping, the tool is withdrawn); image search is withdrawn once
+every image has been searched. The observation of a failed call says what failed and what is still
+possible.
+Does not know: the network (the search object is handed in; ``edge_agent.tools.search.SearchTools`` in the app,
 anything with ``text_search(query)`` / ``image_search(bytes, mime)`` in tests), models, the loop.
 """
 
@@ -18,6 +26,7 @@ from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import ZOOM_TOOL
 from edge_agent.errors import EdgeAgentError
 from tools.images import jpeg_bytes
+from edge_agent.tools.text import query_key
 from tools.zoom import ImageStore, ZoomError
 
 
@@ -26,7 +35,7 @@ class ToolOutcome:
     ok: bool
     observation: str  # untrusted text the model reads inside <tool_response>
     seconds: float
-    status: str  # zoom: local; search: live | cached | stale | offline | unconfigured | error
+    status: str  # zoom: local; search: live | cached | stale | offline | unconfigured | unreachable | error
     image: bytes | None = None  # zoom: PNG of the crop, appended to the context as a new image
     image_index: int | None = None
     image_path: str | None = None
@@ -60,12 +69,35 @@ class Toolbox:
     def __init__(self, images: ImageStore | None, search: SearchLike | None = None) -> None:
         self.images = images
         self.search = search
-        self._searched: set[tuple[str, str]] = set()  # (tool, normalised query or image index) this question
+        self._searched: dict[tuple[str, str], str] = {}  # (tool, normalised query or image index) -> what it gave
+        self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
+        self._repeats: dict[str, int] = {}  # tool -> identical calls refused
 
     def available_actions(self) -> frozenset[str]:
-        if self.images is None:
-            return frozenset({"text_search", "answer"})
-        return frozenset({"zoom", "text_search", "image_search", "answer"})
+        """Action types that make sense now: no zoom / image search without an image, and none of the
+        tools withdrawn (unconfigured, unreachable, looping, nothing left to search)."""
+        acts = {"text_search", "answer"} if self.images is None else {"zoom", "text_search", "image_search", "answer"}
+        for action in ("text_search", "image_search"):
+            if action in acts and action not in self.withdrawn and (why := self._unconfigured(action)):
+                self.withdrawn[action] = why
+        if "image_search" in acts and self.images is not None and all(
+                ("image_search", str(i)) in self._searched for i in range(len(self.images))):
+            self.withdrawn.setdefault("image_search", "every image has been searched")
+        return frozenset(acts - set(self.withdrawn))
+
+    def _unconfigured(self, action: str) -> str | None:
+        """Why ``action``'s backend cannot work at all in this session (None: it may)."""
+        if self.search is None:
+            return f"{action} is not available in this session"
+        backend = getattr(self.search, "text_backend" if action == "text_search" else "image_backend", None)
+        missing = getattr(backend, "missing", None)
+        return missing() if missing is not None else None
+
+    def still_possible(self) -> str:
+        """One sentence for the model: what it can still do in this question."""
+        names = {"zoom": "zoom into the image", "text_search": "search by text", "image_search": "search by image"}
+        can = [names[a] for a in ("zoom", "text_search", "image_search") if a in self.available_actions()]
+        return f"You can still {', '.join(can)} or answer." if can else "Give your final answer now."
 
     def n_images(self) -> int:
         return 0 if self.images is None else len(self.images)
@@ -73,7 +105,7 @@ class Toolbox:
     def image_png(self, idx: int) -> bytes:
         if self.images is None:
             raise IndexError("no images")
-        return self.images[idx].model_png(self.images.max_pixels)
+        return self.images.model_png(idx)
 
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome:
         t0 = time.perf_counter()
@@ -97,46 +129,83 @@ class Toolbox:
         a = call.arguments
         r = self.images.zoom(a.get("bbox_2d"), a.get("img_idx", 0), a.get("label", ""))
         img = r.image
-        return ToolOutcome(True, r.observation, time.perf_counter() - t0, "local", image=img.model_png(self.images.max_pixels),
+        return ToolOutcome(True, r.observation, time.perf_counter() - t0, "local", image=self.images.model_png(img.index),
                            image_index=img.index, image_path=str(img.path) if img.path else None, label=img.label)
 
     def _search(self, call: ToolCall, t0: float) -> ToolOutcome:
-        if self.search is None:
-            return ToolOutcome(False, "text_search is not available in this session; answer from what you know.",
-                               time.perf_counter() - t0, "unconfigured")
+        if (out := self._refused("text_search", t0)) is not None:
+            return out
         query = call.arguments["query"]
-        if (repeat := self._repeat("text_search", " ".join(query.casefold().split()), t0)) is not None:
+        key = query_key(query)  # the search cache's notion of "the same query"
+        if (repeat := self._repeat("text_search", key, t0)) is not None:
             return repeat
-        o = self.search.text_search(query)
-        return self._from_search(o, t0)
+        return self._from_search("text_search", key, self.search.text_search(query), t0)  # type: ignore[union-attr]
+
+    def _refused(self, action: str, t0: float) -> ToolOutcome | None:
+        """A call of a withdrawn tool (a policy or a model that ignores the grammar): not run."""
+        if action in self.available_actions():
+            return None
+        why = self.withdrawn.get(action, "it is not available")
+        status = "unconfigured" if self._unconfigured(action) else "error"
+        return ToolOutcome(False, f"{action} was not run: {why}. {self.still_possible()}", time.perf_counter() - t0,
+                           status)
 
     def _repeat(self, tool: str, key: str, t0: float) -> ToolOutcome | None:
         """The same search twice in one question gives the same results: say so instead of re-running it.
-
-        Small models otherwise loop on one query until the turn limit (seen with SmolLM2 offline).
-        """
+        A second repeat (the model is looping, as SmolLM2 does offline) withdraws the tool; image search has
+        nothing else to vary, so one repeat does."""
         if (tool, key) not in self._searched:
-            self._searched.add((tool, key))
             return None
         what = f'"{key}"' if tool == "text_search" else f"image {key}"
-        return ToolOutcome(False, f"You already searched for {what}; its results are above. "
-                                  "Search for something different, or answer.", time.perf_counter() - t0, "error")
+        self._repeats[tool] = self._repeats.get(tool, 0) + 1
+        if self._repeats[tool] < 2 and tool == "text_search":
+            return ToolOutcome(False, f"You already searched for {what}: {self._searched[(tool, key)]}. Search for "
+                                      "something different, or answer.", time.perf_counter() - t0, "error")
+        self.withdrawn[tool] = f"it was called again with the same {'query' if tool == 'text_search' else 'image'}"
+        return ToolOutcome(False, f"You already searched for {what}: {self._searched[(tool, key)]}. "
+                                  f"{tool} is not offered again in this question. {self.still_possible()}",
+                           time.perf_counter() - t0, "error")
 
     def _image_search(self, call: ToolCall, t0: float) -> ToolOutcome:
         if self.images is None:
             return ToolOutcome(False, "There is no image to search with; use text_search or answer.",
                                time.perf_counter() - t0, "error")
         idx = self.images.check_index(call.arguments.get("img_idx", 0))
-        if self.search is None:
-            return ToolOutcome(False, "image_search is not available in this session; answer or zoom instead.",
-                               time.perf_counter() - t0, "unconfigured")
+        if (out := self._refused("image_search", t0)) is not None:
+            return out
         if (repeat := self._repeat("image_search", str(idx), t0)) is not None:
             return repeat
-        o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")
-        return self._from_search(o, t0)
+        o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")  # type: ignore[union-attr]
+        return self._from_search("image_search", str(idx), o, t0)
 
-    @staticmethod
-    def _from_search(o: Any, t0: float) -> ToolOutcome:
+    def _from_search(self, tool: str, key: str, o: Any, t0: float) -> ToolOutcome:
         results = tuple(r.to_json() if hasattr(r, "to_json") else dict(r) for r in getattr(o, "results", ()))
         ok = bool(getattr(o, "ok", o.status in ("live", "cached", "stale")))
-        return ToolOutcome(ok, o.observation, time.perf_counter() - t0, o.status, results=results)
+        status, observation = o.status, o.observation
+        if ok:
+            self._searched[(tool, key)] = "its results are above" if results else "it found nothing"
+        elif unreachable(o):
+            status = "unreachable"
+            self.withdrawn[tool] = "the search service cannot be reached (no network?)"
+            self._searched[(tool, key)] = "that search failed"
+            observation = f"{observation}\n{tool} is withdrawn for the rest of this question. {self.still_possible()}"
+        else:
+            self._searched[(tool, key)] = "that search failed" if o.status != "offline" else "it is not in the cache"
+            if o.status == "unconfigured":
+                self.withdrawn[tool] = "it is not configured"
+                observation = f"{observation}\n{tool} is withdrawn for the rest of this question. {self.still_possible()}"
+            else:
+                observation = f"{observation}\n{self.still_possible()}"
+        return ToolOutcome(ok, observation, time.perf_counter() - t0, status, results=results)
+
+
+def unreachable(outcome: Any) -> bool:
+    """True when a search failed because the network (not the service) is down: DNS, refused, timeout.
+
+    ``SearchOutcome.unreachable`` says it; older outcomes without it are read from their error line.
+    """
+    flag = getattr(outcome, "unreachable", None)
+    if flag is not None:
+        return bool(flag)
+    error = str(getattr(outcome, "error", "") or "")
+    return outcome.status == "error" and error.startswith(("cannot connect", "no answer within", "request failed"))
