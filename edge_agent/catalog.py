@@ -34,6 +34,7 @@ from typing import Any
 
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
+from edge_agent.files import atomic_write
 
 REGISTRY_NAME = "registry.json"
 PULL_HINT = "edge-agent models pull qwen3-vl-2b-instruct"
@@ -268,11 +269,8 @@ class Registry:
             ) from e
 
     def save(self) -> None:
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         data = {"format": 1, "models": [dataclasses.asdict(m) for m in self.models]}
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(data, indent=2) + "\n")
 
     def get(self, name: str) -> InstalledModel | None:
         key = name.strip().lower()

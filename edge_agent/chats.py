@@ -1,8 +1,9 @@
 """Chat persistence: chats, their messages and every agent event of every answer, in embedded SQLite.
 
 Knows: the schema, how to write an answer event by event (one small transaction each, WAL, so a
-chat survives the app being killed mid-answer), how to rebuild typed events from their stored JSON,
-and how to export a chat to Markdown and JSON (tool calls, crops, rationale scores included).
+chat survives the app being killed mid-answer; ``events.event_from_json`` rebuilds the typed events),
+how to keep API keys out of what it stores and exports (``edge_agent.redaction``), and how to export
+a chat to Markdown and JSON (tool calls, crops, rationale scores included).
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 
@@ -15,7 +16,6 @@ was cut off by a crash and reads as ``interrupted``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import sqlite3
@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_agent import sqlitedb
 from edge_agent.agent import events as ev
+from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
+from edge_agent.redaction import redact_tree
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +60,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
 """
+_TABLES = ("chats", "messages", "events")
 
 
 class ChatStoreError(EdgeAgentError):
@@ -99,56 +103,6 @@ class Chat:
         return [m.image for m in self.messages if m.role == "user" and m.image]
 
 
-# --- events <-> JSON --------------------------------------------------------------------------------
-
-def _event_classes() -> dict[str, type[ev.Event]]:
-    out: dict[str, type[ev.Event]] = {}
-    for obj in vars(ev).values():
-        if isinstance(obj, type) and issubclass(obj, ev.Event) and obj is not ev.Event:
-            out[obj.kind] = obj
-    return out
-
-
-def _as_field(value: Any, typ: Any) -> Any:
-    # JSON turns tuples into lists; the events are frozen dataclasses with tuple fields.
-    text = str(typ)
-    if "RationaleCandidate" in text and isinstance(value, list):
-        return tuple(ev.RationaleCandidate(**c) for c in value)
-    if text.startswith("tuple") and isinstance(value, list):
-        return tuple(value)
-    return value
-
-
-def event_from_json(data: dict[str, Any]) -> ev.Event | None:
-    """The typed event for ``Event.to_json()`` output; None for a kind this version does not know."""
-    cls = _event_classes().get(data.get("event", ""))
-    if cls is None:
-        return None
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _as_field(data[f.name], f.type)
-    try:
-        return cls(**kwargs)
-    except TypeError:  # a stored event from an older/newer schema: skip rather than fail the chat
-        return None
-
-
-def _scrub(obj: Any, secrets: Iterable[str]) -> Any:
-    secrets = [s for s in secrets if s]
-    if not secrets:
-        return obj
-    if isinstance(obj, str):
-        for s in secrets:
-            obj = obj.replace(s, "***")
-        return obj
-    if isinstance(obj, dict):
-        return {k: _scrub(v, secrets) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_scrub(v, secrets) for v in obj]
-    return obj
-
-
 # --- the store --------------------------------------------------------------------------------------
 
 class ChatStore:
@@ -160,20 +114,15 @@ class ChatStore:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db = sqlitedb.connect(self.path, check_same_thread=False)
             self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL: a committed event survives the app being killed (not a power cut).
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            statements = [s for s in _SCHEMA.split(";") if s.strip()]
+            version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
             if version > SCHEMA_VERSION:
                 raise ChatStoreError(
                     f"{self.path} was written by a newer edge-agent (schema {version}). "
                     "Upgrade edge-agent, or move the file away to start a fresh history."
                 )
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # Answers still 'running' were cut off when the app last died.
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
         except sqlite3.DatabaseError as e:
@@ -247,7 +196,7 @@ class ChatStore:
 
     def add_event(self, message_id: int, event: ev.Event) -> None:
         """Store one event now (its own transaction): nothing is lost if the app dies after this."""
-        data = _scrub(event.to_json(), self._secrets)
+        data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
             seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,)).fetchone()[0]
             self._exec(
@@ -257,7 +206,7 @@ class ChatStore:
             if isinstance(event, ev.FinalAnswer):
                 self._exec(
                     "UPDATE messages SET text=?, status=? WHERE id=?",
-                    (_scrub(event.answer, self._secrets), event.stop_reason, message_id),
+                    (redact_tree(event.answer, self._secrets), event.stop_reason, message_id),
                 )
 
     def finish_answer(self, message_id: int, status: str, text: str | None = None) -> None:
@@ -267,7 +216,7 @@ class ChatStore:
                 text = answer_text(self.message_events(message_id))
             self._exec(
                 "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND status='running'",
-                (status, _scrub(text, self._secrets), message_id),
+                (status, redact_tree(text, self._secrets), message_id),
             )
             row = self._exec("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
             if row:
@@ -327,7 +276,7 @@ class ChatStore:
                     "image": m.image,
                     "status": m.status,
                     "created": m.created,
-                    "events": [_scrub(e.to_json(), self._secrets) for e in m.events],
+                    "events": [redact_tree(e.to_json(), self._secrets) for e in m.events],
                 }
                 for m in chat.messages
             ],
@@ -348,7 +297,7 @@ class ChatStore:
             lines += ["## edge-agent", ""]
             lines += _events_markdown(m.events, ref)
             lines += ["**Answer**" + ("" if m.status in ("answered", "done") else f" ({m.status})"), ""]
-            lines += [_scrub(m.text, self._secrets) or "_(no answer)_", ""]
+            lines += [redact_tree(m.text, self._secrets) or "_(no answer)_", ""]
         return "\n".join(lines).rstrip() + "\n"
 
     def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:

@@ -32,8 +32,8 @@ from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
-from tools.images import LoadedImage, load_image, load_image_bytes
-from tools.zoom import ImageStore
+from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
+from edge_agent.tools.zoom import ImageStore
 
 Progress = Callable[[str, float], None]
 
@@ -80,7 +80,7 @@ class Engine:
                                     n_seq_max=max(8, len(library) + 1))
         try:
             drafter, prophet = cls._load_drafter(settings, resolved, model, say)
-            from tools.search import SearchTools  # no network at construction (lazy session)
+            from edge_agent.tools.search import SearchTools  # no network at construction (lazy session)
 
             tools = SearchTools.from_settings(settings)
         except BaseException:

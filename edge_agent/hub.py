@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import urllib3
 from edge_agent.catalog import CatalogEntry, InstalledModel, Registry, human_size, repo_dirname
 from edge_agent.config import Settings
 from edge_agent.errors import DownloadError
+from edge_agent.tools.http import RETRY_STATUSES, HttpPolicy, TryAgain, retry_after_seconds, with_retries
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK = 1 << 20  # 1 MiB per read: progress updates ~100/s at 100 MB/s, negligible overhead
@@ -105,8 +105,8 @@ class HubClient:
         self.endpoint = (endpoint or hub_endpoint()).rstrip("/")
         self.token = token if token is not None else hub_token()
         self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
+        # a transfer is retried while it makes progress; waits double from `backoff` up to 30 s
+        self.policy = HttpPolicy(timeout=timeout, retries=retries, backoff=backoff, max_wait=30.0)
         self.session = session or requests.Session()
         self.session.headers["User-Agent"] = USER_AGENT
         if self.token:
@@ -138,12 +138,23 @@ class HubClient:
         return f"{self.endpoint}/{f.repo}/resolve/{quote(rev, safe='')}/{quote(f.name)}"
 
     def _get(self, url: str, *, what: str, **kw) -> requests.Response:
-        try:
-            r = self.session.get(url, timeout=self.timeout, **kw)
-        except requests.RequestException as e:
-            raise DownloadError(_unreachable(self.endpoint, e)) from e
-        _raise_for_status(r, what)
-        return r
+        """One metadata GET, retried (like a search request) on a dropped connection, 429 and 5xx."""
+
+        def attempt(_n: int) -> requests.Response:
+            try:
+                r = self.session.get(url, timeout=self.timeout, **kw)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                raise TryAgain(DownloadError(_unreachable(self.endpoint, e))) from e
+            except requests.RequestException as e:
+                raise DownloadError(_unreachable(self.endpoint, e)) from e
+            if r.status_code in RETRY_STATUSES:
+                wait = retry_after_seconds(r.headers.get("Retry-After"))
+                if wait is None or wait <= self.policy.max_wait:
+                    raise TryAgain(_status_error(r, what), wait=wait)
+            _raise_for_status(r, what)
+            return r
+
+        return with_retries(attempt, self.policy)
 
     # -- transfer -------------------------------------------------------------------------------
     def download(self, f: RemoteFile, dest: Path, progress: Progress | None = None) -> Path:
@@ -164,24 +175,26 @@ class HubClient:
             hasher.feed_file(part, have)  # re-read what is there once: a resume verifies the whole file
         url = self.file_url(f)
         progress.start(f.name, f.size, have)
-        failures = 0
+
+        def attempt(_n: int) -> None:
+            nonlocal have
+            before = have
+            try:
+                have = self._transfer(url, f, part, have, hasher, progress)
+                if have < f.size:
+                    raise _Interrupted()
+            except (_Interrupted, requests.ConnectionError, requests.Timeout,
+                    requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as e:
+                # the bytes written before the cut are in the .part and in the hasher (write, then hash)
+                have = part.stat().st_size if part.exists() else 0
+                error = DownloadError(
+                    f"The download of {f.name} stopped at {human_size(have)} of {human_size(f.size)} "
+                    f"({type(e).__name__}). Run the same command again to resume from there.")
+                raise TryAgain(error, progressed=have > before) from e  # give up only when no progress is made
+
         try:
-            while have < f.size:
-                before = have
-                try:
-                    have = self._transfer(url, f, part, have, hasher, progress)
-                    if have < f.size:
-                        raise _Interrupted()
-                except (_Interrupted, requests.ConnectionError, requests.Timeout,
-                        requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as e:
-                    # the bytes written before the cut are in the .part and in the hasher (write, then hash)
-                    have = part.stat().st_size if part.exists() else 0
-                    failures = 1 if have > before else failures + 1  # give up only when no progress is made
-                    if failures > self.retries:
-                        raise DownloadError(
-                            f"The download of {f.name} stopped at {human_size(have)} of {human_size(f.size)} "
-                            f"({type(e).__name__}). Run the same command again to resume from there.") from e
-                    time.sleep(min(self.backoff * 2 ** (failures - 1), 30))
+            if have < f.size:
+                with_retries(attempt, self.policy)
         finally:
             progress.finish()
         got = hasher.hexdigest()
@@ -317,17 +330,21 @@ def _unreachable(endpoint: str, e: Exception) -> str:
 
 
 def _raise_for_status(r: requests.Response, what: str) -> None:
-    if r.status_code < 400:
-        return
+    if r.status_code >= 400:
+        raise _status_error(r, what)
+
+
+def _status_error(r: requests.Response, what: str) -> DownloadError:
+    """The DownloadError for an HTTP error status (>= 400), saying what to do about it."""
     code = r.headers.get("X-Error-Code", "")
     if r.status_code in (401, 403) or code == "GatedRepo":
-        raise DownloadError(f"The hub refused access to {what} (HTTP {r.status_code}). If the repository is gated "
-                            "or private, accept its terms on the website and set HF_TOKEN to an access token.")
+        return DownloadError(f"The hub refused access to {what} (HTTP {r.status_code}). If the repository is gated "
+                             "or private, accept its terms on the website and set HF_TOKEN to an access token.")
     if r.status_code == 404:
         kind = {"RepoNotFound": "repository", "RevisionNotFound": "revision", "EntryNotFound": "file"}.get(code, "page")
-        raise DownloadError(f"The hub has no such {kind}: {what} (HTTP 404). The catalog entry may be out of date; "
-                            "see `edge-agent models info NAME` for where it points.")
-    raise DownloadError(f"The hub answered HTTP {r.status_code} for {what}. Try again later.")
+        return DownloadError(f"The hub has no such {kind}: {what} (HTTP 404). The catalog entry may be out of date; "
+                             "see `edge-agent models info NAME` for where it points.")
+    return DownloadError(f"The hub answered HTTP {r.status_code} for {what}. Try again later.")
 
 
 # --------------------------------------------------------------------------------------------

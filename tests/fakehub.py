@@ -50,6 +50,7 @@ class FakeHub:
         self.corrupt: set[str] = set()
         self.gated: set[str] = set()
         self.ignore_range = False
+        self.api_busy = 0  # the next N file-list requests answer 503 with Retry-After: 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -153,6 +154,10 @@ class _Handler(BaseHTTPRequestHandler):
         return files
 
     def _api_model(self, repo: str, rev: str) -> None:
+        with self.fake.lock:
+            busy, self.fake.api_busy = self.fake.api_busy > 0, max(0, self.fake.api_busy - 1)
+        if busy:
+            return self._send(503, b"busy", {"Retry-After": "0"})
         files = self._check(repo, rev)
         if files is None:
             return

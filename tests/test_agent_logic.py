@@ -38,7 +38,7 @@ from edge_agent.agent.rationales import (
 )
 from edge_agent.agent.toolbox import Toolbox
 from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation
-from tools.zoom import ImageStore
+from edge_agent.tools.zoom import ImageStore
 
 # ---------------------------------------------------------------------------------------------
 # selection maths and the library

@@ -15,8 +15,8 @@ from edge_agent.agent.loop import AgentOptions
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
 from edge_agent.runtime import Model
+from edge_agent.tools.search import SearchTools
 from tests.fakeservers import FakeBackend
-from tools.search import SearchTools
 
 
 @pytest.fixture

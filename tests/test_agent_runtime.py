@@ -22,7 +22,7 @@ from edge_agent.agent.rationales import builtin_library
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
 from edge_agent.runtime import Model
-from tools.search import SearchTools
+from edge_agent.tools.search import SearchTools
 
 
 class SpySession:

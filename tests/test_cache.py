@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from edge_agent.cli import cli
 from edge_agent.config import Settings
 from edge_agent.errors import CacheError
+from edge_agent.tools.cache import CacheEntry, SearchCache, make_key, normalise_query, parse_export
+from edge_agent.tools.http import HttpPolicy
+from edge_agent.tools.search import SearchTools
 from tests.fakeservers import FakeBackend
-from tools.cache import CacheEntry, SearchCache, make_key, normalise_query, parse_export
-from tools.http import HttpPolicy
-from tools.search import SearchTools
 
 KEY = "sk-CACHE-TEST-key-5566778899"
 FAST = HttpPolicy(timeout=0.5, retries=1, backoff=0.01, max_wait=0.5, max_bytes=200_000)
@@ -120,9 +120,27 @@ def test_newer_schema_is_refused(tmp_path):
     path = tmp_path / "c.sqlite3"
     SearchCache(path).put(entry())
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value='99' WHERE name='schema_version'")
+        conn.execute("PRAGMA user_version=99")
     with pytest.raises(CacheError, match="schema version 99"):
         SearchCache(path).get("k")
+
+
+def test_cache_written_before_the_user_version_convention_is_read(tmp_path):
+    """A cache that kept its version in a `meta` table (user_version 0) is read as it is, and then marked 1."""
+    path = tmp_path / "c.sqlite3"
+    e = entry()
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("CREATE TABLE entries (key TEXT PRIMARY KEY, tool TEXT NOT NULL, backend TEXT NOT NULL, "
+                     "query TEXT NOT NULL, image_sha256 TEXT NOT NULL, params TEXT NOT NULL, results TEXT NOT NULL, "
+                     "raw TEXT, fetched_at REAL NOT NULL)")
+        conn.execute("INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?)",
+                     (e.key, e.tool, e.backend, e.query, e.image_sha256, json.dumps(e.params), json.dumps(e.results),
+                      e.raw, e.fetched_at))
+    assert SearchCache(path).get(e.key) == e
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
 
 
 def test_corrupt_cache_raises_from_the_search_tool(tmp_path):
@@ -135,7 +153,7 @@ def test_corrupt_cache_raises_from_the_search_tool(tmp_path):
 
 _WRITER = r"""
 import sys, time
-from tools.cache import CacheEntry, SearchCache
+from edge_agent.tools.cache import CacheEntry, SearchCache
 c = SearchCache(sys.argv[1])
 tag = sys.argv[2]
 for i in range(150):

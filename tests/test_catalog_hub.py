@@ -175,6 +175,16 @@ def test_missing_file_repo_and_gated_give_clear_errors(settings, hub, monkeypatc
     assert hub.requests[-1][3] == "Bearer hf_test_token"
 
 
+def test_busy_hub_file_list_is_retried_then_reported(settings, hub):
+    """The file list shares the download's retry loop: 503s are retried; with no retry left the error says so."""
+    hub.api_busy = 2
+    pull_bytes(entry(), settings, client=client(retries=2))
+    assert [p for m, p, _, _ in hub.requests if p.startswith("/api/")] == [f"/api/models/{REPO}/revision/main"] * 3
+    hub.api_busy = 1
+    with pytest.raises(DownloadError, match="answered HTTP 503"):
+        pull_bytes(entry(), settings, client=client(retries=0), force=True)
+
+
 def test_offline_and_unreachable(settings, hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE"):

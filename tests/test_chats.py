@@ -6,11 +6,13 @@ import json
 import sqlite3
 import subprocess
 import sys
+from urllib.parse import quote, quote_plus
 
 import pytest
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import ChatStore, ChatStoreError, event_from_json
+from edge_agent.agent.events import event_from_json
+from edge_agent.chats import ChatStore, ChatStoreError
 from tests.ui_fakes import make_image, script
 
 
@@ -136,6 +138,29 @@ def test_export_markdown_and_json_with_crops_scores_and_no_secrets(store, tmp_pa
     kinds = [e["event"] for e in data["messages"][1]["events"]]
     assert "rationale_scored" in kinds and "tool_finished" in kinds
     assert data["messages"][1]["events"][2]["candidates"][2]["prob"] == 0.55
+
+
+def test_url_encoded_key_never_reaches_the_chat_file(tmp_path):
+    """A key with URL-special characters, echoed URL-encoded in a result or an answer, is stored as ***."""
+    key = "sk-live/Key+42 x=="
+    encoded, plus = quote(key, safe=""), quote_plus(key)  # sk-live%2FKey%2B42%20x%3D%3D, ...%2B42+x%3D%3D
+    db = tmp_path / "c.sqlite3"
+    store = ChatStore(db, secrets=[key])
+    cid = store.new_chat()
+    store.add_user_message(cid, "where is it?")
+    mid = store.start_answer(cid)
+    url = f"https://api.example/search?q=x&api_key={encoded}"
+    store.add_event(mid, ev.ToolFinished(turn=1, name="text_search", ok=False, observation=f"failed: {url}", seconds=0.1,
+                                         status="error", results=({"title": "t", "url": url, "snippet": plus},)))
+    store.add_event(mid, ev.FinalAnswer(answer=f"see {url.replace('api_key=', 'k=')}", turns=1, stop_reason="answered"))
+    store.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("c.sqlite3*"))
+    for form in (key, encoded, plus, "Key%2B42"):
+        assert form.encode() not in raw
+    back = ChatStore(db, secrets=[key])
+    finished = [e for e in back.message_events(mid) if isinstance(e, ev.ToolFinished)][0]
+    assert "***" in finished.results[0]["url"] and "***" in back.load(cid).messages[1].text
+    back.close()
 
 
 def test_newer_schema_is_refused_with_a_fix(tmp_path):

@@ -72,8 +72,8 @@ def test_help_is_fast_and_light():
     [
         ("edge_agent.agent.loop", ("llama_cpp", "textual", "requests")),
         ("edge_agent.runtime", ("textual",)),
-        ("tools.search", ("llama_cpp", "textual")),
-        ("tools.zoom", ("llama_cpp", "textual")),
+        ("edge_agent.tools.search", ("llama_cpp", "textual")),
+        ("edge_agent.tools.zoom", ("llama_cpp", "textual")),
         ("edge_agent.engine", ("textual",)),
     ],
 )

@@ -5,7 +5,6 @@ The real-model end-to-end run is in test_eval_e2e.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -16,6 +15,7 @@ import pytest
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from scripts import make_synthetic_vqa
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,14 +27,6 @@ RATIONALES = [
     ("answer_image", "answer"),
     ("answer_knowledge", "answer"),
 ]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def scored(turn: int, chosen: str, seconds: float) -> ev.RationaleScored:
@@ -354,7 +346,7 @@ def test_report_without_matplotlib(dataset, tmp_path, monkeypatch):
 
 def test_synthetic_set_is_deterministic_and_loads(tmp_path):
     """The same seed gives byte-identical files; another seed differs; the eval loader accepts the set."""
-    mk = load_script("make_synthetic_vqa")
+    mk = make_synthetic_vqa
     a = mk.make_dataset(tmp_path / "a", n=6, seed=3, size=(800, 600))
     b = mk.make_dataset(tmp_path / "b", n=6, seed=3, size=(800, 600))
     c = mk.make_dataset(tmp_path / "c", n=6, seed=4, size=(800, 600))
@@ -374,7 +366,7 @@ def test_synthetic_set_is_deterministic_and_loads(tmp_path):
 def test_synthetic_default_size(tmp_path):
     from PIL import Image
 
-    mk = load_script("make_synthetic_vqa")
+    mk = make_synthetic_vqa
     data = mk.make_dataset(tmp_path, n=1)
     with Image.open(tmp_path / "images" / "svqa-000.png") as im:
         assert im.size == (1600, 1200)

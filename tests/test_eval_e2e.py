@@ -19,20 +19,15 @@ from pathlib import Path
 import pytest
 
 from edge_agent import evaluation as E
+from scripts.make_synthetic_vqa import make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TURNS = "2"
 
 
 def _synthetic(out: Path, n: int) -> Path:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_synthetic_vqa", ROOT / "scripts" / "make_synthetic_vqa.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
     # Small images keep the tiny model's context short (one image token per 32x32 px).
-    return mod.make_dataset(out, n=n, seed=0, size=(320, 240))
+    return make_dataset(out, n=n, seed=0, size=(320, 240))
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from edge_agent.errors import ImageError
-from tools import images
-from tools.images import fit_for_model, load_image, load_image_bytes, model_png
+from edge_agent.tools import images
+from edge_agent.tools.images import fit_for_model, load_image, load_image_bytes, model_png
 
 
 def _bytes(im: Image.Image, fmt: str, **kw) -> bytes:

@@ -13,10 +13,8 @@ import pytest
 
 from edge_agent import modelfile
 from edge_agent.errors import ConfigError, ModelFileError
-from tests.conftest import load_make_tiny_models
+from scripts import make_tiny_models as mtm
 from tests.llama_probe import run_probe
-
-mtm = load_make_tiny_models()
 
 
 # --- helpers that write deliberately broken tiny files ------------------------------------------

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import Settings
+from edge_agent.tools.http import HttpPolicy, redact, retry_after_seconds
+from edge_agent.tools.search import MAX_OBSERVATION_CHARS, SearchTools, load_image_for_search
 from tests.fakeservers import FakeBackend
-from tools.http import HttpPolicy, redact, retry_after_seconds
-from tools.search import MAX_OBSERVATION_CHARS, SearchTools, load_image_for_search
 
 FAST = HttpPolicy(timeout=0.5, retries=2, backoff=0.01, max_wait=1.0, max_bytes=200_000)
 KEY = "sk-TEST-0123456789abcdef"  # a fake API key; must never be stored or logged
@@ -86,7 +86,7 @@ def test_wikipedia_live_then_cached(tmp_path, fake):
 
 def test_wikipedia_list_search_shape_is_understood(tmp_path):
     """The list=search shape (HTML snippets) parses too: tags stripped, entities decoded."""
-    from tools.search import WikipediaBackend
+    from edge_agent.tools.search import WikipediaBackend
 
     b = WikipediaBackend("https://en.wikipedia.org/w/api.php", 5)
     data = {"query": {"search": [{"title": "Big Ben", "snippet": 'the <span class="searchmatch">clock</span> &amp; tower'}]}}
@@ -221,8 +221,8 @@ def test_load_image_for_search_sends_what_the_agent_sends(tmp_path):
     from edge_agent.agent.actions import ToolCall
     from edge_agent.agent.toolbox import Toolbox
     from edge_agent.errors import ImageError
-    from tools.images import load_image
-    from tools.zoom import ImageStore
+    from edge_agent.tools.images import load_image
+    from edge_agent.tools.zoom import ImageStore
 
     p = tmp_path / "b.tiff"
     Image.new("RGB", (40, 30), (200, 10, 10)).save(p, "TIFF")
@@ -546,8 +546,14 @@ WEIRD = [
 
 def test_parsers_survive_any_json_shape():
     """Whatever valid JSON a backend returns, parsing yields clean results or a FetchError, never another exception."""
-    from tools.http import FetchError
-    from tools.search import BraveBackend, GcvBackend, SearxngBackend, SerpApiLensBackend, WikipediaBackend
+    from edge_agent.tools.http import FetchError
+    from edge_agent.tools.search import (
+        BraveBackend,
+        GcvBackend,
+        SearxngBackend,
+        SerpApiLensBackend,
+        WikipediaBackend,
+    )
 
     backends = [
         WikipediaBackend("https://w.example/w/api.php", 5), SearxngBackend("http://s.example", 5),

@@ -274,7 +274,7 @@ def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="Wha
     from edge_agent.agent.loop import AgentOptions
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
-    from tools.search import SearchTools
+    from edge_agent.tools.search import SearchTools
 
     settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 8,
                               "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path)},

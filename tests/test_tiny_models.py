@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from edge_agent import modelfile
-from tests.conftest import TINY_SEED, load_make_tiny_models
+from scripts import make_tiny_models as mtm
+from tests.conftest import TINY_SEED
 from tests.llama_probe import run_probe as probe
-
-mtm = load_make_tiny_models()
 
 
 def sha(path: Path) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tools.zoom import (
+from edge_agent.tools.zoom import (
     CROP_TARGET_PIXELS,
     MAX_UPSCALE,
     MIN_CROP_SIDE,

@@ -6,13 +6,13 @@ parsed results, the raw body with secrets removed, the backend and the time fetc
 it back, and how to export and import entries as JSON that is validated field by field (never
 pickle, never eval).
 
-Does not know: HTTP, backends' JSON shapes, or whether we are online; :mod:`tools.search` decides
-when to read and write. Opening the cache touches only the file (never the network).
+Does not know: HTTP, backends' JSON shapes, or whether we are online; :mod:`edge_agent.tools.search`
+decides when to read and write. Opening the cache touches only the file (never the network).
 
-Concurrency: WAL journal + a busy timeout, one short-lived connection per operation, so the TUI, a
-``cache prefetch`` in another terminal and an eval can all use one file. A file that is not a
-readable SQLite database of our schema raises :class:`CacheError` saying to run
-``edge-agent cache clear``.
+Concurrency: WAL journal + a busy timeout (:mod:`edge_agent.sqlitedb`, shared with the chat
+history), one short-lived connection per operation, so the TUI, a ``cache prefetch`` in another
+terminal and an eval can all use one file. A file that is not a readable SQLite database of our
+schema (``PRAGMA user_version`` 1) raises :class:`CacheError` saying to run ``edge-agent cache clear``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import sqlite3
 import time
 import unicodedata
@@ -30,9 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_agent import sqlitedb
 from edge_agent.errors import CacheError
+from edge_agent.files import atomic_write
+from edge_agent.redaction import redact
+from edge_agent.tools.text import normalise_query
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # PRAGMA user_version
+_SCHEMA = """CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    query TEXT NOT NULL,
+    image_sha256 TEXT NOT NULL,
+    params TEXT NOT NULL,
+    results TEXT NOT NULL,
+    raw TEXT,
+    fetched_at REAL NOT NULL
+)"""
 EXPORT_FORMAT = "edge-agent-search-cache"
 EXPORT_VERSION = 1
 
@@ -46,15 +60,6 @@ MAX_RAW_CHARS = 2_000_000
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
 
 REBUILD_HINT = "Run `edge-agent cache clear` to delete it and start an empty cache (cached searches are lost)."
-
-
-def normalise_query(query: str) -> str:
-    """The form of a query used in keys: NFKC, case-folded, whitespace collapsed, trimmed.
-
-    "  Eiffel   TOWER " and "eiffel tower" share one cache entry; the backend still receives the
-    query as typed (stripped).
-    """
-    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
 
 
 def make_key(tool: str, backend: str, query: str, image_sha256: str, params: dict[str, Any]) -> str:
@@ -119,17 +124,16 @@ class SearchCache:
     # --- connections ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in autocommit mode; use ``with conn:``-free explicit BEGIN for writes."""
+        """A connection (:func:`edge_agent.sqlitedb.connect`); writes use an explicit transaction."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its permissions.") from None
         try:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
         except sqlite3.Error as e:
             raise self._error(e) from None
         try:
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             if not self._ready:
                 self._init(conn)
             yield conn
@@ -140,66 +144,17 @@ class SearchCache:
             conn.close()
 
     def _init(self, conn: sqlite3.Connection) -> None:
-        # Switching to WAL takes an exclusive lock; another process doing the same at the same
-        # moment can answer SQLITE_BUSY without the busy handler, so retry briefly.
-        for i in range(50):
-            try:
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                break
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e):
-                    raise
-                time.sleep(0.02 * (i + 1))
-        else:
-            raise CacheError(f"The search cache {self.path} stayed locked by another process. Try again.")
-        del mode  # WAL is unavailable on some network file systems; the cache still works, just less concurrently
-        conn.execute("PRAGMA synchronous=NORMAL")
-        try:  # the common case, an existing cache: a read, no write lock (another process may be writing)
-            row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
-        except sqlite3.OperationalError as e:
-            if "no such table" not in str(e):
-                raise
-            row = None
-        if row is not None:
-            self._check_version(row[0])
-            self._ready = True
-            return
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
-            if row is None:
-                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                if tables - {"meta"}:
-                    raise _damaged(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}")
-                conn.execute(
-                    """CREATE TABLE entries (
-                        key TEXT PRIMARY KEY,
-                        tool TEXT NOT NULL,
-                        backend TEXT NOT NULL,
-                        query TEXT NOT NULL,
-                        image_sha256 TEXT NOT NULL,
-                        params TEXT NOT NULL,
-                        results TEXT NOT NULL,
-                        raw TEXT,
-                        fetched_at REAL NOT NULL
-                    )"""
-                )
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            else:
-                self._check_version(row[0])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        self._ready = True
-
-    def _check_version(self, version: str) -> None:
-        if version != str(SCHEMA_VERSION):
+            # "meta": the table where caches written before the user_version convention kept their version (1)
+            version = sqlitedb.ensure_schema(conn, SCHEMA_VERSION, [_SCHEMA], tables=("entries", "meta"))
+        except sqlitedb.ForeignDatabase:
+            raise _damaged(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}") from None
+        if version not in (0, SCHEMA_VERSION):
             raise _damaged(
                 f"The search cache {self.path} has schema version {version}, this edge-agent reads version "
                 f"{SCHEMA_VERSION}. Export it with the version that wrote it, or: {REBUILD_HINT}"
             )
+        self._ready = True
 
     def _error(self, e: sqlite3.Error) -> CacheError:
         text = str(e)
@@ -255,16 +210,10 @@ class SearchCache:
         )
         if keep_newer:
             sql += " WHERE excluded.fetched_at > entries.fetched_at"
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                written = 0
-                for r in rows:
-                    written += conn.execute(sql, r).rowcount
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        written = 0
+        with self._connect() as conn, sqlitedb.transaction(conn):
+            for r in rows:
+                written += conn.execute(sql, r).rowcount
         return written
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -326,10 +275,8 @@ class SearchCache:
         secrets = tuple(secrets)
         entries = [_redact_entry(e, secrets).to_json(include_raw) for e in self.entries()]
         doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported_at": time.time(), "entries": entries}
-        tmp = dest.with_name(dest.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, dest)
+            atomic_write(dest, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         except OSError as e:
             raise CacheError(f"Cannot write {dest}: {e.strerror}.") from None
         return len(entries)
@@ -360,8 +307,6 @@ class SearchCache:
 def _redact_entry(e: CacheEntry, secrets: tuple[str, ...]) -> CacheEntry:
     if not secrets:
         return e
-    from tools.http import redact
-
     results = [{k: redact(v, secrets) for k, v in r.items()} for r in e.results]
     raw = redact(e.raw, secrets) if e.raw else e.raw
     return CacheEntry(e.tool, e.backend, e.query, e.image_sha256, e.params, results, raw, e.fetched_at)

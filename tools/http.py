@@ -2,8 +2,9 @@
 
 Knows: timeouts (connect and a total deadline per attempt, so a server that drips bytes cannot
 hold us), retries with exponential backoff on 429 and 5xx honouring ``Retry-After`` (seconds or an
-HTTP date) up to a cap, a hard limit on the body size, empty and invalid JSON bodies, and how to
-keep API keys out of every message it produces (:func:`redact`) and out of urllib3's debug log
+HTTP date) up to a cap (:func:`with_retries`: the app's one retry loop, the hub downloads use it
+too), a hard limit on the body size, empty and invalid JSON bodies, and how to keep API keys out of
+every message it produces (:func:`edge_agent.redaction.redact`) and out of urllib3's debug log
 (:func:`protect_logs`).
 
 Does not know: search backends, the cache, settings. It never raises for a network or server
@@ -21,13 +22,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 import urllib3
 
+from edge_agent.redaction import redact, redact_tree, usable
+
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Status codes worth another try: rate limited, or the server (or a proxy) failed.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -38,7 +43,7 @@ class HttpPolicy:
     """How hard one request tries. Defaults suit a laptop on flaky Wi-Fi; tests shrink the waits."""
 
     timeout: float = 10.0  # seconds: connect timeout, and the whole of one attempt (headers + body)
-    retries: int = 2  # extra attempts after the first, only for 429 / 5xx
+    retries: int = 2  # extra attempts after the first (fetch_json: only for 429 / 5xx)
     backoff: float = 0.5  # first wait between attempts; doubles each time
     max_wait: float = 5.0  # longest single wait; a Retry-After above it ends the retries at once
     max_bytes: int = 2_000_000  # body size limit (decoded bytes); search JSON is ~5-100 kB
@@ -76,27 +81,6 @@ class FetchResult:
 
 # ------------------------------------------------------------------------------------------------
 # Secrets
-
-
-_KEY_PARAM = re.compile(
-    r"(?<![A-Za-z0-9])((?:api[_-]?key|apikey|key|token|access[_-]?token|subscription[_-]?token)=)[^&\s\"'<>#]+",
-    re.IGNORECASE,
-)
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (raw, URL-encoded, or as a ``key=...`` query parameter) replaced by ***.
-
-    Cheap (a few ``str.replace`` and one regex); run it on anything that may be logged, stored or shown.
-    """
-    if not text:
-        return text
-    for s in secrets:
-        if not s or len(s) < 4:  # too short to be a key; replacing it would mangle ordinary text
-            continue
-        for form in {s, quote(s, safe=""), quote_plus(s)}:
-            text = text.replace(form, "***")
-    return _KEY_PARAM.sub(r"\1***", text)
 
 
 def safe_url(url: str) -> str:
@@ -141,7 +125,7 @@ def protect_logs(secrets: Iterable[str]) -> None:
     """Make sure ``secrets`` never reach a log handler through urllib3, requests or this module."""
     global _installed
     with _FILTER.lock:
-        _FILTER.secrets.update(s for s in secrets if s and len(s) >= 4)
+        _FILTER.secrets.update(usable(secrets))
         if not _installed:
             for name in _FILTERED_LOGGERS:
                 logging.getLogger(name).addFilter(_FILTER)
@@ -170,6 +154,44 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+class TryAgain(Exception):
+    """Raised by one attempt inside :func:`with_retries` to ask for another.
+
+    ``error`` is raised instead when no attempt is left. ``wait``: seconds the server asked for
+    (Retry-After), instead of the backoff. ``progressed``: this attempt got somewhere (a download
+    received bytes), so the count of failures in a row starts again.
+    """
+
+    def __init__(self, error: Exception, *, wait: float | None = None, progressed: bool = False) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.wait = wait
+        self.progressed = progressed
+
+
+def with_retries(attempt: Callable[[int], T], policy: HttpPolicy, *, sleep: Callable[[float], None] = time.sleep) -> T:
+    """``attempt(n)`` (n = 1, 2, ...) until it returns or raises anything but :class:`TryAgain`.
+
+    After a TryAgain: wait its ``wait`` or ``policy.backoff`` doubled per failure in a row (at most
+    ``policy.max_wait``), then try again, unless ``policy.retries`` failures in a row have been retried
+    already: then its ``error`` is raised. The one retry loop of the app (search requests, hub downloads).
+    """
+    failures = 0
+    n = 0
+    while True:
+        n += 1
+        try:
+            return attempt(n)
+        except TryAgain as again:
+            failures = 1 if again.progressed else failures + 1
+            if failures > policy.retries:
+                raise again.error from again.__cause__
+            wait = again.wait if again.wait is not None else policy.backoff * 2 ** (failures - 1)
+            wait = min(wait, policy.max_wait)
+            log.info("%s; retrying in %.2f s", again.error, wait)
+            sleep(wait)
+
+
 def fetch_json(
     session: requests.Session,
     method: str,
@@ -190,57 +212,47 @@ def fetch_json(
     # in the query string would follow the redirect to wherever it points. So: no redirects with a key.
     sent = [str(v) for v in (headers or {}).values()] + [str(v) for v in (params or {}).values()]
     follow = not any(sec and sec in v for sec in secrets for v in sent)
-    attempt = 0
-    while True:
-        attempt += 1
-        log.debug("%s %s (attempt %d)", method, where, attempt)
+
+    def attempt(n: int) -> tuple[int, int, dict, bytes]:
+        log.debug("%s %s (attempt %d)", method, where, n)
         try:
             status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy, follow)
         except FetchError as e:
-            e.attempts = attempt
+            e.attempts = n
             e.message = redact(e.message, secrets)
             log.info("%s %s failed: %s", method, where, e.message)
             raise
         if status in RETRY_STATUSES:
             wait = retry_after_seconds(resp_headers.get("Retry-After"))
             what = "rate limited (429)" if status == 429 else f"server error {status}"
+            kind = "rate_limited" if status == 429 else "http"
             if wait is not None and wait > policy.max_wait:
                 raise FetchError(
-                    "rate_limited" if status == 429 else "http",
-                    f"{what}; the server asks to wait {wait:.0f} s, longer than the {policy.max_wait:.0f} s we wait",
-                    status,
-                    attempt,
-                )
-            if attempt > policy.retries:
-                raise FetchError(
-                    "rate_limited" if status == 429 else "http",
-                    f"{what} after {attempt} attempts",
-                    status,
-                    attempt,
-                )
-            if wait is None:
-                wait = min(policy.backoff * 2 ** (attempt - 1), policy.max_wait)
-            log.info("%s %s: %s; retrying in %.2f s", method, where, what, wait)
-            sleep(wait)
-            continue
-        if 300 <= status < 400:
-            target = safe_url(redact(resp_headers.get("Location", ""), secrets)) or "elsewhere"
-            raise FetchError(
-                "http", f"the endpoint redirects (HTTP {status}) to {target}; put that address in the settings", status, attempt
-            )
-        if status >= 400:
-            raise FetchError("http", f"HTTP {status}{_error_hint(body, secrets)}", status, attempt)
-        if not body.strip():
-            raise FetchError("empty", f"empty response (HTTP {status})", status, attempt)
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status, attempt) from None
-        # Backends may reflect the request (URL with its key) in the body: scrub before anyone reads it.
-        text = redact(body.decode("utf-8", errors="replace"), secrets)
-        if secrets:
-            data = _redact_tree(data, secrets)
-        return FetchResult(data, text, status, attempt, time.monotonic() - t0)
+                    kind, f"{what}; the server asks to wait {wait:.0f} s, longer than the {policy.max_wait:.0f} s we wait",
+                    status, n,
+                )  # fmt: skip
+            raise TryAgain(FetchError(kind, f"{what} after {n} attempts", status, n), wait=wait)
+        return n, status, resp_headers, body
+
+    attempts, status, resp_headers, body = with_retries(attempt, policy, sleep=sleep)
+    if 300 <= status < 400:
+        target = safe_url(redact(resp_headers.get("Location", ""), secrets)) or "elsewhere"
+        raise FetchError(
+            "http", f"the endpoint redirects (HTTP {status}) to {target}; put that address in the settings", status, attempts
+        )
+    if status >= 400:
+        raise FetchError("http", f"HTTP {status}{_error_hint(body, secrets)}", status, attempts)
+    if not body.strip():
+        raise FetchError("empty", f"empty response (HTTP {status})", status, attempts)
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status, attempts) from None
+    # Backends may reflect the request (URL with its key) in the body: scrub before anyone reads it.
+    text = redact(body.decode("utf-8", errors="replace"), secrets)
+    if secrets:
+        data = redact_tree(data, secrets)
+    return FetchResult(data, text, status, attempts, time.monotonic() - t0)
 
 
 def _attempt(session, method, url, params, headers, json_body, policy, follow) -> tuple[int, dict, bytes]:
@@ -300,24 +312,6 @@ def _body_chunks(resp: requests.Response) -> Iterator[bytes]:
         if not chunk:
             return
         yield chunk
-
-
-def _redact_tree(data: Any, secrets: tuple[str, ...]) -> Any:
-    """Every string (keys included) in parsed JSON, redacted. Iterative: deep JSON cannot overflow the stack."""
-    root = [data]
-    stack: list[tuple[Any, Any]] = [(root, 0)]
-    while stack:
-        parent, k = stack.pop()
-        v = parent[k]
-        if isinstance(v, str):
-            parent[k] = redact(v, secrets)
-        elif isinstance(v, list):
-            stack.extend((v, i) for i in range(len(v)))
-        elif isinstance(v, dict):
-            new = {redact(key, secrets): val for key, val in v.items()}
-            parent[k] = new
-            stack.extend((new, key) for key in new)
-    return root[0]
 
 
 def _short_reason(e: BaseException) -> str:

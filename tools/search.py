@@ -32,7 +32,7 @@ NOT parsed (the runtime's ``append_text(..., special=False)``), so such text sta
 
 Keys: API keys are sent in headers where the API allows (Brave, Google Cloud Vision) and in the
 query string only for SerpApi; they never enter cache keys, stored responses, exports,
-observations or log records (see :func:`tools.http.redact` and :func:`tools.http.protect_logs`).
+observations or log records (see :func:`edge_agent.tools.http.redact` and :func:`edge_agent.tools.http.protect_logs`).
 
 Does not know: the model, prompts, chat format, images beyond bytes + MIME type (except the small
 :func:`load_image_for_search` helper). Startup never touches the network.
@@ -43,12 +43,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import html
 import logging
 import math
-import re
 import time
-import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,8 +54,19 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
-from tools.cache import CacheEntry, SearchCache, make_key, normalise_query
-from tools.http import FetchError, HttpPolicy, fetch_json, protect_logs, redact
+from edge_agent.files import atomic_write
+from edge_agent.redaction import redact
+from edge_agent.tools.cache import CacheEntry, SearchCache, make_key
+from edge_agent.tools.http import FetchError, HttpPolicy, fetch_json, protect_logs
+from edge_agent.tools.text import (
+    MAX_QUERY_CHARS,
+    SNIPPET_CHARS,
+    SOURCE_CHARS,
+    TITLE_CHARS,
+    clean_text,
+    clean_url,
+    query_key,
+)
 
 if TYPE_CHECKING:
     from edge_agent.config import Settings
@@ -67,11 +75,8 @@ log = logging.getLogger(__name__)
 
 USER_AGENT = "edge-agent/0.1 (on-device VLM agent)"
 
-# Per-field limits for stored results (chars). The observation shortens snippets further.
-TITLE_CHARS, URL_CHARS, SNIPPET_CHARS, SOURCE_CHARS = 200, 500, 600, 40
-OBS_SNIPPET_CHARS = 300
+OBS_SNIPPET_CHARS = 300  # the observation shortens stored snippets further
 MAX_OBSERVATION_CHARS = 3000
-MAX_QUERY_CHARS = 300
 MAX_IMAGE_BYTES = 7_000_000  # larger images are refused (Cloud Vision takes <= 10 MB of base64 JSON)
 
 STATUSES = ("live", "cached", "stale", "offline", "unconfigured", "error")
@@ -116,47 +121,6 @@ class SearchOutcome:
 
     def results_json(self) -> tuple[dict[str, str], ...]:
         return tuple(r.to_json() for r in self.results)
-
-
-# ------------------------------------------------------------------------------------------------
-# Cleaning untrusted text
-
-
-_TAG = re.compile(r"<[^<>]{0,2000}>")
-
-
-def clean_text(text: Any, limit: int, *, html_text: bool = False) -> str:
-    """One line of printable text of at most ``limit`` chars (an ellipsis marks a cut).
-
-    Drops control (Cc), format (Cf: bidi overrides, zero-width), surrogate and private-use
-    characters; collapses whitespace. ``html_text``: strip tags and decode entities first.
-    """
-    if text is None:
-        return ""
-    if not isinstance(text, str):
-        text = str(text) if isinstance(text, int | float) and not isinstance(text, bool) else ""
-    text = text[: limit * 8]  # bound the work on a huge field before the per-char pass
-    if html_text:
-        text = html.unescape(_TAG.sub("", text))
-    text = "".join(
-        " " if c.isspace() else c for c in text if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
-    )
-    text = " ".join(text.split())
-    if len(text) > limit:
-        text = text[: limit - 1].rstrip() + "…"
-    return text
-
-
-def clean_url(url: Any) -> str:
-    """An http(s) URL without whitespace or control characters, or "" if it is anything else."""
-    url = clean_text(url, 4 * URL_CHARS).replace(" ", "%20")
-    if not url.lower().startswith(("http://", "https://")) or len(url) > URL_CHARS:
-        return ""
-    try:
-        urlsplit(url)
-    except ValueError:
-        return ""
-    return url
 
 
 def make_result(title: Any, url: Any, snippet: Any, source: str, *, html_text: bool = False) -> SearchResult | None:
@@ -578,7 +542,7 @@ class SearchTools:
                 "text_search needs a non-empty query: call it again with a few keywords.",
                 b.name, time.monotonic() - t0, error="empty query",
             )  # fmt: skip
-        return self._run(b, q, normalise_query(q), "", refresh, t0, lambda: b.request(q))
+        return self._run(b, q, query_key(q), "", refresh, t0, lambda: b.request(q))
 
     def image_search(self, image_bytes: bytes, mime: str = "image/jpeg", *, refresh: bool = False) -> SearchOutcome:
         """Reverse image search of exactly ``image_bytes`` (the cache key is their SHA-256)."""
@@ -680,10 +644,7 @@ class SearchTools:
         path = self.public_dir / name
         try:
             if not path.exists():
-                self.public_dir.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(image)
-                tmp.replace(path)
+                atomic_write(path, image)
         except OSError as e:
             raise FetchError("config", f"cannot write {path} for SerpApi ({e.strerror})") from None
         return prefix.rstrip("/") + "/" + name
@@ -758,11 +719,11 @@ def load_image_for_search(path: Path | str) -> tuple[bytes, str]:
     """The bytes the agent sends when it reverse-searches the original image (``img_idx`` 0), and
     their MIME type, so ``cache prefetch`` stores the search under the very key the agent will ask for.
 
-    That is JPEG (quality 90) of the image as :func:`tools.images.load_image` normalises it (EXIF
+    That is JPEG (quality 90) of the image as :func:`edge_agent.tools.images.load_image` normalises it (EXIF
     rotation, RGB, full resolution): exactly what ``edge_agent.agent.toolbox`` sends
     (``jpeg_bytes(store[0].image)``); ``tests/test_search.py`` pins the two together.
     Raises ImageError if the file cannot be read.
     """
-    from tools.images import jpeg_bytes, load_image
+    from edge_agent.tools.images import jpeg_bytes, load_image
 
     return jpeg_bytes(load_image(path).image), "image/jpeg"

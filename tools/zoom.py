@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tools.images import MODEL_MAX_PIXELS, fit_for_model, model_png, to_png
+from edge_agent.tools.images import MODEL_MAX_PIXELS, fit_for_model, model_png, to_png
 
 # A crop smaller than this (in original pixels) holds less than one 32x32 vision block: grow it.
 MIN_CROP_SIDE = 32

@@ -2,24 +2,70 @@
 
 The TUI, ``ask --json``, the benchmarks and the eval all consume this one stream. Every event is a
 frozen dataclass with a ``kind`` string and ``to_json()``; they hold plain data only (no model, no
-widget). Times are seconds (float). ``turn`` counts from 1.
+widget). Times are seconds (float). ``turn`` counts from 1. :func:`event_from_json` is the way back
+(stored chats): every subclass registers its ``kind``, and the field types restore the tuples and
+nested values that JSON flattens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+_KINDS: dict[str, type[Event]] = {}  # kind -> class; every subclass adds itself
 
 
 @dataclass(frozen=True)
 class Event:
     kind: ClassVar[str] = "event"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _KINDS[cls.kind] = cls
+
     def to_json(self) -> dict[str, Any]:
         d = {"event": self.kind}
         d.update(dataclasses.asdict(self))
         return d
+
+
+def event_from_json(data: Mapping[str, Any]) -> Event | None:
+    """The typed event for ``Event.to_json()`` output (after a JSON round trip).
+
+    None for a kind this version does not know, or for a stored event whose fields no longer fit
+    its class (written by an older or newer version): a reader skips it rather than fail.
+    """
+    cls = _KINDS.get(str(data.get("event", "")))
+    if cls is None:
+        return None
+    types = _field_types(cls)
+    kwargs = {name: _from_json(data[name], typ) for name, typ in types.items() if name in data}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.cache
+def _field_types(cls: type[Event]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _from_json(value: Any, typ: Any) -> Any:
+    """``value`` as JSON gave it, rebuilt as ``typ``: lists back to tuples, objects back to dataclasses."""
+    if typing.get_origin(typ) is tuple and isinstance(value, list):
+        args = typing.get_args(typ)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_json(v, args[0]) for v in value)
+        return tuple(value)
+    if dataclasses.is_dataclass(typ) and isinstance(typ, type) and isinstance(value, dict):
+        return typ(**value)
+    return value
 
 
 @dataclass(frozen=True)

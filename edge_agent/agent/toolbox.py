@@ -25,9 +25,9 @@ from typing import Any, Protocol
 from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import ZOOM_TOOL
 from edge_agent.errors import EdgeAgentError
-from tools.images import jpeg_bytes
+from edge_agent.tools.images import jpeg_bytes
 from edge_agent.tools.text import query_key
-from tools.zoom import ImageStore, ZoomError
+from edge_agent.tools.zoom import ImageStore, ZoomError
 
 
 @dataclass

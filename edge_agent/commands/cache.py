@@ -1,6 +1,6 @@
 """`edge-agent cache`: inspect, export, import, clear and prefetch the search cache.
 
-The cache is ``HOME/search-cache.sqlite3`` (see :mod:`tools.cache`). Only ``prefetch`` touches the
+The cache is ``HOME/search-cache.sqlite3`` (see :mod:`edge_agent.tools.cache`). Only ``prefetch`` touches the
 network; everything else works offline. Exports are JSON; imports are validated field by field.
 """
 
@@ -19,7 +19,7 @@ from edge_agent.errors import EdgeAgentError
 
 
 def _cache(settings: Settings):
-    from tools.cache import SearchCache
+    from edge_agent.tools.cache import SearchCache
 
     return SearchCache(settings.cache_path)
 
@@ -107,7 +107,7 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
     (the question text is searched, and the image is reverse-searched).
     Image paths are relative to FILE. Exits with 1 if any search failed.
     """
-    from tools.search import SearchTools, load_image_for_search
+    from edge_agent.tools.search import SearchTools, load_image_for_search
 
     s = Settings.load()
     if s.offline:
@@ -161,7 +161,7 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
 
 def read_prefetch_file(file: Path) -> tuple[list[str], list[Path]]:
     """The distinct text queries and image paths in a prefetch file, in order. Raises EdgeAgentError."""
-    from tools.cache import normalise_query
+    from edge_agent.tools.cache import normalise_query
 
     try:
         lines = file.read_text(encoding="utf-8").splitlines()

@@ -144,9 +144,3 @@ def logprob_and_rank(row: np.ndarray, lse: float, token: int) -> tuple[float, in
     """log p(token) under one logits row, and how many entries score strictly higher (0 = argmax)."""
     v = row[token]
     return float(v) - lse, int(np.count_nonzero(row > v))
-
-
-def log_softmax(row: np.ndarray) -> np.ndarray:
-    """(V,) float32 logits -> (V,) float32 log-probabilities."""
-    lse = row_logsumexp(row[None, :])[0]
-    return (row.astype(np.float64) - lse).astype(np.float32)

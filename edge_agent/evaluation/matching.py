@@ -1,0 +1,37 @@
+"""Answer matching: SQuAD-style normalisation, exact match and word-boundary containment.
+
+Knows: text. Does not know: question sets, events or metrics.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans({c: " " for c in string.punctuation + "“”‘’«»…–—"})
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, punctuation to spaces, articles dropped, whitespace collapsed (SQuAD-style)."""
+    text = str(text).lower().translate(_PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def match_answer(prediction: str, answers: Iterable[str]) -> tuple[bool, bool]:
+    """(exact, contains): normalised prediction equals / contains (on word boundaries) any answer."""
+    pred = normalize_answer(prediction)
+    exact = contains = False
+    for a in answers:
+        gold = normalize_answer(a)
+        if not gold:
+            continue
+        if pred == gold:
+            exact = contains = True
+            break
+        if f" {gold} " in f" {pred} ":
+            contains = True
+    return exact, contains
+

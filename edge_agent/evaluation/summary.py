@@ -1,0 +1,104 @@
+"""One question's agent events -> one result record (the line ``results.jsonl`` stores).
+
+Knows: the agent's event stream (``edge_agent.agent.events``) and the record's fields. Does not
+know: how events were produced (the engine), how records are stored or aggregated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from edge_agent.agent import events as ev
+from edge_agent.evaluation.dataset import Question
+from edge_agent.evaluation.matching import match_answer
+from edge_agent.evaluation.modes import ModeSpec
+
+
+def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
+    """Fold one question's event stream into the plain-data part of a result record.
+
+    Per turn: the chosen rationale (SSR), the action taken, and reasoning / action / tool /
+    observe seconds. Per question: tool calls by name, search outcome statuses, SeProD acceptance,
+    the final answer. Model time = the episode's total minus tool time when the final answer
+    carries totals (so the prompt's prefill and evaluating observations count: the model did that
+    work), else reasoning + action + observe summed over turns.
+    """
+    turns: dict[int, dict[str, Any]] = {}
+
+    def turn(n: int) -> dict[str, Any]:
+        return turns.setdefault(
+            n,
+            {"turn": n, "action": None, "rationale": None, "rationale_action": None, "rationale_prob": None,
+             "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None, "tool_seconds": None,
+             "observe_seconds": None},
+        )
+
+    tools: Counter[str] = Counter()
+    searches: list[dict[str, str]] = []
+    drafts = {"rounds": 0, "accepted": 0, "drafted": 0}
+    final: ev.FinalAnswer | None = None
+    errors: list[str] = []
+    fatal: str | None = None
+    for e in events:
+        if isinstance(e, ev.RationaleScored):
+            t = turn(e.turn)
+            chosen = e.candidates[e.chosen]
+            t.update(rationale=chosen.id, rationale_action=chosen.action, rationale_prob=chosen.prob,
+                     scoring_seconds=e.seconds)
+        elif isinstance(e, ev.ToolCalled):
+            tools[e.name] += 1
+        elif isinstance(e, ev.ToolFinished):
+            if "search" in e.name:  # text_search, image_search (zoom is local)
+                searches.append({"name": e.name, "status": e.status})
+        elif isinstance(e, ev.DraftVerified):
+            drafts["rounds"] += 1
+            drafts["accepted"] += e.accepted
+            drafts["drafted"] += e.drafted
+        elif isinstance(e, ev.TurnFinished):
+            turn(e.turn).update(action=e.action, reasoning_seconds=e.reasoning_seconds,
+                                action_seconds=e.action_seconds, tool_seconds=e.tool_seconds,
+                                observe_seconds=getattr(e, "observe_seconds", 0.0))
+        elif isinstance(e, ev.AgentError):
+            errors.append(f"{e.title}: {e.message}")
+            if e.fatal:
+                fatal = f"{e.title}: {e.message}"
+        elif isinstance(e, ev.FinalAnswer):
+            final = e
+    turn_log = [turns[k] for k in sorted(turns)]
+    turn_model = sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
+                     for t in turn_log)
+    totals = dict(final.totals) if final else {}
+    if "total" in totals and "tool" in totals:
+        model_seconds = max(0.0, float(totals["total"]) - float(totals["tool"]))
+    else:
+        model_seconds = turn_model
+    return {
+        "prediction": final.answer if final else "",
+        "turns": final.turns if final else len(turn_log),
+        "stop_reason": final.stop_reason if final else "error",
+        "totals": totals,
+        "tools": dict(sorted(tools.items())),
+        "searches": searches,
+        "drafts": drafts,
+        "turn_log": turn_log,
+        "model_seconds": model_seconds,
+        "turn_model_seconds": turn_model,
+        "agent_errors": errors,
+        "error": fatal if final is None else None,
+    }
+
+
+def make_record(q: Question, mode: ModeSpec, events: Iterable[ev.Event], *, wall_seconds: float | None = None,
+                error: str | None = None) -> dict[str, Any]:
+    """A result record for one (question, mode): what results.jsonl stores, one per line."""
+    rec: dict[str, Any] = {"id": q.id, "mode": mode.name, "question": q.question, "answers": list(q.answers)}
+    summary = summarize_events(events)
+    if error is not None:
+        summary["error"] = error
+    exact, contains = match_answer(summary["prediction"], q.answers)
+    rec.update(summary)
+    rec.update(exact=exact, contains=contains, wall_seconds=wall_seconds)
+    return rec
+
