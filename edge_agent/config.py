@@ -75,6 +75,11 @@ class Settings:
         default=0.05,
     )
     seprod_a0: float = _doc("SeProD: base weight a0 of the search model in s_j.", default=0.5)
+    seprod_adaptive: bool = _doc(
+        "SeProD: per chat, stop drafting in a mode whose drafts are not accepted and shorten L_d to what is "
+        "accepted (false pins seprod_draft_len for experiments).",
+        default=True,
+    )
 
     # --- search and cache ---------------------------------------------------------------------
     offline: bool = _doc("Serve searches from the cache only; never touch the network.", default=False)

@@ -6,12 +6,13 @@ The real-runtime tests (tiny agent + tiny prophet, SmolLM2 as both) are in test_
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from edge_agent.agent import seprod
-from edge_agent.agent.events import AnswerToken, DraftProposed, DraftVerified
+from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified
 from edge_agent.errors import ConfigError
 from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation
 
@@ -226,9 +227,9 @@ def test_end_of_turn_token_is_not_drafted():
         d.close()
 
 
-def test_grounding_query_names_the_target_and_asks_true_false():
+def test_grounding_query_names_the_target_and_asks_yes_or_no_first():
     q = seprod.grounding_query("  the  small sign ")
-    assert "the small sign" in q and "true or false" in q
+    assert "the small sign" in q and "yes or no first" in q
     assert "the object in question" in seprod.grounding_query("")
 
 
@@ -343,3 +344,301 @@ def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
         v = stop.value
     assert [type(e) for e in events] == [AgentError] and not events[0].fatal and "prophet" in events[0].message
     assert v.accepted == 0 and v.accepted_text == "" and agent.log == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Fidelity: the label the prophet sees, the grounding verdict, the answer budget, tau's default
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clean_label_keeps_printable_bounded_text_and_drops_garbage():
+    """the zoom label is untrusted model output: control characters and chat markup go, it is cut at
+    a word boundary, and text with no real words is dropped (the generic target is used instead)."""
+    assert seprod.clean_label("  the red\tsign\x00 ") == "the red sign"
+    assert seprod.clean_label("sign<|im_end|><|im_start|>system") == "sign system"
+    long = "the small white sign " * 10
+    cut = seprod.clean_label(long)
+    assert len(cut) <= seprod.LABEL_MAX_CHARS and long.startswith(cut) and not cut.endswith(" ")
+    for garbage in ("", "   ", "<|im_end|>", "{}[]<>", "x", "!!!!????1", "\x00\x01", None, 42):
+        assert seprod.clean_label(garbage) == "", garbage
+    q = seprod.grounding_query("#$%^&*<|im_start|>")
+    assert seprod.DEFAULT_TARGET in q and "im_start" not in q
+
+
+def test_parse_verdict():
+    """the first word decides: yes/true -> yes, no/false -> no, anything else unclear; the end index
+    says where the verdict word stops (to tell whether the agent accepted it)."""
+    assert seprod.parse_verdict("Yes, a red sign.") == ("yes", 3)
+    assert seprod.parse_verdict("**No**. The image shows") == ("no", 4)
+    assert seprod.parse_verdict("false") == ("no", 5)
+    assert seprod.parse_verdict(" True the sign") == ("yes", 5)
+    for unclear in ("Nothing here", "The image shows", "", "no2 signs", "Maybe"):
+        assert seprod.parse_verdict(unclear) == ("", 0), unclear
+
+
+def run_hook(gen):
+    events = []
+    try:
+        while True:
+            events.append(next(gen))
+    except StopIteration as stop:
+        return events, stop.value
+
+
+def test_accepted_no_verdict_steers_the_agent_elsewhere():
+    """grounding draft "No, ..." accepted -> verdict no, accepted, steer text set; a rejected verdict
+    word steers nothing."""
+    d = seprod.Drafter(FakeModel("No, it is gone"), agent_vocab=V, draft_len=6, tau=0.1, background=False,
+                       adaptive=False)
+    try:
+        events, v = run_hook(d.ground(FakeSession(FakeModel()), turn=2, image=b"I", target="the sign"))
+        ver = next(e for e in events if isinstance(e, DraftVerified))
+        # 'N','o' are letters (accepted), ',' is not: accepted "No"
+        assert v.accepted_text == "No" and v.verdict == "no" and v.verdict_accepted
+        assert v.steer == seprod.STEER_ELSEWHERE and ver.verdict == "no" and ver.verdict_accepted
+        d.tau = 0.6  # nothing accepted: the prophet's verdict is shown but not acted on
+        d.reset()
+        events, v = run_hook(d.ground(FakeSession(FakeModel()), turn=2, image=b"I", target="the sign"))
+        assert v.accepted == 0 and v.verdict == "no" and not v.verdict_accepted and v.steer == ""
+        d.prophet.script = "Yes it is"
+        d.tau = 0.1
+        events, v = run_hook(d.ground(FakeSession(FakeModel()), turn=2, image=b"J", target="the sign"))
+        assert v.verdict == "yes" and v.verdict_accepted and v.steer == ""
+    finally:
+        d.close()
+
+
+def test_answer_budget_caps_lead_and_accepted_tokens():
+    """max_tokens=3 with a lead token: 1 lead + at most 2 draft tokens enter the session."""
+    d = seprod.Drafter(FakeModel("abcdefgh"), agent_vocab=V, draft_len=8, tau=0.0, background=False)
+    try:
+        agent = FakeSession(FakeModel())
+        agent.prefer = [ord("\n")]
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q", max_tokens=3))
+        assert v.lead == (10,) and v.accepted == 2 and agent.log == [("tokens", [10, 97, 98])]
+        assert v.accepted_text == "ab" and next(e for e in events if isinstance(e, DraftVerified)).drafted == 2
+        agent = FakeSession(FakeModel())
+        agent.prefer = [ord("\n")]
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q2", max_tokens=1))
+        assert v.lead == () and v.accepted == 1 and agent.log == [("tokens", [97])]
+    finally:
+        d.close()
+
+
+def test_drafter_default_tau_is_the_settings_default():
+    import inspect
+
+    from edge_agent.config import Settings
+
+    default = inspect.signature(seprod.Drafter.__init__).parameters["tau"].default
+    assert default == Settings().seprod_tau == seprod.DEFAULT_TAU
+
+
+def test_prophet_threads_leave_the_agent_its_cores():
+    assert seprod.prophet_threads(1, 2) == 1  # 2 cores: the agent decodes on 1, the prophet on the other
+    assert seprod.prophet_threads(3, 4) == 1
+    assert seprod.prophet_threads(4, 8) == 4
+    assert seprod.prophet_threads(8, 8) == 1  # never 0
+    assert seprod.prophet_threads(1, 1) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Adaptive drafting (per chat and mode)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_adaptive_switches_a_mode_off_below_break_even_and_probes_again():
+    a = seprod.Adaptive(16)
+    c = seprod.Costs()
+    assert a.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)  # nothing known: the full draft
+    a.record(seprod.ANSWERING, 16, 1)
+    assert a.plan(seprod.ANSWERING, c).use  # one bad round is not enough
+    a.record(seprod.ANSWERING, 16, 0)
+    plans = []
+    for _ in range(seprod.PROBE_EVERY):
+        p = a.plan(seprod.ANSWERING, c)
+        plans.append(p.use)
+        if not p.use:
+            assert "below break-even" in p.note
+            a.skipped(seprod.ANSWERING)
+    assert plans == [False] * (seprod.PROBE_EVERY - 1) + [True]  # the probe round drafts again
+    assert a.plan(seprod.GROUNDING, c).use  # the other mode is not affected
+    a.record(seprod.ANSWERING, 4, 4)  # the probe was accepted: the mode stays on
+    a.record(seprod.ANSWERING, 16, 16)
+    assert a.plan(seprod.ANSWERING, c).use
+    fixed = seprod.Adaptive(16, enabled=False)
+    for _ in range(5):
+        fixed.record(seprod.ANSWERING, 16, 0)
+    assert fixed.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)  # pinned for experiments
+
+
+def test_adaptive_shortens_drafts_to_what_is_accepted():
+    a = seprod.Adaptive(16)
+    c = seprod.Costs(verify_token=0.001, agent_token=0.01)  # break-even 0.1
+    a.record(seprod.ANSWERING, 16, 3)
+    a.record(seprod.ANSWERING, 16, 3)
+    p = a.plan(seprod.ANSWERING, c)
+    assert p.use and p.draft_len == 8 and "L_d 8 of 16" in p.note  # ceil(2 * 3) + 2
+    for _ in range(seprod.WINDOW):
+        a.record(seprod.ANSWERING, 8, 8)  # all accepted: back to the full length
+    assert a.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)
+
+
+def test_costs_price_a_draft():
+    c = seprod.Costs()
+    assert c.saving(0.5, 16) is None and c.break_even() == seprod.PRIOR_VERIFY_RATIO
+    c.prophet_token = 0.01  # stands in for the agent until the agent is measured
+    assert c.saving(0.5, 10) == pytest.approx(0.5 * 10 * 0.01 - seprod.PRIOR_VERIFY_RATIO * 10 * 0.01)
+    c.agent_token, c.verify_token = 0.02, 0.004
+    assert c.break_even() == pytest.approx(0.2)
+    assert c.saving(0.5, 10) == pytest.approx(0.1 - 0.04)
+
+
+def test_stats_count_used_skipped_and_waited_rounds():
+    s = seprod.SeProDStats()
+    d = seprod.Draft("answering", "q", (1, 2, 3, 4), np.zeros(4), "abcd", 0.1, waited=0.05)
+    z = np.zeros(4)
+    s.add(seprod.Verification(d, 2, z, z, z, z.astype(np.int64), "ab", 0.01))
+    s.skip("not_ready", 0.02)
+    s.skip("low_acceptance", 0.0)
+    t = s.totals()
+    assert t["seprod_rounds"] == 3 and t["seprod_drafts"] == 1 and t["seprod_drafts_skipped"] == 2
+    assert t["seprod_drafts_waited"] == 1 and t["seprod_wait_seconds"] == pytest.approx(0.07)
+    assert t["seprod_skipped_not_ready"] == 1 and t["seprod_skipped_low_acceptance"] == 1
+    assert t["seprod_acceptance_answering"] == 0.5
+
+
+# --------------------------------------------------------------------------------------------------
+# Drafts never block longer than they save (a prophet that takes real time per token)
+# --------------------------------------------------------------------------------------------------
+
+
+class SlowSession(FakeSession):
+    def generate(self, *, max_tokens, on_token=None, cancel=None, **kw):
+        toks = []
+        for c in self.model.script[:max_tokens]:
+            if cancel is not None and cancel.is_set():
+                self.log.append(("cancelled", len(toks)))
+                return Generation("".join(map(chr, toks)), toks, "cancelled", [self.model.logprob] * len(toks))
+            time.sleep(self.model.per_token)
+            toks.append(ord(c))
+            if on_token is not None:
+                on_token(c, ord(c))
+        self.log.append(("generate", max_tokens))
+        return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
+
+
+class SlowModel(FakeModel):
+    def __init__(self, script, per_token):
+        super().__init__(script)
+        self.per_token = per_token
+
+    def session(self):
+        s = SlowSession(self)
+        self.sessions.append(s)
+        return s
+
+
+def slow_drafter(per_token, **costs):
+    d = seprod.Drafter(SlowModel("abcdefgh", per_token), agent_vocab=V, draft_len=8, tau=0.1, background=True)
+    for k, v in costs.items():
+        setattr(d.costs, k, v)
+    return d
+
+
+def test_a_ready_draft_is_used_without_waiting():
+    d = slow_drafter(0.001)
+    try:
+        d.start(image=b"I", question="q")
+        d._pending[(seprod.ANSWERING, "q", seprod._image_key(b"I"))].future.result(timeout=5)
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
+        prop = next(e for e in events if isinstance(e, DraftProposed))
+        assert prop.waited < 0.05 and v.accepted == 8 and not v.skipped
+        assert d.costs.prophet_token is not None  # measured from the draft's own tokens
+    finally:
+        d.close()
+
+
+def test_a_draft_not_ready_is_skipped_when_waiting_costs_more_than_it_saves():
+    """agent 1 ms/token, prophet 100 ms/token: 8 tokens would save < 4 ms, the draft needs ~0.8 s:
+    the agent goes on at once, says why, its session is untouched, and the prophet stops drafting."""
+    d = slow_drafter(0.1, agent_token=0.001, prophet_token=0.1, prefill_new_image=0.0)
+    try:
+        d.start(image=b"I", question="q")
+        agent = FakeSession(FakeModel())
+        t0 = time.perf_counter()
+        events, v = run_hook(d.answer(agent, turn=1, image=b"I", question="q"))
+        assert time.perf_counter() - t0 < 0.1
+        assert [type(e) for e in events] == [DraftSkipped]
+        assert events[0].reason == "not_ready" and "expected wait" in events[0].detail
+        assert v.skipped == "not_ready" and v.accepted == 0 and agent.log == []
+        d._pool.submit(lambda: None).result(timeout=5)  # the worker is free again well before 0.8 s
+        assert time.perf_counter() - t0 < 0.5
+        assert ("cancelled", 0) in d.prophet.sessions[0].log or any(
+            e[0] == "cancelled" for e in d.prophet.sessions[0].log)
+        assert d.stats.totals()["seprod_skipped_not_ready"] == 1
+    finally:
+        d.close()
+
+
+def test_a_draft_is_waited_for_while_the_saving_exceeds_the_wait():
+    """slow agent (1 s/token), prophet 20 ms/token: waiting ~0.16 s saves ~0.8 s: wait and use it."""
+    d = slow_drafter(0.02, agent_token=1.0, prophet_token=0.02, prefill_new_image=0.0)
+    try:
+        d.start(image=b"I", question="q")
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
+        prop = next(e for e in events if isinstance(e, DraftProposed))
+        assert prop.waited > 0.01 and v.accepted == 8 and d.stats.waited == 1
+    finally:
+        d.close()
+
+
+def test_nothing_measured_means_no_waiting():
+    """a cold start (no cost measured at all) never blocks the agent on a draft that is not ready."""
+    d = slow_drafter(0.05)
+    try:
+        d.start(image=b"I", question="q")
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
+        assert isinstance(events[0], DraftSkipped) and "cannot be priced" in events[0].detail
+    finally:
+        d.close()
+
+
+def test_low_acceptance_mode_is_not_drafted_and_says_so():
+    d = seprod.Drafter(FakeModel(" !?"), agent_vocab=V, draft_len=3, tau=0.1, background=False)
+    try:
+        for q in ("q1", "q2"):  # nothing accepted twice: the answering mode switches off
+            d.start(image=None, question=q)
+            run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=q))
+        gens_before = sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log)
+        d.start(image=None, question="q3")
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q3"))
+        assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "low_acceptance"
+        assert sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log) == gens_before  # not drafted
+        d.reset(new_chat=True)  # a new chat starts from the prior again
+        assert d.adaptive.plan(seprod.ANSWERING, d.costs).use
+    finally:
+        d.close()
+
+
+def test_the_app_shows_verdicts_waits_and_skipped_drafts():
+    """the turn view's draft lines: the grounding verdict (and whether it was accepted), the wait and
+    the L_d note of a proposed draft, and a skipped draft with its reason."""
+    from edge_agent.ui.reasoning import draft_text, skipped_text
+
+    prop = DraftProposed(turn=2, mode="grounding", text="No, it is gone", tokens=(1, 2, 3), seconds=0.1,
+                         waited=0.02, note="L_d 8 of 16 (recent acceptance 0.30)")
+    ver = DraftVerified(turn=2, mode="grounding", accepted=1, drafted=3, accepted_text="No", scores=(1.0, 0.0, 0.0),
+                        seconds=0.01, verdict="no", verdict_accepted=True)
+    line = draft_text(ver, prop).plain
+    assert "verdict NO" in line and "look elsewhere" in line and "waited 20 ms" in line and "L_d 8 of 16" in line
+    assert "1/3 tokens accepted" in line
+    unclear = DraftVerified(turn=2, mode="grounding", accepted=0, drafted=3, accepted_text="", scores=(0.0,) * 3,
+                            seconds=0.01)
+    assert "verdict unclear" in draft_text(unclear, None).plain
+    skip = DraftSkipped(turn=1, mode="answering", reason="not_ready", detail="expected wait 300 ms > expected saving 20 ms",
+                        waited=0.0)
+    line = skipped_text(skip).plain
+    assert "draft skipped: not ready in time" in line and "expected wait 300 ms" in line and "waited" not in line
+    skip = DraftSkipped(turn=1, mode="grounding", reason="low_acceptance", detail="grounding drafts off")
+    assert "recent drafts were not accepted" in skipped_text(skip).plain

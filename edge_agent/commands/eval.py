@@ -24,7 +24,7 @@ from edge_agent.errors import ConfigError
 FINGERPRINT_SETTINGS = (
     "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample",
     "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature", "seed",
-    "seprod_draft_len", "seprod_tau", "seprod_a0", "offline", "text_search", "image_search", "search_top_k",
+    "seprod_draft_len", "seprod_tau", "seprod_a0", "seprod_adaptive", "offline", "text_search", "image_search", "search_top_k",
 )
 
 

@@ -3,7 +3,8 @@
 SSR: the library's rationales (and which library: built-in or its file name) with their probabilities
 as bars, the chosen one marked. Free-form: the
 reasoning text as it streams. SeProD: the prophet's draft with the accepted tokens highlighted and
-accepted/drafted counts. Then the tool call and its result (``tool_view``), then the turn's timings
+accepted/drafted counts, a grounding draft's yes/no verdict, waits, and drafts skipped (with why).
+Then the tool call and its result (``tool_view``), then the turn's timings
 in the block's title. Pure rendering of agent events; knows nothing of the engine.
 """
 
@@ -60,16 +61,46 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
     return Group(head, table)
 
 
+VERDICTS = {"yes": "target seen", "no": "target not here: look elsewhere"}
+
+
 def draft_text(e: ev.DraftVerified, proposed: ev.DraftProposed | None) -> Text:
-    """The prophet's draft: accepted prefix highlighted, the rejected rest struck through."""
+    """The prophet's draft: accepted prefix highlighted, the rejected rest struck through; for a
+    grounding draft its yes/no verdict (and whether the agent accepted it); waits and L_d changes."""
     t = Text()
     t.append(f"Prophet ({e.mode}) ", style="bold magenta")
+    if e.verdict:
+        t.append(f"verdict {e.verdict.upper()}", style="bold green" if e.verdict == "yes" else "bold red")
+        t.append(f" ({VERDICTS[e.verdict]}" if e.verdict_accepted and e.verdict in VERDICTS else " (not accepted",
+                 style="magenta")
+        t.append(") ", style="magenta")
+    elif e.mode == "grounding":
+        t.append("verdict unclear ", style="dim")
     t.append(f"{e.accepted}/{e.drafted} tokens accepted ", style="magenta")
+    if proposed is not None and (proposed.waited >= 0.0005 or proposed.note):
+        extra = [f"waited {ms(proposed.waited)}"] if proposed.waited >= 0.0005 else []
+        extra += [proposed.note] if proposed.note else []
+        t.append(f"({'; '.join(extra)}) ", style="dim")
     t.append(e.accepted_text, style="black on magenta")
     if proposed is not None and proposed.text.startswith(e.accepted_text):
         rest = proposed.text[len(e.accepted_text):]
         if rest:
             t.append(rest, style="dim strike")
+    return t
+
+
+SKIP_REASONS = {"not_ready": "not ready in time", "low_acceptance": "recent drafts were not accepted"}
+
+
+def skipped_text(e: ev.DraftSkipped) -> Text:
+    """A draft the agent went on without, and why (not ready in time / mode switched off)."""
+    t = Text()
+    t.append(f"Prophet ({e.mode}) ", style="bold magenta")
+    t.append(f"draft skipped: {SKIP_REASONS.get(e.reason, e.reason)}", style="magenta")
+    if e.waited >= 0.0005:
+        t.append(f", waited {ms(e.waited)}", style="magenta")
+    if e.detail:
+        t.append(f" ({e.detail})", style="dim")
     return t
 
 
@@ -117,6 +148,8 @@ class TurnView(Collapsible):
             self._proposed = e
         elif isinstance(e, ev.DraftVerified):
             await self._add(Static(draft_text(e, self._proposed), classes="draft"))
+        elif isinstance(e, ev.DraftSkipped):
+            await self._add(Static(skipped_text(e), classes="draft"))
         elif isinstance(e, ev.ToolCalled):
             self.action = e.name
             self._tool = ToolView(e, self.images)
