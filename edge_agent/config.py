@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+import tomli_w
+
 from edge_agent.errors import ConfigError
 
 ENV_PREFIX = "EDGE_AGENT_"
@@ -81,6 +83,24 @@ class Settings:
         default=True,
     )
 
+    # --- input budgets and saved context states ------------------------------------------------
+    image_max_tokens: int = _doc(
+        "Most tokens an attached image becomes (Qwen3-VL: one token per 32x32 px; 576 = 768x768). Each token "
+        "is prefilled once per chat: on a laptop CPU a 2B model reads ~20-100 tokens/s.",
+        default=576,
+    )
+    crop_max_tokens: int = _doc(
+        "Most tokens one zoomed crop becomes (256 = 512x512 px). Every zoom pays this in the context.", default=256,
+    )
+    observation_max_tokens: int = _doc(
+        "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit).", default=256,
+    )
+    state_cache_mb: int = _doc(
+        "Disk budget for saved context states (system prompt, end of each chat's last answer) in MB, least "
+        "recently used out; 0 saves none. Qwen3-VL-2B with an F16 KV cache takes ~112 KB per token.",
+        default=2048,
+    )
+
     # --- search and cache ---------------------------------------------------------------------
     offline: bool = _doc("Serve searches from the cache only; never touch the network.", default=False)
     text_search: str = _doc("Text search backend: wikipedia, searxng or brave.", default="wikipedia")
@@ -126,6 +146,10 @@ class Settings:
     @property
     def crops_dir(self) -> Path:
         return self.home / "crops"
+
+    @property
+    def states_dir(self) -> Path:
+        return self.home / "states"
 
     # --- loading and saving -------------------------------------------------------------------
     @classmethod
@@ -180,6 +204,11 @@ class Settings:
             raise ConfigError("Settings search_cache_days must be at least 0 and search_timeout greater than 0.")
         if self.ssr_tau <= 0:
             raise ConfigError("Setting ssr_tau must be greater than 0.")
+        for name in ("image_max_tokens", "crop_max_tokens"):
+            if not 16 <= getattr(self, name) <= 16384:
+                raise ConfigError(f"Setting {name} must be between 16 and 16384 tokens (576 is a 768x768 image).")
+        if self.observation_max_tokens < 0 or self.state_cache_mb < 0:
+            raise ConfigError("Settings observation_max_tokens and state_cache_mb must be at least 0 (0: no limit / none).")
         cpus = os.cpu_count() or 1
         for name in ("n_threads", "n_threads_batch"):
             n = getattr(self, name)
@@ -244,13 +273,6 @@ def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
 
 
 def _dump_toml(values: dict[str, Any]) -> str:
-    lines = ["# edge-agent settings. Every key is documented in `edge-agent config --help`."]
-    for k, v in values.items():
-        if isinstance(v, bool):
-            lines.append(f"{k} = {'true' if v else 'false'}")
-        elif isinstance(v, int | float):
-            lines.append(f"{k} = {v!r}")
-        else:
-            s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-            lines.append(f'{k} = "{s}"')
-    return "\n".join(lines) + "\n"
+    """The config file: a comment, then one ``key = value`` per setting (tomli-w quotes and escapes)."""
+    plain = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in values.items()}
+    return "# edge-agent settings. Every key is documented in `edge-agent config --help`.\n" + tomli_w.dumps(plain)

@@ -12,8 +12,10 @@ model. Does not know the chat format, the UI, or how any part works inside.
     engine.close()
 
 One question at a time per engine (a llama context holds one conversation): callers serialise
-(the TUI holds a lock). The system prompt's KV cells are kept between questions with the same
-system prompt, so a follow-up question does not pay for it again.
+(the TUI holds a lock). Chat continuity lives in ``chat_context.ChatContexts``: a follow-up question
+(``context=`` the key its chat's last answer was saved under) is appended to the live KV cache or to
+its saved state restored from disk; the system prompt is evaluated once per model and prompt on this
+machine (its state is saved under ``home/states``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import MODES, AgentOptions, run_agent
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
+from edge_agent.chat_context import ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
-from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+from edge_agent.runtime.state import StateStore
+from edge_agent.runtime.types import ModelLike
 from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
 from edge_agent.tools.zoom import ImageStore
 
@@ -59,8 +63,7 @@ class Engine:
         self.prophet = prophet
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(str(getattr(model, "path", "") or "model")).name
-        self._session: SessionLike | None = None
-        self._prefix: tuple[str, Checkpoint] | None = None  # (system prompt, checkpoint right after it)
+        self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
 
     # ---- construction ---------------------------------------------------------------------------
@@ -109,20 +112,38 @@ class Engine:
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
-        from edge_agent.agent.seprod import Drafter
+        from edge_agent.agent.seprod import Drafter, prophet_threads
         from edge_agent.runtime import Model
+        from edge_agent.runtime._lib import physical_cores
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
+        # Threads: the prophet drafts while the agent works, so it gets the cores the agent's decoding
+        # leaves free (1 on 2 cores), for its prefill too; settings that name thread counts win.
+        n = prophet_threads(int(getattr(model, "n_threads", 1) or 1), physical_cores())
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable.
-        prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2)
+        prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
+                                      n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n)
         try:
+            # decoding is memory-bound: the agent's time per token over the prophet's ~ their weight sizes
+            sizes = (getattr(model, "memory_bytes", {}).get("model"), getattr(prophet, "memory_bytes", {}).get("model"))
+            ratio = sizes[0] / sizes[1] if sizes[0] and sizes[1] else 1.0
             drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
-                              tau=settings.seprod_tau, a0=settings.seprod_a0)
+                              tau=settings.seprod_tau, a0=settings.seprod_a0, adaptive=settings.seprod_adaptive,
+                              agent_cost_ratio=ratio)
         except BaseException:
             prophet.close()
             raise
         say(f"Memory: agent {_memory_line(model)}; prophet {_memory_line(prophet)}", 0.9)
         return drafter, prophet
+
+    @staticmethod
+    def _contexts(model: ModelLike, settings: Settings) -> ChatContexts:
+        """Chat contexts with a state store under ``home/states`` (``state_cache_mb`` 0: nothing saved)."""
+        store = StateStore(settings.states_dir, settings.state_cache_mb * 2**20) if settings.state_cache_mb > 0 else None
+        # a question may need: each tool turn's action, rationale, crop and cut tool result, then the answer
+        per_turn = max(settings.crop_max_tokens, 0) + max(settings.observation_max_tokens, 64) + 96
+        reserve = settings.max_turns * per_turn + settings.answer_max_tokens + 64
+        return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2), image_tokens=settings.image_max_tokens)
 
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
@@ -142,12 +163,16 @@ class Engine:
         history: Sequence[Any] | None = None,
         seprod: bool | None = None,
         options: AgentOptions | None = None,
+        context: str | None = None,
     ) -> Iterator[Event]:
         """Answer one question (optionally about an image file). Yields the agent's events, ending
         with FinalAnswer, or AgentError(fatal=True) for a problem the user can fix (a bad image, an
         image for a text-only model, a full context). ``history``: earlier (question, answer) pairs
-        of the chat. ``seprod``: None -> on when a prophet is loaded and the setting is on.
-        ``options`` (tests, benchmarks): replaces the options built from the settings."""
+        of the chat (used only when its context has to be rebuilt). ``context``: the key the chat's
+        last answer was saved under (``FinalAnswer.context``): the question continues that context
+        (live in the KV cache, or restored from disk) and evaluates only its own user turn.
+        ``seprod``: None -> on when a prophet is loaded and the setting is on. ``options`` (tests,
+        benchmarks): replaces the options built from the settings."""
         mode = mode or (options.mode if options else self.settings.mode)
         if isinstance(image, str) and not image.strip():
             image = None  # "" from a form field means no image
@@ -169,7 +194,9 @@ class Engine:
             store = None
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-                store = ImageStore(loaded.image, crops_dir=run_dir)
+                px = getattr(self.model, "image_px_per_token", 0) or 32  # Qwen3-VL: 16 px patches, 2x2 merged
+                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self.settings.image_max_tokens * px * px,
+                                   crop_max_pixels=self.settings.crop_max_tokens * px * px)
             toolbox = Toolbox(store, self.tools)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
@@ -180,9 +207,10 @@ class Engine:
             if use_drafter is not None and hasattr(use_drafter, "reset"):
                 use_drafter.reset()
             yield from run_agent(
-                self._fresh_session, question, tools=toolbox,
+                None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
-                options=opts, cancel=cancel, drafter=use_drafter, history=pairs, image_label=label,
+                options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
+                context=self.contexts.question(context or "", pairs),
             )
         finally:
             self._busy.release()
@@ -200,26 +228,13 @@ class Engine:
             )
         return loaded
 
-    def _fresh_session(self, system_prompt: str) -> SessionLike:
-        """A session holding exactly ``system_prompt``: reused (rolled back) when it already holds it."""
-        if self._session is not None and self._prefix is not None and self._prefix[0] == system_prompt:
-            try:
-                self._session.rollback(self._prefix[1])
-                return self._session
-            except EdgeAgentError:
-                pass  # e.g. the model was reset: start a new session below
-        self._session = self._prefix = None
-        s = self.model.session()
-        s.append_text(system_prompt)
-        self._session, self._prefix = s, (system_prompt, s.checkpoint())
-        return s
-
     def close(self) -> None:
+        self.contexts.flush()  # saved states still being written
         for part in (self.drafter, self.tools, self.prophet, self.model):
             close = getattr(part, "close", None)
             if close is not None:
                 close()
-        self._session = self._prefix = None
+        self.contexts.live = None
 
     def __enter__(self) -> Engine:
         return self

@@ -10,19 +10,26 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | str, *, private: bool = False, fsync: bool = True) -> Path:
+def atomic_write(path: str | os.PathLike[str], data: bytes | str | Iterable[bytes | memoryview], *,
+                 private: bool = False, fsync: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically: readers see the old file or the whole new one, never a part.
 
     ``private``: the file is created 0600 (it holds secrets), whatever the umask. ``str`` is written
-    as UTF-8. The folder is created if missing. A temp file left by a crash (``.<name>.*.tmp``) is
+    as UTF-8; an iterable of byte pieces is written piece by piece (no joined copy of a large file). The folder is created if missing. A temp file left by a crash (``.<name>.*.tmp``) is
     never read as the file itself.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if isinstance(data, str):
+        pieces: Iterable[bytes | memoryview] = [data.encode("utf-8")]
+    elif isinstance(data, bytes | bytearray | memoryview):
+        pieces = [data]
+    else:
+        pieces = data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -32,7 +39,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, *, private: bo
                 umask = os.umask(0)
                 os.umask(umask)
                 os.fchmod(f.fileno(), 0o666 & ~umask)
-            f.write(raw)
+            for piece in pieces:
+                f.write(piece)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

@@ -37,7 +37,7 @@ from edge_agent.agent.rationales import (
     softmax,
 )
 from edge_agent.agent.toolbox import Toolbox
-from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation
+from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk
 from edge_agent.tools.zoom import ImageStore
 
 # ---------------------------------------------------------------------------------------------
@@ -159,11 +159,15 @@ class FakeSession:
     strings and EOS included), the returned text is cut before a stop string, and the last sampled
     token is pending until the next append."""
 
+    max_candidates = 8
+
     def __init__(self, score_fn=None, outputs=()):
         self.log: list[tuple[str, str, bool]] = []
         self.n_pos = 0
         self.n_cells = 0
+        self.n_evaluated = 0
         self.pending = 0
+        self.kept: list[str] = []
         self.score_fn = score_fn or (lambda text, n: -len(text))
         self.outputs = list(outputs)
         self.n_score = 0
@@ -175,22 +179,51 @@ class FakeSession:
     def text(self) -> str:
         return "".join(t for kind, t, _ in self.log)
 
-    def append_text(self, text, *, special=True):
+    def append_text(self, text, *, special=True, cancel=None):
         self.log.append(("text", text, special))
         self.n_pos += len(text)
         self.n_cells += len(text) + self.pending
+        self.n_evaluated += len(text) + self.pending
         self.pending = 0
         return len(text)
 
-    def append_tokens(self, tokens):
+    def append_tokens(self, tokens, *, cancel=None):
         return self.append_text("".join(chr(t) for t in tokens), special=False)
 
-    def append_image(self, image):
+    def append_image(self, image, *, cancel=None):
         self.log.append(("image", "<IMG>", True))
         self.n_pos += 7
         self.n_cells += 49 + self.pending
+        self.n_evaluated += 49 + self.pending
         self.pending = 0
+        return ImageChunk(n_tokens=49, n_pos=7, nx=7, ny=7, width=224, height=224)
 
+    def tokenize(self, text, *, special=False):
+        return [ord(c) for c in text]
+
+    def detokenize(self, tokens):
+        return "".join(chr(t) for t in tokens)
+
+    def drop_last_token(self):
+        if not self.pending:
+            return False
+        kind, t, sp = self.log.pop()
+        if t[:-1]:
+            self.log.append((kind, t[:-1], sp))
+        self.n_pos -= 1
+        self.pending = 0
+        return True
+
+    def adopt(self, index, n_tokens=None):
+        text = self.kept[index] if n_tokens is None else self.kept[index][:n_tokens]
+        self.kept = []
+        return self.append_text(text, special=False)
+
+    def key(self):
+        return ""
+
+    def save_state(self, label=""):
+        raise NotImplementedError
     def checkpoint(self):
         return Checkpoint(self.n_cells, self.n_pos, len(self.text), n_pending=self.pending)
 
@@ -207,7 +240,8 @@ class FakeSession:
     def next_logprobs(self):
         raise NotImplementedError
 
-    def score(self, candidates, *, special=False):
+    def score(self, candidates, *, special=False, keep=False, cancel=None):
+        self.kept = [c if isinstance(c, str) else "".join(chr(t) for t in c) for c in candidates] if keep else []
         self.n_score += 1
         self.scored.append(list(candidates))
         out = []
@@ -280,8 +314,16 @@ def toolbox(tmp_path=None):
     return Toolbox(ImageStore(im, crops_dir=tmp_path), FakeSearch())
 
 
+INFO = ("context_opened", "image_evaluated")  # what the context cost: checked in their own tests
+
+
 def kinds(events):
-    return [e.kind for e in events]
+    return [e.kind for e in events if e.kind not in INFO]
+
+
+def steps(events):
+    """The events without the informational ones (indices as in ``kinds``)."""
+    return [e for e in events if e.kind not in INFO]
 
 
 def test_ssr_episode_zoom_then_answer(tmp_path):
@@ -292,7 +334,8 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     assert kinds(events) == ["run_started", "turn_started", "rationale_scored", "tool_called", "tool_finished",
                              "turn_finished", "turn_started", "rationale_scored", "answer_token", "answer_token",
                              "answer_token", "turn_finished", "final_answer"]
-    r1, tool, fin1, r2, final = events[2], events[4], events[5], events[7], events[-1]
+    ev = steps(events)
+    r1, tool, fin1, r2, final = ev[2], ev[4], ev[5], ev[7], ev[-1]
     assert r1.candidates[r1.chosen].action == "zoom" and fin1.action == "zoom"
     assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 6
     assert tool.ok and tool.image_index == 1 and tool.image_path and tool.status == "local"
@@ -302,7 +345,7 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     # the context: question image, then the crop inside the tool response; rationale pasted in think
     assert [k for k, *_ in s.log].count("image") == 2
     assert "<think>\n" + r1.candidates[r1.chosen].text + "\n</think>\n\n<tool_call>" in s.text
-    assert "<tool_response>\n<IMG>Zoomed into" in s.text and s.text.endswith("<answer>red<")  # stops at "<"
+    assert "<tool_response>\n<IMG>Zoomed into" in s.text and s.text.endswith("<answer>red</answer><|im_end|>\n")  # stops at "<"
     assert all(g is not None for g in s.grammars)  # every action generated under a grammar
     # scoring happens right after "<think>\n"
     assert s.scored[0][0].startswith("I should")
@@ -370,7 +413,7 @@ def test_index_only_scores_indices_and_pastes_text():
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(index_only=True)))
     assert s.scored[0] == ["[1]", "[2]", "[3]", "[4]", "[5]", "[6]"]
-    r = events[2]
+    r = steps(events)[2]
     assert r.chosen == 4 and r.candidates[4].id == "answer_image"
     assert "[5] I should answer from the image" in s.text  # numbered in the system prompt
     assert "<think>\nI should answer from the image\n</think>" in s.text
@@ -393,7 +436,7 @@ def test_fatal_model_error_ends_stream():
     from edge_agent.errors import ModelRuntimeError
 
     class Full(FakeSession):
-        def append_image(self, image):
+        def append_image(self, image, *, cancel=None):
             raise ModelRuntimeError("Context full: raise n_ctx.")
 
     s = Full(favour(["zoom", "from the image"]), [ZOOM_TAIL])
@@ -405,32 +448,41 @@ def test_fatal_model_error_ends_stream():
 def test_seprod_hooks_are_called_at_their_points():
     calls = []
 
-    class V:
-        def __init__(self, text):
-            self.accepted_text = text
+    class V:  # the fields the loop reads (seprod.Verification)
+        def __init__(self, text, accepted):
+            self.accepted_text, self.accepted, self.lead, self.verdict, self.steer = text, accepted, (), "", ""
 
     class Drafter:
         def start(self, *, image, question, target=None):
             calls.append(("start", target))
+
+        def observe_decode(self, seconds, tokens):
+            calls.append(("observe", tokens))
+
+        tokens_evaluated = 0
+
+        def totals(self):
+            return {}
 
         def ground(self, session, *, turn, image, target):
             calls.append(("ground", turn, session.text.endswith("<think>\n"), target))
             session.append_text("true, red", special=False)
             yield ev.DraftVerified(turn=turn, mode="grounding", accepted=2, drafted=3, accepted_text="true, red",
                                    scores=(1.0, 1.0, 0.0), seconds=0.0)
-            return V("true, red")
+            return V("true, red", 2)
 
-        def answer(self, session, *, turn, image, question):
-            calls.append(("answer", turn, session.text.endswith("<answer>")))
+        def answer(self, session, *, turn, image, question, max_tokens=None):
+            calls.append(("answer", turn, session.text.endswith("<answer>"), max_tokens))
             session.append_text("Re", special=False)
             yield ev.AnswerToken(turn=turn, text="Re", from_prophet=True)
-            return V("Re")
+            return V("Re", 1)
 
     s = FakeSession(favour(["zoom", "from the image"]), [ZOOM_TAIL, "d</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), drafter=Drafter()))
     assert calls[0] == ("start", None) and calls[1] == ("start", "red square")
-    assert calls[2] == ("ground", 2, True, "red square") and calls[3] == ("answer", 2, True)
+    assert calls[2] == ("ground", 2, True, "red square") and calls[3] == ("answer", 2, True, 256)
+    assert calls[4][0] == "observe"  # the agent's decode time is reported for pricing drafts
     # the grounding draft sits before the rationale scoring of turn 2, which conditions on it
     assert "<think>\ntrue, red\nI should answer" in s.text
     assert events[-1].answer == "Red" and events[0].seprod
@@ -446,12 +498,17 @@ def test_engine_input_errors_are_fatal_events(edge_home):
     class FakeModel:
         has_vision = False
         n_vocab = 100
+        n_ctx = 4096
+        identity: dict = {}
         path = "fake.gguf"
+
+        def first_tokens(self, text):
+            return [ord(c) for c in text]
 
         def session(self):
             return FakeSession(favour(["from what I know"]), ["hi</answer>"])
 
-    engine = Engine(FakeModel(), Settings.load())
+    engine = Engine(FakeModel(), Settings.load({"state_cache_mb": 0}))  # a fake session has no KV to save
     real = edge_home / "x.png"
     Image.new("RGB", (64, 48), "red").save(real)
     for kw, msg in [({"question": "  "}, "empty"), ({"question": "Q?", "mode": "telepathy"}, "Mode must be"),

@@ -32,9 +32,9 @@ class SpySession:
         self._inner = inner
         self.images: list[tuple[object, int, int]] = []
 
-    def append_image(self, image):
+    def append_image(self, image, **kw):
         before = self._inner.n_pos
-        chunk = self._inner.append_image(image)
+        chunk = self._inner.append_image(image, **kw)
         self.images.append((chunk, before, self._inner.n_pos))
         return chunk
 
@@ -90,7 +90,8 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, mode=mode, policy=zoom_then_answer)
     events = list(engine.ask("What does the white sign say?", photo, options=opts))
-    kinds = [e.kind for e in events]
+    kinds = [e.kind for e in events if e.kind not in ("context_opened", "image_evaluated")]
+    assert [e.kind for e in events][1:3] == ["context_opened", "image_evaluated"]
     reasoning = ["rationale_scored"] if mode == "ssr" else None
     if mode == "ssr":
         assert kinds[:6] == ["run_started", "turn_started", *reasoning, "tool_called", "tool_finished", "turn_finished"]
@@ -116,8 +117,10 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     assert f'<tool_call>\n{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": {json.dumps(a["bbox_2d"])}, "label": "' in text
     assert f'", "img_idx": {a["img_idx"]}}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n' in text
     assert text.count("</tool_call><|im_end|>") == 2  # the system prompt's format example + this call
-    crop_chunk = s.images[1][0]
-    assert crop_chunk.nx * crop_chunk.ny > s.images[0][0].nx * s.images[0][0].ny  # the crop was enlarged
+    crop_chunk = s.images[1][0]  # each within its own token budget
+    assert s.images[0][0].n_tokens <= settings.image_max_tokens and crop_chunk.n_tokens <= settings.crop_max_tokens
+    shown = [e for e in events if e.kind == "image_evaluated"]
+    assert [(e.source, e.tokens) for e in shown] == [("image", s.images[0][0].n_tokens), ("crop", crop_chunk.n_tokens)]
     final = events[-1]
     assert final.stop_reason == "answered" and final.turns == 2
     assert final.totals["n_pos"] == s.n_pos and final.totals["tool"] > 0
@@ -253,17 +256,13 @@ def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
 
 def test_taking_back_an_end_of_turn_token_keeps_the_session_consistent(tiny_vl):
     """Free-form reasoning that ends with an end-of-generation token: the loop takes the (pending)
-    token back with a hand-built checkpoint; positions, history and later decoding stay right."""
-    from edge_agent.agent.loop import _Run
-    from edge_agent.agent.toolbox import Toolbox
-
+    token back with Session.drop_last_token; positions, history and later decoding stay right."""
     s = tiny_vl.session()
     s.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
     before = s.n_pos
     g = s.generate(max_tokens=3)
     assert s.n_pos == before + len(g.tokens)
-    run = _Run(s, "hi", Toolbox(None), None, AgentOptions(), None, None, (), None)
-    run._drop_last_token()
+    assert s.drop_last_token()
     assert s.n_pos == before + len(g.tokens) - 1 and len(s.history) == s.n_pos
     ref = tiny_vl.session()  # the same text evaluated directly gives the same next-token distribution
     ref.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
@@ -272,5 +271,5 @@ def test_taking_back_an_end_of_turn_token_keeps_the_session_consistent(tiny_vl):
     s2 = tiny_vl.session()
     s2.append_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
     s2.generate(max_tokens=3)
-    _Run(s2, "hi", Toolbox(None), None, AgentOptions(), None, None, (), None)._drop_last_token()
+    assert s2.drop_last_token() and s2.n_pending == 1  # the token before it is evaluated again, lazily
     np.testing.assert_allclose(s2.next_logprobs(), a, atol=1e-4)

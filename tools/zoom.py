@@ -147,8 +147,9 @@ class ImageStore:
     """The images of one conversation: index 0 is the original, each zoom appends a crop."""
 
     def __init__(self, original: Image.Image, *, crops_dir: Path | None = None,
-                 max_pixels: int = MODEL_MAX_PIXELS) -> None:
-        self.max_pixels = max_pixels
+                 max_pixels: int = MODEL_MAX_PIXELS, crop_max_pixels: int | None = None) -> None:
+        self.max_pixels = max_pixels  # the original's budget (image_max_tokens x 32 x 32 for Qwen3-VL)
+        self.crop_max_pixels = max_pixels if crop_max_pixels is None else crop_max_pixels  # each crop's
         self.crops_dir = crops_dir
         w, h = original.size
         self.images: list[StoredImage] = [StoredImage(0, original, (0.0, 0.0, float(w), float(h)))]
@@ -158,6 +159,10 @@ class ImageStore:
 
     def __getitem__(self, idx: int) -> StoredImage:
         return self.images[idx]
+
+    def model_png(self, idx: int) -> bytes:
+        """The model's PNG of image ``idx`` within its budget (the original's, or a crop's)."""
+        return self.images[idx].model_png(self.max_pixels if idx == 0 else self.crop_max_pixels)
 
     def check_index(self, img_idx: object) -> int:
         if not isinstance(img_idx, int) or isinstance(img_idx, bool) or not 0 <= img_idx < len(self.images):
@@ -185,7 +190,7 @@ class ImageStore:
             self.crops_dir.mkdir(parents=True, exist_ok=True)
             new.path = self.crops_dir / f"crop-{new.index}.png"
             new.path.write_bytes(to_png(crop))
-        new.model_png(self.max_pixels)  # encode now, so the cost is counted as tool time
+        self.model_png(new.index)  # encode now, so the cost is counted as tool time
         what = f' "{label}"' if label else ""
         obs = (f"Zoomed into{what} {list(box)} of image {idx}. The crop is image {new.index} "
                f"({crop.width}x{crop.height} px of the original, shown enlarged).")

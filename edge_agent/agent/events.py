@@ -135,6 +135,9 @@ class DraftProposed(Event):
     text: str
     tokens: tuple[int, ...]
     seconds: float
+    waited: float = 0.0  # the agent waited this long for it (0: it was ready)
+    draft_len: int = 0  # the L_d asked for (the adaptive rule may shorten it)
+    note: str = ""  # what the adaptive rule decided for this draft, e.g. "L_d 6 of 16 (...)"
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,22 @@ class DraftVerified(Event):
     accepted_text: str
     scores: tuple[float, ...]  # s_j for every drafted token
     seconds: float
+    lead: int = 0  # the agent's own whitespace tokens written before the accepted draft
+    verdict: str = ""  # grounding: the prophet's "yes" | "no" ("" unclear, or answering)
+    verdict_accepted: bool = False  # the agent accepted the verdict (an accepted "no" looks elsewhere)
+
+
+@dataclass(frozen=True)
+class DraftSkipped(Event):
+    """SeProD: no draft was used at this point. ``reason``: "not_ready" (waiting would cost more than
+    the draft is expected to save), "low_acceptance" (the mode's drafts are not being accepted)."""
+
+    kind: ClassVar[str] = "draft_skipped"
+    turn: int
+    mode: str
+    reason: str
+    detail: str = ""
+    waited: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -209,4 +228,37 @@ class FinalAnswer(Event):
     answer: str
     turns: int
     stop_reason: str  # answered | turn_limit | no_answer (it only repeated its instructions) | cancelled
-    totals: dict[str, float] = field(default_factory=dict)  # reasoning/action/tool/total seconds, tokens...
+    # reasoning/action/tool/total seconds; tokens_evaluated (prompt tokens this question evaluated, all
+    # models, images in embeddings), tokens_reused (context tokens kept in the KV cache or restored) ...
+    totals: dict[str, float] = field(default_factory=dict)
+    context: str = ""  # key of the saved context state at the end of this answer ('' when none)
+
+
+@dataclass(frozen=True)
+class ContextOpened(Event):
+    """The question's context is ready (the first think block opens next), and how it got there."""
+
+    kind: ClassVar[str] = "context_opened"
+    source: str  # new | live (the chat's KV cache) | restored (its saved state) | rebuilt (history as text)
+    reason: str  # why rebuilt: "no saved state", "context full", "the tools changed" ...
+    tokens_reused: int  # context tokens not evaluated again
+    tokens_evaluated: int  # tokens evaluated to open it (images in embeddings)
+    system_restored: bool  # the system prompt came from a saved state
+    n_ctx_used: int  # KV cells in use after opening
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ImageEvaluated(Event):
+    """An image went into the context: its cost (``turn`` 0: the question's own image)."""
+
+    kind: ClassVar[str] = "image_evaluated"
+    turn: int
+    source: str  # image (attached) | crop (a zoom's result)
+    tokens: int  # KV cells (nx * ny)
+    positions: int  # M-RoPE positions (max(nx, ny))
+    width: int  # pixels the model saw
+    height: int
+    encode_seconds: float  # vision encoder (0 when the embedding was reused)
+    decode_seconds: float  # evaluating its embeddings
+    reused: bool  # the embedding came from the cache (same image, same mmproj)

@@ -50,11 +50,14 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
+from edge_agent.agent.context import ChatContext, FreshContext, Opened, append_segments
 from edge_agent.agent.events import (
     AgentError,
     AnswerToken,
+    ContextOpened,
     Event,
     FinalAnswer,
+    ImageEvaluated,
     RationaleCandidate,
     RationaleScored,
     ReasoningDone,
@@ -67,22 +70,19 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
+    ANSWER_CLOSE,
     ANSWER_OPEN,
     THINK_CLOSE,
+    TURN_END,
     TURN_LIMIT_NOTE,
-    Img,
-    Segment,
-    Text,
     echoes_instructions,
-    history_segments,
     observation_segments,
-    question_segments,
     system_prompt,
 )
 from edge_agent.agent.rationales import Library, builtin_library, index_label, select
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
-from edge_agent.errors import Cancelled, EdgeAgentError, ModelRuntimeError
-from edge_agent.runtime.types import Checkpoint, Generation, SessionLike
+from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.runtime.types import Generation, ImageChunk, SessionLike
 
 THINK_STOP = "</think>"
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
@@ -93,16 +93,39 @@ MODES = ("ssr", "freeform")
 Policy = Callable[[int, frozenset[str]], Iterable[str]]
 
 
+class DraftOutcome(Protocol):
+    """What a SeProD hook returns (``edge_agent.agent.seprod.Verification``): what it put in the session."""
+
+    accepted: int  # draft tokens now in the agent's session
+    accepted_text: str
+    lead: tuple[int, ...]  # the agent's own tokens written before them
+    verdict: str  # grounding: "yes" | "no" | ""
+    steer: str  # text for the loop to append after accepted_text ("" for none)
+
+
 class Drafter(Protocol):
     """The SeProD hooks (``edge_agent.agent.seprod.Drafter``). Each hook is a generator of events
-    that puts accepted draft tokens into the agent's session and returns a value with
-    ``accepted_text``."""
+    that puts accepted draft tokens into the agent's session and returns a :class:`DraftOutcome`."""
 
     def start(self, *, image: bytes | None, question: str, target: str | None = None) -> None: ...
 
-    def ground(self, session: SessionLike, *, turn: int, image: bytes | None, target: str) -> Generator[Event, None, Any]: ...
+    def ground(self, session: SessionLike, *, turn: int, image: bytes | None,
+               target: str) -> Generator[Event, None, DraftOutcome]: ...
 
-    def answer(self, session: SessionLike, *, turn: int, image: bytes | None, question: str) -> Generator[Event, None, Any]: ...
+    def answer(self, session: SessionLike, *, turn: int, image: bytes | None, question: str,
+               max_tokens: int | None = None) -> Generator[Event, None, DraftOutcome]: ...
+
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        """The agent decoded ``tokens`` tokens in ``seconds`` (prices later drafts)."""
+
+    @property
+    def tokens_evaluated(self) -> int:
+        """Prompt tokens the prophet has evaluated so far (images in embeddings), all questions."""
+        ...
+
+    def totals(self) -> dict[str, float]:
+        """This question's SeProD counters for ``FinalAnswer.totals``."""
+        ...
 
 
 @dataclass
@@ -117,6 +140,7 @@ class AgentOptions:
     freeform_max_tokens: int = 128
     answer_max_tokens: int = 256
     action_max_tokens: int = 128  # the tail of a tool call (a label <= 40 and a query <= 80 chars fit)
+    observation_max_tokens: int = 256  # a tool result's text is cut to this many tokens (0: no limit)
     library: Library = field(default_factory=builtin_library)
     policy: Policy | None = None
     model_name: str = ""
@@ -130,6 +154,7 @@ class AgentOptions:
             mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
             index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
+            observation_max_tokens=settings.observation_max_tokens,
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         if "library" not in kw:
@@ -138,7 +163,7 @@ class AgentOptions:
 
 
 def run_agent(
-    session: SessionLike | Callable[[str], SessionLike],
+    session: SessionLike | None,
     question: str,
     *,
     tools: ToolExecutor,
@@ -148,33 +173,41 @@ def run_agent(
     drafter: Drafter | None = None,
     history: Sequence[tuple[str, str]] = (),
     image_label: str | None = None,
+    context: ChatContext | None = None,
 ) -> Iterator[Event]:
     """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``) in a few turns.
 
-    ``session``: a fresh (empty) session, or a factory called with the system prompt that returns a
-    session already holding exactly that text (the engine reuses its KV cells across questions).
-    Yields RunStarted ... FinalAnswer, or ends with
-    AgentError(fatal=True). Closing the generator early stops any generation in flight.
+    ``context``: the chat's context (``edge_agent.chat_context``: continues the chat's KV cache or
+    a saved state); without one, ``session`` must be a fresh (empty) session and ``history`` the
+    earlier (question, answer) pairs, evaluated as text (``agent.context.FreshContext``).
+    Yields RunStarted, ContextOpened ... FinalAnswer, or ends with AgentError(fatal=True). Closing
+    the generator early stops any generation in flight and rolls the context back.
     """
-    return _Run(session, question, tools, image, options or AgentOptions(), cancel, drafter, history,
-                image_label).events()
+    if context is None:
+        if session is None:
+            raise ValueError("run_agent needs a session or a context")
+        context = FreshContext(session, history)
+    return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter, image_label).events()
 
 
 class _Run:
-    def __init__(self, session: SessionLike | Callable[[str], SessionLike], question: str, tools: ToolExecutor, image: bytes | None,
+    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
                  options: AgentOptions, cancel: threading.Event | None, drafter: Drafter | None,
-                 history: Sequence[tuple[str, str]], image_label: str | None) -> None:
+                 image_label: str | None) -> None:
         if options.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {options.mode!r}")
-        self._factory = None if hasattr(session, "append_text") else session
-        self.s: SessionLike = session  # type: ignore[assignment]  # replaced by the factory's session
+        self.context = context
+        self.s: SessionLike  # the question's session, from context.open()
+        self.opened: Opened | None = None
+        self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
+        self.evaluated0 = 0  # the session's n_evaluated before this question
+        self.prophet_evaluated0 = 0
         self.question = question.strip()
         self.tools = tools
         self.image = image
         self.o = options
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
-        self.history = list(history)
         self.image_label = image_label
         self.rng = np.random.default_rng(options.seed)
         self.turn = 0
@@ -184,6 +217,7 @@ class _Run:
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
         self.t = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
+        self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
         self.t_start = 0.0
 
     # ---- the episode ----------------------------------------------------------------------------
@@ -191,36 +225,51 @@ class _Run:
         self.t_start = time.perf_counter()
         yield RunStarted(question=self.question, image=self.image_label, mode=self.o.mode,
                          seprod=self.drafter is not None, model=self.o.model_name)
+        kept = False
         try:
-            yield from self._episode()
+            kept = yield from self._episode()
         except Cancelled:
             yield self._final("cancelled")
         except EdgeAgentError as e:
             yield AgentError(turn=self.turn, title=e.title, message=e.message, fatal=True)
+        finally:
+            if not kept:  # cancelled, failed, or the consumer closed the stream: back to a clean boundary
+                self.context.abandon()
 
-    def _episode(self) -> Iterator[Event]:
+    def _episode(self) -> Generator[Event, None, bool]:
+        """The question's turns; True once an answer is closed and kept in the context."""
         t = time.perf_counter()
         available = self.tools.available_actions()
         lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
         system = system_prompt(sorted(available), has_image=self.image is not None, library=lib)
-        segs: list[Segment] = []
-        if self._factory is not None:
-            self.s = self._factory(system)
-        else:
-            segs.append(Text(system))
-        segs += history_segments(self.history)
-        segs += question_segments(self.question, self.image)
         if self.drafter is not None:  # the prophet can draft while the agent reads the prompt
             self.drafter.start(image=self.current_image, question=self.question)
-        self._append(segs)
+            self.prophet_evaluated0 = self.drafter.tokens_evaluated
+        opened = self.context.open(system, self.question, self.image, cancel=self.cancel)
+        self.s = opened.session
+        self.opened = opened
+        self.evaluated0 = self.s.n_evaluated - opened.tokens_evaluated
         self.t["prompt"] = time.perf_counter() - t
+        yield ContextOpened(source=opened.source, reason=opened.reason, tokens_reused=opened.tokens_reused,
+                            tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
+                            n_ctx_used=self.s.n_cells, seconds=opened.seconds)
+        for img in opened.images:
+            yield self._image_event(0, "image", img)
         self._check()
         for turn in range(1, self.o.max_turns + 2):
             self.turn = turn
             final = turn > self.o.max_turns
+            # read every turn: a tool found unreachable leaves the candidates, the grammar and the prompt
+            available = self.tools.available_actions()
             answered = yield from self._turn(turn, self._allowed(turn, available, final), final)
             if answered:
-                return
+                return True
+        return False
+
+    def _image_event(self, turn: int, source: str, img: ImageChunk) -> ImageEvaluated:
+        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos, width=img.width,
+                              height=img.height, encode_seconds=img.encode_seconds,
+                              decode_seconds=img.decode_seconds, reused=img.reused)
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
@@ -235,8 +284,13 @@ class _Run:
         if self.drafter is not None and self.ground_target is not None:
             # SeProD hook 1: after a zoom the accepted grounding draft opens the think block, so the
             # rationale scoring (SSR) or the model's own reasoning (free-form) conditions on it.
+            # The target is the zoom label the agent wrote (the drafter cleans it: untrusted output).
             v = yield from self.drafter.ground(self.s, turn=turn, image=self.current_image, target=self.ground_target)
-            if self.o.mode == "ssr" and getattr(v, "accepted_text", "") and not v.accepted_text.endswith("\n"):
+            opened = v.accepted_text
+            if v.steer:  # the prophet said "no" and the agent accepted it: look elsewhere
+                self.s.append_text(v.steer, special=False)
+                opened += v.steer
+            if self.o.mode == "ssr" and opened and not opened.endswith("\n"):
                 self.s.append_text("\n")  # the rationale starts on its own line
         self.ground_target = None
         scored = None
@@ -262,12 +316,14 @@ class _Run:
                 self._add(reasoning_s, action_s, 0.0, 0.0)
                 yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
                                    tool_seconds=0.0)
+                self._close_answer()
+                key = self.context.answered(self.s)  # a follow-up continues from here
                 if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
                     yield AgentError(turn=turn, title="No answer found", fatal=False,
                                      message=f"The model repeated its instructions instead of answering ({answer!r}).")
-                    yield self._final("no_answer", "")
+                    yield self._final("no_answer", "", context=key)
                     return True
-                yield self._final("turn_limit" if final else "answered", answer)
+                yield self._final("turn_limit" if final else "answered", answer, context=key)
                 return True
             # Decode only up to the end of the last free value (the grammar ends with the stop string,
             # so the session holds exactly head + text + stop); the fixed rest is prefilled.
@@ -304,8 +360,11 @@ class _Run:
         # ---- observation: back into the context (a crop as a new image) ----
         t0 = time.perf_counter()
         note = TURN_LIMIT_NOTE if turn >= self.o.max_turns else ""
-        self._append(observation_segments(out.observation, out.image, note=note))
+        observation = self._within_budget(out.observation)
+        crops = append_segments(self.s, observation_segments(observation, out.image, note=note), cancel=self.cancel)
         observe_s = time.perf_counter() - t0
+        for img in crops:
+            yield self._image_event(turn, "crop", img)
         if out.image is not None:
             self.current_image = out.image
             self.ground_target = out.label or self.question
@@ -326,24 +385,18 @@ class _Run:
         cands = [index_label(k) if self.o.index_only else r.text for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()
         # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
-        # place so the chosen one can be adopted into the conversation without re-evaluating it.
-        adopt = getattr(self.s, "adopt", None) if not self.o.index_only else None
-        scores = None
-        if adopt is not None:
-            try:
-                scores = self.s.score(cands, keep=True)  # type: ignore[call-arg]
-            except ModelRuntimeError:  # more candidates than the context has sequences for
-                adopt = None
-        if scores is None:
-            scores = self.s.score(cands)
+        # place so the chosen one can be adopted into the conversation without re-evaluating it
+        # (possible when the context has a sequence per candidate).
+        adopt = not self.o.index_only and len(cands) <= self.s.max_candidates
+        scores = self.s.score(cands, keep=adopt, cancel=self.cancel)
         choice, probs = select([sc.mean for sc in scores], tau=self.o.tau, sample=self.o.sample, rng=self.rng)
         seconds = time.perf_counter() - t0
         chosen = rats[choice]
         # Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended.
         if self.o.index_only:
             self.s.append_text(chosen.text, special=False)
-        elif adopt is not None:
-            adopt(choice)
+        elif adopt:
+            self.s.adopt(choice)
         else:
             self.s.append_tokens(scores[choice].tokens)
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
@@ -373,7 +426,7 @@ class _Run:
             self.s.append_text(THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):])
         else:
             if gen.stop_reason == "eos":
-                self._drop_last_token()  # an end-of-turn token inside the think block: take it back
+                self.s.drop_last_token()  # an end-of-turn token inside the think block: take it back
             self.s.append_text(THINK_CLOSE)
         text = gen.text
         yield ReasoningDone(turn=turn, text=text, n_tokens=len(gen.tokens), seconds=time.perf_counter() - t0)
@@ -416,16 +469,20 @@ class _Run:
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.o.answer_max_tokens
+        self.answer_tokens = 0
+        self.answer_end = "length"
         if self.drafter is not None:
             # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
-            # yields it as AnswerToken(from_prophet=True)); generation continues from it.
-            v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question)
-            if getattr(v, "accepted_text", ""):
+            # yields it as AnswerToken(from_prophet=True)); generation continues from it. Accepted
+            # tokens (and the agent's own lead token before them) count against the answer's token
+            # budget, and the drafter never puts more than the budget in: the same answer length
+            # with or without SeProD.
+            v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question,
+                                               max_tokens=budget)
+            if v.accepted_text:
                 self.answer_parts.append(v.accepted_text)
-            # accepted tokens (and the agent's own lead token before them) count against the answer's
-            # token budget: the same answer length with or without SeProD
-            used = len(getattr(v, "lead", ()) or ()) + int(getattr(v, "accepted", 0) or 0)
-            budget = max(1, budget - used)
+            self.answer_tokens = len(v.lead) + v.accepted
+            budget -= self.answer_tokens
         held = {"cut": False}
 
         def piece_event(piece: str) -> Event | None:
@@ -440,14 +497,19 @@ class _Run:
             self.answer_parts.append(piece)
             return AnswerToken(turn=turn, text=piece)
 
-        yield from self._stream(
-            lambda on_token, stop: self.s.generate(
-                # stops at the "<" of "</answer>": nothing follows the answer in this episode
-                max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                temperature=self.o.temperature,
-                seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
-            piece_event,
-        )
+        if budget > 0:  # the accepted draft may have used the whole budget
+            gen = yield from self._stream(
+                lambda on_token, stop: self.s.generate(
+                    # stops at the "<" of "</answer>": nothing follows the answer in this episode
+                    max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
+                    temperature=self.o.temperature,
+                    seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
+                piece_event,
+            )
+            self.answer_tokens += len(gen.tokens)
+            self.answer_end = gen.stop_reason
+            if self.drafter is not None:  # the agent's decode time per token prices the next drafts
+                self.drafter.observe_decode(gen.seconds, len(gen.tokens))
         return "".join(self.answer_parts).strip()
 
     # ---- plumbing -------------------------------------------------------------------------------
@@ -509,35 +571,23 @@ class _Run:
             raise Cancelled()
         return gen
 
-    def _drop_last_token(self) -> None:
-        """Take back the last generated token (the runtime keeps an end-of-generation token in the
-        session). It is still pending (never decoded), so this only trims the history."""
-        cp = self.s.checkpoint()
-        if cp.n_pending < 1:
-            return
-        self.s.rollback(Checkpoint(n_cells=cp.n_cells, n_pos=cp.n_pos - 1, n_history=cp.n_history - 1,
-                                   n_pending=cp.n_pending - 1, n_images=cp.n_images, logits=None))
+    def _within_budget(self, observation: str) -> str:
+        """The observation cut to ``observation_max_tokens`` tokens (0: no limit), saying so."""
+        n = self.o.observation_max_tokens
+        if n <= 0:
+            return observation
+        toks = self.s.tokenize(observation, special=False)
+        if len(toks) <= n:
+            return observation
+        return self.s.detokenize(toks[:n]).rstrip() + f" [... cut to {n} tokens]"
 
-    def _append(self, segs: Sequence[Segment]) -> None:
-        """Append segments, merging neighbours of the same kind (one decode call per run of text)."""
-        buf: list[str] = []
-        special = True
-
-        def flush() -> None:
-            if buf:
-                self.s.append_text("".join(buf), special=special)
-                buf.clear()
-
-        for seg in segs:
-            if isinstance(seg, Img):
-                flush()
-                self.s.append_image(seg.png)
-            else:
-                if buf and seg.special != special:
-                    flush()
-                special = seg.special
-                buf.append(seg.text)
-        flush()
+    def _close_answer(self) -> None:
+        """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
+        (the grammar's "<" is already in the session; an end-of-turn token is taken back first)."""
+        if self.answer_end == "eos":
+            self.s.drop_last_token()
+        rest = TAIL_REST["answer"] if self.answer_end == "stop" else ANSWER_CLOSE
+        self.s.append_text(rest + TURN_END, cancel=self.cancel)
 
     def _check(self) -> None:
         if self.cancel.is_set():
@@ -549,14 +599,23 @@ class _Run:
         self.t["tool"] += tool
         self.t["observe"] += observe
 
-    def _final(self, stop_reason: str, answer: str | None = None) -> FinalAnswer:
+    def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
         totals: dict[str, float] = {k: round(v, 6) for k, v in self.t.items()}
         totals["total"] = round(time.perf_counter() - self.t_start, 6)
         totals["turns"] = float(self.turn)
         totals["generated_tokens"] = float(self.n_generated)
-        totals["n_pos"] = float(getattr(self.s, "n_pos", 0))
-        stats = getattr(self.drafter, "stats", None)
-        if stats is not None and hasattr(stats, "totals"):
-            totals.update(stats.totals())
+        totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
+        # Prompt tokens this question evaluated (all models; an image counts its embeddings) and the
+        # context tokens it did not evaluate because they were kept in the KV cache or restored.
+        evaluated = reused = n_pos = 0
+        if self.opened is not None:
+            evaluated = self.s.n_evaluated - self.evaluated0
+            reused, n_pos = self.opened.tokens_reused, self.s.n_pos
+        if self.drafter is not None:
+            evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
+            totals.update(self.drafter.totals())
+        totals["n_pos"] = float(n_pos)
+        totals["tokens_evaluated"] = float(evaluated)
+        totals["tokens_reused"] = float(reused)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
-        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals)
+        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals, context=context)

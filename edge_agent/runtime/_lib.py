@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from functools import lru_cache
 
-import llama_cpp  # noqa: F401  (the binding; import cost ~0.1 s)
+import llama_cpp  # the binding; import cost ~0.1 s
 import llama_cpp.llama_cpp as C
 import llama_cpp.mtmd_cpp as M
 
@@ -100,6 +100,13 @@ def captured_stderr() -> Iterator[list[str]]:
 @lru_cache(maxsize=1)
 def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace")
+
+
+@lru_cache(maxsize=1)
+def library_identity() -> str:
+    """The binding's version and the compiled library's features: saved KV states from another build
+    may hold other numbers, so they are keyed by this."""
+    return f"llama-cpp-python {llama_cpp.__version__}; {system_info().strip()}"
 
 
 def built_with_amx() -> bool:

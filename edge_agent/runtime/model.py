@@ -15,6 +15,7 @@ number of sequences (unified); see :attr:`Model.memory_bytes`.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import re
 import threading
@@ -46,6 +47,7 @@ def _bind() -> Any:
 if TYPE_CHECKING:
     from edge_agent.config import Settings
     from edge_agent.runtime.session import Session
+    from edge_agent.runtime.state import SessionState
 
 # A batch larger than n_batch aborts llama.cpp (GGML_ASSERT): every decode is split to fit.
 DEFAULT_N_BATCH = 512
@@ -87,6 +89,7 @@ class Model:
         self._vocab: Any = None
         self._batch: _Batch | None = None
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._tdata: np.ndarray | None = None
         self._guard_re: re.Pattern[str] | None | bool = False  # False: not built yet
         self.lock = threading.RLock()  # one llama.cpp call sequence at a time on this context
         self.abort: _lib.AbortFlag | None = None  # polled by llama.cpp between graph nodes
@@ -111,6 +114,9 @@ class Model:
         self.info: Any = None  # edge_agent.modelfile.ModelInfo of the text model
         self.mmproj_info: Any = None
         self.memory_bytes: dict[str, int] = {}
+        self.vision_identity = ""  # what determines image embeddings: mmproj bytes + mtmd image limits
+        self.vision_encodes = 0  # images this model's projector encoded (reused embeddings not counted)
+        self.identity: dict[str, Any] = {}  # everything that changes this context's numbers (saved states)
 
     # ------------------------------------------------------------------------------ loading
     @classmethod
@@ -184,6 +190,8 @@ class Model:
         kw.setdefault("n_threads_batch", settings.n_threads_batch)
         kw.setdefault("extra_buffers", settings.extra_buffers)
         kw.setdefault("seed", settings.seed)
+        # mtmd caps every image at the larger budget (the engine fits originals and crops to their own)
+        kw.setdefault("image_max_tokens", max(settings.image_max_tokens, settings.crop_max_tokens, 0))
         return cls.load(path, mmproj, **kw)
 
     def _load(self, *, n_ctx: int, n_seq_max: int, n_batch: int, flash_attn: str, image_tokens: tuple[int, int]) -> None:
@@ -262,9 +270,19 @@ class Model:
             if not M.mtmd_support_vision(self._mtmd):
                 raise ModelFileError(f"{self.mmproj_path.name} is not a vision projector. Use the model's image mmproj.")
             self.has_vision = True
+            self.vision_identity = f"{file_identity(self.mmproj_path)}:{image_tokens[0]}:{image_tokens[1]}"
             mi = self.mmproj_info
             self.image_px_per_token = mi.patch_size * (mi.spatial_merge_size or 1) if mi is not None else 0
 
+        self.identity = {
+            "model": file_identity(self.path),
+            "vision": self.vision_identity,
+            "kv_type": self.kv_type,
+            "flash_attn": self.flash_attn,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "llama": _lib.library_identity(),
+        }
         n_layer = C.llama_model_n_layer(self._model)
         n_embd = C.llama_model_n_embd(self._model)
         n_head = max(1, C.llama_model_n_head(self._model))
@@ -346,6 +364,22 @@ class Model:
             self._pieces[key] = piece
         return piece
 
+    def first_tokens(self, text: str) -> list[int]:
+        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS when the model wants one)."""
+        toks = self.tokenize(text, special=True)
+        if self.add_bos and (not toks or toks[0] != self.bos):
+            toks = [self.bos, *toks]
+        return toks
+
+    def token_data(self) -> np.ndarray:
+        """A (V,) llama_token_data record array with ids filled (reused: one per model, one user at a time)."""
+        if self._tdata is None:
+            from edge_agent.runtime.sampling import TOKEN_DATA
+
+            self._tdata = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
+            self._tdata["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        return self._tdata
+
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         return b"".join(self.token_bytes(int(t), special=special) for t in tokens).decode("utf-8", "replace")
 
@@ -369,6 +403,22 @@ class Model:
             C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
             s = Session(self)
             self.active_session = s
+            return s
+
+    def restore(self, state: SessionState) -> Session:
+        """A new session holding ``state`` (saved by ``Session.save_state`` from a model of the same
+        identity). Raises ``StateError`` when it does not fit; the KV cache is then empty."""
+        from edge_agent.runtime.state import StateError
+
+        with self.lock:
+            s = self.session()
+            try:
+                s._restore(state)
+            except StateError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure here means: evaluate instead
+                C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
+                raise StateError(f"restoring failed ({e})") from e
             return s
 
     def interrupt(self) -> None:
@@ -418,6 +468,24 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, n_ctx={self.n_ctx}, vision={self.has_vision})"
+
+
+def file_identity(path: Path, sample: int = 1 << 20) -> str:
+    """A cheap identity of a (multi-GB) model file: SHA-256 of its size, first and last MiB (~2 ms).
+
+    Same path, size and date are not enough (a re-download keeps them; a copy changes the path);
+    hashing the whole file costs seconds. A GGUF's header (metadata, tensor table) and its last
+    tensor's bytes differ between any two real model files.
+    """
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(sample))
+        if size > sample:
+            f.seek(max(sample, size - sample))
+            h.update(f.read(sample))
+    return h.hexdigest()[:32]
 
 
 def _meta_int(model: Any, key: str) -> int:

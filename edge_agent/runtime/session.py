@@ -40,7 +40,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
-from edge_agent.runtime._lib import C, M, captured_stderr, clear_errors, recent_errors
+from edge_agent.runtime import state as state_mod
+from edge_agent.runtime import vision
+from edge_agent.runtime._lib import C, clear_errors, recent_errors
+from edge_agent.runtime.sampling import Sampler
 from edge_agent.runtime.scoring import Trie, build_trie, row_logsumexp, split_points
 from edge_agent.runtime.textstream import StopStream
 from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk, TokenCallback
@@ -48,10 +51,8 @@ from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, 
 if TYPE_CHECKING:
     from edge_agent.runtime.model import Model
 
-IMAGE = -1  # history placeholder for one image
-
-# llama_token_data {int32 id; float logit; float p} as a numpy record (12 bytes, no padding).
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+IMAGE = state_mod.IMAGE  # history placeholder for one image
+_U8P = ctypes.POINTER(ctypes.c_uint8)
 
 
 @dataclass
@@ -84,7 +85,6 @@ class Session:
         self._serial = 0
         self._scratch: np.ndarray | None = None
         self.last_timing: dict[str, float] = {}  # seconds of the last score(): decode / post (numpy)
-        self._tdata: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------ helpers
     def _check(self) -> None:
@@ -96,6 +96,39 @@ class Session:
     @property
     def n_pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def max_candidates(self) -> int:
+        """Most candidates one ``score(keep=True)`` takes (seqs 1..n_seq_max-1)."""
+        return self.model.n_seq_max - 1
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids of ``text`` as ``append_text`` evaluates them (no BOS)."""
+        return self.model.tokenize(text, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize(tokens)
+
+    def drop_last_token(self) -> bool:
+        """Take back the last generated token while it is still pending (``generate`` leaves its last
+        token undecoded): only the history shrinks, nothing was evaluated. False when nothing is pending."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            if not self._pending:
+                return False
+            self._pending.pop()
+            self.history.pop()
+            self.n_pos -= 1
+            if not self._pending:
+                # the logits after the remaining history are the ones of the last decode only if that
+                # decode ended right there; re-evaluate the last token lazily to be exact
+                self._logits = None
+                if self.history and self.history[-1] != IMAGE:
+                    C.llama_memory_seq_rm(self._mem, 0, self.n_pos - 1, -1)
+                    self.n_cells -= 1
+                    self._pending = [self.history[-1]]
+            return True
 
     def _free_cells(self) -> int:
         return self.model.n_ctx - self.n_cells
@@ -263,71 +296,50 @@ class Session:
                 )
             if not isinstance(image, bytes | bytearray) or not image:
                 raise ImageError("The image is empty. Attach a PNG or JPEG file.")
-            buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
-            bitmap = M.mtmd_helper_bitmap_init_from_buf(mt, buf, len(image), False)
-            if not bitmap:
-                raise ImageError("The image could not be decoded. Attach a PNG or JPEG file.")
-            chunks = M.mtmd_input_chunks_init()
+            image = bytes(image)
             cp = self._checkpoint()
             try:
-                marker = M.mtmd_default_marker()
-                txt = M.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
-                bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
-                rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
-                if rc != 0:
-                    raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another image.")
-                result: ImageChunk | None = None
-                for i in range(M.mtmd_input_chunks_size(chunks)):
-                    chunk = M.mtmd_input_chunks_get(chunks, i)
-                    kind = M.mtmd_input_chunk_get_type(chunk)
-                    if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
-                        n = ctypes.c_size_t(0)
-                        ptr = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-                        self._append([int(ptr[j]) for j in range(n.value)])
-                    elif kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                        result = self._eval_image_chunk(chunk, bitmap)
-                    else:
-                        raise ImageError("The projector produced a non-image chunk; this model cannot read images.")
-                if result is None:
-                    raise ImageError("The projector produced no image tokens for this image.")
-                return result
+                with vision.prepare(self.model, image) as prep:
+                    result: ImageChunk | None = None
+                    for part in prep.parts:
+                        if isinstance(part, vision.ImagePart):
+                            result = self._eval_image_chunk(part.chunk, prep, vision.image_digest(image))
+                        else:
+                            self._append(part)
+                    assert result is not None
+                    return result
             except BaseException:
                 self._rollback(cp)
                 raise
-            finally:
-                M.mtmd_input_chunks_free(chunks)
-                M.mtmd_bitmap_free(bitmap)
 
-    def _eval_image_chunk(self, chunk: int, bitmap: int) -> ImageChunk:
+    def _eval_image_chunk(self, chunk: object, prep: vision.Prepared, digest: str) -> ImageChunk:
         self._flush()
-        img = M.mtmd_input_chunk_get_tokens_image(chunk)
-        nx, ny = M.mtmd_image_tokens_get_nx(img), M.mtmd_image_tokens_get_ny(img)
-        n_tok = int(M.mtmd_input_chunk_get_n_tokens(chunk))
-        n_pos = int(M.mtmd_input_chunk_get_n_pos(chunk))
+        nx, ny, n_tok, n_pos = vision.chunk_shape(chunk)
         if n_tok > self._free_cells():
             raise self._context_full(n_tok)
-        new_pos = C.llama_pos(0)
-        clear_errors()
-        rc = M.mtmd_helper_eval_chunk_single(
-            self.model._mtmd, self._ctx, chunk, self.n_pos, 0, self.model.n_batch, False, ctypes.byref(new_pos)
-        )
+        emb, reused = vision.embedding(self.model, chunk, digest)
+        t0 = time.perf_counter()
         self._serial += 1
         self.n_decodes += 1
-        if rc != 0:
+        try:
+            new_pos = vision.decode(self.model, chunk, emb, self.n_pos, 0)
+        except ModelRuntimeError:
             C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
             if self.model.abort is not None and self.model.abort.is_set():
-                raise Cancelled()
-            raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {recent_errors() or 'no details'}).")
-        if new_pos.value != self.n_pos + n_pos:
-            raise ModelRuntimeError(f"mtmd advanced the position by {new_pos.value - self.n_pos}, expected {n_pos}.")
+                raise Cancelled() from None
+            raise
+        if new_pos != self.n_pos + n_pos:
+            raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
         px = self.model.image_px_per_token
-        w, h = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
         chunk_info = ImageChunk(
-            n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else w, height=ny * px if px else h
+            n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else prep.width,
+            height=ny * px if px else prep.height, digest=digest,
+            encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
+            reused=reused,
         )
         self.history.append(IMAGE)
         self.images.append(chunk_info)
-        self.n_pos = new_pos.value
+        self.n_pos = new_pos
         self.n_cells += n_tok
         self.n_evaluated += n_tok
         self._logits = None  # the image decode outputs no logits; the closing text token will
@@ -375,6 +387,49 @@ class Session:
             self._check()
             self._drop_kept()
             self._rollback(cp)
+
+    # ------------------------------------------------------------------------------ saved states
+    def key(self) -> str:
+        """The key of this session's content (model identity + exact token and image sequence)."""
+        with self.model.lock:
+            return state_mod.sequence_key(self.model.identity, self.history, self.images)
+
+    def save_state(self, label: str = "") -> state_mod.SessionState:
+        """Snapshot seq 0 (pending tokens are evaluated first): the KV bytes and everything llama.cpp
+        does not keep. Costs one copy of the sequence's KV cells (a few ms per 10 MB)."""
+        with self.model.lock:
+            self._check()
+            self._drop_kept()
+            self._flush()
+            if self._logits is None:
+                raise ModelRuntimeError("Nothing to save: the context is empty or ends in an image.")
+            size = int(C.llama_state_seq_get_size(self._ctx, 0))
+            kv = np.empty(size, dtype=np.uint8)
+            got = int(C.llama_state_seq_get_data(self._ctx, kv.ctypes.data_as(_U8P), size, 0))
+            if got != size:
+                raise ModelRuntimeError(f"llama.cpp copied {got} of {size} bytes of the context state.")
+            return state_mod.SessionState(
+                identity=dict(self.model.identity), key=state_mod.sequence_key(self.model.identity, self.history, self.images),
+                history=list(self.history), images=list(self.images), n_pos=self.n_pos, n_cells=self.n_cells,
+                logits=self._logits.copy(), kv=kv, label=label,
+            )
+
+    def _restore(self, st: state_mod.SessionState) -> None:
+        """Load ``st`` into this (fresh, empty) session. Raises StateError (the context is left empty)."""
+        if st.identity != self.model.identity:
+            raise state_mod.StateError("saved by another model, build or context setting")
+        if st.logits.shape != (self.model.n_vocab,) or st.n_cells > self.model.n_ctx:
+            raise state_mod.StateError("does not fit this model's vocabulary or context")
+        ptr = st.kv.ctypes.data_as(_U8P)
+        got = int(C.llama_state_seq_set_data(self._ctx, ptr, st.kv.nbytes, 0))
+        if got == 0 or int(C.llama_memory_seq_pos_max(self._mem, 0)) != st.n_pos - 1:
+            C.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            raise state_mod.StateError(f"llama.cpp did not take the state ({recent_errors() or 'no details'})")
+        self.history = list(st.history)
+        self.images = list(st.images)
+        self._pending = []
+        self.n_pos, self.n_cells = st.n_pos, st.n_cells
+        self._logits = st.logits.copy()
 
     # ------------------------------------------------------------------------------ distributions
     def next_logits(self) -> np.ndarray:
@@ -564,52 +619,6 @@ class Session:
                 self._drop_kept()
 
     # ------------------------------------------------------------------------------ generation
-    def _token_data(self) -> np.ndarray:
-        if self._tdata is None:
-            self._tdata = np.zeros(self.model.n_vocab, dtype=_TOKEN_DATA)
-            self._tdata["id"] = np.arange(self.model.n_vocab, dtype=np.int32)
-        return self._tdata
-
-    @staticmethod
-    def _apply(gram: int, data: np.ndarray) -> None:
-        arr = C.llama_token_data_array(
-            data=data.ctypes.data_as(C.llama_token_data_p), size=len(data), selected=-1, sorted=False
-        )
-        C.llama_sampler_apply(gram, ctypes.byref(arr))
-
-    def _grammar_allows(self, gram: int, token: int) -> bool:
-        one = np.zeros(1, dtype=_TOKEN_DATA)
-        one["id"] = token
-        self._apply(gram, one)
-        return bool(np.isfinite(one["logit"][0]))
-
-    def _grammar_mask(self, gram: int, logits: np.ndarray) -> np.ndarray:
-        data = self._token_data()
-        data["logit"] = logits
-        self._apply(gram, data)
-        masked = data["logit"].copy()
-        if not np.isfinite(masked).any():
-            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this vocabulary).")
-        return masked
-
-    @staticmethod
-    def _draw(logits: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
-        if temperature <= 0 or rng is None:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / temperature
-        z -= z.max()
-        p = np.exp(z)
-        cdf = np.cumsum(p)
-        return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
-
-    def _sample(self, logits: np.ndarray, gram: int | None, temperature: float, rng: np.random.Generator | None) -> int:
-        tok = self._draw(logits, temperature, rng)
-        if gram is None or self._grammar_allows(gram, tok):
-            return tok
-        # Rejected by the grammar: draw again from the masked distribution. Exact: the rejected mass
-        # is redistributed in proportion, which is the masked, renormalised distribution.
-        return self._draw(self._grammar_mask(gram, logits), temperature, rng)
-
     def generate(
         self,
         *,
@@ -644,19 +653,10 @@ class Session:
             t0 = time.perf_counter()
             ev0 = self.n_evaluated
             stream = StopStream(stop)
-            rng = np.random.default_rng(seed) if temperature > 0 else None
-            gram = None
-            if grammar is not None:
-                clear_errors()
-                with captured_stderr() as printed:
-                    gram = C.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")
-                if not gram:
-                    detail = " ".join(printed[0].split()) or recent_errors() or "parse error"
-                    raise ModelRuntimeError(f"The grammar is not valid GBNF: {detail[:400]}", title="Bad grammar")
             tokens: list[int] = []
             lps: list[float] = []
             reason = "length"
-            try:
+            with Sampler(self.model, grammar=grammar, temperature=temperature, seed=seed) as sampler:
                 if max_tokens > 0:
                     try:
                         self._flush()
@@ -679,9 +679,8 @@ class Session:
                             break
                     logits = self._logits
                     assert logits is not None
-                    tok = self._sample(logits, gram, temperature, rng)
-                    if gram is not None:
-                        C.llama_sampler_accept(gram, tok)
+                    tok = sampler.sample(logits)
+                    sampler.accept(tok)
                     lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
                     tokens.append(tok)
                     lps.append(float(logits[tok]) - float(lse))
@@ -709,9 +708,6 @@ class Session:
                     rest = stream.flush()
                     if rest and on_token is not None:
                         on_token(rest, -1)
-            finally:
-                if gram is not None:
-                    C.llama_sampler_free(gram)
             return Generation(
                 text=stream.text,
                 tokens=tokens,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edge_agent.runtime.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,10 @@ class ImageChunk:
     ny: int
     width: int  # pixels of the image handed to the model (after any resize by mtmd)
     height: int
+    digest: str = ""  # SHA-256 of the image bytes (its identity in saved-state keys)
+    encode_seconds: float = 0.0  # vision encoder (0 when the embedding was reused)
+    decode_seconds: float = 0.0  # evaluating the embeddings into the context
+    reused: bool = False  # the embedding came from the cache (same image, same mmproj bytes)
 
 
 @dataclass(frozen=True)
@@ -71,34 +78,61 @@ TokenCallback = Callable[[str, int], None]  # (text piece, token id)
 
 
 class SessionLike(Protocol):
-    """The verbs the agent uses. ``edge_agent.runtime.Session`` implements them on llama.cpp.
+    """The verbs the agent uses: ``edge_agent.runtime.Session`` implements all of them on llama.cpp.
 
-    Beyond this protocol the real Session offers (feature-detect with getattr in code that also runs
-    on fakes): ``score(..., keep=True)`` then ``adopt(index, n_tokens=None)`` to paste a scored
-    candidate (or its prefix) without evaluating it again; ``cancel=`` on ``append_*`` and ``score``
-    (aborts a running decode, raises ``Cancelled``); ``next_logits()``; counters ``n_evaluated``,
-    ``n_scored``, ``n_pending``; ``kv_seq_ranges()``. ``Model.interrupt()`` aborts the running decode."""
+    Every verb that evaluates takes ``cancel`` (a set event aborts a running decode: ``Cancelled``);
+    ``Model.interrupt()`` does the same from any thread.
+    """
 
     n_pos: int  # the position counter (text: +1 a token; image: +max(nx, ny))
     n_cells: int  # KV cells used by seq 0
+    n_evaluated: int  # tokens (text + image embeddings) decoded into seq 0 so far
+    max_candidates: int  # most candidates ``score(keep=True)`` takes (n_seq_max - 1)
 
-    def append_text(self, text: str, *, special: bool = True) -> int:
-        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens evaluated."""
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
+        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens added."""
+        ...
 
-    def append_tokens(self, tokens: Sequence[int]) -> int: ...
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int: ...
 
-    def append_image(self, image: bytes) -> ImageChunk:
+    def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
         """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in vision start/end tokens."""
+        ...
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids of ``text`` as ``append_text`` would evaluate them (no BOS)."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
 
     def checkpoint(self) -> Checkpoint: ...
 
     def rollback(self, cp: Checkpoint) -> None: ...
 
+    def drop_last_token(self) -> bool:
+        """Take back the last generated token while it is still pending (never decoded); False if none."""
+        ...
+
     def next_logprobs(self) -> np.ndarray:
         """(V,) log-softmax of the model's distribution for the next token."""
+        ...
 
-    def score(self, candidates: Sequence[str | Sequence[int]], *, special: bool = False) -> list[ContinuationScore]:
-        """Score all candidates after the current context in ONE llama_decode (shared prefixes once)."""
+    def score(
+        self,
+        candidates: Sequence[str | Sequence[int]],
+        *,
+        special: bool = False,
+        keep: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> list[ContinuationScore]:
+        """Score all candidates after the current context in ONE llama_decode (shared prefixes once).
+        ``keep=True`` (at most ``max_candidates``) keeps their KV cells for ``adopt``."""
+        ...
+
+    def adopt(self, index: int, n_tokens: int | None = None) -> int:
+        """Paste the first ``n_tokens`` of candidate ``index`` of the last ``score(keep=True)`` without
+        evaluating it again (the state equals ``append_tokens`` of the same tokens)."""
+        ...
 
     def generate(
         self,
@@ -112,6 +146,14 @@ class SessionLike(Protocol):
         cancel: threading.Event | None = None,
     ) -> Generation: ...
 
+    def key(self) -> str:
+        """The key of the content (model identity + exact token and image sequence): saved states."""
+        ...
+
+    def save_state(self, label: str = "") -> SessionState:
+        """Snapshot seq 0 for ``ModelLike.restore`` (pending tokens are evaluated first)."""
+        ...
+
 
 class ModelLike(Protocol):
     """A loaded model (text GGUF + optional mmproj). ``edge_agent.runtime.Model`` implements it.
@@ -124,12 +166,23 @@ class ModelLike(Protocol):
     has_vision: bool
     n_vocab: int
     n_ctx: int
+    identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
+    def first_tokens(self, text: str) -> list[int]:
+        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS included when the
+        model wants one): what a saved state of that text is keyed by."""
+        ...
+
     def session(self) -> SessionLike:
         """A fresh, empty session (clears this model's KV cache: one live session per model)."""
+        ...
+
+    def restore(self, state: SessionState) -> SessionLike:
+        """A new session holding a saved state (raises ``runtime.state.StateError`` if it does not fit)."""
+        ...
 
     def close(self) -> None: ...

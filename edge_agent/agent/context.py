@@ -1,0 +1,107 @@
+"""How a question's context is opened and kept: the seam between the turn loop and chat continuity.
+
+Knows: what "opening" a question means (a session that holds the system prompt, whatever the chat
+already said, and the new user turn, up to the first think block), how that was achieved (a new
+context, the live KV cache of the same chat, a saved state restored from disk, or the chat rebuilt
+from its text), and the two ends of a question (answered: keep and save; cancelled or failed: back to
+the last clean boundary). ``FreshContext`` is the plain form (a fresh session, the earlier exchanges as
+text): tests, benchmarks and the eval use it. ``edge_agent.chat_context.ChatContexts`` implements the
+continuing one with saved states. Does not know llama_cpp, files or widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.runtime.types import ImageChunk, SessionLike
+
+SOURCES = ("new", "live", "restored", "rebuilt")
+
+
+@dataclass
+class Opened:
+    """A session holding the question's whole context, and how it got there."""
+
+    session: SessionLike
+    source: str  # new: nothing of this chat existed; live: the chat's KV cache was still loaded;
+    #              restored: the chat's saved state was read from disk; rebuilt: earlier exchanges as text
+    reason: str = ""  # why "rebuilt" (no saved state, context full, tools changed)
+    tokens_reused: int = 0  # context tokens not evaluated (kept KV cells or a restored state)
+    tokens_evaluated: int = 0  # tokens evaluated to open it (images counted in embeddings)
+    system_restored: bool = False  # the system prompt came from a saved state
+    images: list[ImageChunk] = field(default_factory=list)  # images evaluated while opening
+    seconds: float = 0.0
+
+
+class ChatContext(Protocol):
+    """What the loop asks of a chat's context (one question at a time)."""
+
+    def open(self, system: str, question: str, image: bytes | None, *,
+             cancel: threading.Event | None = None) -> Opened:
+        """A session ending with the new user turn and ``<think>\\n`` opened, ready for the first turn.
+        ``image`` (PNG bytes) is put in the user turn unless the context already holds it."""
+        ...
+
+    def answered(self, session: SessionLike) -> str:
+        """The answer is closed (``</answer><|im_end|>``): keep this context for a follow-up and save
+        it; returns the key of the saved state ('' when not saved)."""
+        ...
+
+    def abandon(self) -> None:
+        """The question was cancelled or failed: go back to the last clean boundary (the end of the
+        previous answer, or the system prompt), so the next question starts from a valid chat."""
+        ...
+
+
+def append_segments(s: SessionLike, segs: Sequence[Segment], *, cancel: threading.Event | None = None) -> list[ImageChunk]:
+    """Append segments, merging neighbours of the same kind (one decode call per run of text).
+    Returns the images evaluated (tokens, timings)."""
+    buf: list[str] = []
+    special = True
+    images: list[ImageChunk] = []
+
+    def flush() -> None:
+        if buf:
+            s.append_text("".join(buf), special=special, cancel=cancel)
+            buf.clear()
+
+    for seg in segs:
+        if isinstance(seg, Img):
+            flush()
+            images.append(s.append_image(seg.png, cancel=cancel))
+        else:
+            if buf and seg.special != special:
+                flush()
+            special = seg.special
+            buf.append(seg.text)
+    flush()
+    return images
+
+
+class FreshContext:
+    """A fresh, empty session: the system prompt, the earlier exchanges as text, the question."""
+
+    def __init__(self, session: SessionLike, history: Sequence[tuple[str, str]] = ()) -> None:
+        self.session = session
+        self.history = list(history)
+
+    def open(self, system: str, question: str, image: bytes | None, *,
+             cancel: threading.Event | None = None) -> Opened:
+        t0 = time.perf_counter()
+        s = self.session
+        n0 = s.n_evaluated
+        segs: list[Segment] = [Text(system), *history_segments(self.history), *question_segments(question, image)]
+        images = append_segments(s, segs, cancel=cancel)
+        return Opened(s, "new" if not self.history else "rebuilt", reason="" if not self.history else "history as text",
+                      tokens_evaluated=s.n_evaluated - n0, images=images, seconds=time.perf_counter() - t0)
+
+    def answered(self, session: SessionLike) -> str:
+        return ""
+
+    def abandon(self) -> None:
+        pass

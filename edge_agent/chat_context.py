@@ -1,0 +1,204 @@
+"""Chat continuity: every token of a chat evaluated once, kept in the KV cache and saved on disk.
+
+Knows: the live session of the agent model and its clean boundaries (the end of the system prompt,
+the end of each answer), saved states (``runtime.state.StateStore``), and the order in which a
+question's context is found: (1) the chat's own context, live in the KV cache (a rollback at most), or
+(2) its saved state restored from disk, then only the new user turn is evaluated; otherwise (3) the
+system prompt, live or restored or evaluated (and then saved), followed by the chat's earlier exchanges
+as text and the question (a compact rebuild: also what happens when the context would overflow).
+Does not know widgets, the chat store's tables or the loop's turns: the engine hands it the key the
+chat's last answer was saved under and the chat's (question, answer) pairs.
+
+Clean boundaries: a question that is cancelled or fails is rolled back to where it started (the end of
+the previous answer), so the partial answer never reaches the model's context; it stays in the chat's
+transcript for the person.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge_agent.agent.context import Opened, append_segments
+from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.runtime.state import KeyHasher, SessionState, StateError, StateStore, image_digest
+from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+
+
+@dataclass
+class _Boundary:
+    key: str
+    cp: Checkpoint
+    system_key: str
+
+
+class ChatContexts:
+    """The agent model's contexts across questions and chats (one engine, one question at a time).
+
+    ``reserve``: KV cells a question may need beyond its user turn (turns, crops, tool results, the
+    answer); a chat continued past ``n_ctx - reserve`` is rebuilt compactly instead.
+    ``image_tokens``: what one attached image is expected to cost (for that estimate).
+    """
+
+    def __init__(self, model: ModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
+        self.model = model
+        self.store = store
+        self.reserve = reserve
+        self.image_tokens = image_tokens
+        self.live: SessionLike | None = None
+        self.boundaries: list[_Boundary] = []  # clean points of the live session, oldest first
+        self.lock = threading.Lock()
+
+    def question(self, continue_from: str = "", history: Sequence[tuple[str, str]] = ()) -> QuestionContext:
+        """The context of one question: continuing the chat whose last answer was saved as
+        ``continue_from`` ('' for a new chat); ``history`` for a rebuild."""
+        return QuestionContext(self, continue_from, list(history))
+
+    # ---- the live session's boundaries ------------------------------------------------------------
+    def _live_at(self, key: str) -> tuple[SessionLike, _Boundary] | None:
+        for i, b in enumerate(self.boundaries):
+            if b.key == key and self.live is not None:
+                self.live.rollback(b.cp)
+                del self.boundaries[i + 1 :]
+                return self.live, b
+        return None
+
+    def _restored(self, key: str) -> tuple[SessionLike, _Boundary] | None:
+        if self.store is None:
+            return None
+        st = self.store.get(key, self.model.identity)
+        if st is None:
+            return None
+        try:
+            s = self.model.restore(st)
+        except StateError:
+            self.store.discard(key)
+            self.live, self.boundaries = None, []
+            return None
+        b = _Boundary(key, s.checkpoint(), str(st.extra.get("system_key", "")))
+        self.live, self.boundaries = s, [b]
+        return s, b
+
+    def mark(self, s: SessionLike, system_key: str, label: str, *, save: bool = True) -> str:
+        """Record the session's current point as a clean boundary (and save it); returns its key."""
+        key = s.key()
+        self.boundaries.append(_Boundary(key, s.checkpoint(), system_key))
+        if save and self.store is not None and not self.store.has(key):
+            state: SessionState = s.save_state(label)
+            state.extra = {"system_key": system_key}
+            self.store.put(state)
+        return key
+
+    def system_session(self, system: str) -> tuple[SessionLike, str, str]:
+        """A session holding exactly ``system``: (session, its key, "live" | "restored" | "evaluated")."""
+        key = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
+        found = self._live_at(key)
+        if found is not None:
+            return found[0], key, "live"
+        found = self._restored(key)
+        if found is not None:
+            found[1].system_key = key
+            return found[0], key, "restored"
+        s = self.model.session()
+        self.live, self.boundaries = s, []
+        s.append_text(system)
+        got = self.mark(s, key, "system prompt")
+        if got != key:  # the model tokenized differently in context: key the state by what it holds
+            self.boundaries[-1].system_key = got
+            key = got
+        return s, key, "evaluated"
+
+    def flush(self) -> None:
+        if self.store is not None:
+            self.store.flush()
+
+
+class QuestionContext:
+    """``agent.context.ChatContext`` for one question of one chat."""
+
+    def __init__(self, owner: ChatContexts, continue_from: str, history: list[tuple[str, str]]) -> None:
+        self.o = owner
+        self.continue_from = continue_from
+        self.history = history
+        self.base: _Boundary | None = None  # where this question started (rolled back to on abandon)
+        self.system_key = ""
+
+    def open(self, system: str, question: str, image: bytes | None, *,
+             cancel: threading.Event | None = None) -> Opened:
+        t0 = time.perf_counter()
+        o = self.o
+        sys_key = KeyHasher(o.model.identity).tokens(o.model.first_tokens(system)).key()
+        reason = ""
+        if self.continue_from:
+            found = o._live_at(self.continue_from)
+            source = "live"
+            if found is None:
+                found, source = o._restored(self.continue_from), "restored"
+            if found is None:
+                reason = "no saved state"
+            elif found[1].system_key != sys_key:
+                reason = "the tools or the image changed the system prompt"
+            else:
+                s, b = found
+                has = image is not None and image_digest(image) in {i.digest for i in s.images}
+                segs = question_segments(question, None if (image is None or has) else image)
+                if s.n_cells + self._estimate(s, segs) + o.reserve <= o.model.n_ctx:
+                    self.base, self.system_key = b, sys_key
+                    reused, n0 = s.n_cells, s.n_evaluated
+                    images = append_segments(s, segs, cancel=cancel)
+                    return Opened(s, source, tokens_reused=reused, tokens_evaluated=s.n_evaluated - n0,
+                                  images=images, seconds=time.perf_counter() - t0)
+                reason = "the context is full: earlier answers kept as text"
+        s, sys_key, how = o.system_session(system)
+        self.base, self.system_key = o.boundaries[-1], sys_key
+        reused = s.n_cells if how != "evaluated" else 0
+        n0 = s.n_evaluated
+        pairs = self._fit(s, question, image)
+        segs = [*history_segments(pairs), *question_segments(question, image)]
+        images = append_segments(s, segs, cancel=cancel)
+        source = "rebuilt" if (self.continue_from or pairs) else "new"
+        if source == "rebuilt" and not reason:
+            reason = "history as text"
+        return Opened(s, source, reason=reason, tokens_reused=reused,
+                      tokens_evaluated=s.n_evaluated - n0 + (s.n_cells if how == "evaluated" else 0),
+                      system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
+
+    def _estimate(self, s: SessionLike, segs: Sequence[Segment]) -> int:
+        n = 0
+        for seg in segs:
+            if isinstance(seg, Img):
+                n += self.o.image_tokens
+            elif isinstance(seg, Text):
+                n += len(s.tokenize(seg.text, special=seg.special))
+        return n
+
+    def _fit(self, s: SessionLike, question: str, image: bytes | None) -> list[tuple[str, str]]:
+        """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
+        room = self.o.model.n_ctx - s.n_cells - self.o.reserve - self._estimate(s, question_segments(question, image))
+        out: list[tuple[str, str]] = []
+        for q, a in reversed(self.history):
+            need = self._estimate(s, history_segments([(q, a)]))
+            if need > room:
+                break
+            out.append((q, a))
+            room -= need
+        return out[::-1]
+
+    def answered(self, session: SessionLike) -> str:
+        o = self.o
+        key = o.mark(session, self.system_key, "chat")
+        if o.store is not None and self.continue_from and self.continue_from != key:
+            o.store.discard(self.continue_from)  # the chat goes on from here: its older state is superseded
+        return key
+
+    def abandon(self) -> None:
+        o = self.o
+        if self.base is None or o.live is None:
+            return
+        for i, b in enumerate(o.boundaries):
+            if b is self.base:
+                o.live.rollback(b.cp)
+                del o.boundaries[i + 1 :]
+                return

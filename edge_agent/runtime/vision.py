@@ -1,0 +1,169 @@
+"""Images into a llama context through mtmd: one vision encode per image, the embedding reused.
+
+Knows: mtmd's tokenize / encode / decode-embedding calls, and a process-wide cache of image
+embeddings keyed by what determines them (the mmproj file's identity, mtmd's image-token limits, the
+image bytes). Two models loaded with mmproj files of identical bytes (agent and SeProD prophet)
+therefore encode an image once: the second decodes the first one's embedding into its own context.
+A crop or image seen again is not encoded again either. Does not know sessions, positions of the
+conversation or prompts: ``Session.append_image`` drives these functions.
+
+Cost (why this exists): the vision encoder is the most expensive step of reading an image on a CPU
+(a ViT over every 16x16 patch); decoding its n_tokens embeddings into the LLM is a prefill of n_tokens.
+Memory: an embedding is n_tokens x n_embd_inp float32 (Qwen3-VL-2B, 576 tokens: 576 x 8192 x 4 B
+~ 19 MB), so the cache holds a bounded number of bytes (``CACHE_BYTES``), least recently used out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_agent.errors import ImageError, ModelRuntimeError
+from edge_agent.runtime._lib import C, M, clear_errors, recent_errors
+from edge_agent.runtime.state import image_digest  # noqa: F401  (re-exported: session uses vision.image_digest)
+
+if TYPE_CHECKING:
+    from edge_agent.runtime.model import Model
+
+CACHE_BYTES = 256 * 2**20
+
+_lock = threading.Lock()
+_cache: OrderedDict[str, Embedding] = OrderedDict()
+_cache_bytes = 0
+_encodes = 0  # vision encodes run by this process (all models)
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One image's vision-encoder output: ``data`` (n_tokens, n_embd) float32, as mtmd produced it."""
+
+    data: np.ndarray
+    encode_seconds: float
+
+
+def vision_encodes() -> int:
+    """Vision encodes run by this process so far (every model): a counter tests and benchmarks read."""
+    return _encodes
+
+
+def clear_cache() -> None:
+    """Forget every cached embedding (tests; frees memory)."""
+    global _cache_bytes
+    with _lock:
+        _cache.clear()
+        _cache_bytes = 0
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    chunk: object  # mtmd_input_chunk pointer, valid inside ``prepare``
+
+
+@dataclass
+class Prepared:
+    """An image tokenized by mtmd: text chunks (the wrapper tokens) around one image chunk."""
+
+    parts: list[list[int] | ImagePart]
+    width: int  # pixels mtmd got (before its own resize)
+    height: int
+
+
+@contextlib.contextmanager
+def prepare(model: Model, image: bytes) -> Iterator[Prepared]:
+    """Decode the image bytes and tokenize them with mtmd's marker; frees the chunks afterwards."""
+    mt = model._mtmd
+    buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
+    bitmap = M.mtmd_helper_bitmap_init_from_buf(mt, buf, len(image), False)
+    if not bitmap:
+        raise ImageError("The image could not be decoded. Attach a PNG or JPEG file.")
+    chunks = M.mtmd_input_chunks_init()
+    try:
+        marker = M.mtmd_default_marker()
+        txt = M.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
+        bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
+        if rc != 0:
+            raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another image.")
+        parts: list[list[int] | ImagePart] = []
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            chunk = M.mtmd_input_chunks_get(chunks, i)
+            kind = M.mtmd_input_chunk_get_type(chunk)
+            if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                ptr = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                parts.append([int(ptr[j]) for j in range(n.value)])
+            elif kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                parts.append(ImagePart(chunk))
+            else:
+                raise ImageError("The projector produced a non-image chunk; this model cannot read images.")
+        if not any(isinstance(p, ImagePart) for p in parts):
+            raise ImageError("The projector produced no image tokens for this image.")
+        yield Prepared(parts, int(M.mtmd_bitmap_get_nx(bitmap)), int(M.mtmd_bitmap_get_ny(bitmap)))
+    finally:
+        M.mtmd_input_chunks_free(chunks)
+        M.mtmd_bitmap_free(bitmap)
+
+
+def chunk_shape(chunk: object) -> tuple[int, int, int, int]:
+    """(nx, ny, n_tokens, n_pos) of an image chunk (M-RoPE: n_pos = max(nx, ny))."""
+    img = M.mtmd_input_chunk_get_tokens_image(chunk)
+    return (int(M.mtmd_image_tokens_get_nx(img)), int(M.mtmd_image_tokens_get_ny(img)),
+            int(M.mtmd_input_chunk_get_n_tokens(chunk)), int(M.mtmd_input_chunk_get_n_pos(chunk)))
+
+
+def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool]:
+    """The chunk's embedding: from the cache (second value True) or encoded now (False)."""
+    global _cache_bytes, _encodes
+    nx, ny, n_tok, _ = chunk_shape(chunk)
+    key = f"{model.vision_identity}:{nx}x{ny}:{digest}"
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit, True
+    with model.lock:
+        t0 = time.perf_counter()
+        clear_errors()
+        rc = M.mtmd_encode_chunk(model._mtmd, chunk)
+        if rc != 0:
+            raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
+        n_embd = int(C.llama_model_n_embd_inp(model._model))
+        ptr = M.mtmd_get_output_embd(model._mtmd)
+        data = np.ctypeslib.as_array(ptr, shape=(n_tok, n_embd)).copy()
+        emb = Embedding(data=data, encode_seconds=time.perf_counter() - t0)
+        model.vision_encodes += 1
+    with _lock:
+        _encodes += 1
+        _cache[key] = emb
+        _cache_bytes += data.nbytes
+        while _cache_bytes > CACHE_BYTES and len(_cache) > 1:
+            _, old = _cache.popitem(last=False)
+            _cache_bytes -= old.data.nbytes
+    return emb, False
+
+
+_NO_CALLBACK = ctypes.cast(None, M.mtmd_helper_post_decode_callback)
+
+
+def decode(model: Model, chunk: object, emb: Embedding, n_past: int, seq: int = 0) -> int:
+    """Decode an image embedding into ``seq`` from position ``n_past``; returns the new position.
+
+    Non-zero return codes raise ModelRuntimeError (the caller removes partial cells and maps an abort
+    flag to ``Cancelled``).
+    """
+    new_pos = C.llama_pos(0)
+    ptr = emb.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    clear_errors()
+    rc = M.mtmd_helper_decode_image_chunk(model._mtmd, model._ctx, chunk, ptr, n_past, seq, model.n_batch,
+                                          ctypes.byref(new_pos), _NO_CALLBACK, None)
+    if rc != 0:
+        raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {recent_errors() or 'no details'}).")
+    return int(new_pos.value)
