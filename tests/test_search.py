@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import Settings
-from edge_agent.tools.http import HttpPolicy, redact, retry_after_seconds
-from edge_agent.tools.search import MAX_OBSERVATION_CHARS, SearchTools, load_image_for_search
+from edge_agent.redaction import redact
+from edge_agent.tools.http import HttpPolicy, retry_after_seconds
+from edge_agent.tools.observations import MAX_OBSERVATION_CHARS
+from edge_agent.tools.search import SearchTools, load_image_for_search
 from tests.fakeservers import FakeBackend
 
 FAST = HttpPolicy(timeout=0.5, retries=2, backoff=0.01, max_wait=1.0, max_bytes=200_000)
@@ -86,7 +88,7 @@ def test_wikipedia_live_then_cached(tmp_path, fake):
 
 def test_wikipedia_list_search_shape_is_understood(tmp_path):
     """The list=search shape (HTML snippets) parses too: tags stripped, entities decoded."""
-    from edge_agent.tools.search import WikipediaBackend
+    from edge_agent.tools.backends import WikipediaBackend
 
     b = WikipediaBackend("https://en.wikipedia.org/w/api.php", 5)
     data = {"query": {"search": [{"title": "Big Ben", "snippet": 'the <span class="searchmatch">clock</span> &amp; tower'}]}}
@@ -546,14 +548,14 @@ WEIRD = [
 
 def test_parsers_survive_any_json_shape():
     """Whatever valid JSON a backend returns, parsing yields clean results or a FetchError, never another exception."""
-    from edge_agent.tools.http import FetchError
-    from edge_agent.tools.search import (
+    from edge_agent.tools.backends import (
         BraveBackend,
         GcvBackend,
         SearxngBackend,
         SerpApiLensBackend,
         WikipediaBackend,
     )
+    from edge_agent.tools.http import FetchError
 
     backends = [
         WikipediaBackend("https://w.example/w/api.php", 5), SearxngBackend("http://s.example", 5),

@@ -32,7 +32,13 @@ NOT parsed (the runtime's ``append_text(..., special=False)``), so such text sta
 
 Keys: API keys are sent in headers where the API allows (Brave, Google Cloud Vision) and in the
 query string only for SerpApi; they never enter cache keys, stored responses, exports,
-observations or log records (see :func:`edge_agent.tools.http.redact` and :func:`edge_agent.tools.http.protect_logs`).
+observations or log records (see :func:`edge_agent.redaction.redact` and
+:func:`edge_agent.tools.http.protect_logs`).
+
+What this module knows is the cache policy (when to serve a cached entry, when to ask the backend,
+what to serve when the backend fails) and which outcome each case is. The services' requests and
+responses are in :mod:`edge_agent.tools.backends`; the words of each observation are in
+:mod:`edge_agent.tools.observations`.
 
 Does not know: the model, prompts, chat format, images beyond bytes + MIME type (except the small
 :func:`load_image_for_search` helper). Startup never touches the network.
@@ -40,33 +46,34 @@ Does not know: the model, prompts, chat format, images beyond bytes + MIME type 
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import hashlib
 import logging
-import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
+from typing import TYPE_CHECKING
 
 import requests
 
 from edge_agent.files import atomic_write
 from edge_agent.redaction import redact
+from edge_agent.tools import observations as words
+from edge_agent.tools.backends import (
+    Backend,
+    BraveBackend,
+    GcvBackend,
+    ImageBackend,
+    NoImageBackend,
+    Request,
+    SearchResult,
+    SearxngBackend,
+    SerpApiLensBackend,
+    WikipediaBackend,
+)
 from edge_agent.tools.cache import CacheEntry, SearchCache, make_key
 from edge_agent.tools.http import FetchError, HttpPolicy, fetch_json, protect_logs
-from edge_agent.tools.text import (
-    MAX_QUERY_CHARS,
-    SNIPPET_CHARS,
-    SOURCE_CHARS,
-    TITLE_CHARS,
-    clean_text,
-    clean_url,
-    query_key,
-)
+from edge_agent.tools.text import MAX_QUERY_CHARS, clean_text, query_key
 
 if TYPE_CHECKING:
     from edge_agent.config import Settings
@@ -75,27 +82,12 @@ log = logging.getLogger(__name__)
 
 USER_AGENT = "edge-agent/0.1 (on-device VLM agent)"
 
-OBS_SNIPPET_CHARS = 300  # the observation shortens stored snippets further
-MAX_OBSERVATION_CHARS = 3000
 MAX_IMAGE_BYTES = 7_000_000  # larger images are refused (Cloud Vision takes <= 10 MB of base64 JSON)
 
 STATUSES = ("live", "cached", "stale", "offline", "unconfigured", "error")
 
 # ------------------------------------------------------------------------------------------------
 # Values
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """One result, already cleaned: single-line strings within the limits above."""
-
-    title: str
-    url: str
-    snippet: str
-    source: str  # backend, or backend/kind for image search ("gcv/entity", "serpapi/visual_match")
-
-    def to_json(self) -> dict[str, str]:
-        return {"title": self.title, "url": self.url, "snippet": self.snippet, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -121,337 +113,6 @@ class SearchOutcome:
 
     def results_json(self) -> tuple[dict[str, str], ...]:
         return tuple(r.to_json() for r in self.results)
-
-
-def make_result(title: Any, url: Any, snippet: Any, source: str, *, html_text: bool = False) -> SearchResult | None:
-    r = SearchResult(
-        clean_text(title, TITLE_CHARS, html_text=html_text),
-        clean_url(url),
-        clean_text(snippet, SNIPPET_CHARS, html_text=html_text),
-        clean_text(source, SOURCE_CHARS),
-    )
-    return r if (r.title or r.url) else None
-
-
-def _bad_shape(backend: str, what: str) -> FetchError:
-    return FetchError("bad_response", f"unexpected {backend} response: {what}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Backends: one small class each (build a request, parse a response)
-
-
-@dataclass(frozen=True)
-class Request:
-    method: str
-    url: str
-    params: dict[str, Any] | None = None
-    headers: dict[str, str] | None = None
-    json_body: Any = None
-
-
-class Backend:
-    name = "none"
-    tool = "text_search"
-
-    def __init__(self, url: str, top_k: int, api_key: str = "") -> None:
-        self.url = url.strip()
-        self.top_k = top_k
-        self.api_key = api_key
-
-    def missing(self) -> str | None:
-        """None when usable; else the observation that says what to configure."""
-        return None
-
-    def cache_params(self) -> dict[str, Any]:
-        """Parameters that change results (no key!). The URL is redacted in case a user put a key in it."""
-        return {"url": redact(self.url.rstrip("/"), [self.api_key]), "top_k": self.top_k}
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        raise NotImplementedError
-
-
-class WikipediaBackend(Backend):
-    """MediaWiki Action API: full-text search with each page's intro as the snippet (one request)."""
-
-    name = "wikipedia"
-
-    def missing(self) -> str | None:
-        if not self.url:
-            return "text search is not configured: wikipedia_url is empty (default https://en.wikipedia.org/w/api.php)."
-        return None
-
-    def request(self, query: str) -> Request:
-        k = min(self.top_k, 20)  # exlimit is at most 20 for intro extracts
-        return Request(
-            "GET",
-            self.url,
-            params={
-                "action": "query",
-                "format": "json",
-                "formatversion": "2",
-                "generator": "search",
-                "gsrsearch": query,
-                "gsrlimit": k,
-                "gsrnamespace": 0,
-                "prop": "extracts|info",
-                "exintro": 1,
-                "explaintext": 1,
-                "exsentences": 3,
-                "exlimit": k,
-                "inprop": "url",
-                "redirects": 1,
-            },
-        )
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        if not isinstance(data, dict):
-            raise _bad_shape(self.name, "not a JSON object")
-        err = data.get("error")
-        if isinstance(err, dict):
-            raise FetchError("api", f"Wikipedia error: {clean_text(err.get('info') or err.get('code'), 200)}")
-        q = data.get("query")
-        if q is None:
-            return []  # MediaWiki omits "query" when the search matched nothing
-        if not isinstance(q, dict):
-            raise _bad_shape(self.name, '"query" is not an object')
-        base = _wiki_base(self.url)
-        out: list[SearchResult] = []
-        if "pages" in q:  # generator=search + extracts (what we ask for)
-            pages = q["pages"]
-            if isinstance(pages, dict):  # formatversion=1 shape
-                pages = list(pages.values())
-            if not isinstance(pages, list):
-                raise _bad_shape(self.name, '"pages" is not a list')
-            pages = [p for p in pages if isinstance(p, dict) and not p.get("missing") and p.get("title")]
-            pages.sort(key=lambda p: p.get("index") if isinstance(p.get("index"), int) else 1 << 30)
-            for p in pages:
-                url = p.get("fullurl") or base + quote(str(p["title"]).replace(" ", "_"))
-                r = make_result(p["title"], url, p.get("extract", ""), self.name)
-                if r:
-                    out.append(r)
-        elif "search" in q:  # list=search shape (snippets are HTML)
-            hits = q["search"]
-            if not isinstance(hits, list):
-                raise _bad_shape(self.name, '"search" is not a list')
-            for h in hits:
-                if isinstance(h, dict) and h.get("title"):
-                    url = base + quote(str(h["title"]).replace(" ", "_"))
-                    r = make_result(h["title"], url, h.get("snippet", ""), self.name, html_text=True)
-                    if r:
-                        out.append(r)
-        return out[: self.top_k]
-
-
-def _wiki_base(api_url: str) -> str:
-    """https://en.wikipedia.org/w/api.php -> https://en.wikipedia.org/wiki/"""
-    p = urlsplit(api_url)
-    return f"{p.scheme}://{p.netloc}/wiki/"
-
-
-class SearxngBackend(Backend):
-    name = "searxng"
-
-    def missing(self) -> str | None:
-        if not self.url:
-            return (
-                "text search is not configured: text_search=searxng needs searxng_url, the address of your SearXNG "
-                "instance with JSON output enabled (e.g. `edge-agent config set searxng_url http://localhost:8888`)."
-            )
-        return None
-
-    def request(self, query: str) -> Request:
-        url = self.url.rstrip("/")
-        if not url.endswith("/search"):
-            url += "/search"
-        return Request("GET", url, params={"q": query, "format": "json"})
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        if not isinstance(data, dict) or not isinstance(data.get("results", []), list):
-            raise _bad_shape(self.name, 'no "results" list')
-        out: list[SearchResult] = []
-        for box in data.get("infoboxes") or []:
-            if isinstance(box, dict):
-                urls = box.get("urls") if isinstance(box.get("urls"), list) else []
-                url = box.get("id") or next((u.get("url") for u in urls if isinstance(u, dict)), "")
-                r = make_result(box.get("infobox"), url, box.get("content"), f"{self.name}/infobox", html_text=True)
-                if r:
-                    out.append(r)
-        for h in data.get("results", []):
-            if isinstance(h, dict):
-                r = make_result(h.get("title"), h.get("url"), h.get("content"), self.name, html_text=True)
-                if r:
-                    out.append(r)
-        return out[: self.top_k]
-
-
-class BraveBackend(Backend):
-    name = "brave"
-
-    def missing(self) -> str | None:
-        if not self.api_key:
-            return (
-                "text search is not configured: text_search=brave needs brave_api_key "
-                "(set EDGE_AGENT_BRAVE_API_KEY or `edge-agent config set brave_api_key ...`), "
-                "or use text_search=wikipedia, which needs no key."
-            )
-        return None
-
-    def request(self, query: str) -> Request:
-        return Request(
-            "GET",
-            self.url,
-            params={"q": query, "count": min(self.top_k, 20)},
-            headers={"Accept": "application/json", "X-Subscription-Token": self.api_key},
-        )
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        if not isinstance(data, dict):
-            raise _bad_shape(self.name, "not a JSON object")
-        web = data.get("web")
-        if web is None:
-            return []  # Brave leaves out "web" when nothing matched
-        if not isinstance(web, dict) or not isinstance(web.get("results", []), list):
-            raise _bad_shape(self.name, '"web.results" is not a list')
-        out = []
-        for h in web.get("results", []):
-            if isinstance(h, dict):
-                r = make_result(h.get("title"), h.get("url"), h.get("description"), self.name, html_text=True)
-                if r:
-                    out.append(r)
-        return out[: self.top_k]
-
-
-class ImageBackend(Backend):
-    tool = "image_search"
-
-    def request_image(self, image: bytes, mime: str, sha256: str, public_url: str) -> Request:
-        raise NotImplementedError
-
-
-class NoImageBackend(ImageBackend):
-    name = "none"
-
-    def missing(self) -> str | None:
-        return (
-            "image search is not configured: set image_search=gcv and gcv_api_key (Google Cloud Vision), "
-            "or image_search=serpapi with serpapi_api_key and public_image_url_prefix (`edge-agent config`). "
-            "Use text_search or look at the image instead."
-        )
-
-
-class GcvBackend(ImageBackend):
-    """Google Cloud Vision WEB_DETECTION: sends the image bytes (base64); the key goes in a header."""
-
-    name = "gcv"
-
-    def missing(self) -> str | None:
-        if not self.api_key:
-            return (
-                "image search is not configured: image_search=gcv needs gcv_api_key "
-                "(set EDGE_AGENT_GCV_API_KEY or `edge-agent config set gcv_api_key ...`)."
-            )
-        return None
-
-    def request_image(self, image: bytes, mime: str, sha256: str, public_url: str) -> Request:
-        body = {
-            "requests": [
-                {
-                    "image": {"content": base64.b64encode(image).decode("ascii")},
-                    "features": [{"type": "WEB_DETECTION", "maxResults": max(10, self.top_k)}],
-                }
-            ]
-        }
-        return Request("POST", self.url, headers={"X-Goog-Api-Key": self.api_key}, json_body=body)
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        if not isinstance(data, dict) or not isinstance(data.get("responses"), list) or not data["responses"]:
-            raise _bad_shape(self.name, 'no "responses" list')
-        resp = data["responses"][0]
-        if not isinstance(resp, dict):
-            raise _bad_shape(self.name, "responses[0] is not an object")
-        err = resp.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            raise FetchError("api", f"Cloud Vision error: {clean_text(err.get('message'), 200)}")
-        web = resp.get("webDetection") or {}
-        if not isinstance(web, dict):
-            raise _bad_shape(self.name, '"webDetection" is not an object')
-
-        def items(name: str) -> list[dict]:
-            v = web.get(name)
-            return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
-
-        labels = [
-            r
-            for x in items("bestGuessLabels")[:2]
-            if (r := make_result(f"Best guess: {x.get('label', '')}" if x.get("label") else "", "", "", "gcv/label"))
-        ]
-        entities = []
-        for x in items("webEntities"):
-            score = x.get("score")
-            note = f"web entity, score {score:.2f}" if isinstance(score, int | float) and math.isfinite(score) else "web entity"
-            if r := make_result(x.get("description"), "", note, "gcv/entity"):
-                entities.append(r)
-        pages = []
-        for x in items("pagesWithMatchingImages"):
-            kind = "full" if x.get("fullMatchingImages") else "partial" if x.get("partialMatchingImages") else "similar"
-            if r := make_result(x.get("pageTitle") or x.get("url"), x.get("url"), f"page with a {kind} matching image", "gcv/page", html_text=True):
-                pages.append(r)
-        # Share the k slots: labels, then about half entities, then pages, then any entities left.
-        k = self.top_k
-        n_ent = max(1, (k - len(labels)) // 2)
-        out = labels + entities[:n_ent] + pages
-        out += entities[n_ent:]
-        return out[:k]
-
-
-class SerpApiLensBackend(ImageBackend):
-    """SerpApi's Google Lens engine. Lens fetches the image from a public URL, which the user provides."""
-
-    name = "serpapi"
-
-    def __init__(self, url: str, top_k: int, api_key: str = "", public_prefix: str = "") -> None:
-        super().__init__(url, top_k, api_key)
-        self.public_prefix = public_prefix.strip()
-
-    def missing(self) -> str | None:
-        if not self.api_key:
-            return (
-                "image search is not configured: image_search=serpapi needs serpapi_api_key "
-                "(set EDGE_AGENT_SERPAPI_API_KEY or `edge-agent config set serpapi_api_key ...`)."
-            )
-        if not self.public_prefix.lower().startswith(("http://", "https://")):
-            return (
-                "image search is not configured: SerpApi Google Lens needs a public URL for the image; set "
-                "public_image_url_prefix to a web address where you publish the folder home/public/ "
-                "(edge-agent uploads nothing itself)."
-            )
-        return None
-
-    def request_image(self, image: bytes, mime: str, sha256: str, public_url: str) -> Request:
-        params = {"engine": "google_lens", "url": public_url, "api_key": self.api_key, "hl": "en"}
-        return Request("GET", self.url, params=params)
-
-    def parse(self, data: Any) -> list[SearchResult]:
-        if not isinstance(data, dict):
-            raise _bad_shape(self.name, "not a JSON object")
-        err = data.get("error")
-        if isinstance(err, str) and err:
-            if "returned any results" in err:  # SerpApi's way of saying "zero results" (HTTP 200)
-                return []
-            raise FetchError("api", f"SerpApi error: {clean_text(err, 200)}")
-        out: list[SearchResult] = []
-        kg = data.get("knowledge_graph")
-        for x in kg if isinstance(kg, list) else []:
-            if isinstance(x, dict) and (r := make_result(x.get("title"), x.get("link"), x.get("subtitle"), "serpapi/knowledge_graph")):
-                out.append(r)
-        vm = data.get("visual_matches")
-        for x in vm if isinstance(vm, list) else []:
-            if isinstance(x, dict):
-                snippet = f"from {x['source']}" if isinstance(x.get("source"), str) and x.get("source") else ""
-                if r := make_result(x.get("title"), x.get("link"), snippet, "serpapi/visual_match"):
-                    out.append(r)
-        return out[: self.top_k]
 
 
 _EXT = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp", "image/gif": ".gif", "image/bmp": ".bmp"}
@@ -537,11 +198,8 @@ class SearchTools:
         b = self.text_backend
         q = clean_text(query, MAX_QUERY_CHARS)
         if not q:
-            return SearchOutcome(
-                "text_search", "", (), "error",
-                "text_search needs a non-empty query: call it again with a few keywords.",
-                b.name, time.monotonic() - t0, error="empty query",
-            )  # fmt: skip
+            return SearchOutcome("text_search", "", (), "error", words.EMPTY_QUERY, b.name, time.monotonic() - t0,
+                                 error="empty query")
         return self._run(b, q, query_key(q), "", refresh, t0, lambda: b.request(q))
 
     def image_search(self, image_bytes: bytes, mime: str = "image/jpeg", *, refresh: bool = False) -> SearchOutcome:
@@ -552,15 +210,16 @@ class SearchTools:
             raise TypeError("image_search needs the image's bytes")
         image = bytes(image_bytes)
         if b.name == "none":  # nothing to look up, even in the cache
-            return SearchOutcome("image_search", "", (), "unconfigured", _cap(b.missing() or ""), b.name, time.monotonic() - t0)
+            return SearchOutcome("image_search", "", (), "unconfigured", words.cap(b.missing() or ""), b.name,
+                                 time.monotonic() - t0)
         mime = sniff_mime(image) or (mime or "").lower().replace("image/jpg", "image/jpeg")  # the bytes decide
         problem = None
         if not image:
-            problem = "image_search got an empty image."
+            problem = words.EMPTY_IMAGE
         elif len(image) > MAX_IMAGE_BYTES:
-            problem = f"the image is too large to search ({len(image)} bytes; at most {MAX_IMAGE_BYTES}). Zoom into a part and search that."
+            problem = words.image_too_large(len(image), MAX_IMAGE_BYTES)
         elif mime not in _EXT:
-            problem = f"image search accepts JPEG, PNG, WebP, GIF or BMP images, not {clean_text(mime, 40)!r}."
+            problem = words.image_type_refused(mime)
         if problem:
             return SearchOutcome("image_search", "", (), "error", problem, b.name, time.monotonic() - t0, error=problem)
         sha = hashlib.sha256(image).hexdigest()
@@ -579,41 +238,42 @@ class SearchTools:
         return self.image_search(data, mime, refresh=refresh)
 
     # --- the common path ------------------------------------------------------------------------
-    def _run(self, b: Backend, q: str, norm: str, sha: str, refresh: bool, t0: float, build) -> SearchOutcome:
+    def _run(self, b: Backend, q: str, norm: str, sha: str, refresh: bool, t0: float,
+             build: Callable[[], Request]) -> SearchOutcome:
+        """The cache policy: offline -> the cache or a miss; unconfigured -> the cache or the problem;
+        a fresh entry -> it; else the backend, whose failure serves a stale entry if there is one."""
         tool = b.tool
         params = b.cache_params()
         key = make_key(tool, b.name, norm, sha, params)
         entry = self.cache.get(key)
-        subject = f'"{q}"' if q else "the image"  # the hash would cost tokens and tell the model nothing
+        what = words.subject(q)
 
-        def outcome(status: str, results: list | tuple, observation: str, fetched: float | None, error: str | None = None):
+        def outcome(status: str, results: Sequence[SearchResult], observation: str, fetched: float | None,
+                    error: str | None = None, unreachable: bool = False) -> SearchOutcome:
             o = SearchOutcome(
-                tool, q, tuple(results), status, _cap(redact(observation, self.secrets)), b.name,
-                time.monotonic() - t0, fetched, sha, error,
+                tool, q, tuple(results), status, words.cap(redact(observation, self.secrets)), b.name,
+                time.monotonic() - t0, fetched, sha, error, unreachable,
             )  # fmt: skip
             log.info("%s via %s: %s, %d results, %.3f s", tool, b.name, status, len(o.results), o.seconds)
             return o
 
-        def from_entry(status: str, note: str = "", error: str | None = None) -> SearchOutcome:
-            results = [_result_from_json(r) for r in entry.results]
-            return outcome(status, results, _format(tool, subject, b.name, results, note), entry.fetched_at, error)
+        def from_entry(entry: CacheEntry, status: str, note: str = "", error: str | None = None,
+                       unreachable: bool = False) -> SearchOutcome:
+            results = [SearchResult.from_json(r) for r in entry.results]
+            return outcome(status, results, words.results(tool, what, b.name, results, note), entry.fetched_at, error,
+                           unreachable)
 
         if self.offline:
             if entry is not None:
-                return from_entry("cached")
-            return outcome(
-                "offline", (),
-                f"No cached result for {subject} (offline). Answer from what you have seen or know, "
-                "or try a query searched before.",
-                None,
-            )  # fmt: skip
+                return from_entry(entry, "cached")
+            return outcome("offline", (), words.offline_miss(what), None)
         problem = b.missing()
         if problem:
             if entry is not None:
-                return from_entry("cached")
+                return from_entry(entry, "cached")
             return outcome("unconfigured", (), problem, None)
         if entry is not None and not refresh and time.time() - entry.fetched_at < self.max_age_s:
-            return from_entry("cached")
+            return from_entry(entry, "cached")
         try:
             req = build()
             res = fetch_json(
@@ -624,17 +284,14 @@ class SearchTools:
         except FetchError as e:
             reason = redact(e.message, self.secrets)
             if entry is not None:
-                when = _date(entry.fetched_at)
-                stale = from_entry("stale", f"stale copy from {when}; the search failed now: {reason}", reason)
-                return dataclasses.replace(stale, unreachable=e.network_down)
-            hint = _hint(b, e)
-            failed = outcome("error", (), f"{tool} failed ({b.name}): {reason}.{hint}", None, reason)
-            return dataclasses.replace(failed, unreachable=e.network_down)
+                return from_entry(entry, "stale", words.stale_note(entry.fetched_at, reason), reason, e.network_down)
+            observation = words.failed(tool, b.name, reason, network_down=e.network_down, hint=b.hint(e))
+            return outcome("error", (), observation, None, reason, e.network_down)
         now = time.time()
         self.cache.put(
             CacheEntry(tool, b.name, norm, sha, params, [r.to_json() for r in results], redact(res.text, self.secrets), now)
         )
-        return outcome("live", results, _format(tool, subject, b.name, results), now)
+        return outcome("live", results, words.results(tool, what, b.name, results), now)
 
     def _publish(self, image: bytes, mime: str, sha: str, prefix: str) -> str:
         """Write the image under home/public/ (content-addressed) and return its public URL."""
@@ -648,52 +305,6 @@ class SearchTools:
         except OSError as e:
             raise FetchError("config", f"cannot write {path} for SerpApi ({e.strerror})") from None
         return prefix.rstrip("/") + "/" + name
-
-
-def _result_from_json(r: Any) -> SearchResult:
-    """A stored result back as a value; a hand-edited cache row gets cleaned like fresh web text."""
-    if not isinstance(r, dict):
-        r = {}
-    return SearchResult(
-        clean_text(r.get("title"), TITLE_CHARS), clean_url(r.get("url")),
-        clean_text(r.get("snippet"), SNIPPET_CHARS), clean_text(r.get("source"), SOURCE_CHARS),
-    )  # fmt: skip
-
-
-def _hint(b: Backend, e: FetchError) -> str:
-    if e.network_down:
-        return " The network may be down: answer from what you have, or search again later."
-    if e.status in (401, 403):
-        if b.name == "searxng":
-            return " The SearXNG instance refused JSON output: enable `json` under search.formats in its settings.yml."
-        return f" Check the {b.name} API key."
-    if isinstance(b, SerpApiLensBackend) and e.kind in ("api", "http"):
-        return f" SerpApi must be able to download the image from public_image_url_prefix ({b.public_prefix})."
-    return ""
-
-
-def _date(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _format(tool: str, subject: str, backend: str, results: list[SearchResult], note: str = "") -> str:
-    """The compact, numbered observation. Every token here costs prompt time: keep it short."""
-    what = "Search results for" if tool == "text_search" else "Reverse image search results for"
-    head = f"{what} {subject} ({backend}{'; ' + note if note else ''}):"
-    if not results:
-        return f"{head}\nNo results."
-    lines = [head]
-    for i, r in enumerate(results, 1):
-        lines.append(f"{i}. {r.title}" + (f" | {r.url}" if r.url else ""))
-        if r.snippet:
-            lines.append("   " + clean_text(r.snippet, OBS_SNIPPET_CHARS))
-    return "\n".join(lines)
-
-
-def _cap(text: str) -> str:
-    if len(text) <= MAX_OBSERVATION_CHARS:
-        return text
-    return text[: MAX_OBSERVATION_CHARS - 12].rstrip() + "\n[truncated]"
 
 
 # ------------------------------------------------------------------------------------------------
