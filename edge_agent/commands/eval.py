@@ -65,9 +65,13 @@ def engine_factory(settings: Settings, *, on_status=None):
 @click.option("--seed", type=int, default=None, help="Random seed.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON instead of a summary.")
+@click.option("--rationales", "libraries", default=None, metavar="LIST",
+              help="Compare rationale libraries: comma-separated JSON files, `builtin` for the built-in one. "
+                   "Each SSR mode runs once per library, one column each (ssr[builtin], ssr[mine]).")
 def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | None, offline: bool | None,
             model: str | None, mmproj: str | None, prophet: str | None, prophet_mmproj: str | None,
-            max_turns: int | None, seed: int | None, no_plot: bool, as_json: bool) -> None:
+            max_turns: int | None, seed: int | None, no_plot: bool, as_json: bool,
+            libraries: str | None = None) -> None:
     """Evaluate answer quality and latency on a JSONL question set.
 
     Each line of DATA is {"id", "image", "question", "answers": [...]}, image paths relative to
@@ -80,6 +84,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
       edge-agent eval svqa/DATA.jsonl --modes freeform,ssr --out runs/svqa
       edge-agent eval svqa/DATA.jsonl --modes ssr,ssr+seprod --prophet base.gguf --limit 5
       edge-agent eval svqa/DATA.jsonl --offline          answer from the search cache only
+      edge-agent eval svqa/DATA.jsonl --modes ssr --rationales builtin,mine.json
     """
     settings = Settings.load({
         "model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj,
@@ -88,14 +93,21 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     if modes is None:
         modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
     specs = E.parse_modes(modes)
+    libs = compared_libraries(libraries) if libraries else {}
+    specs = E.with_libraries(specs, list(libs))
     want_seprod = any(m.seprod for m in specs)
     if want_seprod and not settings.prophet:
         raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's base model) "
                           "or set `prophet` with `edge-agent config`, or leave ssr+seprod out of --modes.")
     out_dir = out_dir or Path(f"eval-{E.dataset_name(data)}")
     fp = fingerprint(settings, data)
+    if libs:  # what each column scored: an edited library file is a different configuration
+        fp["rationales_compared"] = {name: library_digest(lib) for name, lib in libs.items()}
     # Load the prophet only when a mode uses it; SeProD is switched per question, not per load.
     run_settings = settings.updated({"seprod": want_seprod} if want_seprod else {"prophet": "", "prophet_mmproj": "", "seprod": False})
+    if libs:  # the model is loaded with a scoring sequence per rationale of the largest library
+        largest = max(libs.values(), key=len)
+        run_settings = run_settings.updated({"rationales": "" if largest.source == "built-in" else largest.source})
 
     bar_holder: dict[str, Any] = {}
     status = {"last": ""}
@@ -124,7 +136,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
 
     try:
         run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=on_status), limit=limit,
-                         fingerprint=fp, on_progress=on_progress, on_question=lambda q, m: on_status(f"{q.id} {m.name} ..."))
+                         fingerprint=fp, on_progress=on_progress, ask=E.library_ask(libs) if libs else E.default_ask, on_question=lambda q, m: on_status(f"{q.id} {m.name} ..."))
     except KeyboardInterrupt:
         bar = bar_holder.get("bar")
         if bar is not None:
@@ -147,6 +159,36 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
         click.echo(f"Plot: {paths['plot']}")
     elif not no_plot:
         click.echo("Plot skipped: install the plot extra (pip install 'edge-agent[plot]') for plot.png.")
+
+
+def compared_libraries(text: str) -> dict[str, Any]:
+    """``"builtin,mine.json"`` -> {column name: loaded library}, in order; each is validated as the app
+    loads it. Names: ``builtin``, else the file's stem (``mine``; a repeated stem gets a number)."""
+    from edge_agent.agent.rationales import load_library
+
+    out: dict[str, Any] = {}
+    for raw in text.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        builtin = raw.lower() in ("builtin", "built-in")
+        lib = load_library(None if builtin else raw)
+        name = base = "builtin" if builtin else Path(raw).stem
+        k = 2
+        while name in out:
+            name, k = f"{base}{k}", k + 1
+        out[name] = lib
+    if not out:
+        raise ConfigError("--rationales names no library. Pass files and/or `builtin`, e.g. --rationales builtin,mine.json.")
+    return out
+
+
+def library_digest(lib: Any) -> str:
+    """A short hash of what a library makes the agent score (ids, actions, texts, image flags)."""
+    import hashlib
+
+    rows = [[r.id, r.action, r.text, r.needs_image] for r in lib]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
 def _summary(run: E.EvalRun) -> str:

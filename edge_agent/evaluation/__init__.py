@@ -18,7 +18,7 @@ interrupted-and-resumed run reports exactly what one uninterrupted run would.
 
 Modules, in the order data flows through them:
 
-- ``modes``     ``ModeSpec``, ``MODES``, ``parse_modes``
+- ``modes``     ``ModeSpec``, ``MODES``, ``parse_modes``, ``with_libraries``
 - ``dataset``   ``Question``, ``load_dataset``, ``dataset_name``
 - ``summary``   one question's events -> a record (``summarize_events``, ``make_record``)
 - ``matching``  ``normalize_answer``, ``match_answer``
@@ -44,10 +44,18 @@ from edge_agent.evaluation.metrics import (
     mode_metrics,
     percentile,
 )
-from edge_agent.evaluation.modes import MODES, ModeSpec, parse_modes
+from edge_agent.evaluation.modes import MODES, ModeSpec, parse_modes, with_libraries
 from edge_agent.evaluation.plot import write_plot
 from edge_agent.evaluation.report import JSON_FILE, PLOT_FILE, REPORT_FILE, render_report, write_outputs
-from edge_agent.evaluation.runner import AskFn, EngineLike, EvalRun, ProgressFn, default_ask, run_eval
+from edge_agent.evaluation.runner import (
+    AskFn,
+    EngineLike,
+    EvalRun,
+    ProgressFn,
+    default_ask,
+    library_ask,
+    run_eval,
+)
 from edge_agent.evaluation.store import RESULTS_FILE, RUN_FILE, ResultsStore
 from edge_agent.evaluation.summary import make_record, summarize_events
 
@@ -74,6 +82,7 @@ __all__ = [
     "dataset_name",
     "default_ask",
     "distribution",
+    "library_ask",
     "load_dataset",
     "make_record",
     "match_answer",
@@ -84,6 +93,7 @@ __all__ = [
     "render_report",
     "run_eval",
     "summarize_events",
+    "with_libraries",
     "write_outputs",
     "write_plot",
 ]

@@ -1,7 +1,8 @@
-"""The evaluated configurations: a reasoning mode and whether SeProD drafts.
+"""The evaluated configurations: a reasoning mode, whether SeProD drafts, and which rationale library.
 
-Knows: the mode names the ``eval`` command takes (and their aliases). Does not know: the engine,
-models, question sets.
+Knows: the mode names the ``eval`` command takes (and their aliases), and how ``--rationales`` turns
+each SSR mode into one column per library (``ssr[builtin]``, ``ssr[mine]``). Does not know: the
+engine, models, question sets, what is inside a library.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from edge_agent.errors import ConfigError
 class ModeSpec:
     """One evaluated configuration: the agent's reasoning mode and whether SeProD drafts."""
 
-    name: str  # canonical: freeform | ssr | ssr+seprod
+    name: str  # canonical: freeform | ssr | ssr+seprod (+ "[library]" when libraries are compared)
     engine_mode: str  # what the engine's ``mode`` takes: freeform | ssr
     seprod: bool
+    library: str = ""  # the library's column name (see with_libraries); "": the one the settings name
 
 
 MODES: dict[str, ModeSpec] = {
@@ -44,5 +46,19 @@ def parse_modes(text: str | Sequence[str]) -> list[ModeSpec]:
             out.append(MODES[key])
     if not out:
         raise ConfigError(f"No eval mode given. Pass --modes with any of: {', '.join(MODES)}.")
+    return out
+
+
+def with_libraries(specs: Sequence[ModeSpec], libraries: Sequence[str]) -> list[ModeSpec]:
+    """Each SSR mode once per library (``ssr`` -> ``ssr[builtin]``, ``ssr[mine]``), in order;
+    free-form (which scores no library) stays one column. ``libraries`` are column names."""
+    if not libraries:
+        return list(specs)
+    out: list[ModeSpec] = []
+    for s in specs:
+        if s.engine_mode != "ssr":
+            out.append(s)
+            continue
+        out += [ModeSpec(f"{s.name}[{lib}]", s.engine_mode, s.seprod, lib) for lib in libraries]
     return out
 

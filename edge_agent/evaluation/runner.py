@@ -39,6 +39,21 @@ def default_ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Even
     return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod)
 
 
+def library_ask(libraries: dict[str, Any]) -> AskFn:
+    """An ``ask`` that scores ``libraries[mode.library]`` (a loaded ``rationales.Library``) for a
+    mode with a library column, on the same engine and models; other modes run as ``default_ask``."""
+    from edge_agent.agent.loop import AgentOptions  # agent logic only: no model, no network
+
+    def ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
+        if not mode.library:
+            return default_ask(engine, mode, q, cancel)
+        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library])
+        image = str(q.image) if q.image is not None else None
+        return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, options=opts)
+
+    return ask
+
+
 @dataclass
 class EvalRun:
     """What ``run_eval`` returns: every record for the chosen questions and modes, and the metrics."""

@@ -19,7 +19,8 @@ from edge_agent.evaluation.modes import ModeSpec
 def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
     """Fold one question's event stream into the plain-data part of a result record.
 
-    Per turn: the chosen rationale (SSR), the action taken, and reasoning / action / tool /
+    Per turn: the chosen rationale (SSR) or the reasoning text the model wrote (free-form: what
+    ``edge-agent library build`` learns from), the action taken, and reasoning / action / tool /
     observe seconds. Per question: tool calls by name, search outcome statuses, SeProD acceptance,
     the final answer. Model time = the episode's total minus tool time when the final answer
     carries totals (so the prompt's prefill and evaluating observations count: the model did that
@@ -31,7 +32,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         return turns.setdefault(
             n,
             {"turn": n, "action": None, "rationale": None, "rationale_action": None, "rationale_prob": None,
-             "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None, "tool_seconds": None,
+             "reasoning": None, "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None, "tool_seconds": None,
              "observe_seconds": None},
         )
 
@@ -47,6 +48,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             chosen = e.candidates[e.chosen]
             t.update(rationale=chosen.id, rationale_action=chosen.action, rationale_prob=chosen.prob,
                      scoring_seconds=e.seconds)
+        elif isinstance(e, ev.ReasoningDone):
+            turn(e.turn)["reasoning"] = e.text
         elif isinstance(e, ev.ToolCalled):
             tools[e.name] += 1
         elif isinstance(e, ev.ToolFinished):
