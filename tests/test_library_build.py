@@ -328,3 +328,52 @@ def test_cli_build_all_failed_and_garbage(tmp_path, edge_home):
     bad.write_text("{")
     res = CliRunner().invoke(cli, ["library", "build", str(bad), "-o", str(tmp_path / "y.json")])
     assert res.exit_code == 2 and "Error:" in res.output and "SOURCES are" in res.output
+
+
+# --- eval --rationales --------------------------------------------------------------------------
+
+def test_with_libraries_gives_one_column_per_library_for_each_ssr_mode():
+    from edge_agent import evaluation as E
+
+    specs = E.with_libraries(E.parse_modes("freeform,ssr,ssr+seprod"), ["builtin", "mine"])
+    assert [s.name for s in specs] == ["freeform", "ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]", "ssr+seprod[mine]"]
+    assert (specs[2].library, specs[2].engine_mode, specs[2].seprod) == ("mine", "ssr", False)
+    assert specs[4].seprod and specs[0].library == ""
+    assert E.with_libraries(E.parse_modes("ssr"), []) == E.parse_modes("ssr")
+
+
+def test_library_ask_hands_each_column_its_library(edge_home):
+    """The same engine answers every column; only the scored library changes."""
+    from edge_agent import evaluation as E
+    from edge_agent.agent.rationales import builtin_library
+    from edge_agent.config import Settings
+
+    class Engine:
+        settings = Settings.load()
+        calls: list = []
+
+        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None):
+            self.calls.append((mode, seprod, options.library if options else None))
+            return iter(())
+
+    mine = load_library(None)  # any Library object stands for "mine"
+    ask = E.library_ask({"builtin": builtin_library(), "mine": mine})
+    eng = Engine()
+    q = E.Question("q1", "q?", ("x",), None)
+    for spec in E.with_libraries(E.parse_modes("freeform,ssr"), ["builtin", "mine"]):
+        list(ask(eng, spec, q, None))
+    assert [c[0] for c in eng.calls] == ["freeform", "ssr", "ssr"]
+    assert eng.calls[0][2] is None and eng.calls[2][2] is mine and eng.calls[1][2].source == "built-in"
+
+
+def test_eval_refuses_a_bad_library_before_loading_a_model(tmp_path, edge_home):
+    from edge_agent.cli import cli
+
+    data = tmp_path / "DATA.jsonl"
+    data.write_text(json.dumps({"id": "q1", "image": None, "question": "q?", "answers": ["x"]}) + "\n")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--rationales", f"builtin,{bad}",
+                                   "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none.gguf")])
+    assert res.exit_code == 2 and "holds no rationales" in res.output
+    assert not (tmp_path / "out").exists()
