@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from edge_agent import sqlitedb
 from edge_agent.agent import events as ev
@@ -285,7 +286,11 @@ class ChatStore:
     def export_markdown(self, chat_id: int, *, image_ref=None) -> str:
         """The chat as Markdown. ``image_ref(path) -> str`` maps an image path to the link to write."""
         chat = self.load(chat_id)
-        ref = image_ref or (lambda p: p)
+        given = image_ref or (lambda p: p)
+
+        def ref(path: str) -> str:  # a link target Markdown reads whole: spaces, parentheses, é encoded
+            return quote(given(path), safe="/:~._-")
+
         lines = [f"# {chat.title}", ""]
         for m in chat.messages:
             if m.role == "user":

@@ -289,7 +289,7 @@ async def test_chat_list_resume_rename_delete(settings, tmp_path, image):
         assert sorted(view.turns) == [1, 2, 3]
         await pilot.press("ctrl+o")
         await pilot.pause()
-        await pilot.press("d")  # delete the other chat (newest first: highlighted)
+        await pilot.press("d", "d")  # delete the other chat (newest first: highlighted); d asks, d again deletes
         await pilot.pause()
         assert [c.id for c in app.screen.chats] == [first]
         await pilot.press("escape")

@@ -84,6 +84,9 @@ class EdgeAgentApp(App):
 
     # --- start and stop ---
     async def on_mount(self) -> None:
+        if self.settings.theme and self.settings.theme in self.available_themes:
+            self.theme = self.settings.theme  # the theme picked last time (Ctrl+P, Change theme)
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
         chat = ChatScreen(self.store, self.store.recent_questions())
         await self.push_screen(chat)
         self.start_loading()
@@ -92,6 +95,11 @@ class EdgeAgentApp(App):
                 await chat.open_chat(self.store.load(self.open_chat))
             except EdgeAgentError as e:
                 self.notify(e.message, title=e.title, severity="error")
+
+    def _theme_changed(self, theme: Any) -> None:
+        name = getattr(theme, "name", str(theme))
+        if name != self.settings.theme:
+            self.change_settings({"theme": name})
 
     def start_loading(self) -> None:
         self.engine_state = "loading"
@@ -145,6 +153,7 @@ class EdgeAgentApp(App):
             chat.show_loading("", None)
             chat.status.state = "ready"
             chat.status.set_models(*self.model_names(), text_only=not self.engine_sees_images())
+            chat.set_text_only(not self.engine_sees_images())
         self.notify(f"{self.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
 
     def on_engine_failed(self, m: EngineFailed) -> None:

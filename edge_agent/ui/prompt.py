@@ -15,9 +15,14 @@ from textual.widgets import Input, Static
 
 SLASH_HELP = (
     "/image PATH  attach an image (or paste a path, or Ctrl+F); /image 2  the chat's 2nd image again\n"
+    "/detach  ask without the image (Ctrl+D)   /retry  answer the last question again\n"
+    "/edit  put the last question back in the prompt to change and resend\n"
     "/new  new chat   /chats  list chats   /export  export this chat\n"
     "/mode ssr|freeform   /offline on|off   /settings   /help"
 )
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".heic", ".avif")
+PLACEHOLDER_VISION = "Ask about your image…  (/image PATH attaches one; /help)"
+PLACEHOLDER_TEXT = "Ask a question…  (this model reads text only; /help)"
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,27 @@ def parse_slash(text: str) -> Slash | None:
     return Slash(name.lower(), arg)
 
 
+def path_like(text: str) -> str | None:
+    """``text`` when it reads as a file path rather than a question (``/tmp/x/notes.txt``,
+    ``~/a b.png`` quoted or with ``\\ ``, ``file://...``, ``sigm.png``), with quotes and file:// removed;
+    else None. Whether the file exists does not matter: a path is never sent to the model."""
+    s = text.strip()
+    quoted = len(s) >= 2 and s[0] == s[-1] and s[0] in "'\""
+    s = s.strip("'\"")
+    if s.startswith("file://"):
+        s, quoted = s[7:], True
+    if not s or "\n" in s:
+        return None
+    bare = s.replace("\\ ", "")
+    one_word = quoted or not any(c.isspace() for c in bare)
+    starts = s.startswith(("/", "~/", "./", "../")) or (len(s) > 2 and s[1:3] in (":\\", ":/"))
+    if one_word and (starts or s.lower().endswith(IMAGE_SUFFIXES) or ("/" in s and "." in s.rpartition("/")[2][1:])):
+        if s.endswith("?"):
+            return None
+        return s.replace("\\ ", " ")
+    return None
+
+
 class PromptInput(Input):
     """Enter submits; Up/Down walk through earlier questions (kept across chats)."""
 
@@ -52,7 +78,7 @@ class PromptInput(Input):
     ]
 
     def __init__(self, history: list[str] | None = None, **kw) -> None:
-        super().__init__(placeholder="Ask about your image…  (/image PATH attaches one; /help)", **kw)
+        super().__init__(placeholder=PLACEHOLDER_VISION, **kw)
         self.history: list[str] = list(history or [])
         self._pos = len(self.history)
         self._draft = ""
@@ -80,13 +106,18 @@ class AttachmentBar(Static):
     AttachmentBar { height: 1; padding: 0 1; color: $text-muted; }
     """
 
+    text_only = False  # the loaded model reads no images: say what it can do instead
+
     def show(self, image: str | None, n_images: int) -> None:
         t = Text()
         if image:
             t.append("image: ", style="dim")
             t.append(Path(image).name, style="bold")
+            t.append("  (Ctrl+D or /detach: ask without it)", style="dim")
             if n_images > 1:
                 t.append(f"  ({n_images} images in this chat)", style="dim")
+        elif self.text_only:
+            t.append("text-only model: ask questions without an image (Ctrl+S to choose a vision model)", style="dim")
         else:
             t.append("no image attached: /image PATH, Ctrl+F to pick one, or paste a path", style="dim")
         self.update(t)

@@ -1,5 +1,6 @@
-"""The settings screen: mode, tau, SeProD, offline, rationale library, max turns and models; saved
-with Settings.save().
+"""The settings screen: mode, tau, SeProD, offline, search backends and their keys, temperature,
+rationale library, max turns and models (with a button that opens the download screen); saved with
+Settings.save().
 
 Each field shows the help text from ``Settings`` field metadata. Values are checked by
 ``Settings.updated().validate()`` so the screen and the config file accept the same things; a new
@@ -22,14 +23,22 @@ from edge_agent.agent.rationales import load_library
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError
 
-# (field, kind) in the order shown. kind: select | bool | text
+# (field, kind) in the order shown. kind: select | bool | text | secret
 FIELDS: list[tuple[str, str]] = [
     ("mode", "select"),
     ("ssr_tau", "text"),
     ("max_turns", "text"),
+    ("temperature", "text"),
     ("seprod", "bool"),
     ("seprod_tau", "text"),
     ("offline", "bool"),
+    ("text_search", "select"),
+    ("searxng_url", "text"),
+    ("brave_api_key", "secret"),
+    ("image_search", "select"),
+    ("gcv_api_key", "secret"),
+    ("serpapi_api_key", "secret"),
+    ("public_image_url_prefix", "text"),
     ("rationales", "text"),
     ("model", "text"),
     ("mmproj", "text"),
@@ -37,6 +46,13 @@ FIELDS: list[tuple[str, str]] = [
     ("prophet_mmproj", "text"),
 ]
 MODEL_FIELDS = ("model", "mmproj", "prophet", "prophet_mmproj")
+CHOICES: dict[str, list[tuple[str, str]]] = {
+    "mode": [("SSR: scored rationales", "ssr"), ("free-form: the model writes its reasoning", "freeform")],
+    "text_search": [("Wikipedia (no key)", "wikipedia"), ("SearXNG (your instance: searxng_url)", "searxng"),
+                    ("Brave Search (brave_api_key)", "brave")],
+    "image_search": [("none (off)", "none"), ("Google Cloud Vision (gcv_api_key)", "gcv"),
+                     ("SerpApi Google Lens (serpapi_api_key)", "serpapi")],
+}
 
 
 def field_doc(name: str) -> str:
@@ -55,12 +71,12 @@ def model_choices(settings: Settings) -> str:
     except EdgeAgentError as e:
         return f"(model list unavailable: {e.message})"
     ready = [r.name for r in rows if r.status in ("installed", "added", "demo")]
-    pull = [r.name for r in rows if r.status == "available"]
+    pull = [r.name for r in rows if r.status in ("available", "partial")]
     parts = []
     if ready:
         parts.append("Installed: " + ", ".join(ready) + ".")
     if pull:
-        parts.append("To download (edge-agent models pull NAME): " + ", ".join(pull[:4])
+        parts.append("To download (the button below, or edge-agent models pull NAME): " + ", ".join(pull[:4])
                      + (", …" if len(pull) > 4 else "") + ".")
     return " ".join(parts)
 
@@ -97,17 +113,17 @@ class SettingsScreen(ModalScreen[Settings | None]):
                         with Horizontal():
                             yield Label(name)
                             if kind == "select":
-                                yield Select([("SSR: scored rationales", "ssr"),
-                                              ("free-form: the model writes its reasoning", "freeform")],
-                                             value=value, allow_blank=False, id=f"f-{name}")
+                                yield Select(CHOICES[name], value=value, allow_blank=False, id=f"f-{name}")
                             elif kind == "bool":
                                 yield Switch(value=bool(value), id=f"f-{name}")
                             else:
-                                yield Input(str(value), id=f"f-{name}")
+                                yield Input(str(value), password=kind == "secret", id=f"f-{name}")
                         doc = field_doc(name)
                         if name == "model":
                             doc += "\n" + model_choices(self.settings)
                         yield Static(doc, classes="doc", markup=False)
+                        if name == "model":
+                            yield Button("Download a model…", id="download-model")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Save", id="save", variant="primary")
@@ -134,3 +150,15 @@ class SettingsScreen(ModalScreen[Settings | None]):
     @on(Button.Pressed, "#cancel")
     def cancel(self) -> None:
         self.dismiss(None)
+
+    @on(Button.Pressed, "#download-model")
+    def download(self) -> None:
+        from edge_agent.ui.download import DownloadScreen
+
+        def done(name: str | None) -> None:
+            if name:
+                self.query_one("#f-model", Input).value = name
+                self.query_one("#f-mmproj", Input).value = ""
+                self.notify(f"Save to use {name}.", title="Model downloaded", timeout=5)
+
+        self.app.push_screen(DownloadScreen(self.settings), done)

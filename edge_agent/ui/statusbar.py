@@ -1,4 +1,8 @@
-"""The status bar: models, mode, SeProD, online/offline, tokens per second, engine state."""
+"""The status bar: models, mode, SeProD, online/offline, tokens per second, engine state.
+
+"offline" is shown when the setting says so, and also when the last search could not reach the
+network (``network_down``, set from the agent's events) until a search gets through again.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class StatusBar(Static):
 
     state = reactive("starting")  # starting | loading | ready | busy | no model
     tokens_per_second: reactive[float | None] = reactive(None)
+    network_down = reactive(False)  # the last search found the network unreachable
 
     def __init__(self, settings: Settings, **kw) -> None:
         super().__init__(**kw)
@@ -45,6 +50,9 @@ class StatusBar(Static):
         self.refresh_bar()
 
     def watch_tokens_per_second(self) -> None:
+        self.refresh_bar()
+
+    def watch_network_down(self) -> None:
         self.refresh_bar()
 
     def on_mount(self) -> None:
@@ -69,7 +77,12 @@ class StatusBar(Static):
         else:
             t.append("SeProD off", style="dim")
         t.append_text(sep)
-        t.append("offline" if s.offline else "online", style="yellow" if s.offline else "green")
+        if s.offline:
+            t.append("offline", style="yellow")
+        elif self.network_down:
+            t.append("offline (no network)", style="yellow")
+        else:
+            t.append("online", style="green")
         t.append_text(sep)
         t.append(f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "– tok/s", style="dim")
         t.append_text(sep)

@@ -22,6 +22,8 @@ BADGE_STYLES = {
     "cached": "black on cyan",
     "stale": "black on yellow",
     "offline": "white on grey37",
+    "unreachable": "white on grey37",  # no network: the tool is withdrawn for the rest of the question
+    "unconfigured": "white on grey37",
     "local": "black on blue",
     "error": "white on red",
 }
@@ -79,7 +81,7 @@ class ToolView(Vertical):
         t = call_text(self.called) if self.called is not None else Text()
         if self.called is not None:
             t.append("\n")
-        t.append_text(badge(e.status if e.ok else "error"))
+        t.append_text(badge(e.status if e.ok or e.status in ("unreachable", "unconfigured", "offline") else "error"))
         t.append(f" {e.name} ", style="bold")
         t.append("ok" if e.ok else "failed", style="green" if e.ok else "red")
         n = len(e.results)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.widgets import Markdown, Static
 
 from edge_agent.agent import events as ev
@@ -22,6 +23,7 @@ STATUS_TEXT = {
     "running": ("thinking…", "yellow"),
     "answered": ("answered", "green"),
     "turn_limit": ("turn limit reached", "yellow"),
+    "no_answer": ("no answer found (the model only repeated its instructions): /retry or rephrase", "yellow"),
     "cancelled": ("cancelled", "yellow"),
     "error": ("failed", "red"),
     "interrupted": ("interrupted (the app stopped)", "yellow"),
@@ -224,7 +226,16 @@ class AnswerView(Vertical):
 
 
 class Transcript(VerticalScroll):
-    """The chat so far; follows the bottom while an answer streams."""
+    """The chat so far; follows the bottom while an answer streams. Posts ``ReachedTop`` when scrolled to
+    the top (a long chat then mounts its earlier messages)."""
+
+    class ReachedTop(Message):
+        pass
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value <= 0 < old_value:
+            self.post_message(self.ReachedTop())
 
     DEFAULT_CSS = """
     Transcript { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }

