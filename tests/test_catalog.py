@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -32,13 +34,21 @@ def settings(**kw) -> Settings:
 
 
 # --- the catalog data ---------------------------------------------------------------------------
-def test_packaged_catalog_is_the_models_folder_catalog():
-    """edge_agent/data/catalog.json (what the app reads) is byte-identical to models/catalog.json (what people edit)."""
-    shipped = ROOT / "edge_agent" / "data" / "catalog.json"
-    assert shipped.read_bytes() == (ROOT / "models" / "catalog.json").read_bytes(), (
-        "cp models/catalog.json edge_agent/data/catalog.json")
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "data/*" in pyproject["tool"]["setuptools"]["package-data"]["edge_agent"]  # so wheels carry it
+def test_the_catalog_loads_from_where_the_package_installs_it(tmp_path):
+    """The installed package (isolated interpreter, outside the checkout) reads models/catalog.json
+    itself as edge_agent.models/catalog.json: one file, which pyproject ships as package data."""
+    code = ("import importlib.resources as r, edge_agent.catalog as c; "
+            "print(r.files('edge_agent.models').joinpath(c.CATALOG_FILE)); print(len(c.load_catalog().all()))")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    where, n = out.stdout.split()
+    assert Path(where).resolve() == ROOT / "models" / "catalog.json"
+    data = json.loads((ROOT / "models" / "catalog.json").read_text(encoding="utf-8"))
+    assert int(n) == len(data["models"]) + 1  # every model and the demo
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"]["edge_agent.models"] == "models"
+    assert "catalog.json" in setup["package-data"]["edge_agent.models"]  # so wheels carry it
+    assert not (ROOT / "edge_agent" / "data" / "catalog.json").exists()  # no second copy to drift
 
 
 def test_catalog_covers_qwen3_vl_2b_4b_instruct_thinking_in_common_quants():
