@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from click.testing import CliRunner
 
 from edge_agent.cli import cli
-from edge_agent.config import Settings
+from edge_agent.config import Settings, _dump_toml
 from edge_agent.errors import ConfigError
 
 
@@ -42,6 +43,16 @@ def test_save_roundtrip_and_secret_masking(tmp_path):
     again = Settings.load(env={"EDGE_AGENT_HOME": str(tmp_path)})
     assert (again.mode, again.offline, again.brave_api_key) == ("freeform", True, "sk-secret-123")
     assert "sk-secret-123" not in str(again.public_dict())
+
+
+def test_saved_strings_with_newlines_quotes_and_unicode_load_back(edge_home):
+    """Any string a setting holds is written as TOML that loads back to the same value."""
+    odd = 'line one\nline "two"\t\\ back\\slash, café ✓ 漢字 \x7f'
+    s = Settings.load({"model": odd, "rationales": "C:\\libs\\my \"own\".json", "ssr_tau": 0.25})
+    s.save()
+    again = Settings.load()
+    assert (again.model, again.rationales, again.ssr_tau) == (odd, s.rationales, 0.25)
+    assert tomllib.loads(_dump_toml({"x": odd, "p": edge_home / "a\nb"})) == {"x": odd, "p": str(edge_home / "a\nb")}
 
 
 def test_config_cli_set_and_show(tmp_path, monkeypatch):
