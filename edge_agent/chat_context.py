@@ -154,7 +154,7 @@ class QuestionContext:
         s, sys_key, how = o.system_session(system)
         self.base, self.system_key = o.boundaries[-1], sys_key
         reused = s.n_cells if how != "evaluated" else 0
-        n0 = s.n_evaluated
+        n0 = s.n_evaluated - (s.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
         pairs = self._fit(s, question, image)
         segs = [*history_segments(pairs), *question_segments(question, image)]
         images = append_segments(s, segs, cancel=cancel)
@@ -162,7 +162,7 @@ class QuestionContext:
         if source == "rebuilt" and not reason:
             reason = "history as text"
         return Opened(s, source, reason=reason, tokens_reused=reused,
-                      tokens_evaluated=s.n_evaluated - n0 + (s.n_cells if how == "evaluated" else 0),
+                      tokens_evaluated=s.n_evaluated - n0,
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
     def _estimate(self, s: SessionLike, segs: Sequence[Segment]) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
-from edge_agent.agent.loop import MODES, AgentOptions, run_agent
+from edge_agent.agent.loop import MODES, AgentOptions, Drafter, run_agent
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
@@ -51,7 +51,7 @@ class Engine:
         settings: Settings,
         *,
         tools: SearchLike | None = None,
-        drafter: Any = None,
+        drafter: Drafter | None = None,
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
@@ -204,8 +204,8 @@ class Engine:
             if not opts.model_name:
                 opts = _replace(opts, model_name=self.model_name)
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
-            if use_drafter is not None and hasattr(use_drafter, "reset"):
-                use_drafter.reset()
+            if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
+                use_drafter.reset(new_chat=not context)
             yield from run_agent(
                 None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
