@@ -33,7 +33,7 @@ from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: messages.context (the saved context state at the end of an answer)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS messages (
     text TEXT NOT NULL DEFAULT '',
     image TEXT,
     status TEXT NOT NULL DEFAULT 'done',
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    context TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS events (
@@ -64,12 +65,10 @@ CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
 _TABLES = ("chats", "messages", "events")
 
 
-class ChatStoreError(EdgeAgentError):
-    title = "Chat history problem"
-
-
 @dataclass(frozen=True)
 class ChatSummary:
+    """One row of the chats list (Ctrl+O): no messages loaded."""
+
     id: int
     title: str
     created: float
@@ -104,6 +103,21 @@ class Chat:
         return [m.image for m in self.messages if m.role == "user" and m.image]
 
 
+@dataclass
+class Continuation:
+    """A chat as the engine continues it: the saved context key of its last kept answer, its
+    finished (question, answer) pairs (for a rebuild) and its current image."""
+
+    chat_id: int
+    context: str = ""
+    history: list[tuple[str, str]] = field(default_factory=list)
+    image: str | None = None
+
+
+class ChatStoreError(EdgeAgentError):
+    title = "Chat history problem"
+
+
 # --- the store --------------------------------------------------------------------------------------
 
 class ChatStore:
@@ -119,6 +133,11 @@ class ChatStore:
             self._db.row_factory = sqlite3.Row
             statements = [s for s in _SCHEMA.split(";") if s.strip()]
             version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
+            if version == 1:  # before saved context states: add the column, nothing else changed
+                with sqlitedb.transaction(self._db):
+                    self._db.execute("ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''")
+                    self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
                 raise ChatStoreError(
                     f"{self.path} was written by a newer edge-agent (schema {version}). "
@@ -206,8 +225,8 @@ class ChatStore:
             )
             if isinstance(event, ev.FinalAnswer):
                 self._exec(
-                    "UPDATE messages SET text=?, status=? WHERE id=?",
-                    (redact_tree(event.answer, self._secrets), event.stop_reason, message_id),
+                    "UPDATE messages SET text=?, status=?, context=? WHERE id=?",
+                    (redact_tree(event.answer, self._secrets), event.stop_reason, event.context, message_id),
                 )
 
     def finish_answer(self, message_id: int, status: str, text: str | None = None) -> None:
@@ -259,6 +278,32 @@ class ChatStore:
                     out.append(pending)
                 pending = None
         return out
+
+    def continuation(self, chat_id: int) -> Continuation:
+        """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
+        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
+                          (chat_id,)).fetchall()
+        if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
+            raise ChatStoreError(f"There is no chat {chat_id}. See `edge-agent ask --chats` or Ctrl+O.",
+                                 title="No such chat")
+        out = Continuation(chat_id)
+        question: str | None = None
+        for r in rows:
+            if r["role"] == "user":
+                question = r["text"]
+                out.image = r["image"] or out.image
+            elif question is not None:
+                if r["text"]:
+                    out.history.append((question, r["text"]))
+                if r["context"]:
+                    out.context = r["context"]  # a cancelled answer has none: the model never saw it
+                question = None
+        return out
+
+    def latest_chat(self) -> int | None:
+        """The chat with the most recent activity (``ask --continue``), or None when there is none."""
+        row = self._exec("SELECT id FROM chats ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        return int(row[0]) if row else None
 
     # --- export ---
     def export_json(self, chat_id: int) -> dict[str, Any]:

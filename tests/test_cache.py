@@ -108,20 +108,16 @@ def test_corrupt_file_gives_a_clear_error_and_clear_repairs_it(tmp_path):
     assert c.get(entry().key) is not None
 
 
-def test_foreign_sqlite_file_is_refused(tmp_path):
+@pytest.mark.parametrize("make, words", [
+    (lambda conn: conn.execute("CREATE TABLE notes (x)"), "not an edge-agent search cache"),
+    (lambda conn: conn.execute("PRAGMA user_version=99"), "schema version 99"),
+])
+def test_foreign_sqlite_file_or_newer_schema_is_refused(tmp_path, make, words):
+    """Another program's SQLite file, or a cache of a newer schema, is never written into: CacheError says why."""
     path = tmp_path / "c.sqlite3"
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE notes (x)")
-    with pytest.raises(CacheError, match="not an edge-agent search cache"):
-        SearchCache(path).get("k")
-
-
-def test_newer_schema_is_refused(tmp_path):
-    path = tmp_path / "c.sqlite3"
-    SearchCache(path).put(entry())
-    with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA user_version=99")
-    with pytest.raises(CacheError, match="schema version 99"):
+        make(conn)
+    with pytest.raises(CacheError, match=words):
         SearchCache(path).get("k")
 
 

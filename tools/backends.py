@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -56,6 +57,16 @@ def make_result(title: Any, url: Any, snippet: Any, source: str, *, html_text: b
     return r if (r.title or r.url) else None
 
 
+def _dicts(value: Any) -> list[dict]:
+    """The objects of a JSON list; nothing when ``value`` is not a list (responses are untrusted shapes)."""
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def _collect(items: Iterable[dict], build: Callable[[dict], SearchResult | None]) -> list[SearchResult]:
+    """What ``build`` makes of each item, the items it could make nothing of (no title, no URL) left out."""
+    return [r for x in items if (r := build(x)) is not None]
+
+
 def _bad_shape(backend: str, what: str) -> FetchError:
     return FetchError("bad_response", f"unexpected {backend} response: {what}")
 
@@ -82,9 +93,13 @@ class Backend:
         self.top_k = top_k
         self.api_key = api_key
 
+    # What the backend cannot work without ("url" or "api_key"), and what to say when it is empty.
+    needs = ""
+    unconfigured = ""
+
     def missing(self) -> str | None:
         """None when usable; else the observation that says what to configure."""
-        return None
+        return self.unconfigured if self.needs and not getattr(self, self.needs) else None
 
     def cache_params(self) -> dict[str, Any]:
         """Parameters that change results (no key!). The URL is redacted in case a user put a key in it."""
@@ -102,11 +117,8 @@ class WikipediaBackend(Backend):
     """MediaWiki Action API: full-text search with each page's intro as the snippet (one request)."""
 
     name = "wikipedia"
-
-    def missing(self) -> str | None:
-        if not self.url:
-            return "text search is not configured: wikipedia_url is empty (default https://en.wikipedia.org/w/api.php)."
-        return None
+    needs = "url"
+    unconfigured = "text search is not configured: wikipedia_url is empty (default https://en.wikipedia.org/w/api.php)."
 
     def request(self, query: str) -> Request:
         k = min(self.top_k, 20)  # exlimit is at most 20 for intro extracts
@@ -150,23 +162,18 @@ class WikipediaBackend(Backend):
                 pages = list(pages.values())
             if not isinstance(pages, list):
                 raise _bad_shape(self.name, '"pages" is not a list')
-            pages = [p for p in pages if isinstance(p, dict) and not p.get("missing") and p.get("title")]
+            pages = [p for p in _dicts(pages) if not p.get("missing") and p.get("title")]
             pages.sort(key=lambda p: p.get("index") if isinstance(p.get("index"), int) else 1 << 30)
-            for p in pages:
-                url = p.get("fullurl") or base + quote(str(p["title"]).replace(" ", "_"))
-                r = make_result(p["title"], url, p.get("extract", ""), self.name)
-                if r:
-                    out.append(r)
+            out = _collect(pages, lambda p: make_result(
+                p["title"], p.get("fullurl") or base + quote(str(p["title"]).replace(" ", "_")), p.get("extract", ""),
+                self.name))
         elif "search" in q:  # list=search shape (snippets are HTML)
             hits = q["search"]
             if not isinstance(hits, list):
                 raise _bad_shape(self.name, '"search" is not a list')
-            for h in hits:
-                if isinstance(h, dict) and h.get("title"):
-                    url = base + quote(str(h["title"]).replace(" ", "_"))
-                    r = make_result(h["title"], url, h.get("snippet", ""), self.name, html_text=True)
-                    if r:
-                        out.append(r)
+            out = _collect([h for h in _dicts(hits) if h.get("title")], lambda h: make_result(
+                h["title"], base + quote(str(h["title"]).replace(" ", "_")), h.get("snippet", ""), self.name,
+                html_text=True))
         return out[: self.top_k]
 
 
@@ -178,14 +185,11 @@ def _wiki_base(api_url: str) -> str:
 
 class SearxngBackend(Backend):
     name = "searxng"
-
-    def missing(self) -> str | None:
-        if not self.url:
-            return (
-                "text search is not configured: text_search=searxng needs searxng_url, the address of your SearXNG "
-                "instance with JSON output enabled (e.g. `edge-agent config set searxng_url http://localhost:8888`)."
-            )
-        return None
+    needs = "url"
+    unconfigured = (
+        "text search is not configured: text_search=searxng needs searxng_url, the address of your SearXNG "
+        "instance with JSON output enabled (e.g. `edge-agent config set searxng_url http://localhost:8888`)."
+    )
 
     def request(self, query: str) -> Request:
         url = self.url.rstrip("/")
@@ -201,33 +205,25 @@ class SearxngBackend(Backend):
     def parse(self, data: Any) -> list[SearchResult]:
         if not isinstance(data, dict) or not isinstance(data.get("results", []), list):
             raise _bad_shape(self.name, 'no "results" list')
-        out: list[SearchResult] = []
-        for box in data.get("infoboxes") or []:
-            if isinstance(box, dict):
-                urls = box.get("urls") if isinstance(box.get("urls"), list) else []
-                url = box.get("id") or next((u.get("url") for u in urls if isinstance(u, dict)), "")
-                r = make_result(box.get("infobox"), url, box.get("content"), f"{self.name}/infobox", html_text=True)
-                if r:
-                    out.append(r)
-        for h in data.get("results", []):
-            if isinstance(h, dict):
-                r = make_result(h.get("title"), h.get("url"), h.get("content"), self.name, html_text=True)
-                if r:
-                    out.append(r)
+
+        def infobox(box: dict) -> SearchResult | None:
+            url = box.get("id") or next((u.get("url") for u in _dicts(box.get("urls"))), "")
+            return make_result(box.get("infobox"), url, box.get("content"), f"{self.name}/infobox", html_text=True)
+
+        out = _collect(_dicts(data.get("infoboxes")), infobox)
+        out += _collect(_dicts(data.get("results", [])), lambda h: make_result(
+            h.get("title"), h.get("url"), h.get("content"), self.name, html_text=True))
         return out[: self.top_k]
 
 
 class BraveBackend(Backend):
     name = "brave"
-
-    def missing(self) -> str | None:
-        if not self.api_key:
-            return (
-                "text search is not configured: text_search=brave needs brave_api_key "
-                "(set EDGE_AGENT_BRAVE_API_KEY or `edge-agent config set brave_api_key ...`), "
-                "or use text_search=wikipedia, which needs no key."
-            )
-        return None
+    needs = "api_key"
+    unconfigured = (
+        "text search is not configured: text_search=brave needs brave_api_key "
+        "(set EDGE_AGENT_BRAVE_API_KEY or `edge-agent config set brave_api_key ...`), "
+        "or use text_search=wikipedia, which needs no key."
+    )
 
     def request(self, query: str) -> Request:
         return Request(
@@ -245,12 +241,8 @@ class BraveBackend(Backend):
             return []  # Brave leaves out "web" when nothing matched
         if not isinstance(web, dict) or not isinstance(web.get("results", []), list):
             raise _bad_shape(self.name, '"web.results" is not a list')
-        out = []
-        for h in web.get("results", []):
-            if isinstance(h, dict):
-                r = make_result(h.get("title"), h.get("url"), h.get("description"), self.name, html_text=True)
-                if r:
-                    out.append(r)
+        out = _collect(_dicts(web.get("results", [])), lambda h: make_result(
+            h.get("title"), h.get("url"), h.get("description"), self.name, html_text=True))
         return out[: self.top_k]
 
 
@@ -276,14 +268,11 @@ class GcvBackend(ImageBackend):
     """Google Cloud Vision WEB_DETECTION: sends the image bytes (base64); the key goes in a header."""
 
     name = "gcv"
-
-    def missing(self) -> str | None:
-        if not self.api_key:
-            return (
-                "image search is not configured: image_search=gcv needs gcv_api_key "
-                "(set EDGE_AGENT_GCV_API_KEY or `edge-agent config set gcv_api_key ...`)."
-            )
-        return None
+    needs = "api_key"
+    unconfigured = (
+        "image search is not configured: image_search=gcv needs gcv_api_key "
+        "(set EDGE_AGENT_GCV_API_KEY or `edge-agent config set gcv_api_key ...`)."
+    )
 
     def request_image(self, image: bytes, mime: str, sha256: str, public_url: str) -> Request:
         body = {
@@ -309,26 +298,20 @@ class GcvBackend(ImageBackend):
         if not isinstance(web, dict):
             raise _bad_shape(self.name, '"webDetection" is not an object')
 
-        def items(name: str) -> list[dict]:
-            v = web.get(name)
-            return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
-
-        labels = [
-            r
-            for x in items("bestGuessLabels")[:2]
-            if (r := make_result(f"Best guess: {x.get('label', '')}" if x.get("label") else "", "", "", "gcv/label"))
-        ]
-        entities = []
-        for x in items("webEntities"):
+        def entity(x: dict) -> SearchResult | None:
             score = x.get("score")
             note = f"web entity, score {score:.2f}" if isinstance(score, int | float) and math.isfinite(score) else "web entity"
-            if r := make_result(x.get("description"), "", note, "gcv/entity"):
-                entities.append(r)
-        pages = []
-        for x in items("pagesWithMatchingImages"):
+            return make_result(x.get("description"), "", note, "gcv/entity")
+
+        def page(x: dict) -> SearchResult | None:
             kind = "full" if x.get("fullMatchingImages") else "partial" if x.get("partialMatchingImages") else "similar"
-            if r := make_result(x.get("pageTitle") or x.get("url"), x.get("url"), f"page with a {kind} matching image", "gcv/page", html_text=True):
-                pages.append(r)
+            return make_result(x.get("pageTitle") or x.get("url"), x.get("url"), f"page with a {kind} matching image",
+                               "gcv/page", html_text=True)
+
+        labels = _collect(_dicts(web.get("bestGuessLabels"))[:2], lambda x: make_result(
+            f"Best guess: {x.get('label', '')}" if x.get("label") else "", "", "", "gcv/label"))
+        entities = _collect(_dicts(web.get("webEntities")), entity)
+        pages = _collect(_dicts(web.get("pagesWithMatchingImages")), page)
         # Share the k slots: labels, then about half entities, then pages, then any entities left.
         k = self.top_k
         n_ent = max(1, (k - len(labels)) // 2)
@@ -379,15 +362,11 @@ class SerpApiLensBackend(ImageBackend):
             if "returned any results" in err:  # SerpApi's way of saying "zero results" (HTTP 200)
                 return []
             raise FetchError("api", f"SerpApi error: {clean_text(err, 200)}")
-        out: list[SearchResult] = []
-        kg = data.get("knowledge_graph")
-        for x in kg if isinstance(kg, list) else []:
-            if isinstance(x, dict) and (r := make_result(x.get("title"), x.get("link"), x.get("subtitle"), "serpapi/knowledge_graph")):
-                out.append(r)
-        vm = data.get("visual_matches")
-        for x in vm if isinstance(vm, list) else []:
-            if isinstance(x, dict):
-                snippet = f"from {x['source']}" if isinstance(x.get("source"), str) and x.get("source") else ""
-                if r := make_result(x.get("title"), x.get("link"), snippet, "serpapi/visual_match"):
-                    out.append(r)
+        def match(x: dict) -> SearchResult | None:
+            snippet = f"from {x['source']}" if isinstance(x.get("source"), str) and x.get("source") else ""
+            return make_result(x.get("title"), x.get("link"), snippet, "serpapi/visual_match")
+
+        out = _collect(_dicts(data.get("knowledge_graph")), lambda x: make_result(
+            x.get("title"), x.get("link"), x.get("subtitle"), "serpapi/knowledge_graph"))
+        out += _collect(_dicts(data.get("visual_matches")), match)
         return out[: self.top_k]

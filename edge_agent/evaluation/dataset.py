@@ -14,17 +14,18 @@ from pathlib import Path
 from edge_agent.errors import EdgeAgentError
 
 
-class DatasetError(EdgeAgentError):
-    title = "Bad question set"
-
-
-
 @dataclass(frozen=True)
 class Question:
+    """One line of a question set; any of ``answers`` counts as correct."""
+
     id: str
     question: str
     answers: tuple[str, ...]
     image: Path | None  # absolute; None for a text-only question
+
+
+class DatasetError(EdgeAgentError):
+    title = "Bad question set"
 
 
 def dataset_name(path: Path | str) -> str:
