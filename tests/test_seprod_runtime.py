@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import io
 import math
+import time
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from edge_agent.agent import seprod
-from edge_agent.agent.events import AnswerToken, DraftProposed, DraftVerified, FinalAnswer
+from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified, FinalAnswer
 from edge_agent.errors import ModelFileError
+from tests.test_seprod import run_hook
 
 KW = dict(n_ctx=2048, n_threads=1, n_threads_batch=1)
 SMOL_Q = "Describe the Eiffel Tower."  # a draft SmolLM2's two contexts partly disagree on
@@ -239,7 +241,11 @@ def test_background_drafting_gives_the_same_draft(tiny_pair):
         got = d.draft(seprod.ANSWERING, "What colour?", img)
         assert got.tokens == ref.tokens
         np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
-        assert d.verify(s, got).accepted >= 0
+        # and it verifies against the agent's session as the token-by-token reference says
+        v = d.verify(s, got)
+        *_, ref_scores = reference((agent, prophet), "tiny", got, v.lead)
+        np.testing.assert_allclose(v.scores, ref_scores, atol=1e-4, rtol=1e-4)
+        assert v.accepted == next((j for j, x in enumerate(ref_scores) if x < d.tau), len(ref_scores))
     finally:
         d.close()
 
@@ -269,15 +275,18 @@ def test_tokenizer_mismatch_is_refused_before_any_model_loads(tiny_models, smoll
 # --------------------------------------------------------------------------------------------------
 
 
-def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="What colour is the square?"):
-    """One question through the real Engine (offline search tools), SeProD on, zoom then answer."""
+def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="What colour is the square?",
+                drafter=None, settings_extra=None, context=None):
+    """One question through the real Engine (offline search tools), SeProD on, zoom then answer.
+    The drafter blocks for its drafts (these tests check what drafts do, not when they are ready).
+    ``context``: a previous answer's ``FinalAnswer.context`` (the same chat continues)."""
     from edge_agent.agent.loop import AgentOptions
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
     from edge_agent.tools.search import SearchTools
 
     settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 8,
-                              "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path)},
+                              "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path), **(settings_extra or {})},
                              env={"EDGE_AGENT_HOME": str(tmp_path)})
     path = None
     if image:
@@ -287,13 +296,15 @@ def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="Wha
     def policy(turn, allowed):  # zoom in turn 1 when there is an image, then answer
         return {"zoom"} if (turn == 1 and image) else {"answer"}
 
-    d = make_drafter(prophet, agent, draft_len=6, tau=tau, background=True)
+    d = drafter or make_drafter(prophet, agent, draft_len=6, tau=tau, background=True, block=True)
     engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=d)
     try:
-        events = list(engine.ask(question, path, options=AgentOptions.from_settings(settings, mode=mode, policy=policy)))
-        return events, engine._session
+        events = list(engine.ask(question, path, context=context,
+                                 options=AgentOptions.from_settings(settings, mode=mode, policy=policy)))
+        return events, engine.contexts.live
     finally:
-        d.close()
+        if drafter is None:
+            d.close()
 
 
 @pytest.mark.parametrize("mode", ["ssr", "freeform"])
@@ -410,3 +421,227 @@ def test_engine_loads_the_prophet_and_reports_both_models_memory(tiny_models, ed
         assert engine.drafter is not None and engine.drafter.draft_len == settings.seprod_draft_len
     finally:
         engine.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 13: the answer budget, drafts that never block, adaptive drafting, the grounding verdict
+# --------------------------------------------------------------------------------------------------
+
+
+def test_accepted_draft_tokens_count_against_answer_max_tokens(smol_pair, tmp_path):
+    """L_d 16 > answer_max_tokens 8, tau 0 (everything acceptable): the answer has at most 8 tokens,
+    the accepted draft and the agent's lead included, and ``answer_tokens`` says how many."""
+    agent, prophet = smol_pair
+    d = make_drafter(prophet, agent, draft_len=16, tau=0.0, background=True, block=True)
+    try:
+        events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d,
+                                question="Describe the Eiffel Tower in a few sentences.")
+    finally:
+        d.close()
+    v = next(e for e in events if isinstance(e, DraftVerified))
+    final = events[-1]
+    assert isinstance(final, FinalAnswer)
+    assert 0 < v.accepted and v.lead + v.accepted <= 8 and v.drafted <= 8 - v.lead
+    assert final.totals["answer_tokens"] <= 8 and final.totals["answer_tokens"] >= v.lead + v.accepted
+    assert final.answer.startswith(v.accepted_text.strip())
+
+
+def test_a_draft_not_ready_is_skipped_and_the_prophet_stops(smol_pair):
+    """the agent reaches the answer while the prophet is still drafting and a token of the agent is
+    priced far below the draft's remaining time: the agent goes on at once (DraftSkipped, its session
+    untouched), the prophet's draft is cancelled, and the prophet drafts correctly afterwards."""
+    agent, prophet = smol_pair
+    q = "Why is the sky blue?"
+    ref_d = make_drafter(prophet, agent, draft_len=16, tau=0.05)
+    try:
+        ref = ref_d.draft(seprod.ANSWERING, q, None)
+    finally:
+        ref_d.close()
+    d = make_drafter(prophet, agent, draft_len=16, tau=0.05, background=True)
+    try:
+        d.costs.agent_token, d.costs.prophet_token, d.costs.prefill_new_image = 1e-6, 0.5, 0.5
+        s = agent.session()
+        ssr_answer_context(s, q)
+        n0 = s.n_pos
+        d.start(image=None, question=q)
+        t0 = time.perf_counter()
+        events, v = run_hook(d.answer(s, turn=1, image=None, question=q))
+        assert time.perf_counter() - t0 < 0.2
+        assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
+        assert v.accepted == 0 and s.n_pos == n0
+        d._pool.submit(lambda: None).result(timeout=30)  # the worker is free: the draft was cancelled
+        assert d.stats.totals()["seprod_skipped_not_ready"] == 1
+        again = d.draft(seprod.ANSWERING, q, None)  # the prophet's session is still usable
+        assert again.tokens == ref.tokens
+    finally:
+        d.close()
+
+
+def test_a_ready_draft_is_used_without_waiting(smol_pair):
+    agent, prophet = smol_pair
+    q = "What is photosynthesis?"
+    d = make_drafter(prophet, agent, draft_len=8, tau=0.05, background=True)
+    try:
+        d.start(image=None, question=q)
+        d._pending[(seprod.ANSWERING, q, "")].future.result(timeout=60)
+        s = agent.session()
+        ssr_answer_context(s, q)
+        events, v = run_hook(d.answer(s, turn=1, image=None, question=q))
+        prop = next(e for e in events if isinstance(e, DraftProposed))
+        assert prop.waited < 0.05 and prop.tokens and not v.skipped
+        assert d.costs.prophet_token is not None and d.costs.prophet_token > 0  # measured on the way
+    finally:
+        d.close()
+
+
+def test_a_mode_whose_drafts_are_rejected_stops_drafting_in_the_chat(tiny_pair, tmp_path):
+    """tau 1 (no draft token can pass): after two rejected answering drafts in a chat, the third
+    question does not draft at all (DraftSkipped low_acceptance, the prophet evaluates nothing)."""
+    agent, prophet = tiny_pair
+    d = make_drafter(prophet, agent, draft_len=6, tau=1.0, background=True, block=True)
+    try:
+        context = None
+        for q in ("What colour is it?", "Is it square?"):  # one chat: each question continues the last
+            events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d, question=q,
+                                    context=context)
+            assert any(isinstance(e, DraftVerified) and e.accepted == 0 for e in events)
+            context = events[-1].context
+            assert context
+        before = d.tokens_evaluated
+        events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d,
+                                question="How big is it?", context=context)
+        skips = [e for e in events if isinstance(e, DraftSkipped)]
+        assert [e.reason for e in skips] == ["low_acceptance"] and "below break-even" in skips[0].detail
+        assert not any(isinstance(e, DraftProposed) for e in events) and d.tokens_evaluated == before
+        assert events[-1].totals["seprod_skipped_low_acceptance"] == 1
+        events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d,
+                                question="How big is it?")  # a new chat starts afresh: it drafts again
+        assert any(isinstance(e, DraftVerified) for e in events)
+    finally:
+        d.close()
+
+
+class ScriptedDrafter(seprod.Drafter):
+    """The real drafter with the prophet's output fixed (its text in the agent's tokens, p_p = 1), and
+    the queries it was asked recorded: for what the verdict does, independent of random weights."""
+
+    def __init__(self, agent, script, **kw):
+        super().__init__(agent, agent_vocab=agent.n_vocab, background=True, block=True, **kw)
+        self.script = script  # mode -> text
+        self.queries = []
+
+    def _draft_now(self, job):
+        self.queries.append((job.mode, job.query))
+        toks = tuple(self.prophet.tokenize(self.script[job.mode], special=False))
+        return seprod.Draft(job.mode, job.query, toks, np.zeros(len(toks)), self.prophet.detokenize(toks), 0.0,
+                            draft_len=job.plan.draft_len)
+
+
+def test_an_accepted_no_verdict_steers_the_next_turn_elsewhere(tiny_pair, tmp_path):
+    """after a zoom, the prophet (asked about the zoom label the agent wrote) says "No, ...": the
+    verdict is parsed and shown, and the agent's think block holds the accepted text and then the
+    steer to look elsewhere, before the SSR rationales are scored."""
+    agent, _ = tiny_pair
+    d = ScriptedDrafter(agent, {seprod.GROUNDING: "No, there is no sign here.", seprod.ANSWERING: "Red"},
+                        tau=0.0, draft_len=16)
+    try:
+        events, s = run_episode(agent, None, mode="ssr", image=True, tmp_path=tmp_path, drafter=d)
+    finally:
+        d.close()
+    zoom = next(e for e in events if e.kind == "tool_called")
+    label = zoom.arguments.get("label", "")  # random weights: whatever the agent wrote, cleaned
+    asked = [q for m, q in d.queries if m == seprod.GROUNDING]
+    assert asked == [seprod.grounding_query(label or "What colour is the square?")]
+    if seprod.clean_label(label):
+        assert seprod.clean_label(label) in asked[0]
+    ver = next(e for e in events if isinstance(e, DraftVerified) and e.mode == "grounding")
+    assert ver.verdict == "no" and ver.verdict_accepted
+    assert "<think>\nNo, there is no sign here." + seprod.STEER_ELSEWHERE in s.text()
+    i = [e.kind for e in events].index("draft_verified")
+    assert [e.kind for e in events][i + 1] == "rationale_scored"
+
+
+def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_home):
+    """thread counts per model chosen for the machine: the prophet gets seprod.prophet_threads(...)."""
+    from edge_agent.config import Settings
+    from edge_agent.engine import Engine
+    from edge_agent.runtime._lib import physical_cores
+
+    settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
+                              "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
+                              "n_ctx": 2048, "offline": True})
+    engine = Engine.from_settings(settings)
+    try:
+        n = seprod.prophet_threads(engine.model.n_threads, physical_cores())
+        assert engine.prophet.n_threads == n and engine.prophet.n_threads_batch == n
+        assert engine.prophet.n_threads + engine.model.n_threads <= max(2, physical_cores())
+        assert engine.drafter.adaptive.enabled and engine.drafter.tau == settings.seprod_tau
+    finally:
+        engine.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 13 item 1: one vision encode per image when agent and prophet share the mmproj file
+# --------------------------------------------------------------------------------------------------
+
+
+def test_prophet_decodes_the_agents_image_embedding_with_the_same_draft(tiny_pair):
+    """same mmproj bytes: the prophet reuses the embedding the agent's encode produced (no encode of
+    its own), and the draft, its log-probs, the scores and the accepted length are those of a
+    prophet that encoded the image itself."""
+    from edge_agent.runtime import vision
+
+    agent, prophet = tiny_pair
+    img = png((20, 160, 40), (96, 64))  # no other test uses this image
+    q = seprod.grounding_query("the green square")
+
+    def agent_ctx():
+        s = agent.session()
+        s.append_text("<|im_start|>user\n")
+        s.append_image(img)
+        s.append_text("Where is the green square?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+        return s
+
+    vision.clear_cache()
+    own = make_drafter(prophet, agent, draft_len=10, tau=0.05)
+    try:
+        p0, total0 = prophet.vision_encodes, vision.vision_encodes()
+        ref = own.draft(seprod.GROUNDING, q, img)  # the prophet encodes the image itself
+        assert prophet.vision_encodes == p0 + 1 and vision.vision_encodes() == total0 + 1
+        ref_v = own.verify(agent_ctx(), ref)
+    finally:
+        own.close()
+
+    vision.clear_cache()
+    shared = make_drafter(prophet, agent, draft_len=10, tau=0.05)
+    try:
+        a0, p0, total0 = agent.vision_encodes, prophet.vision_encodes, vision.vision_encodes()
+        s = agent_ctx()  # the agent encodes the image: the one encode
+        got = shared.draft(seprod.GROUNDING, q, img)  # the prophet decodes the agent's embedding
+        assert agent.vision_encodes == a0 + 1 and prophet.vision_encodes == p0
+        assert vision.vision_encodes() == total0 + 1
+        assert got.tokens == ref.tokens and got.text == ref.text
+        np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-6)
+        v = shared.verify(s, got)
+        assert v.accepted == ref_v.accepted
+        np.testing.assert_allclose(v.scores, ref_v.scores, atol=1e-6)
+    finally:
+        shared.close()
+
+
+def test_an_episode_encodes_each_image_once(tiny_pair, tmp_path):
+    """through the engine (question image, then a zoomed crop): agent and prophet together run one
+    vision encode per distinct image, while the prophet drafts in the background."""
+    from edge_agent.runtime import vision
+
+    agent, prophet = tiny_pair
+    vision.clear_cache()
+    a0, p0 = agent.vision_encodes, prophet.vision_encodes
+    d = make_drafter(prophet, agent, draft_len=6, tau=0.0, background=True, block=True)
+    try:
+        events, _ = run_episode(agent, prophet, mode="ssr", image=True, tmp_path=tmp_path, drafter=d)
+    finally:
+        d.close()
+    assert [e.mode for e in events if isinstance(e, DraftProposed)] == ["grounding", "answering"]
+    images = 2  # the question's image and one crop
+    assert (agent.vision_encodes - a0) + (prophet.vision_encodes - p0) == images
