@@ -9,9 +9,7 @@ and its invariants, not the quality of a 135M model's moves.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from click.testing import CliRunner
 
 from edge_agent.agent.rationales import load_library
 from edge_agent.cli import cli
+from scripts.make_synthetic_vqa import make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_N_CTX": "2048",
@@ -26,11 +25,7 @@ ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGE
 
 
 def _synthetic(out: Path, n: int) -> Path:
-    spec = importlib.util.spec_from_file_location("make_synthetic_vqa", ROOT / "scripts" / "make_synthetic_vqa.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod.make_dataset(out, n=n, seed=0, size=(320, 240))
+    return make_dataset(out, n=n, seed=0, size=(320, 240))
 
 
 def _text_only(data: Path, out: Path) -> Path:
