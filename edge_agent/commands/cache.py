@@ -161,7 +161,7 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
 
 def read_prefetch_file(file: Path) -> tuple[list[str], list[Path]]:
     """The distinct text queries and image paths in a prefetch file, in order. Raises EdgeAgentError."""
-    from edge_agent.tools.cache import normalise_query
+    from edge_agent.tools.text import query_key  # what the cache keys by: one search per key
 
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
@@ -182,8 +182,8 @@ def read_prefetch_file(file: Path) -> tuple[list[str], list[Path]]:
     def add_query(n: int, q: Any) -> None:
         if not isinstance(q, str):
             raise bad(n, "queries must be strings")
-        if q.strip() and normalise_query(q) not in seen_q:
-            seen_q.add(normalise_query(q))
+        if q.strip() and query_key(q) not in seen_q:
+            seen_q.add(query_key(q))
             queries.append(q.strip())
 
     def add_image(n: int, p: Any) -> None:
