@@ -86,6 +86,32 @@ def test_wikipedia_live_then_cached(tmp_path, fake):
     assert again.observation == out.observation.replace('"eiffel tower"', '"Eiffel TOWER"')
 
 
+def test_the_toolbox_and_the_cache_agree_on_what_the_same_search_is(tmp_path, fake):
+    """Queries the cache keys alike (width, case, spacing, invisible characters) are one search for the
+    agent's repeated-search check too: the variant is not sent, and it would have been a cache hit."""
+    from edge_agent.agent.actions import ToolCall
+    from edge_agent.agent.toolbox import Toolbox
+
+    wiki = fake("wikipedia")
+    t = tools_for(tmp_path, wikipedia_url=wiki.url)
+    variant = "  ｅｉｆｆｅｌ\u200b   TOWER\x07"
+    sent: list[str] = []
+
+    class Recorder:
+        def text_search(self, query):
+            sent.append(query)
+            return t.text_search(query)
+
+        def image_search(self, image_bytes, mime="image/jpeg"):
+            raise AssertionError("no image search here")
+
+    box = Toolbox(None, Recorder())
+    assert box.run(ToolCall("text_search", {"query": "Eiffel Tower"})).ok
+    assert not box.run(ToolCall("text_search", {"query": variant})).ok
+    assert sent == ["Eiffel Tower"]
+    assert t.text_search(variant).status == "cached" and wiki.count == 1
+
+
 def test_wikipedia_list_search_shape_is_understood(tmp_path):
     """The list=search shape (HTML snippets) parses too: tags stripped, entities decoded."""
     from edge_agent.tools.backends import WikipediaBackend
