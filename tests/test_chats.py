@@ -37,6 +37,9 @@ def test_every_event_kind_round_trips_through_json(tmp_path):
         back = event_from_json(json.loads(json.dumps(e.to_json())))
         assert back == e
     assert event_from_json({"event": "from_the_future", "x": 1}) is None
+    assert event_from_json({"event": "turn_started"}) is None  # a field missing (another version): skipped
+    assert event_from_json({"event": "rationale_scored", "turn": 1, "candidates": [{"id": "x"}], "chosen": 0,
+                            "seconds": 0.0}) is None  # a nested value that does not fit
 
 
 def test_resume_returns_messages_and_typed_events(store, tmp_path):

@@ -43,10 +43,9 @@ def event_from_json(data: Mapping[str, Any]) -> Event | None:
     if cls is None:
         return None
     types = _field_types(cls)
-    kwargs = {name: _from_json(data[name], typ) for name, typ in types.items() if name in data}
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError):
+        return cls(**{name: _from_json(data[name], typ) for name, typ in types.items() if name in data})
+    except (TypeError, ValueError):  # a field missing or extra, here or in a nested value
         return None
 
 
