@@ -204,6 +204,8 @@ class HubClient:
                 f"{f.name} is corrupt: its {hasher.kind} is {got}, the hub says {hasher.expected}. The broken file "
                 "was deleted; run the command again. If it fails twice, a proxy or the mirror in HF_ENDPOINT is "
                 "altering downloads.", title="Checksum mismatch")
+        # Not files.atomic_write: the .part is filled over several attempts (and runs) and verified first;
+        # this rename is the one atomic step.
         os.replace(part, dest)
         return dest
 
