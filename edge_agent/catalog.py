@@ -447,8 +447,10 @@ def default_model(settings: Settings) -> ResolvedModel:
     demo = load_catalog().demo
     if find_demo_gguf(demo) is not None:
         return _from_demo(demo, settings.mmproj)
+    rec = load_catalog().get("qwen3-vl-2b-instruct")
+    size = f" ({human_size(rec.download_size)})" if rec is not None and rec.download_size else ""
     raise ModelFileError(
-        "No model is installed. Download one (about 1.5 GB): "
+        f"No model is installed. Download one{size}: "
         f"`{PULL_HINT}`; or use a GGUF you have: `edge-agent models add MODEL.gguf --mmproj MMPROJ.gguf`; "
         f"or, with no network, the text-only demo: `{DEMO_INSTALL}`.",
         title="No model",

@@ -170,7 +170,7 @@ def test_unknown_names_suggest_close_ones(edge_home):
 def test_pull_makes_the_default_model_then_verify_checksum_and_remove(edge_home, hub, no_demo):
     r = run("pull", "qwen3-vl-2b")
     assert r.exit_code == 0, r.output
-    assert "Installed qwen3-vl-2b-instruct" in r.output and "It is the default model" in r.output
+    assert "Installed qwen3-vl-2b-instruct" in r.output and "is now the default model" in r.output
     # the tiny files differ from the real ones the catalog pins: said, then checked against the hub's sha256
     assert "differs from the one this catalog was written for" in r.output
     s = Settings.load()

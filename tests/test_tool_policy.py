@@ -20,9 +20,9 @@ from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import TURN_LIMIT_NOTE, echoes_instructions
 from edge_agent.agent.toolbox import Toolbox
 from edge_agent.config import Settings
-from tools.http import HttpPolicy
-from tools.search import SearchTools
-from tools.zoom import ImageStore
+from edge_agent.tools.http import HttpPolicy
+from edge_agent.tools.search import SearchTools
+from edge_agent.tools.zoom import ImageStore
 from tests.fakeservers import FakeBackend
 
 

@@ -19,9 +19,15 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from edge_agent.errors import ImageError
 
-# Decompression-bomb limit: refuse images with more pixels than this before decoding them.
-# 64 MP is a large phone photo / scan; a 1 GB bitmap attack is far above it.
-MAX_SOURCE_PIXELS = 64_000_000
+# Decompression-bomb limit: refuse images with more pixels than this before decoding them. A 108 MP
+# phone photo is below both; PIL itself calls 179 MP a bomb (and refuses it when opening). A JPEG is
+# decoded at 1/2..1/8 scale (libjpeg's DCT scaling: memory ~ the reduced size); other formats are
+# decoded whole (120 MP RGB ~ 360 MB, briefly) and then downscaled.
+MAX_SOURCE_PIXELS = 120_000_000
+MAX_JPEG_PIXELS = 178_000_000
+# Every image is downscaled on load to at most this (memory stays bounded: 24 MP RGB = 72 MB), which
+# is still ~40x what the model sees of the whole image, so zooming keeps its detail.
+LOAD_MAX_PIXELS = 24_000_000
 # Images sent to the model: Qwen3-VL makes one token per 32x32 block, so 1024x1024 ~ 1024 tokens;
 # we keep the original at most ~0.6 MP (~600 tokens) so several crops still fit in an 8k context.
 MODEL_MAX_PIXELS = 768 * 768
@@ -72,16 +78,25 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
             w, h = im.size
             if w <= 0 or h <= 0:
                 raise ImageError(f"{source} has no pixels ({w}x{h}). Attach another image.")
-            if w * h > MAX_SOURCE_PIXELS:
+            limit = MAX_JPEG_PIXELS if fmt == "JPEG" else MAX_SOURCE_PIXELS
+            if w * h > limit:
                 raise ImageError(
                     f"{source} is {w}x{h} = {w * h / 1e6:.0f} megapixels, more than the "
-                    f"{MAX_SOURCE_PIXELS / 1e6:.0f} MP limit. Downscale it first "
-                    "(e.g. `convert in.jpg -resize 50% out.jpg`)."
+                    f"{limit / 1e6:.0f} MP limit for {fmt} files (a decompression bomb, or a huge scan). "
+                    "Downscale it first (e.g. `convert in.jpg -resize 50% out.jpg`)."
                 )
             if getattr(im, "n_frames", 1) > 1:
                 im.seek(0)  # animated GIF/WebP/APNG: the first frame stands for the image
+            if fmt == "JPEG" and w * h > LOAD_MAX_PIXELS:
+                # libjpeg decodes at 1/2, 1/4 or 1/8 scale: take the largest that fits the budget, so the
+                # full-size picture is never in memory and no resize (a second full copy) follows
+                k = next((k for k in (1, 2, 3) if (w >> k) * (h >> k) <= LOAD_MAX_PIXELS), 3)
+                im.draft(im.mode, (-(-w >> k), -(-h >> k)))
             im.load()
             rgb = normalise(im)
+            if rgb.width * rgb.height > LOAD_MAX_PIXELS:
+                f = (LOAD_MAX_PIXELS / (rgb.width * rgb.height)) ** 0.5
+                rgb = rgb.resize((max(1, int(rgb.width * f)), max(1, int(rgb.height * f))), Image.Resampling.LANCZOS)
     except ImageError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
@@ -95,7 +110,8 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
 
 def normalise(im: Image.Image) -> Image.Image:
     """Any PIL image -> 8-bit RGB with EXIF orientation applied; transparency composited on white."""
-    im = ImageOps.exif_transpose(im) or im
+    if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation; exif_transpose copies even when it is upright
+        im = ImageOps.exif_transpose(im) or im
     mode = im.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         # 16-bit or 32-bit single channel: stretch the used range to 0-255 (a raw `convert("L")`

