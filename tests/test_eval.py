@@ -220,9 +220,10 @@ def test_metrics_on_a_scripted_run(dataset, tmp_path):
     # searches: ssr one cached; freeform one live
     assert ssr["cache_hits"] == 1 and ssr["cache_hit_rate"] == 1.0 and ssr["searches"]["cached"] == 1
     assert ff["cache_hits"] == 0 and ff["cache_hit_rate"] == 0.0 and ff["searches"]["live"] == 1
-    # offline coverage: every question whose searches all came from the cache (none live)
-    assert ssr["offline_coverage"] == {"questions": 3, "share": 1.0, "with_searches": 1}
-    assert ff["offline_coverage"] == {"questions": 2, "share": pytest.approx(2 / 3), "with_searches": 0}
+    # offline coverage: of the questions that searched, those whose searches all came from the cache;
+    # questions that never searched are not counted as covered (issue 12)
+    assert ssr["offline_coverage"] == {"questions": 1, "searched": 1, "share": 1.0, "without_search": 2}
+    assert ff["offline_coverage"] == {"questions": 0, "searched": 1, "share": 0.0, "without_search": 2}
     assert ssr["errors"] == 0 and ssr["stop_reasons"] == {"answered": 3}
 
 
@@ -302,7 +303,8 @@ def test_engine_error_is_recorded_and_the_run_continues(dataset, tmp_path):
     assert rec["q3"]["error"] is None
     m = run.metrics["ssr"]
     assert m["errors"] == 1 and m["success"]["exact"] == pytest.approx(0.0)
-    assert m["offline_coverage"]["questions"] == 2  # an errored question did not run from the cache
+    oc = m["offline_coverage"]
+    assert oc["questions"] == 0  # the one question that would have searched (q2) failed: nothing ran from the cache
 
 
 def test_cancel_stops_without_recording_the_cancelled_question(dataset, tmp_path):
@@ -374,8 +376,8 @@ def test_synthetic_default_size(tmp_path):
 
 
 def test_offline_coverage_and_cache_hits_by_status():
-    """A question ran from the cache when every search was cached, stale or unconfigured (none live,
-    no offline miss, no error); unconfigured searches are not counted as cache lookups."""
+    """A question that searched ran from the cache when every search was cached, stale or unconfigured
+    (none live, no offline miss, no error); unconfigured searches are not counted as cache lookups."""
 
     def rec(*statuses):
         events = [ev.ToolFinished(turn=1, name="text_search", ok=True, observation="", seconds=0.0, status=s)
@@ -385,10 +387,12 @@ def test_offline_coverage_and_cache_hits_by_status():
         q = E.Question("q", "q?", ("x",), None)
         return E.make_record(q, E.MODES["ssr"], events)
 
-    records = [rec("cached", "unconfigured"), rec("stale"), rec(), rec("offline"), rec("error"), rec("live", "cached")]
+    records = [rec("cached", "unconfigured"), rec("stale"), rec(), rec("offline"), rec("error"), rec("live", "cached"),
+               rec("unconfigured")]
     m = E.mode_metrics(records)
-    assert m["offline_coverage"] == {"questions": 3, "share": 0.5, "with_searches": 2}
-    assert m["searches"]["total"] == 6 and m["searches"]["unconfigured"] == 1
+    # rec() and rec("unconfigured") never reached a search backend: not evidence of coverage (issue 12)
+    assert m["offline_coverage"] == {"questions": 2, "searched": 5, "share": 0.4, "without_search": 2}
+    assert m["searches"]["total"] == 6 and m["searches"]["unconfigured"] == 2
     assert m["cache_hits"] == 3 and m["cache_hit_rate"] == 0.5
     assert m["tool_calls"] == {}  # no ToolCalled events in this stream
 

@@ -15,10 +15,12 @@ from edge_agent.evaluation.modes import ModeSpec
 
 # Search outcome statuses (ToolFinished.status, see tools/search.py): live (the network), cached,
 # stale (network down, an old cached entry), offline (a cache miss with --offline), unconfigured
-# (no backend: the same answer online and offline), error.
+# (no backend: the same answer online and offline), unreachable (the network was down, nothing cached),
+# error.
 CACHE_HIT_STATUSES = frozenset({"cached", "stale"})
-SEARCH_STATUSES = frozenset({"live", "cached", "stale", "offline", "unconfigured", "error"})
-# A question "ran entirely from the cache" when every search it made ended in one of these.
+SEARCH_STATUSES = frozenset({"live", "cached", "stale", "offline", "unconfigured", "unreachable", "error"})
+# A question that searched "ran entirely from the cache" when every search it made ended in one of these
+# (and at least one was a cache hit: a question that never searched is not evidence of coverage).
 OFFLINE_OK_STATUSES = CACHE_HIT_STATUSES | {"unconfigured"}
 
 
@@ -59,7 +61,8 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     status: Counter[str] = Counter(s["status"] for r in records for s in r["searches"])
     n_search = sum(v for k, v in status.items() if k != "unconfigured")
     hits = sum(status[s] for s in CACHE_HIT_STATUSES)
-    covered = [r for r in records
+    searched = [r for r in records if any(s["status"] != "unconfigured" for s in r["searches"])]
+    covered = [r for r in searched
                if r["error"] is None and all(s["status"] in OFFLINE_OK_STATUSES for s in r["searches"])]
     drafted = sum(r["drafts"]["drafted"] for r in records)
     accepted = sum(r["drafts"]["accepted"] for r in records)
@@ -88,10 +91,13 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "searches": {"total": n_search, **{s: status[s] for s in sorted(SEARCH_STATUSES | set(status))}},
         "cache_hits": hits,
         "cache_hit_rate": _share(hits, n_search),
+        # of the questions that searched, those whose every search the cache answered; questions that never
+        # searched are counted apart (they say nothing about the cache)
         "offline_coverage": {
             "questions": len(covered),
-            "share": _share(len(covered), n),
-            "with_searches": sum(1 for r in covered if any(s["status"] in CACHE_HIT_STATUSES for s in r["searches"])),
+            "searched": len(searched),
+            "share": _share(len(covered), len(searched)),
+            "without_search": sum(1 for r in records if r not in searched),
         },
         "seprod": {"rounds": sum(r["drafts"]["rounds"] for r in records), "drafted": drafted, "accepted": accepted,
                    "acceptance": _share(accepted, drafted)},

@@ -93,8 +93,9 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
         ("Searches (live / cached / stale / offline miss)",
          f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / {searches.get('offline', 0)}{other}"),
         ("Cache hits", f"{m['cache_hits']} of {searches['total']} searches ({_pct(m['cache_hit_rate'])})"),
-        ("Offline coverage (ran entirely from the cache)",
-         f"{oc['questions']}/{m['questions']} questions ({_pct(oc['share'])}; {oc['with_searches']} of them used cached results)"),
+        ("Offline coverage (searches all answered by the cache)",
+         f"{oc['questions']}/{oc['searched']} questions that searched ({_pct(oc['share'])}); "
+         f"{oc['without_search']} did not search"),
         ("Stop reasons", ", ".join(f"{k} {v}" for k, v in m["stop_reasons"].items()) or "none"),
     ]
     if m["seprod"]["rounds"]:
@@ -133,7 +134,7 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
         ("Model time per question, mean", lambda m: _s(m["model_seconds_per_question"]["mean"])),
         ("Action-type consistency", lambda m: _pct(m["action_consistency"])),
         ("Cache hits", lambda m: f"{m['cache_hits']}/{m['searches']['total']}"),
-        ("Offline coverage", lambda m: f"{m['offline_coverage']['questions']}/{m['questions']}"),
+        ("Offline coverage", lambda m: f"{m['offline_coverage']['questions']}/{m['offline_coverage']['searched']}"),
     ]
     for label, fn in summary:
         lines.append(f"| {label} | " + " | ".join(fn(M[n]) for n in modes) + " |")
