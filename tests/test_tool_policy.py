@@ -72,6 +72,13 @@ def test_with_an_image_the_observation_names_what_is_left(edge_home, tmp_path):
     assert tb.available_actions() == {"zoom", "answer"}
 
 
+def test_a_refused_zoom_says_what_is_still_possible(edge_home, tmp_path):
+    tb = Toolbox(image_store(tmp_path), search_tools(edge_home))
+    out = tb.run(ToolCall("image_zoom_in_tool", {"bbox_2d": [0, 0, 500, 500], "label": "x", "img_idx": 7}))
+    assert not out.ok and "img_idx 7 does not exist" in out.observation
+    assert out.observation.endswith("You can still zoom into the image, search by text or answer.")
+
+
 def test_unconfigured_tools_are_never_offered(edge_home, tmp_path):
     """image_search=none and a Brave backend without a key: neither is in the action set from the start."""
     tb = Toolbox(image_store(tmp_path), search_tools(edge_home, text_search="brave"))

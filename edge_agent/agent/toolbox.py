@@ -117,10 +117,13 @@ class Toolbox:
             if call.name == "image_search":
                 return self._image_search(call, t0)
         except ZoomError as e:  # a refused box or image index: the message is written for the model
-            return ToolOutcome(False, f"{call.name} failed: {e}", time.perf_counter() - t0, "error")
+            return ToolOutcome(False, f"{call.name} failed: {e} {self.still_possible()}", time.perf_counter() - t0,
+                               "error")
         except EdgeAgentError as e:  # e.g. a corrupt cache: the model hears it, the run goes on
-            return ToolOutcome(False, f"{call.name} failed: {e.message}", time.perf_counter() - t0, "error")
-        return ToolOutcome(False, f"Unknown tool {call.name!r}.", time.perf_counter() - t0, "error")
+            return ToolOutcome(False, f"{call.name} failed: {e.message} {self.still_possible()}",
+                               time.perf_counter() - t0, "error")
+        return ToolOutcome(False, f"Unknown tool {call.name!r}. {self.still_possible()}", time.perf_counter() - t0,
+                           "error")
 
     def _zoom(self, call: ToolCall, t0: float) -> ToolOutcome:
         if self.images is None:
