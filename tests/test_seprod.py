@@ -505,7 +505,7 @@ def test_stats_count_used_skipped_and_waited_rounds():
     assert t["seprod_rounds"] == 3 and t["seprod_drafts"] == 1 and t["seprod_drafts_skipped"] == 2
     assert t["seprod_drafts_waited"] == 1 and t["seprod_wait_seconds"] == pytest.approx(0.07)
     assert t["seprod_skipped_not_ready"] == 1 and t["seprod_skipped_low_acceptance"] == 1
-    assert t["seprod_acceptance_answering"] == 0.5
+    assert t["seprod_acceptance_answering"] == 0.5 and t["seprod_drafted_answering"] == 4
 
 
 # --------------------------------------------------------------------------------------------------

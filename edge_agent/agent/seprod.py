@@ -254,6 +254,8 @@ class SeProDStats:
         for reason in SKIP_REASONS:
             out[f"seprod_skipped_{reason}"] = float(self.skipped.get(reason, 0))
         for mode, (drafted, accepted) in self.by_mode.items():
+            out[f"seprod_drafted_{mode}"] = float(drafted)
+            out[f"seprod_accepted_{mode}"] = float(accepted)
             out[f"seprod_acceptance_{mode}"] = accepted / drafted if drafted else 0.0
         return out
 
@@ -883,7 +885,8 @@ class Drafter:
             yield DraftSkipped(turn=turn, mode=mode, reason="low_acceptance", detail=job.plan.note)
             return Verification.empty(mode, query, skipped="low_acceptance")
         t0 = time.perf_counter()
-        if not job.future.done() and not self.block:
+        ready = job.future.done()
+        if not ready and not self.block:
             reason = self._wait(job)
             if reason:
                 self._cancel(job)
@@ -900,7 +903,7 @@ class Drafter:
             yield AgentError(turn=turn, title=e.title, message=f"The prophet could not draft ({e.message}); "
                              "continuing without it.", fatal=False)
             return Verification.empty(mode, query, skipped="failed")
-        d = dataclasses.replace(d, waited=time.perf_counter() - t0)
+        d = dataclasses.replace(d, waited=0.0 if ready else time.perf_counter() - t0)
         yield DraftProposed(turn=turn, mode=mode, text=d.text, tokens=d.tokens, seconds=d.seconds, waited=d.waited,
                             draft_len=d.draft_len, note=job.plan.note)
         v = self.verify(session, d, max_tokens=max_tokens)
