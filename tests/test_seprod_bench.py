@@ -1,0 +1,27 @@
+"""scripts/bench_seprod.py on the tiny Qwen3-VL pair (one question, one repetition): the ``--json`` keys
+others read exist with their exact names, and what they hold is consistent (shares add up, one vision
+encode per image with the shared mmproj). Speed is not asserted (benchmarks print ratios)."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_bench_seprod_json_keys_and_counts(capsys):
+    from scripts import bench_seprod
+
+    assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
+                              "--sections", "questions", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    (pair,) = res["pairs"]
+    q = pair["questions"]
+    assert res["latency_ratio_on_off"] == q["latency_ratio_on_off"] > 0
+    assert pair["shared_mmproj"] and q["images"] == 2  # the question's image and the zoomed crop
+    assert res["vision_encodes_per_image"] == q["vision_encodes_per_image"] == 1.0
+    assert q["rounds"] == 2  # a grounding and an answering round in the one SeProD-on question
+    assert abs(q["share_used"] + q["share_skipped"] - 1.0) < 1e-9
+    assert abs(q["share_skipped_not_ready"] + q["share_skipped_low_acceptance"] - q["share_skipped"]) < 1e-9
+    assert 0.0 <= q["share_waited"] <= q["share_used"]
+    row = q["rows"][0]
+    assert row["off_answer_tokens"] <= 6 and row["on_answer_tokens"] <= 6
+    assert pair["threads"]["prophet"][0] >= 1
