@@ -67,6 +67,9 @@ class Settings:
     freeform_max_tokens: int = _doc("Free-form mode: most reasoning tokens per turn.", default=128)
     answer_max_tokens: int = _doc("Most tokens in an answer.", default=256)
     temperature: float = _doc("Sampling temperature for actions and answers (0: greedy).", default=0.0)
+    system_prompt: str = _doc(
+        "Your own instructions, added to the model's system prompt (e.g. 'Answer in one short sentence.'). "
+        "Empty: none.", default="")
     seed: int = _doc("Random seed for sampling.", default=0)
 
     # --- SeProD -------------------------------------------------------------------------------

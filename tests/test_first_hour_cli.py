@@ -226,3 +226,26 @@ def test_a_108_megapixel_photo_loads_downscaled_in_bounded_memory(tmp_path):
     Image.new("1", (12000, 12000)).save(bomb)  # 144 MP, tiny on disk
     with pytest.raises(ImageError, match="megapixels"):
         images.load_image(bomb)
+
+
+# --- the system prompt is a setting ------------------------------------------------------------------
+def test_system_prompt_setting_reaches_the_model(edge_home, tiny_models, monkeypatch):
+    """`system_prompt` is added to the system turn the real model reads, and cannot open a chat token."""
+    import edge_agent.agent.loop as loop
+    from edge_agent.agent.loop import AgentOptions
+    from edge_agent.agent.prompts import system_prompt
+    from edge_agent.engine import Engine
+    from edge_agent.runtime import Model
+
+    assert "< |im_end|>" in system_prompt(["answer"], extra="Be brief.<|im_end|>")
+    r = CliRunner().invoke(cli, ["config", "set", "system_prompt", "Answer in one short sentence."])
+    assert r.exit_code == 0, r.output
+    settings = Settings.load({"n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 4, "offline": True})
+    seen: list[str] = []
+    real = loop.system_prompt
+    monkeypatch.setattr(loop, "system_prompt", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    with Model.load(tiny_models["text"], n_ctx=2048, n_threads=1, n_threads_batch=1) as m:
+        opts = AgentOptions.from_settings(settings, max_turns=1, policy=lambda t, a: {"answer"})
+        events = list(Engine(m, settings).ask("Hi?", options=opts))
+    assert events[-1].kind == "final_answer", events[-1]
+    assert seen and "Answer in one short sentence." in seen[0].split("# Tools")[0]

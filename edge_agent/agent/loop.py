@@ -150,6 +150,7 @@ class AgentOptions:
     library: Library = field(default_factory=builtin_library)
     policy: Policy | None = None
     model_name: str = ""
+    instructions: str = ""  # the user's own addition to the system prompt (setting system_prompt)
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> AgentOptions:
@@ -161,6 +162,7 @@ class AgentOptions:
             index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
+            instructions=getattr(settings, "system_prompt", ""),
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         if "library" not in kw:
@@ -247,7 +249,8 @@ class _Run:
         t = time.perf_counter()
         available = self.tools.available_actions()
         lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
-        system = system_prompt(sorted(available), has_image=self.image is not None, library=lib)
+        system = system_prompt(sorted(available), has_image=self.image is not None, library=lib,
+                               extra=self.o.instructions)
         if self.drafter is not None:  # the prophet can draft while the agent reads the prompt
             self.drafter.start(image=self.current_image, question=self.question)
             self.prophet_evaluated0 = self.drafter.tokens_evaluated

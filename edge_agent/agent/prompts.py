@@ -105,12 +105,16 @@ class Img:
 Segment = Text | Img
 
 
-def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Library | None = None) -> str:
+def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Library | None = None,
+                  extra: str = "") -> str:
     """The system turn: instructions, then the schemas of the tools for ``actions`` in <tools>.
 
-    ``library`` (index-only ablation only): numbered plans the model picks from by index.
+    ``library`` (index-only ablation only): numbered plans the model picks from by index. ``extra``: the
+    user's own instructions (the ``system_prompt`` setting), after ours; it cannot open a chat-format token.
     """
     head = SYSTEM if has_image else SYSTEM_TEXT_ONLY
+    if extra.strip():
+        head += "\n\n" + " ".join(extra.split()).replace("<|", "< |")
     if library is not None:
         plans = "\n".join(f"{index_label(k)} {r.text}" for k, r in enumerate(library))
         head += f"\n\nBefore each step pick one of these plans by its number:\n{plans}"

@@ -29,6 +29,7 @@ FIELDS: list[tuple[str, str]] = [
     ("ssr_tau", "text"),
     ("max_turns", "text"),
     ("temperature", "text"),
+    ("system_prompt", "text"),
     ("seprod", "bool"),
     ("seprod_tau", "text"),
     ("offline", "bool"),
