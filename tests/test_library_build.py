@@ -84,6 +84,24 @@ def test_generalise_removes_chat_markup_and_rejects_garbage():
     assert LB.generalise("ok then") is None  # under three words
 
 
+def test_decision_sentence_skips_a_sentence_cut_off_by_the_token_limit():
+    assert LB.decision_sentence("The sky is blue.\n\nThe sky is blue.\n\nThe") == "The sky is blue."
+    assert LB.decision_sentence("I should zoom in on the sign") == "I should zoom in on the sign"
+    assert LB.decision_sentence("I will search the web. Then the") == "I will search the web."
+    assert LB.decision_sentence("I know it. I should search the web for it") == "I should search the web for it"
+
+
+def test_a_text_under_two_actions_is_kept_once_for_answering():
+    """When the same words led to a search and to an answer, the answer keeps them: a library needs
+    an answer move, and two identical candidates would score alike."""
+    same = "The capital of the country is a city"
+    turns = [LB.Turn(f"s:q{i}", 1, same, "text_search", True) for i in range(5)]
+    turns += [LB.Turn(f"s:q{i}", 2, same, "answer", True) for i in range(2)]
+    b = LB.build_library(_read(turns))
+    assert [(e.action, e.size) for e in b.entries] == [("answer", 2)]
+    assert any("leads to answer" in d for d in b.dropped)
+
+
 def test_generalise_cuts_long_text_at_a_word_boundary():
     m = LB.generalise("I should " + "zoom in very carefully and " * 20 + "read the sign", max_chars=60)
     assert m is not None and len(m.text) <= 60 and not m.text.endswith(" ") and m.text.startswith("I should zoom")

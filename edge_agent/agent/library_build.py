@@ -243,8 +243,11 @@ class Move:
 
 def decision_sentence(text: str) -> str:
     """The sentence of a reasoning that commits to the move: the last one that says what to do next
-    ("I should ...", "Let me ..."), else the last sentence."""
+    ("I should ...", "Let me ..."), else the last sentence; a last fragment of under four words
+    without final punctuation (cut off by the token limit) is left out."""
     parts = [p.strip() for p in _SENTENCE_END.split(" ".join(text.replace("\n", " \n ").split(" "))) if p and p.strip()]
+    if len(parts) > 1 and not parts[-1].endswith((".", "!", "?", ":", '"', ")")) and len(parts[-1].split()) < 4:
+        parts.pop()  # a few words cut off by the token limit decide nothing
     if not parts:
         return ""
     for p in reversed(parts):
@@ -569,20 +572,20 @@ def build_library(
             chosen.append(e)
         else:
             dropped.append(f"{e.action}: a cluster of {size} turns (at most {max_total} rationales in all)")
-    # Library order: by action, biggest first; ids by action and rank. Identical texts under two
-    # actions would score alike: keep the bigger one.
+    # Identical texts under two actions would score alike: keep one, the answer's first (a library
+    # needs an answer), then the bigger cluster's.
+    kept_texts: dict[str, Entry] = {}
+    for e in sorted(chosen, key=lambda e: (e.action != "answer", -e.size)):
+        if e.text.lower() in kept_texts:
+            dropped.append(f"{e.action}: {e.text!r} (the same text leads to {kept_texts[e.text.lower()].action})")
+        else:
+            kept_texts[e.text.lower()] = e
+    # Library order: by action, biggest first; ids by action and rank.
     entries: list[Entry] = []
-    seen: set[str] = set()
     for action in ACTIONS:
-        rank = 0
-        for e in sorted((e for e in chosen if e.action == action), key=lambda e: -e.size):
-            if e.text.lower() in seen:
-                dropped.append(f"{action}: {e.text!r} (the same text leads to another action)")
-                continue
-            seen.add(e.text.lower())
-            rank += 1
-            entries.append(Entry(f"{action}_{rank}", action, e.text, e.needs_image, e.size, e.share, e.examples,
-                                 e.variants))
+        same = sorted((e for e in kept_texts.values() if e.action == action), key=lambda e: -e.size)
+        entries += [Entry(f"{action}_{rank}", action, e.text, e.needs_image, e.size, e.share, e.examples, e.variants)
+                    for rank, e in enumerate(same, 1)]
     build = Build(entries, read, used, skipped_failed, garbage, n_clusters, how, dropped)
     parse_library(build.library_json(), source="the built library")  # the loader's own checks
     return build
