@@ -82,6 +82,8 @@ def test_generalise_removes_chat_markup_and_rejects_garbage():
     assert LB.generalise("") is None
     assert LB.generalise("%% 12 ## <|im_end|> $$ 7 ~~") is None
     assert LB.generalise("ok then") is None  # under three words
+    assert LB.generalise("You have no tool calls left. Give your final answer now.") is None  # the prompt's words
+    assert LB.generalise("You can't search for something new.") is None  # a tool's note to the model
 
 
 def test_decision_sentence_skips_a_sentence_cut_off_by_the_token_limit():
@@ -395,3 +397,15 @@ def test_eval_refuses_a_bad_library_before_loading_a_model(tmp_path, edge_home):
                                    "--out", str(tmp_path / "out"), "--model", str(tmp_path / "none.gguf")])
     assert res.exit_code == 2 and "holds no rationales" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_building_without_a_model_imports_no_llama_cpp():
+    """The lexical build, `library check` and the eval's library plumbing load no model runtime."""
+    import subprocess
+    import sys
+
+    code = ("import sys, edge_agent.agent.library_build, edge_agent.commands.library, edge_agent.evaluation; "
+            "print([m for m in ('llama_cpp', 'textual') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.agent.prompts import echoes_instructions
 from edge_agent.agent.rationales import ACTIONS, FORBIDDEN, MAX_RATIONALES, parse_library
 from edge_agent.errors import EdgeAgentError
 
@@ -261,8 +262,8 @@ def generalise(text: str, *, max_chars: int = DEFAULT_MAX_CHARS) -> Move | None:
 
     Removes chat markup, JSON and box coordinates; replaces quoted strings and proper names with
     "it" and drops numbers; keeps the decision sentence, cut at a word boundary to ``max_chars``;
-    no final period (like the built-in library). Garbage (mostly non-letters, under three words)
-    gives None.
+    no final period (like the built-in library). Garbage (mostly non-letters, under three words) and
+    echoes of the words the model is told ("You have no tool calls left") give None.
     """
     s = _MARKUP.sub(" ", text)
     for f in FORBIDDEN:
@@ -289,6 +290,8 @@ def generalise(text: str, *, max_chars: int = DEFAULT_MAX_CHARS) -> Move | None:
     letters = sum(c.isalpha() or c.isspace() for c in s)
     if len(words) < 3 or letters < 0.8 * len(s) or any(f in s for f in FORBIDDEN):
         return None
+    if words[0].lower() == "you" or echoes_instructions(s):
+        return None  # the prompt's or a tool's words to the model, repeated: not the model's own move
     return Move(s, n)
 
 
