@@ -22,7 +22,7 @@ COMMANDS = {
     "cache": "Inspect, export, import, clear or prefetch the search cache.",
     "config": "Show or change settings.",
     "eval": "Evaluate answer quality and latency on a JSONL question set.",
-    "library": "Build a rationale library from your traces; show its cost; check it.",
+    "library": "Build, show and check SSR rationale libraries.",
 }
 
 
