@@ -21,7 +21,8 @@ from edge_agent.ui.prompt import PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
-from tests.ui_fakes import ScriptedEngine, make_image
+from tests.ui_fakes import ScriptedEngine, make_image, settle, type_and_enter
+from tests.waits import pilot_wait_until
 
 SIZE = (120, 40)
 
@@ -48,29 +49,6 @@ def scripted_app(settings, tmp_path, **kw) -> tuple[EdgeAgentApp, list[ScriptedE
     return EdgeAgentApp(settings, engine_factory=factory), made
 
 
-async def settle(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-async def wait_until(pilot, predicate, timeout: float = 10) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("the app did not reach the expected state")
-
-
-async def type_and_enter(pilot, text: str) -> None:
-    prompt = pilot.app.screen.query_one(PromptInput)
-    prompt.value = text
-    prompt.focus()
-    await pilot.press("enter")
-    await pilot.pause()
-
-
 # --- pure helpers -----------------------------------------------------------------------------------
 
 def test_parse_slash_and_pasted_paths(tmp_path, image):
@@ -85,12 +63,17 @@ def test_parse_slash_and_pasted_paths(tmp_path, image):
 
 
 def test_half_blocks_size_and_colors(image):
-    """The cell picture fits the box, keeps the aspect ratio, and shows the image's own colours."""
+    """The cell picture (textual-image's half-cell renderer) fits the box, keeps the aspect ratio, and
+    shows the image's own colours."""
+    from rich.color import Color
+    from rich.console import Console
+
     img = open_image(image)  # 96x64
-    text = half_blocks(img, 24, 8)
-    lines = text.plain.split("\n")
-    assert len(lines) == 8 and {len(line) for line in lines} == {24}
-    assert "rgb(200,60,40)" in str(text.spans[0].style)  # the red of the picture
+    lines = Console(width=80, color_system="truecolor").render_lines(half_blocks(img, 24, 8), pad=False)
+    cells = [[seg for seg in line if seg.text] for line in lines if any(seg.text for seg in line)]
+    assert len(cells) == 8 and {sum(len(seg.text) for seg in row) for row in cells} == {24}
+    first = cells[0][0]
+    assert first.text == "▀" and first.style.color == first.style.bgcolor == Color.from_rgb(200, 60, 40)  # its red
     boxed = with_box(img, [0, 0, 500, 500])
     assert boxed.getpixel((0, 0)) == (255, 220, 0) and img.getpixel((0, 0)) == (200, 60, 40)
 
@@ -172,10 +155,11 @@ async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
         await settle(pilot)
         await type_and_enter(pilot, str(image))  # a pasted path attaches
         await type_and_enter(pilot, "first question")
-        await pilot.pause(0.2)
-        view = app.chat_screen.transcript.answers()[0]
-        assert view.status == "running" and app.chat_screen.running is not None
-        await wait_until(pilot, lambda: "writing the zoom action" in str(view._footer.render()))
+        answers = app.chat_screen.transcript.answers
+        await pilot_wait_until(pilot, lambda: answers() and answers()[0].status == "running", what="the answer to run")
+        view = answers()[0]
+        assert app.chat_screen.running is not None
+        await pilot_wait_until(pilot, lambda: "writing the zoom action" in str(view._footer.render()))
         await pilot.press("escape")
         await pilot.pause()
         assert view.status == "cancelled" and app.chat_screen.running is None
@@ -363,10 +347,8 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
         screen = app.chat_screen
-        for _ in range(100):
-            await pilot.pause(0.02)
-            if "Loading tiny-model" in str(screen.query_one("#loading-label", Static).render()):
-                break
+        await pilot_wait_until(pilot, lambda: "Loading tiny-model" in str(screen.query_one("#loading-label", Static).render()),
+                               what="the loading progress")
         assert screen.query_one("#loading").has_class("-visible")
         assert screen.query_one("#loading-bar").progress == pytest.approx(0.4)
         assert app.engine_state == "loading"
@@ -460,9 +442,12 @@ async def test_file_picker_offers_only_images_and_attaches_one(settings, tmp_pat
         await pilot.pause()
         assert isinstance(app.screen, ImagePickerScreen)
         tree = app.screen.query_one(ImageTree)
-        await pilot.pause(0.3)
-        names = sorted(Path(str(n.data.path)).name for n in tree.root.children)
-        assert "notes.txt" not in names and "photo.png" in names and "sub" in names
+
+        def listed() -> list[str]:
+            return sorted(Path(str(n.data.path)).name for n in tree.root.children)
+
+        await pilot_wait_until(pilot, lambda: {"photo.png", "sub"} <= set(listed()), what="the tree to load")
+        assert "notes.txt" not in listed()
         photo_node = next(n for n in tree.root.children if Path(str(n.data.path)).name == "photo.png")
         tree.move_cursor(photo_node)
         tree.focus()

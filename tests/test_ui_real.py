@@ -10,7 +10,6 @@ Offline settings: the search tools answer from an empty cache; nothing touches t
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from textual.widgets import Markdown
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.prompt import PromptInput
 from edge_agent.ui.reasoning import TurnView
-from tests.ui_fakes import make_image
+from tests.ui_fakes import make_image, settle, type_and_enter
+from tests.waits import pilot_wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,31 +42,6 @@ def photo(tmp_path) -> Path:
     return make_image(tmp_path / "photo.png", (96, 64))
 
 
-async def settle(pilot, timeout: float = 120) -> None:
-    async def _wait():
-        for _ in range(2):
-            await pilot.app.workers.wait_for_complete()
-            await pilot.pause()
-
-    await asyncio.wait_for(_wait(), timeout)
-
-
-async def submit(pilot, text: str) -> None:
-    prompt = pilot.app.screen.query_one(PromptInput)
-    prompt.value = text
-    prompt.focus()
-    await pilot.press("enter")
-    await pilot.pause()
-
-
-async def wait_for(pilot, predicate, timeout: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, "timed out waiting for the app"
-        await pilot.pause(0.05)
-
-
 def stored_events(app) -> list[ev.Event]:
     chat = app.store.load(app.chat_screen.chat_id)
     return [e for m in chat.messages for e in m.events]
@@ -82,8 +56,8 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         assert app.engine_state == "ready", [n.message for n in app._notifications]
         assert app.engine.model_name  # status bar shows the real model's name
         assert app.engine.model_name in str(app.chat_screen.status.render())
-        await submit(pilot, f"/image {photo}")
-        await submit(pilot, "What does the sign say?")
+        await type_and_enter(pilot, f"/image {photo}")
+        await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
         assert view.status in ("answered", "turn_limit"), view.status
@@ -98,7 +72,7 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         final = next(e for e in events if isinstance(e, ev.FinalAnswer))
         assert view.query_one(Markdown).source == final.answer
         out = tmp_path / "exports"
-        await submit(pilot, f"/export {out}")
+        await type_and_enter(pilot, f"/export {out}")
     data = json.loads(next(out.glob("*.json")).read_text())
     kinds = [e["event"] for e in data["messages"][1]["events"]]
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer" and "rationale_scored" in kinds
@@ -112,17 +86,17 @@ async def test_real_engine_escape_cancels_then_next_question_runs(real_settings,
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await submit(pilot, f"/image {photo}")
-        await submit(pilot, "Describe every detail.")
+        await type_and_enter(pilot, f"/image {photo}")
+        await type_and_enter(pilot, "Describe every detail.")
         view = app.chat_screen.transcript.answers()[0]
-        await wait_for(pilot, lambda: any(t.query(".freeform") for t in view.turns.values()))
+        await pilot_wait_until(pilot, lambda: any(t.query(".freeform") for t in view.turns.values()), timeout=60)
         await pilot.press("escape")
         await pilot.pause()
         assert view.status == "cancelled" and app.chat_screen.running is None
         await settle(pilot, timeout=60)  # the worker saw the cancel and released the model
         assert not app.engine_lock.locked()
         app.change_settings({"freeform_max_tokens": 8, "answer_max_tokens": 6})
-        await submit(pilot, "And now briefly?")
+        await type_and_enter(pilot, "And now briefly?")
         await settle(pilot)
         second = app.chat_screen.transcript.answers()[1]
         assert second.status in ("answered", "turn_limit")
@@ -136,12 +110,12 @@ async def test_real_engine_mode_switch_reaches_the_agent(real_settings, photo):
     app = EdgeAgentApp(real_settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await submit(pilot, f"/image {photo}")
+        await type_and_enter(pilot, f"/image {photo}")
         await pilot.press("ctrl+r")
-        await submit(pilot, "What is this?")
+        await type_and_enter(pilot, "What is this?")
         await settle(pilot)
         await pilot.press("ctrl+r")
-        await submit(pilot, "And this?")
+        await type_and_enter(pilot, "And this?")
         await settle(pilot)
         modes = [e.mode for e in stored_events(app) if isinstance(e, ev.RunStarted)]
         assert modes == ["freeform", "ssr"]
@@ -159,8 +133,8 @@ async def test_real_engine_with_prophet_shows_drafts(real_settings, tiny_models,
         await settle(pilot)
         assert app.engine_state == "ready", [n.message for n in app._notifications]
         assert "prophet" in str(app.chat_screen.status.render())
-        await submit(pilot, f"/image {photo}")
-        await submit(pilot, "What does the sign say?")
+        await type_and_enter(pilot, f"/image {photo}")
+        await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         verified = [e for e in stored_events(app) if isinstance(e, ev.DraftVerified)]
         assert verified, "the prophet drafted nothing"
@@ -188,13 +162,13 @@ async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_ho
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert "(text only)" in str(app.chat_screen.status.render())
-        await submit(pilot, f"/image {photo}")
-        await submit(pilot, "What is this?")
+        await type_and_enter(pilot, f"/image {photo}")
+        await type_and_enter(pilot, "What is this?")
         await settle(pilot)
         assert any(n.title == "Model cannot see images" for n in app._notifications)
         assert app.chat_screen.transcript.answers()[0].status == "error"
-        await submit(pilot, "/new")
-        await submit(pilot, "Hello?")  # no image: the same model answers
+        await type_and_enter(pilot, "/new")
+        await type_and_enter(pilot, "Hello?")  # no image: the same model answers
         await settle(pilot)
         assert app.chat_screen.transcript.answers()[0].status in ("answered", "turn_limit")
 

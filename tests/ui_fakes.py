@@ -1,11 +1,13 @@
-"""A scripted engine for UI and chat-store tests of pure rendering/persistence logic.
+"""A scripted engine for UI and chat-store tests of pure rendering/persistence logic, and the Pilot
+helpers every app test shares (``settle``, ``type_and_enter``; waiting on a condition: tests/waits.py).
 
-It yields a fixed, realistic event stream (SSR turn with a zoom, a search turn, a SeProD answer) so
-snapshots are deterministic. Real-engine behaviour is covered by the tests that use ``tiny_models``.
+The engine yields a fixed, realistic event stream (SSR turn with a zoom, a search turn, a SeProD answer)
+so snapshots are deterministic. Real-engine behaviour is covered by the tests that use ``tiny_models``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +86,7 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
         ev.AnswerToken(turn=3, text=": the shop is open."),
         ev.TurnFinished(turn=3, action="answer", reasoning_seconds=0.06, action_seconds=0.3, tool_seconds=0.0),
         ev.FinalAnswer(answer="The sign says **OPEN**: the shop is open.", turns=3, stop_reason="answered",
+                       context=f"ctx:{question}",
                        totals={"reasoning": 0.179, "action": 0.52, "tool": 0.21, "total": 1.0,
                                "answer_tokens": 9, "tokens_per_second": 30.0}),
     ]
@@ -92,21 +95,32 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
 class ScriptedEngine:
     """Engine-shaped: ``ask`` yields the script; ``hold`` makes it wait mid-answer until cancelled."""
 
-    def __init__(self, settings, crop_dir: Path | None = None, hold: bool = False) -> None:
+    def __init__(self, settings, crop_dir: Path | None = None, hold: bool = False, contexts: bool = False) -> None:
         self.settings = settings
+        self.with_contexts = contexts  # also yield ContextOpened / ImageEvaluated like the real engine
         self.crop_dir = crop_dir
         self.hold = hold
         self.asked: list[tuple[str, str | None, str | None]] = []
+        self.contexts: list[str | None] = []  # the context key each question continued from
         self.closed = False
         self.model_name = "tiny-qwen3vl"
 
-    def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None
-            ) -> Iterator[ev.Event]:
+    def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
+            context=None) -> Iterator[ev.Event]:
         self.asked.append((question, image, mode))
+        self.contexts.append(context)
         crop = None
         if self.crop_dir is not None:
             crop = str(make_image(self.crop_dir / f"crop{len(self.asked)}.png", (32, 24), (250, 250, 250)))
         events = script(question, image, crop)
+        if self.with_contexts:
+            opened = ev.ContextOpened(source="live" if context else "new", reason="", tokens_reused=1600 if context else 0,
+                                      tokens_evaluated=24 if context else 1135, system_restored=not context,
+                                      n_ctx_used=1700, seconds=0.2)
+            shown = [opened] if context else [opened, ev.ImageEvaluated(
+                turn=0, source="image", tokens=576, positions=24, width=768, height=768, encode_seconds=0.8,
+                decode_seconds=1.2, reused=False)]
+            events = events[:1] + shown + events[1:]
         for i, e in enumerate(events):
             if self.hold and i == 3:
                 # Like the real engine: block in "compute" until the cancel event is set.
@@ -121,3 +135,27 @@ class ScriptedEngine:
 
     def close(self) -> None:
         self.closed = True
+
+
+# --- Pilot helpers ----------------------------------------------------------------------------------
+
+async def settle(pilot, timeout: float = 120) -> None:
+    """Wait until the app's workers are done and the screen has caught up (twice: a finished worker's
+    message can start another one)."""
+    async def _wait() -> None:
+        for _ in range(2):
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+
+    await asyncio.wait_for(_wait(), timeout)
+
+
+async def type_and_enter(pilot, text: str) -> None:
+    """Type ``text`` into the chat prompt and press Enter (a question, a /command or a pasted path)."""
+    from edge_agent.ui.prompt import PromptInput
+
+    prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.value = text
+    prompt.focus()
+    await pilot.press("enter")
+    await pilot.pause()

@@ -1,10 +1,12 @@
 """In-terminal image previews.
 
-Default: a character-cell picture made with Pillow, two pixels per cell with the upper half block
-(foreground = top pixel, background = bottom pixel); deterministic, works in every terminal, tmux and
-SVG snapshots. Where the terminal speaks a graphics protocol (Kitty TGP or Sixel, detected by
-``textual-image`` before the app starts), ``enable_graphics()`` switches previews to real pixels.
-Knows Pillow and Rich; does not know the agent.
+Default: a character-cell picture, textual-image's half-cell renderer (two pixels per cell with the
+upper half block: foreground = top pixel, background = bottom pixel) at a size computed here from the
+image alone; deterministic, works in every terminal, tmux and SVG snapshots. Where the terminal speaks a
+graphics protocol (Kitty TGP or Sixel, detected by ``textual-image`` before the app starts),
+``enable_graphics()`` switches previews to real pixels. Files are read by ``tools.images.load_image``
+(the agent's own loader: EXIF rotation, the decompression-bomb limit, errors that say what to do).
+Knows Pillow, Rich and textual-image; does not know the agent.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import os
 import sys
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
-from rich.style import Style
+from PIL import Image, ImageDraw
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
+from textual_image.renderable.halfcell import Image as HalfcellRenderable
 
 from edge_agent.errors import ImageError
+from edge_agent.tools.images import SUFFIXES, load_image
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+IMAGE_SUFFIXES = SUFFIXES  # what the file picker and a pasted path accept: what the agent can read
 
 # The textual-image widget class when the terminal shows real pixels; None: character cells.
 _GRAPHICS: type[Widget] | None = None
@@ -33,12 +36,15 @@ def enable_graphics() -> str:
     ``EDGE_AGENT_IMAGES=cells`` forces the character-cell previews.
     """
     global _GRAPHICS
-    if os.environ.get("EDGE_AGENT_IMAGES", "auto") == "cells" or not sys.__stdout__ or not sys.__stdout__.isatty():
+    if not sys.__stdout__ or not sys.__stdout__.isatty():
         return "cells"
-    try:
-        from textual_image import renderable
-        from textual_image.widget import Image as GraphicsImage
-    except ImportError:  # optional: the cell previews do the job
+    # Importing textual_image.renderable (this module does) detects the protocol; importing its widget
+    # module measures the cell size, which every textual-image renderer (the half-cell one too) asks for
+    # when drawing: done now, it is cached, and nothing queries the terminal once Textual owns it.
+    from textual_image import renderable
+    from textual_image.widget import Image as GraphicsImage
+
+    if os.environ.get("EDGE_AGENT_IMAGES", "auto") == "cells":
         return "cells"
     if renderable.Image in (renderable.TGPImage, renderable.SixelImage):
         _GRAPHICS = GraphicsImage
@@ -47,16 +53,8 @@ def enable_graphics() -> str:
 
 
 def open_image(path: str | Path) -> Image.Image:
-    """Open and fully decode an image file as RGB; a clear ImageError for anything else."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ImageError(f"No image at {p}. Check the path (attach with /image PATH or Ctrl+F).")
-    try:
-        with Image.open(p) as im:
-            im.load()
-            return ImageOps.exif_transpose(im).convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise ImageError(f"{p.name} is not an image Pillow can read ({e}). Use a PNG, JPEG or WebP file.") from e
+    """Open and fully decode an image file as RGB, as the agent will (a clear ImageError for anything else)."""
+    return load_image(path).image
 
 
 def looks_like_image_path(text: str) -> Path | None:
@@ -93,21 +91,13 @@ def cell_size(img: Image.Image, max_width: int, max_height: int) -> tuple[int, i
     return cw, (ph + ph % 2) // 2
 
 
-def half_blocks(img: Image.Image, max_width: int, max_height: int) -> Text:
-    """``img`` in at most ``max_width`` x ``max_height`` cells (2 px a cell, upper half block)."""
-    cw, rows = cell_size(img, max_width, max_height)
-    ph = 2 * rows
-    small = img.convert("RGB").resize((cw, ph), Image.Resampling.BILINEAR)
-    px = small.load()
-    text = Text(no_wrap=True, overflow="crop")
-    for y in range(0, ph, 2):
-        for x in range(cw):
-            top, bottom = px[x, y], px[x, y + 1]
-            text.append("▀", Style(color=f"rgb({top[0]},{top[1]},{top[2]})",
-                                   bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"))
-        if y + 2 < ph:
-            text.append("\n")
-    return text
+def half_blocks(img: Image.Image, max_width: int, max_height: int) -> HalfcellRenderable:
+    """``img`` in at most ``max_width`` x ``max_height`` cells (2 px a cell, upper half block).
+
+    The size is fixed here (not textual-image's "auto", which asks the terminal for its cell size).
+    """
+    cols, rows = cell_size(img, max_width, max_height)
+    return HalfcellRenderable(img, width=cols, height=rows)
 
 
 class ImagePreview(Static):
