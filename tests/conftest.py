@@ -6,6 +6,8 @@
   (installed with ``--no-deps`` by ``scripts/setup.sh --test``); tests using it skip if it is absent.
 - ``edge_home``: EDGE_AGENT_HOME pointed at a fresh temp dir and every other EDGE_AGENT_* variable
   removed, so no test reads or writes the developer's settings, models or cache.
+- ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakeservers.py``),
+  stopped after the test.
 """
 
 from __future__ import annotations
@@ -60,3 +62,21 @@ def edge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("EDGE_AGENT_HOME", str(home))
     return home
+
+
+# --- search backends on loopback --------------------------------------------------------------
+@pytest.fixture
+def fake():
+    """``fake("wikipedia", hang=3.0)``: a started FakeBackend of that JSON shape; all stopped at the end."""
+    from tests.fakeservers import FakeBackend
+
+    started: list[FakeBackend] = []
+
+    def make(shape: str, **kw) -> FakeBackend:
+        srv = FakeBackend(shape, **kw).start()
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()

@@ -20,7 +20,6 @@ from edge_agent.errors import CacheError
 from edge_agent.tools.cache import CacheEntry, SearchCache, make_key, normalise_query, parse_export
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools
-from tests.fakeservers import FakeBackend
 
 KEY = "sk-CACHE-TEST-key-5566778899"
 FAST = HttpPolicy(timeout=0.5, retries=1, backoff=0.01, max_wait=0.5, max_bytes=200_000)
@@ -39,20 +38,6 @@ def entry(q: str = "eiffel tower", n: int = 2, **kw) -> CacheEntry:
     )
     d.update(kw)
     return CacheEntry(**d)
-
-
-@pytest.fixture
-def fake():
-    started: list[FakeBackend] = []
-
-    def make(shape: str) -> FakeBackend:
-        srv = FakeBackend(shape).start()
-        started.append(srv)
-        return srv
-
-    yield make
-    for s in started:
-        s.stop()
 
 
 # --- storage ----------------------------------------------------------------------------------
@@ -256,13 +241,9 @@ def test_import_never_unpickles(tmp_path):
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    h = tmp_path / "home"
-    monkeypatch.setenv("EDGE_AGENT_HOME", str(h))
-    for var in ("EDGE_AGENT_OFFLINE", "EDGE_AGENT_TEXT_SEARCH", "EDGE_AGENT_IMAGE_SEARCH"):
-        monkeypatch.delenv(var, raising=False)
+def home(edge_home, monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_SEARCH_TIMEOUT", "2")
-    return h
+    return edge_home
 
 
 def run(*args: str, input: str | None = None):
@@ -356,7 +337,6 @@ def test_cli_stats_export_import_clear(home, tmp_path, monkeypatch):
 
 
 def test_cli_on_a_corrupt_cache(home):
-    home.mkdir(parents=True)
     (home / "search-cache.sqlite3").write_bytes(b"\x00garbage" * 500)
     r = CliRunner().invoke(cli, ["cache", "stats"])
     assert r.exit_code == 2 and "edge-agent cache clear" in r.output and "Traceback" not in r.output

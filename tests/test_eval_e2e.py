@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from edge_agent import evaluation as E
 from scripts.make_synthetic_vqa import make_dataset
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TURNS = "2"
@@ -118,11 +118,11 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_eval_resumes_after_kill(tiny_models, tmp_path):
+def test_eval_resumes_after_kill(tiny_models, edge_home, tmp_path):
     """A run killed (SIGKILL) after a few results resumes: the rerun does only the rest, the file
     holds each (question, mode) once, and the results equal an uninterrupted run's."""
     data = _synthetic(tmp_path / "svqa", n=4)
-    env = _env(tmp_path / "home")
+    env = _env(edge_home)
     cmd = [sys.executable, "-m", "edge_agent.cli"]
     modes = "ssr,freeform"
     total = 8
@@ -137,13 +137,14 @@ def test_eval_resumes_after_kill(tiny_models, tmp_path):
     log = (tmp_path / "killed.log").open("wb")  # a file, not a pipe: nobody drains it while we poll
     proc = subprocess.Popen(cmd + _args(data, out, tiny_models, modes) + ["--no-plot"], env=env, cwd=ROOT,
                             stdout=log, stderr=log)
+
+    def complete_lines() -> int:  # a line still being written when the kill lands is not a result
+        return results.read_bytes().count(b"\n") if results.exists() else 0
+
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.exists() and results.read_bytes().count(b"\n") >= 2:
-                proc.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.005)
+        wait_until(lambda: complete_lines() >= 2 or proc.poll() is not None, timeout=300, interval=0.005,
+                   what="two stored results")
+        proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -151,7 +152,7 @@ def test_eval_resumes_after_kill(tiny_models, tmp_path):
             proc.wait()
         log.close()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    n_before = len([x for x in results.read_text().splitlines() if x.strip()])
+    n_before = complete_lines()
     assert 2 <= n_before < total
 
     again = subprocess.run(cmd + _args(data, out, tiny_models, modes) + ["--no-plot", "--json"], env=env, cwd=ROOT,
