@@ -11,6 +11,7 @@ Knows Pillow, Rich and textual-image; does not know the agent.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ from edge_agent.errors import ImageError
 from edge_agent.tools.images import SUFFIXES, load_image
 
 IMAGE_SUFFIXES = SUFFIXES  # what the file picker and a pasted path accept: what the agent can read
+
+log = logging.getLogger(__name__)
 
 # The textual-image widget class when the terminal shows real pixels; None: character cells.
 _GRAPHICS: type[Widget] | None = None
@@ -42,8 +45,12 @@ def enable_graphics() -> str:
     # module measures the cell size, which every textual-image renderer (the half-cell one too) asks for
     # when drawing: done now, it is cached, and nothing queries the terminal once Textual owns it.
     from textual_image import renderable
-    from textual_image.widget import Image as GraphicsImage
 
+    try:
+        from textual_image.widget import Image as GraphicsImage
+    except (ArithmeticError, OSError, ValueError) as e:  # e.g. a terminal that reports 0 columns
+        log.warning("textual-image could not measure this terminal (%s): character-cell previews", e)
+        return "cells"
     if os.environ.get("EDGE_AGENT_IMAGES", "auto") == "cells":
         return "cells"
     if renderable.Image in (renderable.TGPImage, renderable.SixelImage):
