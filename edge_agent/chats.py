@@ -109,9 +109,22 @@ class Continuation:
     finished (question, answer) pairs (for a rebuild) and its current image."""
 
     chat_id: int
-    context: str = ""
-    history: list[tuple[str, str]] = field(default_factory=list)
+    exchanges: list[tuple[str, str, str]] = field(default_factory=list)  # (question, answer, context key)
     image: str | None = None
+
+    @property
+    def context(self) -> str:
+        """The key of the last answer that was kept in the model's context ('' for none: a new context).
+        A cancelled or failed answer has none: the model's context was rolled back before it."""
+        return next((c for _, _, c in reversed(self.exchanges) if c), "")
+
+    @property
+    def history(self) -> list[tuple[str, str]]:
+        return [(q, a) for q, a, _ in self.exchanges if a]
+
+    def without_last(self) -> Continuation:
+        """The chat as it was before its last exchange (regenerate, edit and resend)."""
+        return Continuation(self.chat_id, self.exchanges[:-1], self.image)
 
 
 class ChatStoreError(EdgeAgentError):
@@ -293,10 +306,7 @@ class ChatStore:
                 question = r["text"]
                 out.image = r["image"] or out.image
             elif question is not None:
-                if r["text"]:
-                    out.history.append((question, r["text"]))
-                if r["context"]:
-                    out.context = r["context"]  # a cancelled answer has none: the model never saw it
+                out.exchanges.append((question, r["text"], r["context"]))
                 question = None
         return out
 

@@ -147,6 +147,34 @@ async def test_attach_ask_and_see_reasoning(settings, tmp_path, image):
 
 
 @pytest.mark.asyncio
+async def test_follow_up_continues_the_chats_kept_context(settings, tmp_path, image):
+    """A follow-up passes the context key its chat's last answer was saved under; the answer shows how
+    its context was opened and what the image cost, and the status bar says the context was kept."""
+    app, engines = scripted_app(settings, tmp_path, contexts=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        await type_and_enter(pilot, "And the door?")
+        await settle(pilot)
+        assert engines[0].contexts == ["", "ctx:What does the sign say?"]
+        first, second = app.chat_screen.transcript.answers()
+        assert "image: 576 tokens" in str(first.query_one(".context-note", Static).render())
+        note = str(second.query_one(".context-note", Static).render())
+        assert "continued in memory" in note and "1,600 tokens kept" in note and "24 read" in note
+        assert "context kept" in str(app.chat_screen.status.render())
+        # a chat reopened later continues from the same saved context
+        await pilot.press("ctrl+n")
+        await settle(pilot)
+        await app.chat_screen.open_chat(app.store.load(app.store.list_chats()[-1].id))
+        await settle(pilot)
+        await type_and_enter(pilot, "Anything else?")
+        await settle(pilot)
+        assert engines[0].contexts[-1] == "ctx:And the door?"
+
+
+@pytest.mark.asyncio
 async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
     """Esc during a running answer marks it cancelled at once; the engine sees the cancel; the next
     question runs normally."""

@@ -348,11 +348,12 @@ class ChatScreen(Screen):
             return
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
-        # The agent takes earlier exchanges of this chat as (question, answer) pairs.
-        history = [(h["question"], h["answer"]) for h in self.store.history(self.chat_id)]
+        # The chat continues from the model's kept context of its last answer (or, failing that, its
+        # earlier exchanges as text); a retry or an edited question continues from the one before.
+        cont = self.store.continuation(self.chat_id)
         last = self._last_question() if replace_last else None
-        if last is not None and history and history[-1][0] == last[0]:
-            history = history[:-1]
+        if last is not None and cont.exchanges and cont.exchanges[-1][0] == last[0]:
+            cont = cont.without_last()
         self.store.add_user_message(self.chat_id, question, image)
         message_id = self.store.start_answer(self.chat_id)
         self.sub_title = self.store.load_title(self.chat_id)
@@ -366,11 +367,12 @@ class ChatScreen(Screen):
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.run_ask(app.engine, message_id, question, image, app.settings.mode, history, self.cancel_event)
+        self.run_ask(app.engine, message_id, question, image, app.settings.mode, cont.history, cont.context,
+                     self.cancel_event)
 
     @work(thread=True, group="ask", exit_on_error=False)
     def run_ask(self, engine, message_id: int, question: str, image: str | None, mode: str,
-                history: list, cancel: threading.Event) -> None:
+                history: list, context: str, cancel: threading.Event) -> None:
         """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
         status, title, message = "error", "", ""
         with self.edge_app.engine_lock:
@@ -378,7 +380,8 @@ class ChatScreen(Screen):
                 if cancel.is_set():
                     status = "cancelled"
                 else:
-                    for event in engine.ask(question, image, cancel=cancel, mode=mode, history=history or None):
+                    for event in engine.ask(question, image, cancel=cancel, mode=mode, history=history or None,
+                                            context=context):
                         self.store.add_event(message_id, event)
                         self.post_message(AgentEvent(message_id, event))
                         if isinstance(event, ev.FinalAnswer):
@@ -410,6 +413,9 @@ class ChatScreen(Screen):
                 self.status.network_down = True
             elif m.event.status == "live":
                 self.status.network_down = False
+        if isinstance(m.event, ev.ContextOpened):
+            self.status.context = {"live": "context kept", "restored": "context restored", "rebuilt": "context rebuilt",
+                                   "new": "new context"}.get(m.event.source, "")
         if isinstance(m.event, ev.AnswerToken):
             self._tokens += 1
             dt = time.monotonic() - self._t0

@@ -30,6 +30,7 @@ class StatusBar(Static):
     state = reactive("starting")  # starting | loading | ready | busy | no model
     tokens_per_second: reactive[float | None] = reactive(None)
     network_down = reactive(False)  # the last search found the network unreachable
+    context = reactive("")  # how the last question's context was opened: live, restored, rebuilt, new
 
     def __init__(self, settings: Settings, **kw) -> None:
         super().__init__(**kw)
@@ -53,6 +54,9 @@ class StatusBar(Static):
         self.refresh_bar()
 
     def watch_network_down(self) -> None:
+        self.refresh_bar()
+
+    def watch_context(self) -> None:
         self.refresh_bar()
 
     def on_mount(self) -> None:
@@ -85,6 +89,9 @@ class StatusBar(Static):
             t.append("online", style="green")
         t.append_text(sep)
         t.append(f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "– tok/s", style="dim")
+        if self.context:
+            t.append_text(sep)
+            t.append(self.context, style="green" if "restored" in self.context or "kept" in self.context else "dim")
         t.append_text(sep)
         colors = {"ready": "green", "busy": "yellow", "loading": "yellow", "no model": "red"}
         t.append(self.state, style=colors.get(self.state, "dim"))

@@ -24,9 +24,9 @@ STATUS_TEXT = {
     "answered": ("answered", "green"),
     "turn_limit": ("turn limit reached", "yellow"),
     "no_answer": ("no answer found (the model only repeated its instructions): /retry or rephrase", "yellow"),
-    "cancelled": ("cancelled", "yellow"),
+    "cancelled": ("cancelled (/retry answers it again)", "yellow"),
     "error": ("failed", "red"),
-    "interrupted": ("interrupted (the app stopped)", "yellow"),
+    "interrupted": ("interrupted (the app stopped): /retry answers it again", "yellow"),
 }
 
 
@@ -58,6 +58,7 @@ class AnswerView(Vertical):
     AnswerView .prophet-note { height: auto; color: $text-muted; }
     AnswerView Markdown.answer { margin: 0; padding: 0; background: transparent; }
     AnswerView .answer-footer { height: auto; color: $text-muted; }
+    AnswerView .context-note { height: auto; color: $text-muted; }
     """
 
     def __init__(self, message_id: int, image: str | None, *, collapse_when_done: bool = True) -> None:
@@ -76,12 +77,16 @@ class AnswerView(Vertical):
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
         # Parts exist before mounting so a stored answer can be built whole, then mounted once.
+        self._context_note = Static(classes="context-note")  # how the context was opened; images' cost
+        self._context_note.display = False  # until the engine says (a scripted or stored answer may not)
+        self._context_lines: list[Text] = []
         self._turns_box = Vertical(classes="turns")
         self._note = Static(classes="prophet-note")
         self._md = Markdown("", classes="answer")
         self._footer = Static(Text(*STATUS_TEXT["running"]), classes="answer-footer")
 
     def compose(self) -> ComposeResult:
+        yield self._context_note
         yield self._turns_box
         yield self._note
         yield self._md
@@ -118,7 +123,11 @@ class AnswerView(Vertical):
     async def apply(self, e: ev.Event) -> None:
         self._phase(e)
         turn = getattr(e, "turn", None)
-        if isinstance(e, ev.TurnStarted):
+        if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
+            self._context_lines.append(context_line(e))
+            self._context_note.update(Text("\n").join(self._context_lines))
+            self._context_note.display = True
+        elif isinstance(e, ev.TurnStarted):
             await self._turn(e.turn)
         elif isinstance(e, ev.AnswerToken):
             await self._answer_token(e)
@@ -250,3 +259,32 @@ class Transcript(VerticalScroll):
             if a.message_id == message_id:
                 return a
         return None
+
+
+CONTEXT_WORDS = {
+    "live": "continued in memory",
+    "restored": "restored from its saved state",
+    "rebuilt": "rebuilt from the chat's text",
+    "new": "new",
+}
+
+
+def context_line(e: ev.ContextOpened | ev.ImageEvaluated) -> Text:
+    """One dim line: how the question's context was opened, or what an image cost."""
+    if isinstance(e, ev.ImageEvaluated):
+        what = "image" if e.source == "image" else f"crop (turn {e.turn})"
+        enc = "embedding reused" if e.reused else f"encoded {ms(e.encode_seconds)}"
+        return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read {ms(e.decode_seconds)}",
+                    style="dim")
+    line = Text("context: ", style="dim")
+    line.append(CONTEXT_WORDS.get(e.source, e.source), style="green" if e.source in ("live", "restored") else "yellow")
+    if e.reason:
+        line.append(f" ({e.reason})", style="dim")
+    parts = []
+    if e.tokens_reused:
+        parts.append(f"{e.tokens_reused:,} tokens kept")
+    parts.append(f"{e.tokens_evaluated:,} read in {ms(e.seconds)}")
+    if e.system_restored:
+        parts.append("system prompt restored")
+    line.append(" · " + ", ".join(parts), style="dim")
+    return line
