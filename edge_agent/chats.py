@@ -297,7 +297,7 @@ class ChatStore:
         rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. See `edge-agent ask --chats` or Ctrl+O.",
+            raise ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
                                  title="No such chat")
         out = Continuation(chat_id)
         question: str | None = None

@@ -18,6 +18,7 @@ from edge_agent.errors import EdgeAgentError
 COMMANDS = {
     "tui": "Open the app (the default).",
     "ask": "Ask one question about an image and print the answer.",
+    "chats": "List saved chats (the app's and ask's): ids for `ask --chat ID`.",
     "models": "List, pull, add, verify and remove models.",
     "cache": "Inspect, export, import, clear or prefetch the search cache.",
     "config": "Show or change settings.",

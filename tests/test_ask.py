@@ -50,11 +50,12 @@ def test_human_output_is_the_answer_then_a_trace(env, tiny_models, photo):
     r = run(str(photo), "What colour is it?", "--model", str(tiny_models["text"]), "--mmproj",
             str(tiny_models["mmproj"]), "--offline", "--max-turns", "1")
     assert r.exit_code == 0, r.output
-    lines = r.stdout.splitlines()
+    assert len(r.stdout.splitlines()) == 1  # the answer alone on stdout; the trace on stderr
+    lines = r.stderr.splitlines()
     trace = lines.index("trace:")
-    assert trace >= 1 and lines[trace + 1].startswith("turn 1: ")
+    assert lines[trace + 1].startswith("turn 1: ")
     assert any(" p=" in ln and "rationale" in ln for ln in lines[trace:])
-    assert "mode ssr" in lines[-1] and "Traceback" not in r.output
+    assert "mode ssr" in lines[-2] and "ask --continue" in lines[-1] and "Traceback" not in r.output
 
 
 def test_text_only_model_answers_without_an_image(env, tiny_models, tmp_path):
@@ -80,3 +81,42 @@ def test_errors_are_one_line_and_nonzero(env, tiny_models, photo, tmp_path):
     assert r.exit_code == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.output
     r = run(str(photo))
     assert r.exit_code == 2 and "give a question too" in r.output
+
+
+def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(env, tiny_models, photo):
+    """`ask` saves each question as a chat; `--continue` (the latest chat) and `--chat ID` restore the
+    chat's saved context in a new process: only the new user turn is evaluated, and the app's chat
+    list shows the same chat."""
+    common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline", "--json"]
+    first = [json.loads(x) for x in run(str(photo), "What colour is it?", *common).stdout.splitlines()]
+    assert first[-1]["context"]  # the state at the end of the answer was saved
+    follow = run("--continue", "And its shape?", *common)
+    assert follow.exit_code == 0, follow.output
+    rows = [json.loads(x) for x in follow.stdout.splitlines()]
+    opened = next(r for r in rows if r["event"] == "context_opened")
+    assert opened["source"] == "restored" and opened["tokens_reused"] > 0
+    assert not [r for r in rows if r["event"] == "image_evaluated"]  # the photo stays in the restored context
+    assert rows[-1]["totals"]["tokens_reused"] == opened["tokens_reused"]
+    from edge_agent.chats import ChatStore
+    from edge_agent.config import Settings
+
+    store = ChatStore(Settings.load().chats_path)
+    chats = store.list_chats()
+    assert len(chats) == 1 and chats[0].n_messages == 4
+    cont = store.continuation(chats[0].id)
+    assert [q for q, _, _ in cont.exchanges] == ["What colour is it?", "And its shape?"]
+    assert cont.image == str(photo.resolve()) and cont.context == rows[-1]["context"]
+    store.close()
+    by_id = run("--chat", str(chats[0].id), "Is it large?", *common)
+    assert by_id.exit_code == 0, by_id.output
+    assert next(json.loads(x) for x in by_id.stdout.splitlines() if '"context_opened"' in x)["source"] == "restored"
+    listed = CliRunner().invoke(cli, ["chats"])
+    assert listed.exit_code == 0 and "What colour is it?" in listed.output and "6 msgs" in listed.output
+
+
+def test_continue_without_a_chat_or_with_a_wrong_id_says_what_to_do(env, tiny_models):
+    common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline"]
+    r = CliRunner().invoke(cli, ["ask", "--continue", "And then?", *common])
+    assert r.exit_code == 2 and "no chat to continue" in r.output
+    r = CliRunner().invoke(cli, ["ask", "--chat", "999", "And then?", *common])
+    assert r.exit_code == 2 and "There is no chat 999" in r.output and "edge-agent chats" in r.output

@@ -180,3 +180,35 @@ def test_corrupt_file_is_a_clear_error(tmp_path):
     db.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(ChatStoreError, match="Move the file away"):
         ChatStore(db)
+
+
+def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
+    """A chat history written before saved context states opens, keeps its chats, and records keys."""
+    import sqlite3
+
+    from edge_agent.agent import events as ev
+    from edge_agent.chats import ChatStore
+
+    path = tmp_path / "chats.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE chats (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')), text TEXT NOT NULL DEFAULT '', image TEXT,
+            status TEXT NOT NULL DEFAULT 'done', created REAL NOT NULL);
+        CREATE TABLE events (id INTEGER PRIMARY KEY, message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL);
+        INSERT INTO chats VALUES (1, 'old chat', 1.0, 1.0);
+        INSERT INTO messages VALUES (1, 1, 'user', 'Old question?', NULL, 'done', 1.0);
+        INSERT INTO messages VALUES (2, 1, 'assistant', 'Old answer.', NULL, 'answered', 1.0);
+        PRAGMA user_version=1;
+    """)
+    db.close()
+    store = ChatStore(path)
+    cont = store.continuation(1)
+    assert cont.exchanges == [("Old question?", "Old answer.", "")] and cont.context == ""  # rebuilt from text
+    store.add_user_message(1, "New?")
+    m = store.start_answer(1)
+    store.add_event(m, ev.FinalAnswer(answer="Yes.", turns=1, stop_reason="answered", context="abc"))
+    assert store.continuation(1).context == "abc" and store.continuation(1).history[-1] == ("New?", "Yes.")
+    store.close()

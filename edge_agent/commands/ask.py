@@ -44,9 +44,13 @@ def _looks_like_image(arg: str) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event per line.")
 @click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path (same tokenizer).")
 @click.option("--prophet-mmproj", default=None, help="Vision projector (mmproj) GGUF for the prophet.")
+@click.option("-c", "--continue", "continue_", is_flag=True,
+              help="Continue the most recent chat (the app's chats too): its image and answers stay in the model's context.")
+@click.option("--chat", "chat_id", type=int, default=None, help="Continue the chat with this id (see `edge-agent chats`).")
 def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
             max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool,
-            prophet: str | None = None, prophet_mmproj: str | None = None) -> None:
+            prophet: str | None = None, prophet_mmproj: str | None = None, continue_: bool = False,
+            chat_id: int | None = None) -> None:
     """Ask one question about an image (or, without IMAGE, a text-only question) and print the answer.
 
     \b
@@ -56,6 +60,11 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
       edge-agent ask photo.jpg "Who made this?" --offline --json
       edge-agent ask "What is the capital of Peru?" --model smollm2-135m-demo
       edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf --prophet base.gguf --prophet-mmproj mm.gguf
+      edge-agent ask --continue "And what colour is the door?"     a follow-up about the same photo
+      edge-agent ask --chat 12 other.jpg "Is this the same shop?"   a new photo in chat 12
+
+    Every question is saved as a chat (the app's chat list). A follow-up continues the chat's saved
+    context: the image and earlier answers are not read again.
     """
     if len(args) == 1:
         image, question = None, args[0]
@@ -69,6 +78,43 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     settings = Settings.load({"model": model, "mmproj": mmproj, "mode": mode, "max_turns": max_turns,
                               "seed": seed, "offline": True if offline else None,
                               "prophet": prophet, "prophet_mmproj": prophet_mmproj})
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(settings.chats_path, secrets=settings.secrets())
+    try:
+        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image)
+    except BaseException:
+        store.close()
+        raise
+    try:
+        _ask(settings, store, chat, question, image, as_json=as_json, mode=mode)
+    finally:
+        store.close()
+
+
+def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None) -> tuple[Any, str | None]:
+    """(Continuation of the chat to ask in, the image to ask about): the chat's own image for a
+    follow-up without one; a new chat otherwise."""
+    from edge_agent.chats import Continuation
+
+    if not follow_up:
+        return Continuation(store.new_chat()), image
+    if chat_id is None:
+        chat_id = store.latest_chat()
+        if chat_id is None:
+            raise click.UsageError("There is no chat to continue yet: ask a first question without --continue.")
+    cont = store.continuation(chat_id)
+    if image is None and cont.image:
+        if not Path(cont.image).is_file():
+            raise EdgeAgentError(
+                f"Chat {chat_id}'s image {cont.image} is gone. Attach it again: "
+                f'edge-agent ask --chat {chat_id} IMAGE "question"', title="Image not found")
+        image = cont.image
+    return cont, image
+
+
+def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | None, *, as_json: bool,
+         mode: str | None) -> None:
     from edge_agent.engine import Engine  # heavy: llama.cpp
 
     def progress(msg: str, frac: float) -> None:
@@ -86,18 +132,30 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     cancel = threading.Event()
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
+    shown = str(Path(image).expanduser().resolve()) if image else None
+    store.add_user_message(chat.chat_id, question, shown)
+    message_id = store.start_answer(chat.chat_id)
+    status = "error"
     try:
-        for e in engine.ask(question, image, cancel=cancel):
+        for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.history):
             events.append(e)
+            store.add_event(message_id, e)
+            if isinstance(e, ev.FinalAnswer):
+                status = e.stop_reason
             if as_json:
                 click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
+            elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
+                click.echo(f"  chat {chat.chat_id}: context restored ({e.tokens_reused:,} tokens not read again)",
+                           err=True)
             elif live and isinstance(e, ev.TurnFinished):
                 click.echo(f"  turn {e.turn}: {e.action}", err=True)
     except KeyboardInterrupt:
         cancel.set()
+        status = "cancelled"
         click.echo("Cancelled.", err=True)
         sys.exit(130)
     finally:
+        store.finish_answer(message_id, status)
         engine.close()
         if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
             remove_run_crops(events, settings.crops_dir)
@@ -112,6 +170,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
         if last.answer:
             click.echo(last.answer)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
+        click.echo(f"chat {chat.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
     if last.stop_reason == "cancelled":
         sys.exit(130)
     if last.stop_reason == "no_answer" or not last.answer:
