@@ -642,3 +642,50 @@ def test_the_app_shows_verdicts_waits_and_skipped_drafts():
     assert "draft skipped: not ready in time" in line and "expected wait 300 ms" in line and "waited" not in line
     skip = DraftSkipped(turn=1, mode="grounding", reason="low_acceptance", detail="grounding drafts off")
     assert "recent drafts were not accepted" in skipped_text(skip).plain
+
+
+@pytest.mark.asyncio
+async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edge_home, tmp_path):
+    """end to end in the app: SeProD events stored with a chat (as the engine streams them) come back
+    as the turn view's lines: drafts used with the verdict, drafts skipped with their reason."""
+    from textual.widgets import Static
+
+    from edge_agent.agent import events as ev
+    from edge_agent.chats import ChatStore
+    from edge_agent.config import Settings
+    from edge_agent.ui.app import EdgeAgentApp
+    from edge_agent.ui.reasoning import TurnView
+    from tests.ui_fakes import ScriptedEngine, make_image, settle
+
+    settings = Settings.load()
+    image = make_image(tmp_path / "photo.png", (96, 64))
+    store = ChatStore(settings.chats_path)
+    cid = store.new_chat()
+    store.add_user_message(cid, "What does the sign say?", str(image))
+    mid = store.start_answer(cid)
+    for e in (ev.TurnStarted(turn=1), ev.DraftSkipped(turn=1, mode="answering", reason="not_ready",
+                                                       detail="expected wait 300 ms > expected saving 20 ms"),
+              ev.TurnStarted(turn=2),
+              ev.DraftProposed(turn=2, mode="grounding", text="No, it is not here", tokens=(1, 2, 3), seconds=0.2),
+              ev.DraftVerified(turn=2, mode="grounding", accepted=2, drafted=3, accepted_text="No,",
+                               scores=(0.9, 0.8, 0.01), seconds=0.05, verdict="no", verdict_accepted=True),
+              ev.DraftSkipped(turn=2, mode="answering", reason="low_acceptance", detail="answering drafts off"),
+              ev.AnswerToken(turn=2, text="Stop"),
+              ev.FinalAnswer(answer="Stop", turns=2, stop_reason="answered")):
+        store.add_event(mid, e)
+    store.finish_answer(mid, "answered")
+    store.close()
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s), open_chat=cid)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        turns = view.turns
+        assert isinstance(turns[1], TurnView) and isinstance(turns[2], TurnView)
+
+        def lines(t):
+            return " | ".join(str(w.render()) for w in t.query(Static).filter(".draft"))
+
+        assert "draft skipped: not ready in time" in lines(turns[1])
+        text2 = lines(turns[2])
+        assert "verdict NO" in text2 and "look elsewhere" in text2 and "2/3 tokens accepted" in text2
+        assert "recent drafts were not accepted" in text2
