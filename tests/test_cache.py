@@ -390,3 +390,26 @@ def test_export_and_import_scrub_secrets_that_slipped_in(tmp_path):
     d = SearchCache(tmp_path / "d.sqlite3")
     d.import_file(src, secrets=[KEY])
     assert KEY.encode() not in b"".join(p.read_bytes() for p in tmp_path.glob("d.sqlite3*"))
+
+
+def test_cli_stats_show_and_clear_removes_saved_context_states(home):
+    """Saved context states count in `cache stats` against their budget and go with `cache clear`
+    (unless --searches-only)."""
+    import numpy as np
+
+    from edge_agent.runtime.state import SessionState, StateStore, sequence_key
+
+    s = Settings.load()
+    store = StateStore(s.states_dir, s.state_cache_mb * 2**20)
+    for i in range(2):
+        st = SessionState(identity={"m": 1}, key=sequence_key({"m": 1}, [i], []), history=[i], images=[], n_pos=1,
+                          n_cells=1, logits=np.zeros(8, np.float32), kv=np.zeros(2**20, np.uint8))
+        store.put(st, wait=True)
+    r = run("cache", "stats")
+    assert "context states: 2 in" in r.output and "of 2048 MiB" in r.output
+    states = json.loads(run("cache", "stats", "--json").output)["states"]
+    assert states["files"] == 2 and states["bytes"] > 2 * 2**20 and states["budget"] == 2048 * 2**20
+    assert "0 saved context states" not in run("cache", "clear", "--yes", "--searches-only").output
+    assert store.stats()["files"] == 2
+    assert "2 saved context states removed" in run("cache", "clear", "--yes").output
+    assert store.stats()["files"] == 0

@@ -1,7 +1,9 @@
-"""`edge-agent cache`: inspect, export, import, clear and prefetch the search cache.
+"""`edge-agent cache`: inspect, export, import, clear and prefetch the search cache; saved context states.
 
 The cache is ``HOME/search-cache.sqlite3`` (see :mod:`edge_agent.tools.cache`). Only ``prefetch`` touches the
-network; everything else works offline. Exports are JSON; imports are validated field by field.
+network; everything else works offline. Exports are JSON; imports are validated field by field. The
+saved context states (``HOME/states``, see :mod:`edge_agent.runtime.state`) show in ``stats`` and are
+cleared with the cache (``clear --searches-only`` keeps them).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ def _cache(settings: Settings):
     from edge_agent.tools.cache import SearchCache
 
     return SearchCache(settings.cache_path)
+
+
+def _states(settings: Settings):
+    from edge_agent.runtime.state import StateStore
+
+    return StateStore(settings.states_dir, settings.state_cache_mb * 2**20)
 
 
 def _when(ts: float | None) -> str:
@@ -45,11 +53,12 @@ def command() -> None:
 @command.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def stats(as_json: bool) -> None:
-    """Entries per tool and backend, dates and size on disk."""
+    """Entries per tool and backend, dates and size on disk; saved context states and their budget."""
     s = Settings.load()
     st = _cache(s).stats()
+    states = _states(s).stats()
     if as_json:
-        click.echo(json.dumps(st, indent=2))
+        click.echo(json.dumps({**st, "states": {**states, "path": str(s.states_dir)}}, indent=2))
         return
     click.echo(f"cache:   {st['path']}{'' if st['exists'] else ' (not created yet)'}")
     click.echo(f"entries: {st['entries']}")
@@ -58,6 +67,8 @@ def stats(as_json: bool) -> None:
     click.echo(f"oldest:  {_when(st['oldest'])}")
     click.echo(f"newest:  {_when(st['newest'])}")
     click.echo(f"size:    {st['bytes'] / 1024:.1f} KiB")
+    click.echo(f"context states: {states['files']} in {s.states_dir}, {states['bytes'] / 2**20:.1f} MiB "
+               f"of {states['budget'] / 2**20:.0f} MiB (state_cache_mb; least recently used out)")
 
 
 @command.command("export")
@@ -82,14 +93,21 @@ def import_(file: Path, replace: bool) -> None:
 
 @command.command("clear")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def clear(yes: bool) -> None:
-    """Delete every cached search (also repairs a damaged cache file by deleting it)."""
+@click.option("--searches-only", is_flag=True, help="Keep the saved context states.")
+def clear(yes: bool, searches_only: bool) -> None:
+    """Delete every cached search and saved context state (also repairs a damaged cache file by deleting it).
+
+    Saved context states only save time: without them a chat's image and history are read again."""
     s = Settings.load()
     cache = _cache(s)
     if not yes:
-        click.confirm(f"Delete every cached search in {cache.path}?", abort=True)
+        what = "every cached search" + ("" if searches_only else " and saved context state")
+        click.confirm(f"Delete {what} in {s.home}?", abort=True)
     n = cache.clear()
     click.echo(f"cleared {cache.path} ({n} entries removed)")
+    if not searches_only:
+        k = _states(s).clear()
+        click.echo(f"cleared {s.states_dir} ({k} saved context states removed)")
 
 
 @command.command("prefetch")
