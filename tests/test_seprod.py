@@ -689,3 +689,34 @@ async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edg
         text2 = lines(turns[2])
         assert "verdict NO" in text2 and "look elsewhere" in text2 and "2/3 tokens accepted" in text2
         assert "recent drafts were not accepted" in text2
+
+
+def test_prepared_drafts_are_fitted_to_the_time_before_their_hook():
+    """measured: the agent needs the answering draft ~100 ms after it is prepared, the prophet takes
+    20 ms + 10 ms a token: the draft is cut to what is ready by then (plus the wait its saving pays
+    for); with ~10 ms of lead nothing fits: no prophet work at all, skipped as not ready (and drafted
+    again every PROBE_EVERY-th time, since costs change)."""
+    d = seprod.Drafter(FakeModel("abcdefghijklmnop"), agent_vocab=V, draft_len=16, tau=0.1, background=True)
+    try:
+        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.prefill_new_image = 0.01, 0.02, 0.02
+        d.costs.lead[seprod.ANSWERING] = 0.1
+        d.start(image=None, question="q")
+        job = d._pending[(seprod.ANSWERING, "q", "")]
+        # saving(0.5, 16) = 0.5*16*0.01 - 0.4*16*0.01 = 0.016 s of wait: (0.1 + 0.016 - 0.02) / 0.01 = 9
+        assert job.plan.use and job.plan.draft_len == 9 and "L_d 9 of 16" in job.plan.note
+        d.reset()
+        gens = []
+        for i in range(seprod.PROBE_EVERY):
+            d.costs.lead[seprod.ANSWERING] = 0.01
+            d.start(image=None, question=f"q{i}")
+            plan = d._pending[(seprod.ANSWERING, f"q{i}", "")].plan
+            gens.append(plan.use)
+            events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
+            if not plan.use:
+                assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
+                assert "would not be ready in time" in events[0].detail and v.skipped == "not_ready"
+        assert gens == [False] * (seprod.PROBE_EVERY - 1) + [True]
+        drafted = sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log)
+        assert drafted <= 2  # the first prepared draft (L_d 9) and the probe: skipped ones cost nothing
+    finally:
+        d.close()

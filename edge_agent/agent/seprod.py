@@ -19,7 +19,9 @@ What this module knows:
 - when a draft is worth it (:class:`Costs`, :class:`Adaptive`): a draft that is ready is used; one
   that is not is waited for only while the expected saving (recent acceptance x draft length x the
   agent's decode time per token, less the verification) exceeds the expected wait, else the agent
-  goes on without it (``DraftSkipped``) and the prophet's work on it is cancelled. Per chat and
+  goes on without it (``DraftSkipped``) and the prophet's work on it is cancelled. A prepared draft
+  is fitted to the measured time the agent works before needing it (shorter L_d, or no draft at all
+  when nothing useful would be ready: the prophet then takes no CPU from the agent). Per chat and
   mode, acceptance decides whether a mode drafts at all (off below break-even, probed again now and
   then) and how long its drafts are (L_d shortened to about twice the recent accepted length);
 - the grounding verdict: the prophet answers yes/no first (:func:`parse_verdict`); an accepted "no"
@@ -297,6 +299,16 @@ class Costs:
     verify_token: float | None = None
     prefill_new_image: float | None = None
     prefill_same_image: float | None = None
+    # mode -> seconds from preparing a draft (Drafter.start) to the hook that uses it: how long the
+    # agent works meanwhile, i.e. how much drafting can be hidden
+    lead: dict[str, float] = field(default_factory=dict)
+
+    def draft_seconds(self, draft_len: int, *, new_image: bool) -> float | None:
+        """Expected prophet seconds for a draft of ``draft_len`` tokens, prompt included; None if unknown."""
+        pre = self.prefill_new_image if new_image else self.prefill_same_image
+        if pre is None or self.prophet_token is None:
+            return None
+        return pre + draft_len * self.prophet_token
 
     def token_seconds(self, prophet_token: float | None = None) -> float | None:
         """Expected agent seconds per decoded token, or None when nothing is known yet.
@@ -335,6 +347,7 @@ class Plan:
     use: bool
     draft_len: int
     note: str = ""  # what the rule decided and why, for the events ("" when nothing changed)
+    reason: str = "low_acceptance"  # why not, when not ``use``: "low_acceptance" | "not_ready"
 
 
 class Adaptive:
@@ -487,6 +500,8 @@ class _Job:
         self.key = (mode, query, _image_key(image))
         self.cancel = threading.Event()
         self.future: Future[Draft] = Future()
+        self.submitted = time.perf_counter()
+        self.prepared = False  # submitted by Drafter.start (ahead of its hook)
         self.started: float | None = None
         self.new_image = False
         self.first_token: float | None = None
@@ -533,7 +548,8 @@ class Drafter:
     agent evaluates its own context. With ``False`` the work still happens in that one thread (the
     prophet model is only ever touched by it) but callers only submit and wait.
     ``block``: at a hook, wait for a draft that is not ready whatever it costs (default: only when not
-    ``background``); else wait only while the expected saving exceeds the expected wait.
+    ``background``); else wait only while the expected saving exceeds the expected wait, and fit
+    prepared drafts to the time before their hook (:meth:`_fit`).
     ``agent_cost_ratio``: the agent's decode time per token over the prophet's, used until the agent's
     own is measured (the engine passes the ratio of the two weight sizes: decoding is memory-bound).
     ``agent_lead``: when the draft starts with content but the agent's own greedy next token is pure
@@ -591,6 +607,7 @@ class Drafter:
         self._evaluated_before = 0  # prophet tokens evaluated by sessions already replaced
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
+        self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str, str], _Job] = {}
@@ -657,9 +674,11 @@ class Drafter:
             return
         key = _image_key(image)
         self._drop(lambda job: job.key[2] != key)  # drafts for an earlier image are never asked for again
+        ahead = [0.0]  # expected prophet seconds of the drafts queued before this one
+        new_image = [key != self._image_key and image is not None]
         if target is not None:
-            self._submit(GROUNDING, grounding_query(target), image)
-        self._submit(ANSWERING, answering_query(question), image)
+            self._submit(GROUNDING, grounding_query(target), image, ahead=ahead, new_image=new_image)
+        self._submit(ANSWERING, answering_query(question), image, ahead=ahead, new_image=new_image)
 
     def draft(self, mode: str, query: str, image: bytes | None) -> Draft:
         """The prophet's greedy draft of up to L_d tokens for (image, query); blocks until ready."""
@@ -667,7 +686,6 @@ class Drafter:
             raise ValueError(f"mode must be one of {MODES}")
         t0 = time.perf_counter()
         job = self._take(mode, query, image) or self._submit(mode, query, image, plan=Plan(True, self.draft_len), keep=False)
-        assert job is not None
         d = job.future.result()
         return dataclasses.replace(d, waited=time.perf_counter() - t0)
 
@@ -676,19 +694,56 @@ class Drafter:
             return self._pending.pop((mode, query, _image_key(image)), None)
 
     def _submit(self, mode: str, query: str, image: bytes | None, *, plan: Plan | None = None,
-                keep: bool = True) -> _Job | None:
-        """Queue a draft (``keep``: remembered for the hook). Returns None when the plan is not to draft."""
+                keep: bool = True, ahead: list[float] | None = None, new_image: list[bool] | None = None) -> _Job:
+        """Queue a draft (``keep``: remembered for the hook; ``ahead``/``new_image``: prepared by
+        :meth:`start`, fitted to the time before its hook). A plan that does not draft queues nothing."""
         key = (mode, query, _image_key(image))
         with self._lock:
             if keep and key in self._pending:
                 return self._pending[key]
             plan = plan or self.adaptive.plan(mode, self.costs)
+            if ahead is not None and new_image is not None:
+                plan = self._fit(mode, plan, ahead, new_image)
             job = _Job(mode, query, image, plan)
+            job.prepared = ahead is not None
             if keep:
                 self._pending[key] = job
             if plan.use:
                 self._pool.submit(self._run, job)
             return job
+
+    def _fit(self, mode: str, plan: Plan, ahead: list[float], new_image: list[bool]) -> Plan:
+        """A prepared draft fitted to the time before its hook: the measured lead time plus the wait its
+        saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work) when
+        fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except every ``PROBE_EVERY``-th time (costs
+        change: the machine may be less busy). Updates ``ahead`` (the worker runs one draft at a time)."""
+        c = self.costs
+        if not plan.use or self.block or not self.adaptive.enabled:
+            return plan
+        lead, per_tok = c.lead.get(mode), c.prophet_token
+        full = c.draft_seconds(plan.draft_len, new_image=new_image[0])
+        if lead is None or per_tok is None or full is None or per_tok <= 0:
+            return plan  # nothing measured yet: draft, and measure
+        wait = max(0.0, c.saving(self.adaptive.acceptance(mode), plan.draft_len) or 0.0)
+        prompt = full - plan.draft_len * per_tok
+        fits = int((lead + wait - ahead[0] - prompt) / per_tok)
+        if fits < min(MIN_DRAFT_LEN, plan.draft_len):
+            self._late[mode] = self._late.get(mode, 0) + 1
+            if self._late[mode] < PROBE_EVERY:
+                return Plan(False, 0, f"a {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
+                            f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready")
+            fits, note = plan.draft_len, f"probing whether a {mode} draft is ready in time"
+        else:
+            note = plan.note
+        self._late[mode] = 0
+        if fits < plan.draft_len:
+            plan = Plan(True, fits, (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
+                        f"in the ~{lead * 1e3:.0f} ms before the agent needs it")
+        elif note != plan.note:
+            plan = Plan(True, plan.draft_len, note)
+        ahead[0] += (c.draft_seconds(plan.draft_len, new_image=new_image[0]) or 0.0)
+        new_image[0] = False
+        return plan
 
     def _run(self, job: _Job) -> None:
         """Worker thread: run one job, its result or error into its future."""
@@ -878,12 +933,15 @@ class Drafter:
         job = self._take(mode, query, image)
         if job is None:  # not prepared by start(): plan now, draft now
             job = self._submit(mode, query, image, keep=False)
-            assert job is not None
+        elif job.prepared:  # how long the agent worked between preparing the draft and needing it
+            self.costs.lead[mode] = _ema(self.costs.lead.get(mode), time.perf_counter() - job.submitted)
         if not job.plan.use:
-            self.adaptive.skipped(mode)
-            self.stats.skip("low_acceptance", 0.0)
-            yield DraftSkipped(turn=turn, mode=mode, reason="low_acceptance", detail=job.plan.note)
-            return Verification.empty(mode, query, skipped="low_acceptance")
+            reason = job.plan.reason
+            if reason == "low_acceptance":
+                self.adaptive.skipped(mode)
+            self.stats.skip(reason, 0.0)
+            yield DraftSkipped(turn=turn, mode=mode, reason=reason, detail=job.plan.note)
+            return Verification.empty(mode, query, skipped=reason)
         t0 = time.perf_counter()
         ready = job.future.done()
         if not ready and not self.block:
