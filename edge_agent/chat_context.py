@@ -49,7 +49,7 @@ class ChatContexts:
         self.image_tokens = image_tokens
         self.live: SessionLike | None = None
         self.boundaries: list[_Boundary] = []  # clean points of the live session, oldest first
-        self.lock = threading.Lock()
+        self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
 
     def question(self, continue_from: str = "", history: Sequence[tuple[str, str]] = ()) -> QuestionContext:
         """The context of one question: continuing the chat whose last answer was saved as
@@ -91,9 +91,16 @@ class ChatContexts:
             self.store.put(state)
         return key
 
+    def system_key(self, system: str) -> str:
+        """The key a session holding exactly ``system`` has."""
+        key = self._system_keys.get(system)
+        if key is None:
+            key = self._system_keys[system] = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
+        return key
+
     def system_session(self, system: str) -> tuple[SessionLike, str, str]:
         """A session holding exactly ``system``: (session, its key, "live" | "restored" | "evaluated")."""
-        key = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
+        key = self.system_key(system)
         found = self._live_at(key)
         if found is not None:
             return found[0], key, "live"
@@ -129,7 +136,7 @@ class QuestionContext:
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
         o = self.o
-        sys_key = KeyHasher(o.model.identity).tokens(o.model.first_tokens(system)).key()
+        sys_key = o.system_key(system)
         reason = ""
         if self.continue_from:
             found = o._live_at(self.continue_from)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class Engine:
         self.model_name = model_name or Path(str(getattr(model, "path", "") or "model")).name
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
+        # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
+        self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -195,8 +198,13 @@ class Engine:
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
                 px = getattr(self.model, "image_px_per_token", 0) or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self.settings.image_max_tokens * px * px,
-                                   crop_max_pixels=self.settings.crop_max_tokens * px * px)
+                budget = self.settings.image_max_tokens * px * px
+                key = self._image_key(image, budget)
+                png = self._recent[key][1] if key in self._recent else None
+                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=budget,
+                                   crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=png)
+                if key is not None:
+                    self._remember(key, loaded, store.model_png(0))
             toolbox = Toolbox(store, self.tools)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
@@ -219,7 +227,13 @@ class Engine:
         if image is None:
             return None
         # Read the image first: a wrong path is the first thing to fix, whatever the model.
-        loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
+        key = self._image_key(image, 0)
+        if key is not None and key in self._recent:
+            loaded = self._recent[key][0]
+        else:
+            loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
+            if key is not None:
+                self._remember(key, loaded, None)
         if not getattr(self.model, "has_vision", False):
             raise ImageError(
                 f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "
@@ -227,6 +241,25 @@ class Engine:
                 title="Model cannot see images",
             )
         return loaded
+
+    @staticmethod
+    def _image_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
+        """Identity of an image file (path, size, modification time) and a pixel budget; None for bytes
+        or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
+        if not isinstance(image, str | Path):
+            return None
+        try:
+            p = Path(image).expanduser().resolve()
+            st = p.stat()
+        except OSError:
+            return None
+        return (str(p), st.st_size, st.st_mtime_ns, budget)
+
+    def _remember(self, key: tuple[Any, ...], loaded: LoadedImage, png: bytes | None) -> None:
+        self._recent[key] = (loaded, png)
+        self._recent.move_to_end(key)
+        while len(self._recent) > 8:  # 4 images, each as loaded and as fitted to its budget
+            self._recent.popitem(last=False)
 
     def close(self) -> None:
         self.contexts.flush()  # saved states still being written

@@ -147,12 +147,15 @@ class ImageStore:
     """The images of one conversation: index 0 is the original, each zoom appends a crop."""
 
     def __init__(self, original: Image.Image, *, crops_dir: Path | None = None,
-                 max_pixels: int = MODEL_MAX_PIXELS, crop_max_pixels: int | None = None) -> None:
+                 max_pixels: int = MODEL_MAX_PIXELS, crop_max_pixels: int | None = None,
+                 original_png: bytes | None = None) -> None:
         self.max_pixels = max_pixels  # the original's budget (image_max_tokens x 32 x 32 for Qwen3-VL)
         self.crop_max_pixels = max_pixels if crop_max_pixels is None else crop_max_pixels  # each crop's
         self.crops_dir = crops_dir
         w, h = original.size
-        self.images: list[StoredImage] = [StoredImage(0, original, (0.0, 0.0, float(w), float(h)))]
+        # original_png: the original's model PNG already made for this budget (a follow-up question)
+        self.images: list[StoredImage] = [StoredImage(0, original, (0.0, 0.0, float(w), float(h)),
+                                                      _model_png=original_png)]
 
     def __len__(self) -> int:
         return len(self.images)

@@ -184,6 +184,9 @@ class AbortFlag:
     def __init__(self) -> None:
         self.buf = ctypes.create_string_buffer(2)
         self.callback = None
+        self._cond = threading.Condition()
+        self._watched: threading.Event | None = None  # the cancel event of the call running now
+        self._watcher: threading.Thread | None = None
         try:
             libc = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.cdll.msvcrt
             addr = ctypes.cast(libc.strlen, ctypes.c_void_p).value
@@ -203,6 +206,41 @@ class AbortFlag:
 
     def is_set(self) -> bool:
         return self.buf[0] != b"\0"
+
+    @contextlib.contextmanager
+    def watching(self, cancel: threading.Event) -> Iterator[None]:
+        """While the block runs, a set ``cancel`` sets this flag (within ~20 ms).
+
+        One watcher thread per flag, started once and parked on a condition when nothing is watched:
+        entering and leaving cost microseconds (a thread per call cost a ~20 ms join on every call).
+        The flag is only ever set while the block runs (checked under the lock), so a cancel that
+        arrives as one call ends never aborts the next.
+        """
+        with self._cond:
+            self._watched = cancel
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="edge-agent-cancel-watch", daemon=True)
+                self._watcher.start()
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._watched = None
+                self._cond.notify_all()
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                while self._watched is None:
+                    self._cond.wait()
+                ev = self._watched
+            if ev.wait(0.02):
+                with self._cond:
+                    if self._watched is ev:
+                        self.set()
+                    while self._watched is ev:  # park until this call ends
+                        self._cond.wait()
 
     def install(self, ctx: object) -> None:
         if self.callback is not None:

@@ -159,21 +159,10 @@ class Session:
                 if flag is not None:
                     flag.clear()
             return
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.is_set():
-                if cancel.wait(0.02):
-                    flag.set()
-                    return
-
-        th = threading.Thread(target=watch, name="edge-agent-cancel-watch", daemon=True)
-        th.start()
         try:
-            yield
+            with flag.watching(cancel):
+                yield
         finally:
-            done.set()
-            th.join()
             flag.clear()
 
     def _decode(self, n: int) -> None:
