@@ -96,7 +96,8 @@ class Settings:
         "Most tokens one zoomed crop becomes (256 = 512x512 px). Every zoom pays this in the context.", default=256,
     )
     observation_max_tokens: int = _doc(
-        "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit).", default=256,
+        "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit). 320 holds "
+        "three whole search results (~305 tokens; five take ~500).", default=320,
     )
     state_cache_mb: int = _doc(
         "Disk budget for saved context states (system prompt, end of each chat's last answer) in MB, least "

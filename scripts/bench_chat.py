@@ -258,6 +258,48 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> dict[str, Any]:
+    """What the input budgets' defaults cost: an image and a crop at their budgets (tiny Qwen3-VL:
+    vision encode and evaluate), a prefill token (SmolLM2), and the tokens of a search observation."""
+    from edge_agent.runtime import vision
+    from edge_agent.tools import observations
+    from edge_agent.tools.backends import SearchResult
+    from edge_agent.tools.images import model_png
+
+    out: dict[str, Any] = {}
+    m = Model.load(tiny["text"], tiny["mmproj"], n_ctx=4096, n_threads=threads, n_threads_batch=threads)
+    try:
+        for name, side in (("image_576", 768), ("crop_256", 512), ("image_1024", 1024)):
+            png = model_png(Image.open(photo(Path(tempfile.mkdtemp()) / "p.png")).resize((side, side)), max_pixels=side * side)
+            vision.clear_cache()
+            s = m.session()
+            s.append_text("<|im_start|>user\n")
+            c = s.append_image(png)
+            out[name] = {"tokens": c.n_tokens, "encode_s": c.encode_seconds, "decode_s": c.decode_seconds}
+    finally:
+        m.close()
+    if smollm2 is not None:
+        sm = Model.load(smollm2, n_ctx=2048, n_threads=threads, n_threads_batch=threads)
+        try:
+            text = " ".join(TEXT_CHAT * 40)
+            toks = sm.tokenize(text, special=False)[:512]
+            s = sm.session()
+            t0 = time.perf_counter()
+            s.append_tokens(toks)
+            out["smollm2_prefill_ms_per_token"] = (time.perf_counter() - t0) * 1000 / len(toks)
+            long = [SearchResult(title=f"Result {i} - Wikipedia", url=f"https://en.wikipedia.org/wiki/Result_{i}",
+                                 snippet=("Lima is the capital and the largest city of Peru. It is located in the "
+                                          "valleys of the Chillon, Rimac and Lurin Rivers, in the desert zone. ") * 3,
+                                 source="wikipedia") for i in range(5)]
+            obs = observations.results("text_search", "lima", "wikipedia", long)
+            out["observation_top5_tokens"] = len(sm.tokenize(obs, special=False))
+            out["observation_top3_tokens"] = len(sm.tokenize(observations.results("text_search", "lima", "wikipedia",
+                                                                                   long[:3]), special=False))
+        finally:
+            sm.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL test model, one 768x768 image")
@@ -267,8 +309,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--answer-tokens", type=int, default=32, help="most tokens per answer")
+    ap.add_argument("--costs", action="store_true", help="only measure what the input budgets cost")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.costs:
+        from edge_agent.catalog import find_demo_gguf
+        from scripts.make_tiny_models import make_tiny_models
+
+        with tempfile.TemporaryDirectory(prefix="bench-chat-") as tmp_s:
+            costs = input_costs(make_tiny_models(Path(tmp_s)), find_demo_gguf(), args.threads)
+        print(json.dumps(costs, indent=2))
+        return 0
     if not (args.tiny or args.smollm2 or args.model):
         args.tiny = args.smollm2 = True
     results = []

@@ -146,7 +146,7 @@ class AgentOptions:
     freeform_max_tokens: int = 128
     answer_max_tokens: int = 256
     action_max_tokens: int = 128  # the tail of a tool call (a label <= 40 and a query <= 80 chars fit)
-    observation_max_tokens: int = 256  # a tool result's text is cut to this many tokens (0: no limit)
+    observation_max_tokens: int = 320  # a tool result's text is cut to this many tokens (0: no limit)
     library: Library = field(default_factory=builtin_library)
     policy: Policy | None = None
     model_name: str = ""
