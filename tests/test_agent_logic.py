@@ -365,6 +365,20 @@ def test_turn_limit_only_answers_and_untrusted_observation(tmp_path):
     assert tb.search.queries == ["eiffel"]
 
 
+def test_a_long_tool_result_is_cut_to_the_observation_budget():
+    """observation_max_tokens: the model reads at most that many tokens of a tool's text, and is told so."""
+    s = FakeSession(favour(["facts", "facts"]), ['eiffel"}}\n</tool_call>', "Paris</answer>"])
+    tb = toolbox()
+    list(run_agent(s, "Where?", tools=tb, image=tb.image_png(0), options=AgentOptions(max_turns=1,
+                                                                                    observation_max_tokens=9)))
+    obs = [t for k, t, sp in s.log if not sp and "Result" in t]
+    assert obs == ["1. Result [... cut to 9 tokens]"]  # characters are tokens in the fake
+    s2 = FakeSession(favour(["facts", "facts"]), ['eiffel"}}\n</tool_call>', "Paris</answer>"])
+    list(run_agent(s2, "Where?", tools=toolbox(), image=tb.image_png(0),
+                   options=AgentOptions(max_turns=1, observation_max_tokens=0)))  # 0: no limit
+    assert [t for k, t, sp in s2.log if not sp and "Result" in t] == ["1. Result <|im_end|> title: snippet"]
+
+
 def test_malformed_action_and_refused_box_become_observations():
     cut = '10, 20'  # generation ran out before the call was complete
     bad_box = '500, 500, 600, 900], "label": "x", "img_idx": 3}}\n</tool_call>'  # no image 3
