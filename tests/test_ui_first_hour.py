@@ -47,10 +47,10 @@ class Recording(ScriptedEngine):
 
     histories: list
 
-    def ask(self, question, image=None, *, cancel=None, mode=None, history=None):
+    def ask(self, question, image=None, *, cancel=None, mode=None, history=None, **kw):
         self.histories = getattr(self, "histories", [])
         self.histories.append(list(history or []))
-        yield from super().ask(question, image, cancel=cancel, mode=mode, history=history)
+        yield from super().ask(question, image, cancel=cancel, mode=mode, history=history, **kw)
 
 
 def app_with(settings, tmp_path, engine_cls=Recording, **kw):
@@ -272,9 +272,33 @@ async def test_retry_and_edit_last_question(settings, tmp_path, image):
         assert [q for q, _ in e.histories[-1]] == ["first", "second"]
 
 
+@pytest.mark.asyncio
+async def test_retry_an_interrupted_answer(settings, tmp_path, image):
+    """An answer cut off by a crash says /retry; /retry asks the same question about the same image."""
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(settings.chats_path)
+    cid = store.new_chat()
+    store.add_user_message(cid, "What is it?", str(image))
+    mid = store.start_answer(cid)
+    store.add_event(mid, ev.AnswerToken(turn=1, text="Half an ans"))
+    store.close()  # left 'running': read back as interrupted
+    made: list = []
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: made.append(Recording(s, tmp_path))
+                       or made[-1], open_chat=cid)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "interrupted" and "/retry" in str(view.query_one(".answer-footer", Static).render())
+        await type_and_enter(pilot, "/retry")
+        await settle(pilot)
+        assert made[0].asked == [("What is it?", str(image), "ssr")]
+        assert app.chat_screen.transcript.answers()[-1].status == "answered"
+
+
 # --- offline shown when searches cannot reach the network; a no_answer run says so -------------------
 class NoNetwork(Recording):
-    def ask(self, question, image=None, *, cancel=None, mode=None, history=None):
+    def ask(self, question, image=None, *, cancel=None, mode=None, history=None, **kw):
         self.asked.append((question, image, mode))
         yield ev.RunStarted(question=question, image=image, mode="ssr", seprod=False, model="m")
         yield ev.TurnStarted(turn=1)
