@@ -490,3 +490,25 @@ def _with_client(init, client):
         init(self, settings, hub_client=client)
 
     return wrapped
+
+
+@pytest.mark.asyncio
+async def test_settings_model_list_opens_the_download_screen(settings, tmp_path):
+    from edge_agent.ui.download import DownloadScreen
+    from edge_agent.ui.settings_screen import SettingsScreen
+
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        button = app.screen.query_one("#download-model")
+        button.scroll_visible(animate=False)
+        await pilot.pause()
+        button.press()
+        await pilot.pause()
+        assert isinstance(app.screen, DownloadScreen)
+        assert len(app.screen.entries) >= 4 and all("agent" in e.roles for e in app.screen.entries)
+        await pilot.press("escape")  # nothing running: closes
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
