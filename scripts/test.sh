@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
+# The typed seam between the agent and the runtime (files and settings in pyproject.toml [tool.mypy]).
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest "$@"

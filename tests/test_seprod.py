@@ -152,8 +152,17 @@ class FakeSession:
         self.log.append(("generate", max_tokens))
         return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
 
-    def score(self, candidates, *, special=False, keep=False):
+    def adopt(self, index, n_tokens=None):
+        """Like the runtime: the kept candidate's first n tokens join the context (logged as tokens)."""
+        toks = list(self.candidates[index][:n_tokens])
+        if toks:
+            self.log.append(("tokens", toks))
+            self.tokens += toks
+        return len(toks)
+
+    def score(self, candidates, *, special=False, keep=False, cancel=None):
         self.kept = keep
+        self.candidates = [list(c) for c in candidates]
         # agent's opinion: p_s = 0.5 for letters, 1e-6 for anything else; rank 0 / rank 5000
         (c,) = candidates
         lp = np.array([math.log(0.5) if chr(t).isalpha() else math.log(1e-6) for t in c])
@@ -247,8 +256,8 @@ def test_round_events_and_acceptance(drafter):
     # 'a','b' letters: s = 0.5 (rank 0 -> a=1); ' ' s ~ sqrt(1e-6 * 0.9) < 0.1 -> stop
     assert v.accepted == 2 and v.accepted_text == "ab" and events[1].accepted == 2 and events[1].drafted == 4
     assert events[2].text == "ab" and events[2].from_prophet
-    assert agent.log == [("tokens", [ord("a"), ord("b")])]  # no adopt(): evaluated, exactly the prefix
-    assert v.adopted == "evaluated"
+    assert agent.log == [("tokens", [ord("a"), ord("b")])]  # adopted: exactly the prefix
+    assert v.adopted == "adopted"
     assert drafter.stats.acceptance_rate == 0.5
 
 
@@ -549,6 +558,7 @@ def slow_drafter(per_token, **costs):
 def test_a_ready_draft_is_used_without_waiting():
     d = slow_drafter(0.001)
     try:
+        d.draft(seprod.ANSWERING, "warm-up", b"I")  # a prophet's first draft is not measured (cold)
         d.start(image=b"I", question="q")
         d._pending[(seprod.ANSWERING, "q", seprod._image_key(b"I"))].future.result(timeout=5)
         events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))

@@ -22,6 +22,7 @@ Does not know: models, tokens, tools' behaviour.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +115,7 @@ def tail_grammar(action: str, *, n_images: int = 1) -> str:
     raise ValueError(f"unknown action {action!r}")
 
 
-def name_grammar(actions: set[str] | frozenset[str] | list[str]) -> str:
+def name_grammar(actions: Collection[str]) -> str:
     """GBNF for the tool name (and its closing quote) among the allowed tool actions."""
     names = [_gbnf_literal(TOOL_NAMES[a]) for a in ("zoom", "text_search", "image_search") if a in actions]
     if not names:

@@ -10,7 +10,6 @@ nested values that JSON flattens.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,10 +48,15 @@ def event_from_json(data: Mapping[str, Any]) -> Event | None:
         return None
 
 
-@functools.cache
+_TYPES: dict[str, dict[str, Any]] = {}  # event kind -> {field: type}, resolved once
+
+
 def _field_types(cls: type[Event]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    types = _TYPES.get(cls.kind)
+    if types is None:
+        hints = typing.get_type_hints(cls)
+        types = _TYPES[cls.kind] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return types
 
 
 def _from_json(value: Any, typ: Any) -> Any:

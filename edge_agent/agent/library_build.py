@@ -568,13 +568,13 @@ def build_library(
     ranked = sorted(candidates, key=lambda es: -es[1])
     first_answer = next(e for e, _ in ranked if e.action == "answer")
     chosen = [first_answer]
-    for e, size in ranked:
+    for e, weight in ranked:
         if e is first_answer:
             continue
         if len(chosen) < max_total:
             chosen.append(e)
         else:
-            dropped.append(f"{e.action}: a cluster of {size} turns (at most {max_total} rationales in all)")
+            dropped.append(f"{e.action}: a cluster of {weight:g} turns (at most {max_total} rationales in all)")
     # Identical texts under two actions would score alike: keep one, the answer's first (a library
     # needs an answer), then the bigger cluster's.
     kept_texts: dict[str, Entry] = {}

@@ -162,7 +162,7 @@ class AgentOptions:
             index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
-            instructions=getattr(settings, "system_prompt", ""),
+            instructions=settings.system_prompt,
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         if "library" not in kw:
@@ -380,7 +380,8 @@ class _Run:
             if self.drafter is not None:
                 self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
         self._add(reasoning_s, action_s, tool_s, observe_s)
-        yield TurnFinished(turn=turn, action=action if call is not None else "invalid", reasoning_seconds=reasoning_s,
+        yield TurnFinished(turn=turn, action=action if call is not None and action else "invalid",
+                           reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
         return False
 

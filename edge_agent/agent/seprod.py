@@ -53,7 +53,7 @@ import numpy as np
 
 from edge_agent.agent.events import AgentError, AnswerToken, DraftProposed, DraftSkipped, DraftVerified, Event
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
-from edge_agent.runtime.types import ModelLike, SessionLike
+from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
 
 GROUNDING = "grounding"
 ANSWERING = "answering"
@@ -608,13 +608,14 @@ class Drafter:
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
         self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
+        self._warm = False  # the prophet has drafted once (its first draft is not measured)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str, str], _Job] = {}
         # prophet-side cache (worker thread only): the session, and a checkpoint after the image
         self._session: SessionLike | None = None
         self._image_key: str | None = None
-        self._after_image = None
+        self._after_image: Checkpoint | None = None
 
     @property
     def draft_len(self) -> int:
@@ -730,7 +731,7 @@ class Drafter:
         if fits < min(MIN_DRAFT_LEN, plan.draft_len):
             self._late[mode] = self._late.get(mode, 0) + 1
             if self._late[mode] < PROBE_EVERY:
-                return Plan(False, 0, f"a {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
+                return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
                             f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready")
             fits, note = plan.draft_len, f"probing whether a {mode} draft is ready in time"
         else:
@@ -794,6 +795,9 @@ class Drafter:
 
     def _measure(self, job: _Job) -> None:
         c = self.costs
+        if not self._warm:  # the prophet's first draft pages its weights in: not what drafts cost
+            self._warm = True
+            return
         if job.first_token is not None and job.started is not None:
             prefill = job.first_token - job.started
             if job.new_image:
@@ -849,11 +853,7 @@ class Drafter:
             return v
         n = len(lead)
         cand = list(lead) + list(tokens)  # the lead rides in the same decode: no extra one
-        adopt = getattr(session, "adopt", None)
-        if adopt is not None:  # runtime.Session: keep the scored cells so the prefix can be adopted
-            (sc,) = session.score([cand], keep=True)  # type: ignore[call-arg]
-        else:
-            (sc,) = session.score([cand])
+        (sc,) = session.score([cand], keep=True)  # keep the scored cells so the prefix can be adopted
         logp_s = np.asarray(sc.logprobs, dtype=np.float64)[n:]
         ranks = np.asarray(sc.ranks, dtype=np.int64)[n:]
         weights = search_weight(ranks, self.agent_vocab, self.a0, self.gamma)
@@ -888,17 +888,10 @@ class Drafter:
 
         ``Session.adopt(0, k)`` gives seq 0 the scoring pass's KV cells (metadata only, no decode) and
         the logits row after token k-1 (the agent's own next-token distribution: where it continues
-        sampling). k == 0 still calls it, so the kept candidate cells are dropped. Sessions without
-        ``adopt`` evaluate the tokens (same state, one extra decode of k tokens).
+        sampling). k == 0 still calls it, so the kept candidate cells are dropped.
         """
-        adopt = getattr(session, "adopt", None)
-        if adopt is not None:
-            adopt(0, k)
-            return "adopted" if k else "none"
-        if k == 0:
-            return "none"
-        session.append_tokens(list(tokens[:k]))
-        return "evaluated"
+        session.adopt(0, k)
+        return "adopted" if k else "none"
 
     def observe_decode(self, seconds: float, tokens: int) -> None:
         """The agent decoded ``tokens`` tokens in ``seconds`` (its answer): prices later drafts."""

@@ -190,7 +190,7 @@ class AbortFlag:
         try:
             libc = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.cdll.msvcrt
             addr = ctypes.cast(libc.strlen, ctypes.c_void_p).value
-            self.callback = C.ggml_abort_callback(addr)
+            self.callback = C.ggml_abort_callback(addr) if addr else None
         except (OSError, AttributeError, TypeError):
             self.callback = None
 

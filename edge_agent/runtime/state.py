@@ -122,7 +122,7 @@ def dumps(state: SessionState) -> list[bytes | memoryview]:
     """The file's bytes, as pieces (the KV part is not copied)."""
     hist = np.asarray(state.history, dtype="<i4").tobytes()
     logits = np.ascontiguousarray(state.logits, dtype="<f4").tobytes()
-    kv = memoryview(np.ascontiguousarray(state.kv, dtype=np.uint8))
+    kv = memoryview(np.ascontiguousarray(state.kv, dtype=np.uint8).data)
     h = hashlib.sha256(hist)
     h.update(logits)
     h.update(kv)

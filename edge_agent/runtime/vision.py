@@ -150,7 +150,7 @@ def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool
     return emb, False
 
 
-_NO_CALLBACK = ctypes.cast(None, M.mtmd_helper_post_decode_callback)
+_NO_CALLBACK = M.mtmd_helper_post_decode_callback()  # a NULL function pointer: no per-batch callback
 
 
 def decode(model: Model, chunk: object, emb: Embedding, n_past: int, seq: int = 0) -> int:
