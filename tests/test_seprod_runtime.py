@@ -482,6 +482,7 @@ def test_a_ready_draft_is_used_without_waiting(smol_pair):
     q = "What is photosynthesis?"
     d = make_drafter(prophet, agent, draft_len=8, tau=0.05, background=True)
     try:
+        d.draft(seprod.ANSWERING, "Hello?", None)  # a prophet's first draft is not measured (cold)
         d.start(image=None, question=q)
         d._pending[(seprod.ANSWERING, q, "")].future.result(timeout=60)
         s = agent.session()
