@@ -26,7 +26,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import MODES, AgentOptions, Drafter, run_agent
@@ -37,6 +37,9 @@ from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
+
+if TYPE_CHECKING:
+    from edge_agent.catalog import ResolvedModel
 from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
 from edge_agent.tools.zoom import ImageStore
 
@@ -63,7 +66,7 @@ class Engine:
         self.drafter = drafter
         self.prophet = prophet
         self.library = library if library is not None else load_library(settings.rationales)
-        self.model_name = model_name or Path(str(getattr(model, "path", "") or "model")).name
+        self.model_name = model_name or Path(model.path).name or "model"
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
@@ -97,10 +100,10 @@ class Engine:
                    prophet=prophet)
 
     @staticmethod
-    def _check_prophet(settings: Settings, resolved: Any) -> None:
+    def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
         """SeProD compares token ids across the two models: refuse a prophet with another tokenizer
         (GGUF headers only, ~0.05 s) before either model is loaded."""
-        prophet_files = getattr(resolved, "prophet", None)
+        prophet_files = resolved.prophet
         if prophet_files is None or not settings.seprod:
             return
         from edge_agent.modelfile import check_same_tokenizer, inspect
@@ -108,10 +111,11 @@ class Engine:
         check_same_tokenizer(inspect(resolved.model_path), inspect(prophet_files.model_path))
 
     @staticmethod
-    def _load_drafter(settings: Settings, resolved: Any, model: ModelLike, say: Progress) -> tuple[Any, Any]:
+    def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike,
+                      say: Progress) -> tuple[Drafter | None, ModelLike | None]:
         """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
         (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
-        prophet_files = getattr(resolved, "prophet", None)
+        prophet_files = resolved.prophet
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
@@ -122,13 +126,13 @@ class Engine:
         say(f"Loading the prophet {prophet_files.name}", 0.6)
         # Threads: the prophet drafts while the agent works, so it gets the cores the agent's decoding
         # leaves free (1 on 2 cores), for its prefill too; settings that name thread counts win.
-        n = prophet_threads(int(getattr(model, "n_threads", 1) or 1), physical_cores())
+        n = prophet_threads(max(1, model.n_threads), physical_cores())
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable.
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
                                       n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n)
         try:
             # decoding is memory-bound: the agent's time per token over the prophet's ~ their weight sizes
-            sizes = (getattr(model, "memory_bytes", {}).get("model"), getattr(prophet, "memory_bytes", {}).get("model"))
+            sizes = (model.memory_bytes.get("model"), prophet.memory_bytes.get("model"))
             ratio = sizes[0] / sizes[1] if sizes[0] and sizes[1] else 1.0
             drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
                               tau=settings.seprod_tau, a0=settings.seprod_a0, adaptive=settings.seprod_adaptive,
@@ -150,9 +154,9 @@ class Engine:
 
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
-        out = {"agent": dict(getattr(self.model, "memory_bytes", {}) or {})}
+        out = {"agent": dict(self.model.memory_bytes)}
         if self.prophet is not None:
-            out["prophet"] = dict(getattr(self.prophet, "memory_bytes", {}) or {})
+            out["prophet"] = dict(self.prophet.memory_bytes)
         return out
 
     # ---- asking ---------------------------------------------------------------------------------
@@ -197,10 +201,10 @@ class Engine:
             store = None
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-                px = getattr(self.model, "image_px_per_token", 0) or 32  # Qwen3-VL: 16 px patches, 2x2 merged
+                px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
                 budget = self.settings.image_max_tokens * px * px
                 key = self._image_key(image, budget)
-                png = self._recent[key][1] if key in self._recent else None
+                png = self._recent[key][1] if key is not None and key in self._recent else None
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=budget,
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=png)
                 if key is not None:
@@ -234,7 +238,7 @@ class Engine:
             loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
             if key is not None:
                 self._remember(key, loaded, None)
-        if not getattr(self.model, "has_vision", False):
+        if not self.model.has_vision:
             raise ImageError(
                 f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "
                 "Pass --mmproj FILE, choose a vision model (edge-agent models list), or ask without an image.",
@@ -276,9 +280,9 @@ class Engine:
         self.close()
 
 
-def _memory_line(model: Any) -> str:
+def _memory_line(model: ModelLike) -> str:
     """``model 94 MB + KV 64 MB + mmproj 0 MB = 158 MB`` from ``Model.memory_bytes``."""
-    mem = dict(getattr(model, "memory_bytes", {}) or {})
+    mem = dict(model.memory_bytes)
     if not mem:
         return "unknown"
     parts = " + ".join(f"{'KV' if k == 'kv_cache' else k} {v / 2**20:.0f} MB" for k, v in mem.items())

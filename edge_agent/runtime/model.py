@@ -510,3 +510,10 @@ def _validate_files(path: Path, mmproj: Path | None) -> tuple[Any, Any]:
     mm = modelfile.inspect(mmproj)
     modelfile.check_pair(text, mm)
     return text, mm
+
+
+if TYPE_CHECKING:  # mypy holds the seam: the real classes implement the protocols the agent uses
+    from edge_agent.runtime.types import ModelLike, SessionLike
+
+    def _conforms(m: Model, s: Session) -> tuple[ModelLike, SessionLike]:
+        return m, s

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -87,7 +88,12 @@ class SessionLike(Protocol):
     n_pos: int  # the position counter (text: +1 a token; image: +max(nx, ny))
     n_cells: int  # KV cells used by seq 0
     n_evaluated: int  # tokens (text + image embeddings) decoded into seq 0 so far
-    max_candidates: int  # most candidates ``score(keep=True)`` takes (n_seq_max - 1)
+    images: list[ImageChunk]  # the images in the context, in order (their digests: which images it holds)
+
+    @property
+    def max_candidates(self) -> int:
+        """Most candidates ``score(keep=True)`` takes (n_seq_max - 1)."""
+        ...
 
     def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
         """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens added."""
@@ -166,7 +172,11 @@ class ModelLike(Protocol):
     has_vision: bool
     n_vocab: int
     n_ctx: int
+    n_threads: int  # threads for token-by-token decoding
+    path: Path  # the text GGUF
     identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
+    image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
+    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size}
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
