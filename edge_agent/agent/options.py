@@ -1,0 +1,99 @@
+"""What the turn loop is configured with: its options, and the protocol of the SeProD drafter it calls.
+
+Knows: every knob of one episode (mode, limits, temperature, the rationale library, a policy that
+narrows the allowed actions) and the hooks a drafter offers (``edge_agent.agent.seprod.Drafter``
+implements them). Does not know llama_cpp, the loop's control flow or the chat format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from edge_agent.agent.events import Event
+from edge_agent.agent.rationales import Library, builtin_library
+from edge_agent.runtime.types import SessionLike
+
+MODES = ("ssr", "freeform")
+
+# (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
+# that force a path (e.g. zoom in turn 1, then answer); the default allows everything available.
+Policy = Callable[[int, frozenset[str]], Iterable[str]]
+
+
+class DraftOutcome(Protocol):
+    """What a SeProD hook returns (``edge_agent.agent.seprod.Verification``): what it put in the session."""
+
+    accepted: int  # draft tokens now in the agent's session
+    accepted_text: str
+    lead: tuple[int, ...]  # the agent's own tokens written before them
+    verdict: str  # grounding: "yes" | "no" | ""
+    steer: str  # text for the loop to append after accepted_text ("" for none)
+
+
+class Drafter(Protocol):
+    """The SeProD hooks (``edge_agent.agent.seprod.Drafter``). Each hook is a generator of events
+    that puts accepted draft tokens into the agent's session and returns a :class:`DraftOutcome`."""
+
+    def start(self, *, image: bytes | None, question: str, target: str | None = None) -> None: ...
+
+    def reset(self, *, new_chat: bool = False) -> None:
+        """A new question (``new_chat``: also forget the chat's acceptance statistics)."""
+        ...
+
+    def close(self) -> None: ...
+
+    def ground(self, session: SessionLike, *, turn: int, image: bytes | None,
+               target: str) -> Generator[Event, None, DraftOutcome]: ...
+
+    def answer(self, session: SessionLike, *, turn: int, image: bytes | None, question: str,
+               max_tokens: int | None = None) -> Generator[Event, None, DraftOutcome]: ...
+
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        """The agent decoded ``tokens`` tokens in ``seconds`` (prices later drafts)."""
+
+    @property
+    def tokens_evaluated(self) -> int:
+        """Prompt tokens the prophet has evaluated so far (images in embeddings), all questions."""
+        ...
+
+    def totals(self) -> dict[str, float]:
+        """This question's SeProD counters for ``FinalAnswer.totals``."""
+        ...
+
+
+@dataclass
+class AgentOptions:
+    mode: str = "ssr"  # ssr | freeform
+    max_turns: int = 5  # tool turns; then one more turn that must answer
+    tau: float = 1.0
+    sample: bool = False  # SSR: one seeded categorical draw instead of argmax
+    index_only: bool = False  # SSR ablation: score "[k]" instead of the rationale's text
+    seed: int = 0
+    temperature: float = 0.0  # actions and answers (and free-form reasoning)
+    freeform_max_tokens: int = 128
+    answer_max_tokens: int = 256
+    action_max_tokens: int = 128  # the tail of a tool call (a label <= 40 and a query <= 80 chars fit)
+    observation_max_tokens: int = 320  # a tool result's text is cut to this many tokens (0: no limit)
+    library: Library = field(default_factory=builtin_library)
+    policy: Policy | None = None
+    model_name: str = ""
+    instructions: str = ""  # the user's own addition to the system prompt (setting system_prompt)
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> AgentOptions:
+        """Options from a ``config.Settings`` (the library loaded from ``settings.rationales``)."""
+        from edge_agent.agent.rationales import load_library
+
+        kw: dict[str, Any] = dict(
+            mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
+            index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
+            freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
+            observation_max_tokens=settings.observation_max_tokens,
+            instructions=settings.system_prompt,
+        )
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        if "library" not in kw:
+            kw["library"] = load_library(settings.rationales)
+        return cls(**kw)
