@@ -264,7 +264,12 @@ async def test_retry_and_edit_last_question(settings, tmp_path, image):
         await type_and_enter(pilot, "/edit")
         prompt = app.screen.query_one(PromptInput)
         assert prompt.value == "second" and isinstance(app.focused, PromptInput)
-        prompt.value = "second, edited"
+        app.chat_screen.transcript.focus()  # away and back: the text is not selected, typing appends
+        await pilot.pause()
+        prompt.focus()
+        await pilot.pause()
+        await pilot.press(*", edited")
+        assert prompt.value == "second, edited"
         await pilot.press("enter")
         await settle(pilot)
         # the edited question takes the place of the last exchange (the retried "second")

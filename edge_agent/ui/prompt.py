@@ -78,7 +78,9 @@ class PromptInput(Input):
     ]
 
     def __init__(self, history: list[str] | None = None, **kw) -> None:
-        super().__init__(placeholder=PLACEHOLDER_VISION, **kw)
+        # select_on_focus off: coming back to the prompt (Ctrl+N, /edit, after a dialog) must not select the
+        # draft, or the next key replaces it
+        super().__init__(placeholder=PLACEHOLDER_VISION, select_on_focus=False, **kw)
         self.history: list[str] = list(history or [])
         self._pos = len(self.history)
         self._draft = ""
