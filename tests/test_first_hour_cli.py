@@ -168,7 +168,7 @@ def test_models_add_says_when_the_model_becomes_the_default(edge_home, tiny_mode
 def test_ask_cleans_its_crops_and_old_ones_that_no_chat_shows(edge_home, tmp_path):
     from edge_agent.agent import events as ev
     from edge_agent.chats import ChatStore
-    from edge_agent.commands.ask import prune_crops, remove_run_crops
+    from edge_agent.crops import prune_crops, remove_run_crops
 
     s = Settings.load()
     crops = s.crops_dir

@@ -517,3 +517,29 @@ async def test_settings_model_list_opens_the_download_screen(settings, tmp_path)
         await pilot.press("escape")  # nothing running: closes
         await pilot.pause()
         assert isinstance(app.screen, SettingsScreen)
+
+
+@pytest.mark.asyncio
+async def test_app_start_prunes_old_crops_no_chat_shows(settings, tmp_path):
+    import os
+
+    from edge_agent.chats import ChatStore
+
+    old, shown = settings.crops_dir / "20200101-old", settings.crops_dir / "20200101-shown"
+    for d in (old, shown):
+        d.mkdir(parents=True)
+        (d / "crop-1.png").write_bytes(b"png")
+    store = ChatStore(settings.chats_path)
+    mid = store.start_answer(store.new_chat())
+    store.add_event(mid, ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="", seconds=0.0,
+                                         status="local", image_index=1, image_path=str(shown / "crop-1.png")))
+    store.finish_answer(mid, "answered", "x")
+    store.close()
+    week_ago = time.time() - 8 * 86400
+    for d in (old, shown):
+        os.utime(d, (week_ago, week_ago))
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot_wait_until(pilot, lambda: not old.exists(), what="the old crop folder to go")
+        assert shown.exists()

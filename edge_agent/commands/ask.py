@@ -12,10 +12,8 @@ traceback).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import click
 
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
+from edge_agent.crops import prune_crops, remove_run_crops
 from edge_agent.errors import EdgeAgentError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
@@ -128,7 +127,7 @@ def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | 
     if memory is not None and not as_json and sys.stderr.isatty():
         click.echo("memory: " + "; ".join(
             f"{who} {sum(m.values()) / 2**20:.0f} MB" for who, m in memory().items()), err=True)
-    prune_crops(settings.crops_dir, chats_path=settings.chats_path)
+    prune_crops(settings.crops_dir, chats_path=settings.chats_path)  # old runs no chat shows
     cancel = threading.Event()
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
@@ -178,50 +177,6 @@ def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | 
             why = next((e.message for e in events if isinstance(e, ev.AgentError) and e.title == "No answer found"), "")
             click.echo(f"No answer found. {why}".strip(), err=True)
         sys.exit(1)
-
-
-CROPS_MAX_AGE_DAYS = 7
-
-
-def remove_run_crops(events: list[ev.Event], crops_dir: Path) -> None:
-    """Delete the crop folders this run wrote (never anything outside ``crops_dir``)."""
-    root = crops_dir.resolve()
-    for folder in {Path(e.image_path).parent for e in events if isinstance(e, ev.ToolFinished) and e.image_path}:
-        folder = folder.resolve()
-        if folder.parent == root:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def prune_crops(crops_dir: Path, max_age_days: float = CROPS_MAX_AGE_DAYS, *, chats_path: Path | None = None) -> int:
-    """Delete run folders under ``crops_dir`` untouched for ``max_age_days`` (left by `ask --json`, or by
-    app chats since deleted); a folder a saved chat still shows is kept. Returns how many were deleted."""
-    if not crops_dir.is_dir():
-        return 0
-    cutoff = time.time() - max_age_days * 86400
-    old = [f for f in crops_dir.iterdir() if f.is_dir() and not f.is_symlink() and f.stat().st_mtime < cutoff]
-    if not old:
-        return 0
-    kept = _crop_folders_in_chats(chats_path) if chats_path is not None else set()
-    n = 0
-    for folder in old:
-        if folder.name not in kept:
-            shutil.rmtree(folder, ignore_errors=True)
-            n += 1
-    return n
-
-
-def _crop_folders_in_chats(chats_path: Path) -> set[str]:
-    """Names of the crop folders that saved chats refer to (their zoom results)."""
-    if not chats_path.exists():
-        return set()
-    from edge_agent.chats import ChatStore
-
-    store = ChatStore(chats_path)
-    try:
-        return {Path(e.image_path).parent.name for c in store.list_chats() for m in store.load(c.id).messages
-                for e in m.events if isinstance(e, ev.ToolFinished) and e.image_path}
-    finally:
-        store.close()
 
 
 def _jsonable(v: Any) -> Any:

@@ -90,11 +90,25 @@ class EdgeAgentApp(App):
         chat = ChatScreen(self.store, self.store.recent_questions())
         await self.push_screen(chat)
         self.start_loading()
+        self.prune_crops()
         if self.open_chat is not None:
             try:
                 await chat.open_chat(self.store.load(self.open_chat))
             except EdgeAgentError as e:
                 self.notify(e.message, title=e.title, severity="error")
+
+    @work(thread=True, group="crops", exit_on_error=False)
+    def prune_crops(self) -> None:
+        """Worker thread: delete week-old crop folders no saved chat shows (deleted chats, `ask --json`)."""
+        from edge_agent.crops import prune_crops
+
+        try:
+            n = prune_crops(self.settings.crops_dir, chats_path=self.settings.chats_path)
+        except (OSError, EdgeAgentError) as e:  # never worth failing the app for
+            log.warning("crop cleanup skipped: %s", e)
+            return
+        if n:
+            log.info("deleted %d old crop folders", n)
 
     def _theme_changed(self, theme: Any) -> None:
         name = getattr(theme, "name", str(theme))
@@ -263,5 +277,10 @@ class EdgeAgentApp(App):
             yield SystemCommand("Export chat", "Markdown + JSON with tool calls, crops and scores",
                                 lambda: chat.export(chat.chat_id))
             yield SystemCommand("Attach image", "Pick an image file", chat.action_pick_image)
+            yield SystemCommand("Detach image", "Ask the next questions without the image (Ctrl+D)",
+                                chat.action_detach_image)
+            yield SystemCommand("Retry last answer", "Answer the last question again (/retry)", chat.action_retry)
+            yield SystemCommand("Edit last question", "Change the last question and send it again (/edit)",
+                                chat.action_edit_last)
             yield SystemCommand("Reasoning: open/close", "The last answer's reasoning blocks",
                                 chat.action_toggle_reasoning)
