@@ -47,22 +47,10 @@ class StatusBar(Static):
         self.model_name, self.prophet_name, self.text_only = model, prophet or "", text_only
         self.refresh_bar()
 
-    def watch_state(self) -> None:
-        self.refresh_bar()
-
-    def watch_tokens_per_second(self) -> None:
-        self.refresh_bar()
-
-    def watch_network_down(self) -> None:
-        self.refresh_bar()
-
-    def watch_context(self) -> None:
-        self.refresh_bar()
-
-    def on_mount(self) -> None:
-        self.refresh_bar()
-
     def refresh_bar(self) -> None:
+        self.refresh()  # the reactives above repaint by themselves; settings and models do not
+
+    def render(self) -> Text:
         s = self.settings
         sep = Text(" │ ", style="dim")
         t = Text()
@@ -95,4 +83,4 @@ class StatusBar(Static):
         t.append_text(sep)
         colors = {"ready": "green", "busy": "yellow", "loading": "yellow", "no model": "red"}
         t.append(self.state, style=colors.get(self.state, "dim"))
-        self.update(t)
+        return t
