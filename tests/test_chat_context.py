@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from edge_agent.agent.context import Opened, append_segments
 from edge_agent.agent.loop import AgentOptions
@@ -53,11 +53,10 @@ def settings(edge_home: Path) -> Settings:
 
 @pytest.fixture
 def photo(tmp_path: Path) -> Path:
-    im = Image.new("RGB", (768, 768), (30, 90, 200))
-    ImageDraw.Draw(im).rectangle([600, 80, 700, 240], fill=(250, 250, 250))
-    p = tmp_path / "photo.png"
-    im.save(p)
-    return p
+    """768x768 (576 image tokens), a sign and a door: the photo of scripts/bench_chat.py."""
+    from scripts.bench_chat import photo as bench_photo
+
+    return bench_photo(tmp_path / "photo.png")
 
 
 def answer_only(turn, allowed):

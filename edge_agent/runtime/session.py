@@ -376,11 +376,7 @@ class Session:
         """Snapshot seq 0 (pending tokens are evaluated first): the KV bytes and everything llama.cpp
         does not keep. Costs one copy of the sequence's KV cells (a few ms per 10 MB)."""
         with self.model.lock:
-            self._check()
-            self._drop_kept()
-            self._flush()
-            if self._logits is None:
-                raise ModelRuntimeError("Nothing to save: the context is empty or ends in an image.")
+            logits = self._settled_logits("Nothing to save: the context is empty or ends in an image.")
             size = int(C.llama_state_seq_get_size(self._ctx, 0))
             kv = np.empty(size, dtype=np.uint8)
             got = int(C.llama_state_seq_get_data(self._ctx, kv.ctypes.data_as(_U8P), size, 0))
@@ -389,7 +385,7 @@ class Session:
             return state_mod.SessionState(
                 identity=dict(self.model.identity), key=state_mod.sequence_key(self.model.identity, self.history, self.images),
                 history=list(self.history), images=list(self.images), n_pos=self.n_pos, n_cells=self.n_cells,
-                logits=self._logits.copy(), kv=kv, label=label,
+                logits=logits.copy(), kv=kv, label=label,
             )
 
     def _restore(self, st: state_mod.SessionState) -> None:
@@ -410,15 +406,19 @@ class Session:
         self._logits = st.logits.copy()
 
     # ------------------------------------------------------------------------------ distributions
+    def _settled_logits(self, empty: str) -> np.ndarray:
+        """Evaluate anything pending and return the next-token logits (raises ``empty`` if there are none)."""
+        self._check()
+        self._drop_kept()
+        self._flush()
+        if self._logits is None:
+            raise ModelRuntimeError(empty)
+        return self._logits
+
     def next_logits(self) -> np.ndarray:
         """(V,) float32 raw logits for the next token (a copy)."""
         with self.model.lock:
-            self._check()
-            self._drop_kept()
-            self._flush()
-            if self._logits is None:
-                raise ModelRuntimeError("Nothing has been evaluated yet: append text first.")
-            return self._logits.copy()
+            return self._settled_logits("Nothing has been evaluated yet: append text first.").copy()
 
     def next_logprobs(self) -> np.ndarray:
         """(V,) float32 log-softmax of the model's distribution for the next token."""
