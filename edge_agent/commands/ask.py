@@ -217,6 +217,11 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
         items = per_turn[turn]
         lines.append(f"turn {turn}: " + items[-1])
         lines += [f"  {x}" for x in items[:-1]]
+    opened = next((e for e in events if isinstance(e, ev.ContextOpened)), None)
+    if opened is not None:
+        lines.append(f"context: {opened.source}" + (f" ({opened.reason})" if opened.reason else "")
+                     + f", {opened.tokens_reused:,} tokens kept, {opened.tokens_evaluated:,} read"
+                     + (", system prompt restored" if opened.system_restored else ""))
     final = next((e for e in reversed(events) if isinstance(e, ev.FinalAnswer)), None)
     if final is not None:
         t = final.totals

@@ -227,7 +227,7 @@ class StateStore:
 
         def write() -> None:
             try:
-                atomic_write(self.path(state.key), pieces, fsync=False)
+                atomic_write(self.path(state.key), pieces, private=True, fsync=False)  # chat content
                 self.evict(keep=state.key)
             except OSError as e:
                 self.errors.append(f"{self.path(state.key).name}: {e}")
