@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -149,6 +150,7 @@ def test_one_size_from_the_catalog_and_no_catalog_notes_in_info(edge_home):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"({size} together)" in readme
     info = models("info", "qwen3-vl-2b-instruct").output
+    assert re.search(rf"download size\s+{re.escape(size)} \(model \+ mmproj\)", info), info
     assert "catalog data" not in info and (not entry.verified or entry.verified not in info)
 
 

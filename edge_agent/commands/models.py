@@ -285,6 +285,8 @@ def info(name: str) -> None:
             lines += [("comes with", f"PyPI package {entry.pypi} ({entry.install})")]
         else:
             lines.append(("hub repo", f"{entry.repo} @ {entry.revision}"))
+            if entry.download_size:  # the one size every screen shows: model + mmproj
+                lines.append(("download size", human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
             for label, f in (("model file", entry.file), ("mmproj file", entry.mmproj)):
                 if f is not None:
                     approx = " (about)" if f.size_approx else ""
