@@ -41,6 +41,7 @@ __all__ = [
     "Session",
     "SessionLike",
     "TokenCallback",
+    "vision_encodes",
 ]
 
 
@@ -53,4 +54,8 @@ def __getattr__(name: str) -> Any:
         from edge_agent.runtime.session import Session
 
         return Session
+    if name == "vision_encodes":  # vision encodes run by this process (all models): one per image
+        from edge_agent.runtime.vision import vision_encodes
+
+        return vision_encodes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
