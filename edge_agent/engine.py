@@ -60,11 +60,8 @@ class Engine:
         model_name: str = "",
         prophet: ModelLike | None = None,
     ) -> None:
-        self.model = model
-        self.settings = settings
-        self.tools = tools
-        self.drafter = drafter
-        self.prophet = prophet
+        self.model, self.prophet, self.settings = model, prophet, settings
+        self.tools, self.drafter = tools, drafter
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         self.contexts = self._contexts(model, settings)

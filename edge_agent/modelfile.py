@@ -255,10 +255,14 @@ def _supported_list() -> str:
     return f"with images: {vision} (Qwen3-VL recommended); text only: {text}"
 
 
+def _inspected(path_or_info: str | os.PathLike[str] | ModelInfo) -> tuple[ModelInfo, Path]:
+    info = path_or_info if isinstance(path_or_info, ModelInfo) else inspect(path_or_info)
+    return info, info.path
+
+
 def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, need_vision: bool = False) -> ModelInfo:
     """Inspect a file meant as the text (agent or prophet) model and check what would abort llama.cpp."""
-    info = path_or_info if isinstance(path_or_info, ModelInfo) else inspect(path_or_info)
-    p = info.path
+    info, p = _inspected(path_or_info)
     if info.kind == "mmproj":
         raise ModelFileError(
             f"{p} is a vision projector (mmproj, {info.projector_type or 'clip'}), not a language model. "
@@ -303,8 +307,7 @@ def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, nee
 
 def validate_mmproj(path_or_info: str | os.PathLike[str] | ModelInfo) -> ModelInfo:
     """Inspect a file meant as the vision projector and check what would make clip/mtmd fail or abort."""
-    info = path_or_info if isinstance(path_or_info, ModelInfo) else inspect(path_or_info)
-    p = info.path
+    info, p = _inspected(path_or_info)
     if info.kind == "text":
         raise ModelFileError(
             f"{p} is a '{info.architecture}' language model, not a vision projector (mmproj). Pass the model's "

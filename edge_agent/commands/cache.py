@@ -226,18 +226,13 @@ def read_prefetch_file(file: Path) -> tuple[list[str], list[Path]]:
         if not isinstance(obj, dict):
             raise bad(n, "not a JSON object")
         known = False
-        if "text_queries" in obj:
-            known = True
-            if not isinstance(obj["text_queries"], list):
-                raise bad(n, '"text_queries" must be a list')
-            for q in obj["text_queries"]:
-                add_query(n, q)
-        if "images" in obj:
-            known = True
-            if not isinstance(obj["images"], list):
-                raise bad(n, '"images" must be a list')
-            for p in obj["images"]:
-                add_image(n, p)
+        for key, add in (("text_queries", add_query), ("images", add_image)):
+            if key in obj:
+                known = True
+                if not isinstance(obj[key], list):
+                    raise bad(n, f'"{key}" must be a list')
+                for item in obj[key]:
+                    add(n, item)
         if "question" in obj:
             known = True
             add_query(n, obj["question"])
