@@ -730,3 +730,24 @@ def test_prepared_drafts_are_fitted_to_the_time_before_their_hook():
         assert drafted <= 2  # the first prepared draft (L_d 9) and the probe: skipped ones cost nothing
     finally:
         d.close()
+
+
+def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
+    """the agent always reaches the hook at once and the prophet is slow: the first prepared drafts are
+    cancelled, but even cancelled they are measured, so later ones are not drafted at all (no prophet
+    CPU spent on drafts nobody will use)."""
+    d = slow_drafter(0.05, agent_token=0.001)
+    try:
+        d.draft(seprod.ANSWERING, "warm-up", None)  # the first draft is not measured
+        details = []
+        for i in range(3):
+            d.start(image=None, question=f"q{i}")
+            events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
+            assert [type(e) for e in events] == [DraftSkipped] and v.skipped == "not_ready"
+            details.append(events[0].detail)
+            d._pool.submit(lambda: None).result(timeout=5)  # the cancelled draft has ended
+        assert details[0].startswith(("the draft is not ready", "the draft was not ready"))  # drafted, cancelled
+        assert "would not be ready in time" in details[-1]  # not drafted at all
+        assert d.costs.prefill_same_image is not None and d.costs.lead[seprod.ANSWERING] < 0.05
+    finally:
+        d.close()

@@ -303,12 +303,19 @@ class Costs:
     # agent works meanwhile, i.e. how much drafting can be hidden
     lead: dict[str, float] = field(default_factory=dict)
 
+    def prophet_seconds(self) -> float | None:
+        """The prophet's seconds per drafted token: measured, else the agent's scaled by the size ratio."""
+        if self.prophet_token is not None:
+            return self.prophet_token
+        return None if self.agent_token is None else self.agent_token / self.agent_cost_ratio
+
     def draft_seconds(self, draft_len: int, *, new_image: bool) -> float | None:
         """Expected prophet seconds for a draft of ``draft_len`` tokens, prompt included; None if unknown."""
         pre = self.prefill_new_image if new_image else self.prefill_same_image
-        if pre is None or self.prophet_token is None:
+        per_tok = self.prophet_seconds()
+        if pre is None or per_tok is None:
             return None
-        return pre + draft_len * self.prophet_token
+        return pre + draft_len * per_tok
 
     def token_seconds(self, prophet_token: float | None = None) -> float | None:
         """Expected agent seconds per decoded token, or None when nothing is known yet.
@@ -721,7 +728,7 @@ class Drafter:
         c = self.costs
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
-        lead, per_tok = c.lead.get(mode), c.prophet_token
+        lead, per_tok = c.lead.get(mode), c.prophet_seconds()
         full = c.draft_seconds(plan.draft_len, new_image=new_image[0])
         if lead is None or per_tok is None or full is None or per_tok <= 0:
             return plan  # nothing measured yet: draft, and measure
@@ -779,6 +786,7 @@ class Drafter:
         s.append_text("<|im_end|>\n<|im_start|>assistant\n", special=True)
         gen = s.generate(max_tokens=job.plan.draft_len, temperature=0.0, on_token=job.on_token, cancel=job.cancel)
         if gen.stop_reason == "cancelled":
+            self._measure(job, cancelled=True)  # a cancelled draft still says what drafting costs
             raise Cancelled()
         tokens = list(gen.tokens)
         logprobs = list(gen.logprobs)
@@ -793,13 +801,16 @@ class Drafter:
         return Draft(mode, query, tuple(tokens), np.asarray(logprobs, dtype=np.float64), text,
                      time.perf_counter() - t0, draft_len=job.plan.draft_len)
 
-    def _measure(self, job: _Job) -> None:
+    def _measure(self, job: _Job, *, cancelled: bool = False) -> None:
+        """Prophet costs from a draft's progress. A draft cancelled before its first token gives a lower
+        bound of its prompt time (else drafts that are always cancelled would never be priced, and the
+        prophet would keep drafting them for nothing)."""
         c = self.costs
         if not self._warm:  # the prophet's first draft pages its weights in: not what drafts cost
             self._warm = True
             return
-        if job.first_token is not None and job.started is not None:
-            prefill = job.first_token - job.started
+        if job.started is not None and (job.first_token is not None or cancelled):
+            prefill = (job.first_token or time.perf_counter()) - job.started
             if job.new_image:
                 c.prefill_new_image = _ema(c.prefill_new_image, prefill)
             else:
