@@ -114,7 +114,8 @@ class Model:
         self.info: Any = None  # edge_agent.modelfile.ModelInfo of the text model
         self.mmproj_info: Any = None
         self.memory_bytes: dict[str, int] = {}
-        self.vision_identity = ""  # what determines image embeddings: mmproj bytes + mtmd image limits
+        self.mmproj_identity = ""  # the mmproj file's identity: with an image and its grid, what fixes an embedding
+        self.vision_identity = ""  # mmproj + mtmd's image limits: what fixes how an image becomes tokens
         self.vision_encodes = 0  # images this model's projector encoded (reused embeddings not counted)
         self.identity: dict[str, Any] = {}  # everything that changes this context's numbers (saved states)
 
@@ -270,7 +271,8 @@ class Model:
             if not M.mtmd_support_vision(self._mtmd):
                 raise ModelFileError(f"{self.mmproj_path.name} is not a vision projector. Use the model's image mmproj.")
             self.has_vision = True
-            self.vision_identity = f"{file_identity(self.mmproj_path)}:{image_tokens[0]}:{image_tokens[1]}"
+            self.mmproj_identity = file_identity(self.mmproj_path)
+            self.vision_identity = f"{self.mmproj_identity}:{image_tokens[0]}:{image_tokens[1]}"
             mi = self.mmproj_info
             self.image_px_per_token = mi.patch_size * (mi.spatial_merge_size or 1) if mi is not None else 0
 

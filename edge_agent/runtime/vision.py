@@ -123,7 +123,9 @@ def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool
     """The chunk's embedding: from the cache (second value True) or encoded now (False)."""
     global _cache_bytes, _encodes
     nx, ny, n_tok, _ = chunk_shape(chunk)
-    key = f"{model.vision_identity}:{nx}x{ny}:{digest}"
+    # the mmproj's bytes, the image's bytes and the grid mtmd resized it to determine the embedding
+    # (two models with other image-token limits share it whenever the image fits both the same way)
+    key = f"{model.mmproj_identity}:{nx}x{ny}:{digest}"
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
