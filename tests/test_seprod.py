@@ -751,3 +751,19 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
         assert d.costs.prefill_same_image is not None and d.costs.lead[seprod.ANSWERING] < 0.05
     finally:
         d.close()
+
+
+def test_probes_of_drafts_that_never_fit_back_off():
+    """a draft that never fits in time is probed (short) after PROBE_EVERY skips, then after twice as
+    many, and so on: little prophet work is spent on checking whether the machine got faster."""
+    d = seprod.Drafter(FakeModel("abc"), agent_vocab=V, draft_len=16, background=True)
+    try:
+        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod.ANSWERING] = 0.05, 0.05, 0.01
+        plans = [d._fit(seprod.ANSWERING, seprod.Plan(True, 16), [0.0], [False]) for _ in range(24)]
+        probes = [i for i, p in enumerate(plans) if p.use]
+        g = seprod.PROBE_EVERY
+        assert probes == [g - 1, g - 1 + 2 * g, g - 1 + 2 * g + 4 * g][: len(probes)] and len(probes) >= 2
+        assert all(plans[i].draft_len == seprod.MIN_DRAFT_LEN and "probing" in plans[i].note for i in probes)
+        assert all(p.reason == "not_ready" for p in plans if not p.use)
+    finally:
+        d.close()

@@ -275,6 +275,7 @@ EMA_WEIGHT = 0.3  # weight of the newest measurement in the running cost estimat
 WINDOW = 4  # rounds per mode the adaptive rule looks back on
 MIN_ROUNDS_TO_SWITCH_OFF = 2
 PROBE_EVERY = 4  # a mode switched off drafts again after this many skipped rounds (acceptance may recover)
+MAX_PROBE_GAP = 32  # drafts that never fit in time are probed at most this rarely (the gap doubles)
 MIN_DRAFT_LEN = 4
 
 
@@ -615,6 +616,7 @@ class Drafter:
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
         self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
+        self._probe_gap: dict[str, int] = {}  # mode -> skips before the next probe (doubles while probes fail)
         self._warm = False  # the prophet has drafted once (its first draft is not measured)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -723,8 +725,9 @@ class Drafter:
     def _fit(self, mode: str, plan: Plan, ahead: list[float], new_image: list[bool]) -> Plan:
         """A prepared draft fitted to the time before its hook: the measured lead time plus the wait its
         saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work) when
-        fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except every ``PROBE_EVERY``-th time (costs
-        change: the machine may be less busy). Updates ``ahead`` (the worker runs one draft at a time)."""
+        fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except for a short probe after
+        ``PROBE_EVERY`` such skips (costs change: the machine may be less busy), the gap doubling up to
+        ``MAX_PROBE_GAP`` while no draft is used. Updates ``ahead`` (the worker runs one draft at a time)."""
         c = self.costs
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
@@ -737,10 +740,13 @@ class Drafter:
         fits = int((lead + wait - ahead[0] - prompt) / per_tok)
         if fits < min(MIN_DRAFT_LEN, plan.draft_len):
             self._late[mode] = self._late.get(mode, 0) + 1
-            if self._late[mode] < PROBE_EVERY:
+            gap = self._probe_gap.get(mode, PROBE_EVERY)
+            if self._late[mode] < gap:
                 return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
                             f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready")
-            fits, note = plan.draft_len, f"probing whether a {mode} draft is ready in time"
+            # a short probe; the next one comes twice as late unless a draft is used meanwhile
+            self._probe_gap[mode] = min(2 * gap, MAX_PROBE_GAP)
+            fits, note = min(MIN_DRAFT_LEN, plan.draft_len), f"probing whether a {mode} draft is ready in time"
         else:
             note = plan.note
         self._late[mode] = 0
@@ -976,6 +982,7 @@ class Drafter:
                 v.steer = STEER_ELSEWHERE
         self.stats.add(v)
         self.adaptive.record(mode, len(v.draft.tokens), v.accepted)
+        self._probe_gap.pop(mode, None)  # a draft was used: probe at the normal rate again
         yield DraftVerified(
             turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens), accepted_text=v.accepted_text,
             scores=tuple(float(x) for x in v.scores), seconds=v.seconds, lead=len(v.lead), verdict=v.verdict,
