@@ -232,7 +232,7 @@ async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(s
         tr = app.chat_screen.transcript
         assert len(tr.query(UserMessage)) + len(tr.query(AnswerView)) == OPEN_PAGE
         assert tr.query(UserMessage)[-1].text == "question 59" and isinstance(tr.children[-1], AnswerView)
-        assert f"{120 - OPEN_PAGE} earlier messages" in str(tr.query_one(".earlier-messages").label)
+        assert f"{120 - OPEN_PAGE} earlier messages" in str(tr.query_one(".earlier-messages", Static).render())
         steps = 0
         while app.chat_screen._older:
             tr.scroll_home(animate=False)
@@ -244,6 +244,20 @@ async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(s
         questions = [str(m.text) for m in tr.query(UserMessage)]
         assert questions == [f"question {i}" for i in range(60)] and not tr.query(".earlier-messages")
         print(f"opened a 120-message chat in {opened:.2f} s; {steps} more pages on scrolling up")
+
+
+@pytest.mark.asyncio
+async def test_clicking_the_earlier_messages_line_shows_them(settings, tmp_path):
+    app, _ = app_with(settings, tmp_path)
+    async with app.run_test(size=(130, 100)) as pilot:  # tall: the first page fits, the line is on screen
+        await settle(pilot)
+        await app.chat_screen.open_chat(app.store.load(long_chat(app.store, 6)))
+        await pilot.pause()
+        tr = app.chat_screen.transcript
+        assert len(tr.query(UserMessage)) == OPEN_PAGE // 2
+        await pilot.click(".earlier-messages")
+        await pilot_wait_until(pilot, lambda: len(tr.query(UserMessage)) == 6, what="the click to mount the rest")
+        assert not tr.query(".earlier-messages")
 
 
 # --- retry the last answer; edit and resend the last question ----------------------------------------

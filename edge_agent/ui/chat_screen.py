@@ -20,8 +20,9 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message as UIMessage
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, ChatStore, Message
@@ -60,22 +61,28 @@ EMPTY_HINT_TEXT_ONLY = (
 OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
 
 
-class EarlierMessages(Button):
-    """The top line of a long chat: older messages are mounted when pressed or scrolled to."""
+class EarlierMessages(Static):
+    """The top line of a long chat: older messages are mounted when it is clicked or scrolled to."""
 
     DEFAULT_CSS = """
-    EarlierMessages { width: 100%; height: 1; border: none; min-width: 0; background: $boost; color: $text-muted; }
+    EarlierMessages { width: 100%; height: 1; background: $boost; color: $text-muted; text-align: center; }
     """
+
+    class Pressed(UIMessage):
+        pass
 
     def __init__(self, n: int) -> None:
         super().__init__(self._label(n), classes="earlier-messages")
 
     @staticmethod
     def _label(n: int) -> str:
-        return f"▲ {n} earlier messages (scroll up or press to show)"
+        return f"▲ {n} earlier messages (scroll up or click to show)"
 
     def set_count(self, n: int) -> None:
-        self.label = self._label(n)
+        self.update(self._label(n))
+
+    def on_click(self) -> None:
+        self.post_message(self.Pressed())
 
 
 class ImagePanel(Vertical):
@@ -571,7 +578,7 @@ class ChatScreen(Screen):
     async def reached_top(self) -> None:
         await self.show_earlier()
 
-    @on(Button.Pressed, ".earlier-messages")
+    @on(EarlierMessages.Pressed)
     async def earlier_pressed(self) -> None:
         await self.show_earlier()
 
