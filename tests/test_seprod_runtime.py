@@ -646,3 +646,35 @@ def test_an_episode_encodes_each_image_once(tiny_pair, tmp_path):
     assert [e.mode for e in events if isinstance(e, DraftProposed)] == ["grounding", "answering"]
     images = 2  # the question's image and one crop
     assert (agent.vision_encodes - a0) + (prophet.vision_encodes - p0) == images
+
+
+def test_agent_and_prophet_reading_one_image_at_once_encode_it_once(tiny_pair):
+    """the agent and the prophet put the same image into their contexts at the same moment (the
+    prophet drafts while the agent reads the question): one vision encode, the other model waits for it."""
+    import threading
+
+    from edge_agent.runtime import vision
+
+    agent, prophet = tiny_pair
+    img = png((90, 20, 160), (128, 96))
+    vision.clear_cache()
+    a0, p0 = agent.vision_encodes, prophet.vision_encodes
+    go = threading.Barrier(2)
+    errors = []
+
+    def read(model):
+        try:
+            s = model.session()
+            s.append_text("<|im_start|>user\n")
+            go.wait()
+            s.append_image(img)
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(m,)) for m in (agent, prophet)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert (agent.vision_encodes - a0) + (prophet.vision_encodes - p0) == 1

@@ -39,6 +39,7 @@ _lock = threading.Lock()
 _cache: OrderedDict[str, Embedding] = OrderedDict()
 _cache_bytes = 0
 _encodes = 0  # vision encodes run by this process (all models)
+_inflight: dict[str, threading.Event] = {}  # key -> set when its encode ends (one encode per key)
 
 
 @dataclass(frozen=True)
@@ -121,16 +122,30 @@ def chunk_shape(chunk: object) -> tuple[int, int, int, int]:
 
 def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool]:
     """The chunk's embedding: from the cache (second value True) or encoded now (False)."""
-    global _cache_bytes, _encodes
     nx, ny, n_tok, _ = chunk_shape(chunk)
     # the mmproj's bytes, the image's bytes and the grid mtmd resized it to determine the embedding
     # (two models with other image-token limits share it whenever the image fits both the same way)
     key = f"{model.mmproj_identity}:{nx}x{ny}:{digest}"
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit, True
+    while True:  # one encode per key: a second model asking while it runs waits for it (no CPU spent)
+        with _lock:
+            hit = _cache.get(key)
+            if hit is not None:
+                _cache.move_to_end(key)
+                return hit, True
+            busy = _inflight.get(key)
+            if busy is None:
+                _inflight[key] = threading.Event()
+                break
+        busy.wait()  # then the cache has it (or the encode failed: this caller encodes)
+    try:
+        return _encode(model, chunk, key, n_tok), False
+    finally:
+        with _lock:
+            _inflight.pop(key).set()
+
+
+def _encode(model: Model, chunk: object, key: str, n_tok: int) -> Embedding:
+    global _cache_bytes, _encodes
     with model.lock:
         t0 = time.perf_counter()
         clear_errors()
@@ -149,7 +164,7 @@ def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool
         while _cache_bytes > CACHE_BYTES and len(_cache) > 1:
             _, old = _cache.popitem(last=False)
             _cache_bytes -= old.data.nbytes
-    return emb, False
+    return emb
 
 
 _NO_CALLBACK = M.mtmd_helper_post_decode_callback()  # a NULL function pointer: no per-batch callback
