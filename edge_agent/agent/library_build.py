@@ -10,15 +10,13 @@ action (average-linkage agglomerative clustering on cosine similarity), and how 
 clusters' representatives as a library in the format ``rationales.parse_library`` validates, with
 provenance in a side field the loader ignores.
 
-Does not know: models or tokens. Clustering takes vectors from an ``embed(texts) -> (n, d)``
-callable it is handed (``edge_agent.runtime.embed`` gives the agent model's mean-pooled hidden
-states); without one it uses TF-IDF word vectors (a plain lexical fallback). Pure: no llama_cpp, no
-network, no files written (``write_library`` writes the one file it is asked to).
+Does not know: models or tokens. Clustering takes vectors from an ``embed(texts) -> (n, d)`` callable
+(``edge_agent.runtime.embed``: the agent model's mean-pooled hidden states); without one, TF-IDF word
+vectors. Pure: no llama_cpp, no network, no files written but the one ``write_library`` is asked to.
 
-Correctness: an ``eval`` record counts as correct when its normalised prediction contains a gold
-answer (the eval's "contains" metric: free-form answers are often a sentence around the answer);
-a chat answer or an ``ask`` run that ended in an error or was cancelled counts as failed; an
-answered chat or ``ask`` run has no gold answer and counts as unknown (kept by default).
+Correctness: an ``eval`` record is correct when its normalised prediction contains a gold answer (the
+eval's "contains" metric); a chat or ``ask`` answer that failed or was cancelled counts as failed, an
+answered one has no gold answer and counts as unknown (kept by default).
 """
 
 from __future__ import annotations
@@ -55,9 +53,7 @@ class LibraryBuildError(EdgeAgentError):
     title = "Cannot build a rationale library"
 
 
-# --------------------------------------------------------------------------------------------------
-# Traces -> turns
-# --------------------------------------------------------------------------------------------------
+# ---- Traces -> turns ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -216,9 +212,7 @@ def _read_ask_log(rows: list[dict[str, Any]], name: str, out: Read) -> None:
         _add_events(out, f"{name}:run{n}", events, None if ok else False)
 
 
-# --------------------------------------------------------------------------------------------------
-# One turn's reasoning -> a generic move
-# --------------------------------------------------------------------------------------------------
+# ---- One turn's reasoning -> a generic move ----------------------------------------------------------
 
 _MARKUP = re.compile(r"<\|im_start\|>\s*(?:system|user|assistant|tool)?|<\|[^|>]{0,40}\|>|</?(?:think|tool_call|tool_response|answer|image|img)[^>]{0,20}>|<\|", re.I)
 _JSONISH = re.compile(r"\{[^{}]{0,300}\}")
@@ -335,9 +329,7 @@ def _tidy(s: str) -> str:
     return s[:1].upper() + s[1:] if s else s
 
 
-# --------------------------------------------------------------------------------------------------
-# Clustering
-# --------------------------------------------------------------------------------------------------
+# ---- Clustering --------------------------------------------------------------------------------------
 
 
 def lexical_vectors(texts: Sequence[str]) -> np.ndarray:
@@ -399,9 +391,7 @@ def cluster(vectors: np.ndarray, weights: Sequence[int], threshold: float) -> li
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# The build
-# --------------------------------------------------------------------------------------------------
+# ---- The build ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """SeProD (self-prophetic decoding): a base "prophet" model drafts tokens, the agent verifies them.
 
-What this module knows:
-- the acceptance rule (pure numpy, see :func:`combined_scores` for the formula and why);
+What it knows (the pure parts live in ``seprod_math``: acceptance maths, values, the prophet's
+queries; and ``seprod_policy``: costs and the adaptive rule; all re-exported here):
 - what the prophet is shown: ONLY the current image (the latest crop, or the original; none for
   text-only models) and a mode query, in the shared ChatML format. The query is the user's question
   (answering) or a yes/no question about a target (grounding). The target is the zoom ``label`` the
@@ -11,8 +11,8 @@ What this module knows:
   tokens not parsed). Never the agent's reasoning or history;
 - how a draft is verified: one batched teacher-forced ``score`` call on the agent's session
   (log p_s and ranks of every draft token in one decode), then the accepted prefix is put into the
-  agent's KV cache exactly as if the agent had generated it (adopted from the scoring pass when the
-  runtime can, else evaluated); the agent then continues from its own distribution. "Exactly": same
+  agent's KV cache exactly as if the agent had generated it (adopted from the scoring pass, no
+  decode); the agent then continues from its own distribution. "Exactly": same
   tokens, positions and cells; the values equal sequential decoding on F32 weights, and on quantized
   weights up to the batch-shape rounding llama.cpp has anyway (near-ties can flip later greedy picks);
 - that the agent writes its own format whitespace before a draft (``Drafter(agent_lead=True)``);
@@ -24,10 +24,8 @@ What this module knows:
   when nothing useful would be ready: the prophet then takes no CPU from the agent). Per chat and
   mode, acceptance decides whether a mode drafts at all (off below break-even, probed again now and
   then) and how long its drafts are (L_d shortened to about twice the recent accepted length);
-- the grounding verdict: the prophet answers yes/no first (:func:`parse_verdict`); an accepted "no"
-  adds :data:`STEER_ELSEWHERE` after the accepted text, so the agent's next step looks elsewhere;
-- the events it yields (DraftProposed, DraftVerified, DraftSkipped, AnswerToken(from_prophet=True),
-  and a non-fatal AgentError when the prophet cannot draft).
+- the grounding verdict (yes/no first, :func:`parse_verdict`; an accepted "no" adds :data:`STEER_ELSEWHERE`);
+- its events: DraftProposed, DraftVerified, DraftSkipped, AnswerToken(from_prophet), AgentError (no draft).
 
 What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
@@ -39,465 +37,53 @@ only (so drafts can be prepared while the agent works; see ``Drafter.start``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
-import re
 import threading
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from edge_agent.agent.events import AgentError, AnswerToken, DraftProposed, DraftSkipped, DraftVerified, Event
+from edge_agent.agent.seprod_math import (  # noqa: F401  (seprod.X stays the public API)
+    ANSWER_CUT,
+    ANSWERING,
+    DEFAULT_CUT,
+    DEFAULT_GAMMA,
+    DEFAULT_TARGET,
+    DEFAULT_TAU,
+    GROUNDING,
+    LABEL_MAX_CHARS,
+    MODES,
+    STEER_ELSEWHERE,
+    Draft,
+    SeProDStats,
+    Verification,
+    _image_key,
+    accepted_length,
+    answering_query,
+    clean_label,
+    combined_scores,
+    grounding_query,
+    normalised_rank,
+    parse_verdict,
+    search_weight,
+)
+from edge_agent.agent.seprod_policy import (  # noqa: F401  (seprod.X stays the public API)
+    MAX_PROBE_GAP,
+    MIN_DRAFT_LEN,
+    PRIOR_VERIFY_RATIO,
+    PROBE_EVERY,
+    WINDOW,
+    Adaptive,
+    Costs,
+    Plan,
+    _ema,
+    prophet_threads,
+)
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
-
-GROUNDING = "grounding"
-ANSWERING = "answering"
-MODES = (GROUNDING, ANSWERING)
-
-# Sharpness of the rank adjustment (see combined_scores). 1.0: a_j moves linearly in log-rank.
-DEFAULT_GAMMA = 1.0
-
-# A draft is cut before the first token whose text would contain one of these: they belong to the
-# agent's turn structure, and a prophet writing them means it has left the content it was asked for.
-DEFAULT_CUT = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "</answer>", "<answer>", "</think>",
-               "<think>", "<tool_call>", "</tool_call>", "<tool_response>")
-
-# An answering draft becomes answer text, which the agent's answer grammar writes as ``[^<]*`` then
-# ``</answer>``: a "<" there would be a token the agent could never have generated, so cut before it.
-ANSWER_CUT = ("<",)
-
-
-# --------------------------------------------------------------------------------------------------
-# Acceptance maths (pure)
-# --------------------------------------------------------------------------------------------------
-
-
-def normalised_rank(ranks: np.ndarray | Sequence[int], n_vocab: int) -> np.ndarray:
-    """u_j in [0, 1]: 1 for the search model's argmax (rank 0), 0 for its last-ranked token.
-
-    u_j = 1 - log(1 + rank_j) / log(V). Log scale because ranks of plausible tokens are heavy-tailed:
-    on a 151k vocabulary a linear 1 - rank/(V-1) gives u > 0.999 to every token in the top 150, so it
-    could not tell the model's second choice from its hundredth. In log scale rank 1 -> 0.94,
-    rank 10 -> 0.80, rank 100 -> 0.61, rank 1000 -> 0.42 (V = 151,936).
-    """
-    r = np.asarray(ranks, dtype=np.float64)
-    if n_vocab < 2:
-        raise ValueError("n_vocab must be at least 2")
-    if r.size and (r.min() < 0 or r.max() > n_vocab - 1):
-        raise ValueError(f"ranks must lie in [0, {n_vocab - 1}]")
-    return 1.0 - np.log1p(r) / math.log(n_vocab)
-
-
-def search_weight(ranks: np.ndarray | Sequence[int], n_vocab: int, a0: float, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
-    """a_j = a0 + (1 - a0) * u_j ** gamma, with u_j = :func:`normalised_rank` (so a0 <= a_j <= 1).
-
-    The search model's argmax gets a_j = 1 (s_j = p_s: the agent would pick it anyway, the prophet's
-    opinion adds nothing); a token the agent ranks last gets a_j = a0 (the base weight). gamma > 1
-    keeps a_j near a0 except for the very top ranks; gamma < 1 trusts the agent earlier.
-    """
-    if not 0.0 <= a0 <= 1.0:
-        raise ValueError("a0 must be in [0, 1]")
-    if gamma <= 0:
-        raise ValueError("gamma must be > 0")
-    return a0 + (1.0 - a0) * normalised_rank(ranks, n_vocab) ** gamma
-
-
-def combined_scores(
-    logp_search: np.ndarray | Sequence[float],
-    logp_prophet: np.ndarray | Sequence[float],
-    ranks: np.ndarray | Sequence[int],
-    n_vocab: int,
-    a0: float,
-    gamma: float = DEFAULT_GAMMA,
-) -> np.ndarray:
-    """s_j = p_s(o_j) ** a_j * p_p(o_j) ** (1 - a_j), a weighted geometric mean in [0, 1].
-
-    ``logp_search[j]`` = log p_s(o_j | agent context, o_<j) (teacher forcing on the agent),
-    ``logp_prophet[j]`` = log p_p(o_j | prophet's image + query, o_<j) (kept while drafting),
-    ``ranks[j]`` = tokens the agent ranks strictly above o_j. Computed in log space (no underflow
-    for the product; exp of a very negative sum is 0.0, which tau = 0 still accepts). Shapes (L,).
-    """
-    ls = np.asarray(logp_search, dtype=np.float64)
-    lp = np.asarray(logp_prophet, dtype=np.float64)
-    if ls.shape != lp.shape or ls.shape != np.shape(ranks):
-        raise ValueError(f"shapes differ: {ls.shape} {lp.shape} {np.shape(ranks)}")
-    a = search_weight(ranks, n_vocab, a0, gamma)
-    return np.exp(a * ls + (1.0 - a) * lp)
-
-
-def accepted_length(scores: np.ndarray | Sequence[float], tau: float) -> int:
-    """Length of the longest prefix with every s_j >= tau (accept up to the first s_j < tau).
-
-    tau <= 0 accepts every token; a tau above every score accepts none.
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    below = np.flatnonzero(s < tau)
-    return int(below[0]) if below.size else int(s.size)
-
-
-# --------------------------------------------------------------------------------------------------
-# Values
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What the prophet proposed: up to L_d greedy tokens and its own log-probs log p_p (shape (L,))."""
-
-    mode: str
-    query: str
-    tokens: tuple[int, ...]
-    logprobs: np.ndarray  # (L,) float64, log p_p of each drafted token
-    text: str
-    seconds: float  # prophet time to build the prompt and draft (in the worker thread)
-    waited: float = 0.0  # time the caller blocked for it (0 when it was ready)
-    draft_len: int = 0  # the L_d it was asked for (the adaptive rule may shorten it)
-
-
-@dataclass
-class Verification:
-    """The agent's verdict on a draft: ``accepted`` leading tokens are now in the agent's KV cache.
-
-    The loop reads ``accepted_text``, ``lead``, ``accepted``, ``verdict`` and ``steer``. A round that
-    used no draft (skipped, or the prophet failed) is a Verification with ``accepted == 0`` and
-    ``skipped`` saying why.
-    """
-
-    draft: Draft
-    accepted: int
-    scores: np.ndarray  # (L,) s_j
-    weights: np.ndarray  # (L,) a_j
-    logp_search: np.ndarray  # (L,) log p_s
-    ranks: np.ndarray  # (L,) agent ranks
-    accepted_text: str
-    seconds: float  # score + adopt
-    adopted: str = "none"  # how the accepted tokens entered the cache: "adopted" | "evaluated" | "none"
-    lead: tuple[int, ...] = ()  # the agent's own whitespace token before the draft (see agent_lead)
-    verdict: str = ""  # grounding: "yes" | "no" | "" (unclear, or not a grounding round)
-    verdict_accepted: bool = False  # the verdict word is inside the accepted prefix
-    steer: str = ""  # text the loop appends after accepted_text (an accepted "no": look elsewhere)
-    skipped: str = ""  # "" (a draft was verified) | "not_ready" | "low_acceptance" | "failed"
-
-    @property
-    def accepted_tokens(self) -> tuple[int, ...]:
-        return self.draft.tokens[: self.accepted]
-
-    @classmethod
-    def empty(cls, mode: str, query: str, *, skipped: str = "", waited: float = 0.0) -> Verification:
-        """Nothing drafted or nothing verified: the agent's session was not touched."""
-        z = np.zeros(0)
-        d = Draft(mode, query, (), z, "", 0.0, waited)
-        return cls(d, 0, z, z, z, np.zeros(0, dtype=np.int64), "", 0.0, skipped=skipped)
-
-
-SKIP_REASONS = ("not_ready", "low_acceptance", "failed")
-
-
-@dataclass
-class SeProDStats:
-    """Running totals over an episode (for ``FinalAnswer.totals`` and the benchmark).
-
-    A *round* is a hook reached (a point where a draft could be used): ``drafts`` were verified,
-    ``skipped[reason]`` were not. ``waited`` counts used drafts the agent had to wait for.
-    """
-
-    drafts: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    draft_seconds: float = 0.0
-    wait_seconds: float = 0.0  # all waiting, including waits that ended in a skip
-    verify_seconds: float = 0.0
-    waited: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    by_mode: dict[str, list[int]] = field(default_factory=dict)  # mode -> [drafted, accepted]
-
-    def add(self, v: Verification) -> None:
-        self.drafts += 1
-        self.drafted_tokens += len(v.draft.tokens)
-        self.accepted_tokens += v.accepted
-        self.draft_seconds += v.draft.seconds
-        self.wait_seconds += v.draft.waited
-        self.waited += v.draft.waited > 0
-        self.verify_seconds += v.seconds
-        m = self.by_mode.setdefault(v.draft.mode, [0, 0])
-        m[0] += len(v.draft.tokens)
-        m[1] += v.accepted
-
-    def skip(self, reason: str, waited: float) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-        self.wait_seconds += waited
-
-    @property
-    def rounds(self) -> int:
-        return self.drafts + sum(self.skipped.values())
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    def totals(self) -> dict[str, float]:
-        out = {
-            "seprod_rounds": float(self.rounds),
-            "seprod_drafts": float(self.drafts),  # drafts used (verified)
-            "seprod_drafts_skipped": float(sum(self.skipped.values())),
-            "seprod_drafts_waited": float(self.waited),
-            "seprod_drafted_tokens": float(self.drafted_tokens),
-            "seprod_accepted_tokens": float(self.accepted_tokens),
-            "seprod_acceptance_rate": self.acceptance_rate,
-            "seprod_draft_seconds": self.draft_seconds,
-            "seprod_wait_seconds": self.wait_seconds,
-            "seprod_verify_seconds": self.verify_seconds,
-        }
-        for reason in SKIP_REASONS:
-            out[f"seprod_skipped_{reason}"] = float(self.skipped.get(reason, 0))
-        for mode, (drafted, accepted) in self.by_mode.items():
-            out[f"seprod_drafted_{mode}"] = float(drafted)
-            out[f"seprod_accepted_{mode}"] = float(accepted)
-            out[f"seprod_acceptance_{mode}"] = accepted / drafted if drafted else 0.0
-        return out
-
-
-# --------------------------------------------------------------------------------------------------
-# Costs and the adaptive rule (pure logic; the drafter feeds them measurements)
-# --------------------------------------------------------------------------------------------------
-
-# Before anything is measured. PRIOR_ACCEPTANCE: the share of a draft a new chat expects accepted
-# (the benchmark's SmolLM2 pair accepts about half at tau 0.05). PRIOR_VERIFY_RATIO: verifying L
-# tokens in one decode costs this share of decoding them one by one (measured 0.34-0.48 on 2 cores).
-PRIOR_ACCEPTANCE = 0.5
-PRIOR_VERIFY_RATIO = 0.4
-EMA_WEIGHT = 0.3  # weight of the newest measurement in the running cost estimates
-WINDOW = 4  # rounds per mode the adaptive rule looks back on
-MIN_ROUNDS_TO_SWITCH_OFF = 2
-PROBE_EVERY = 4  # a mode switched off drafts again after this many skipped rounds (acceptance may recover)
-MAX_PROBE_GAP = 32  # drafts that never fit in time are probed at most this rarely (the gap doubles)
-MIN_DRAFT_LEN = 4
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
-
-
-@dataclass
-class Costs:
-    """Measured costs in seconds (running averages; None until measured). Machine properties: they
-    survive :meth:`Drafter.reset` (new questions, new chats).
-
-    ``agent_token``: the agent's time per decoded token (the loop reports its answer generations);
-    until one is seen, the prophet's own per-token time times ``agent_cost_ratio`` stands in.
-    ``verify_token``: verification time per scored token. ``prefill_new_image`` / ``prefill_same_image``:
-    prophet time from starting a draft to its first token, with and without putting an image in.
-    """
-
-    agent_cost_ratio: float = 1.0
-    agent_token: float | None = None
-    prophet_token: float | None = None
-    verify_token: float | None = None
-    prefill_new_image: float | None = None
-    prefill_same_image: float | None = None
-    # mode -> seconds from preparing a draft (Drafter.start) to the hook that uses it: how long the
-    # agent works meanwhile, i.e. how much drafting can be hidden
-    lead: dict[str, float] = field(default_factory=dict)
-
-    def prophet_seconds(self) -> float | None:
-        """The prophet's seconds per drafted token: measured, else the agent's scaled by the size ratio."""
-        if self.prophet_token is not None:
-            return self.prophet_token
-        return None if self.agent_token is None else self.agent_token / self.agent_cost_ratio
-
-    def draft_seconds(self, draft_len: int, *, new_image: bool) -> float | None:
-        """Expected prophet seconds for a draft of ``draft_len`` tokens, prompt included; None if unknown."""
-        pre = self.prefill_new_image if new_image else self.prefill_same_image
-        per_tok = self.prophet_seconds()
-        if pre is None or per_tok is None:
-            return None
-        return pre + draft_len * per_tok
-
-    def token_seconds(self, prophet_token: float | None = None) -> float | None:
-        """Expected agent seconds per decoded token, or None when nothing is known yet.
-        ``prophet_token``: the prophet's rate measured on the draft in flight (when nothing else is)."""
-        if self.agent_token is not None:
-            return self.agent_token
-        rate = self.prophet_token if self.prophet_token is not None else prophet_token
-        return None if rate is None else rate * self.agent_cost_ratio
-
-    def verify_seconds(self, n_tokens: int, prophet_token: float | None = None) -> float | None:
-        if self.verify_token is not None:
-            return self.verify_token * n_tokens
-        t = self.token_seconds(prophet_token)
-        return None if t is None else PRIOR_VERIFY_RATIO * n_tokens * t
-
-    def break_even(self) -> float:
-        """The acceptance below which a draft costs more to verify than its accepted tokens save."""
-        t = self.token_seconds()
-        if t is None or self.verify_token is None or t <= 0:
-            return PRIOR_VERIFY_RATIO
-        return min(1.0, self.verify_token / t)
-
-    def saving(self, acceptance: float, draft_len: int, prophet_token: float | None = None) -> float | None:
-        """Expected seconds a draft of ``draft_len`` saves the agent: accepted tokens it need not
-        decode, less the verification. None when the costs are not known yet."""
-        t, v = self.token_seconds(prophet_token), self.verify_seconds(draft_len, prophet_token)
-        if t is None or v is None:
-            return None
-        return acceptance * draft_len * t - v
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Whether a mode drafts this round, and how many tokens (decided by :class:`Adaptive`)."""
-
-    use: bool
-    draft_len: int
-    note: str = ""  # what the rule decided and why, for the events ("" when nothing changed)
-    reason: str = "low_acceptance"  # why not, when not ``use``: "low_acceptance" | "not_ready"
-
-
-class Adaptive:
-    """Per-mode acceptance over the chat's last ``WINDOW`` rounds, and what follows from it.
-
-    - off: after at least ``MIN_ROUNDS_TO_SWITCH_OFF`` rounds whose acceptance is below break-even
-      (:meth:`Costs.break_even`), the mode does not draft; every ``PROBE_EVERY``-th skipped round it
-      drafts once again, so a mode whose drafts become good comes back.
-    - shorter drafts: L_d = clamp(ceil(2 x mean accepted tokens per round) + 2, MIN_DRAFT_LEN,
-      draft_len): the prophet stops drafting tokens that would be rejected (and verifying costs less).
-    ``enabled=False`` pins L_d and never switches a mode off (experiments, ``eval``).
-    """
-
-    def __init__(self, draft_len: int, *, enabled: bool = True) -> None:
-        self.draft_len = draft_len
-        self.enabled = enabled
-        self.rounds: dict[str, list[tuple[int, int]]] = {m: [] for m in MODES}  # (drafted, accepted)
-        self.off_skips: dict[str, int] = dict.fromkeys(MODES, 0)
-
-    def acceptance(self, mode: str) -> float:
-        r = self.rounds[mode]
-        drafted = sum(d for d, _ in r)
-        return sum(a for _, a in r) / drafted if drafted else PRIOR_ACCEPTANCE
-
-    def record(self, mode: str, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.rounds[mode] = (self.rounds[mode] + [(drafted, accepted)])[-WINDOW:]
-            self.off_skips[mode] = 0
-
-    def plan(self, mode: str, costs: Costs) -> Plan:
-        if not self.enabled:
-            return Plan(True, self.draft_len)
-        r = self.rounds[mode]
-        acc, be = self.acceptance(mode), costs.break_even()
-        if len(r) >= MIN_ROUNDS_TO_SWITCH_OFF and acc < be:
-            if self.off_skips[mode] + 1 < PROBE_EVERY:
-                return Plan(False, 0, f"{mode} drafts off: acceptance {acc:.2f} is below break-even {be:.2f}")
-            probe = True
-        else:
-            probe = False
-        n = self.draft_len
-        if r:
-            mean_acc = sum(a for _, a in r) / len(r)
-            n = max(MIN_DRAFT_LEN, min(self.draft_len, math.ceil(2 * mean_acc) + 2))
-        note = f"probing {mode} drafts again (acceptance {acc:.2f})" if probe else ""
-        if n < self.draft_len:
-            note = (note + "; " if note else "") + f"L_d {n} of {self.draft_len} (recent acceptance {acc:.2f})"
-        return Plan(True, n, note)
-
-    def skipped(self, mode: str) -> None:
-        self.off_skips[mode] += 1
-
-
-def prophet_threads(agent_threads: int, cores: int) -> int:
-    """Threads for the prophet, which drafts while the agent decodes: the cores the agent's decoding
-    leaves free, at least 1, at most half the machine. On 2 cores (agent decodes on 1): 1. More
-    threads than cores make llama.cpp's spin-waiting threads stall each other (tens of times slower)."""
-    return max(1, min(cores - agent_threads, cores // 2))
-
-
-# --------------------------------------------------------------------------------------------------
-# Prophet prompts (what the prophet sees: the image and this query, nothing else)
-# --------------------------------------------------------------------------------------------------
-
-LABEL_MAX_CHARS = 80
-DEFAULT_TARGET = "the object in question"
-_MARKUP = re.compile(r"<\|?/?[A-Za-z_]*\|?>|[<>{}\[\]`\\|]")
-
-# Added after an accepted "no" verdict (the paper: "false prompts the search model to re-localise").
-STEER_ELSEWHERE = "\nIt is not in this crop, so I should look elsewhere in the image.\n"
-_YES = frozenset({"yes", "true", "yeah", "yep"})
-_NO = frozenset({"no", "false", "nope"})
-_FIRST_WORD = re.compile(r"[\W_]*([A-Za-z]+)")
-
-
-def clean_label(label: object) -> str:
-    """A zoom label (untrusted model output) fit to go into the prophet's query, or "" to drop it.
-
-    Printable characters only, markup and chat-format tags removed, whitespace collapsed, at most
-    ``LABEL_MAX_CHARS`` (cut at a word boundary). Garbage (fewer than 2 letters, or letters and digits
-    less than half of the text) gives "".
-    """
-    if not isinstance(label, str):
-        return ""
-    text = "".join(ch if ch.isprintable() else " " for ch in label)
-    text = " ".join(_MARKUP.sub(" ", text).split())
-    if len(text) > LABEL_MAX_CHARS:
-        cut = text[: LABEL_MAX_CHARS + 1].rsplit(" ", 1)[0]
-        text = (cut if len(cut) >= LABEL_MAX_CHARS // 2 else text[:LABEL_MAX_CHARS]).rstrip(" ,;:-")
-    letters = sum(ch.isalpha() for ch in text)
-    alnum = sum(ch.isalnum() for ch in text)
-    if letters < 2 or alnum < len(text.replace(" ", "")) / 2:
-        return ""
-    return text
-
-
-def grounding_query(target: str) -> str:
-    """Q^g: is the target in the crop? A yes/no verdict first, then details. ``target`` (the zoom label,
-    or the question when the agent wrote none) goes through :func:`clean_label`."""
-    t = clean_label(target) or DEFAULT_TARGET
-    return (
-        f"Does this image contain {t}? Answer yes or no first. "
-        f"If yes, then describe the details of {t} that you can see."
-    )
-
-
-def parse_verdict(text: str) -> tuple[str, int]:
-    """The verdict a grounding draft opens with, and where its word ends in ``text``.
-
-    ("yes" | "no", end) when the first word is yes/true/yeah/yep or no/false/nope (any case, after
-    punctuation or markdown); ("", 0) otherwise (unclear: the draft did not answer the question).
-    """
-    m = _FIRST_WORD.match(text)
-    if not m:
-        return "", 0
-    word = m.group(1).lower()
-    if m.end() < len(text) and text[m.end()].isalnum():  # "no" of "no2": not a word
-        return "", 0
-    if word in _YES:
-        return "yes", m.end()
-    if word in _NO:
-        return "no", m.end()
-    return "", 0
-
-
-def answering_query(question: str) -> str:
-    """The answering mode's query is the user's question, as asked."""
-    return question.strip()
-
-
-def _image_key(image: bytes | None) -> str:
-    return hashlib.blake2b(image, digest_size=16).hexdigest() if image is not None else ""
-
-
-# The ``seprod_tau`` setting's default (edge_agent.config; a test keeps the two equal): at 0.05 the
-# benchmark's SmolLM2 pair accepted half of its drafts, at 0.1 a fifth.
-DEFAULT_TAU = 0.05
-
-
-# --------------------------------------------------------------------------------------------------
-# The drafter
-# --------------------------------------------------------------------------------------------------
 
 
 class _Job:
