@@ -8,6 +8,8 @@
   removed, so no test reads or writes the developer's settings, models or cache.
 - ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakeservers.py``),
   stopped after the test.
+- ``settings`` and ``image`` (the app tests): the default settings of a fresh ``edge_home``, and a small
+  PNG to attach. A module that needs other settings defines its own ``settings`` fixture (it wins).
 """
 
 from __future__ import annotations
@@ -80,3 +82,20 @@ def fake():
     yield make
     for srv in started:
         srv.stop()
+
+
+# --- the app tests' defaults ------------------------------------------------------------------
+@pytest.fixture
+def settings(edge_home: Path):
+    """Settings.load() in a fresh EDGE_AGENT_HOME."""
+    from edge_agent.config import Settings
+
+    return Settings.load()
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    """A small PNG to attach (96x64)."""
+    from tests.ui_fakes import make_image
+
+    return make_image(tmp_path / "photo.png", (96, 64))

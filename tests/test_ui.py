@@ -21,32 +21,10 @@ from edge_agent.ui.prompt import PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
-from tests.ui_fakes import ScriptedEngine, make_image, settle, type_and_enter
+from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (120, 40)
-
-
-@pytest.fixture
-def settings(edge_home) -> Settings:
-    return Settings.load()
-
-
-@pytest.fixture
-def image(tmp_path) -> Path:
-    return make_image(tmp_path / "photo.png", (96, 64))
-
-
-def scripted_app(settings, tmp_path, **kw) -> tuple[EdgeAgentApp, list[ScriptedEngine]]:
-    made: list[ScriptedEngine] = []
-
-    def factory(s, *, progress=None):
-        if progress:
-            progress("loading scripted engine", 0.5)
-        made.append(ScriptedEngine(s, tmp_path, **kw))
-        return made[-1]
-
-    return EdgeAgentApp(settings, engine_factory=factory), made
 
 
 # --- pure helpers -----------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ real ``hub`` against a loopback hub (tests/fakehub.py) with the tiny GGUFs.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Markdown, Static
@@ -26,20 +25,10 @@ from edge_agent.ui.chats_screen import ChatsScreen
 from edge_agent.ui.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, UserMessage
-from tests.ui_fakes import ScriptedEngine, make_image, settle, type_and_enter
+from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (130, 42)
-
-
-@pytest.fixture
-def settings(edge_home) -> Settings:
-    return Settings.load()
-
-
-@pytest.fixture
-def image(tmp_path) -> Path:
-    return make_image(tmp_path / "photo.png", (96, 64))
 
 
 class Recording(ScriptedEngine):
@@ -54,13 +43,7 @@ class Recording(ScriptedEngine):
 
 
 def app_with(settings, tmp_path, engine_cls=Recording, **kw):
-    made: list = []
-
-    def factory(s, *, progress=None):
-        made.append(engine_cls(s, tmp_path, **kw))
-        return made[-1]
-
-    return EdgeAgentApp(settings, engine_factory=factory), made
+    return scripted_app(settings, tmp_path, engine_cls=engine_cls, **kw)
 
 
 def titles(app) -> list[str]:

@@ -159,3 +159,19 @@ async def type_and_enter(pilot, text: str) -> None:
     prompt.focus()
     await pilot.press("enter")
     await pilot.pause()
+
+
+# --- the app with a scripted engine ------------------------------------------------------------------
+def scripted_app(settings, tmp_path: Path, *, engine_cls: type = ScriptedEngine, **kw):
+    """(EdgeAgentApp whose engine factory makes ``engine_cls(settings, tmp_path, **kw)``, the engines made)."""
+    from edge_agent.ui.app import EdgeAgentApp
+
+    made: list = []
+
+    def factory(s, *, progress=None):
+        if progress:
+            progress("loading scripted engine", 0.5)
+        made.append(engine_cls(s, tmp_path, **kw))
+        return made[-1]
+
+    return EdgeAgentApp(settings, engine_factory=factory), made
