@@ -255,19 +255,26 @@ def _supported_list() -> str:
     return f"with images: {vision} (Qwen3-VL recommended); text only: {text}"
 
 
-def _inspected(path_or_info: str | os.PathLike[str] | ModelInfo) -> tuple[ModelInfo, Path]:
+def _inspected(path_or_info: str | os.PathLike[str] | ModelInfo, want: str) -> tuple[ModelInfo, Path]:
+    """The file's ModelInfo, refused when it is the other kind (a text model given as the mmproj...)."""
     info = path_or_info if isinstance(path_or_info, ModelInfo) else inspect(path_or_info)
-    return info, info.path
-
-
-def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, need_vision: bool = False) -> ModelInfo:
-    """Inspect a file meant as the text (agent or prophet) model and check what would abort llama.cpp."""
-    info, p = _inspected(path_or_info)
-    if info.kind == "mmproj":
+    p = info.path
+    if info.kind != want and want == "text":
         raise ModelFileError(
             f"{p} is a vision projector (mmproj, {info.projector_type or 'clip'}), not a language model. "
             "Pass it as the mmproj (--mmproj) and pass the matching text model GGUF as the model.",
             title="mmproj given as the model")
+    if info.kind != want:
+        raise ModelFileError(
+            f"{p} is a '{info.architecture}' language model, not a vision projector (mmproj). Pass the model's "
+            "mmproj file (usually named mmproj-*.gguf, next to the model) as --mmproj.",
+            title="Model given as the mmproj")
+    return info, p
+
+
+def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, need_vision: bool = False) -> ModelInfo:
+    """Inspect a file meant as the text (agent or prophet) model and check what would abort llama.cpp."""
+    info, p = _inspected(path_or_info, "text")
     arch = info.architecture
     if arch not in SUPPORTED_TEXT_ARCHS:
         raise ModelFileError(
@@ -307,12 +314,7 @@ def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, nee
 
 def validate_mmproj(path_or_info: str | os.PathLike[str] | ModelInfo) -> ModelInfo:
     """Inspect a file meant as the vision projector and check what would make clip/mtmd fail or abort."""
-    info, p = _inspected(path_or_info)
-    if info.kind == "text":
-        raise ModelFileError(
-            f"{p} is a '{info.architecture}' language model, not a vision projector (mmproj). Pass the model's "
-            "mmproj file (usually named mmproj-*.gguf, next to the model) as --mmproj.",
-            title="Model given as the mmproj")
+    info, p = _inspected(path_or_info, "mmproj")
     if not info.has_vision:
         raise ModelFileError(f"{p} is an mmproj without a vision encoder (audio only?). Use the model's vision mmproj.")
     known = set().union(*VISION_PROJECTORS.values())

@@ -246,12 +246,7 @@ def test_round_events_and_acceptance(drafter):
     """DraftProposed then DraftVerified then (answering) AnswerToken(from_prophet); stop at the space."""
     agent = FakeSession(FakeModel())
     gen = drafter.answer(agent, turn=2, image=None, question="q")
-    events = []
-    try:
-        while True:
-            events.append(next(gen))
-    except StopIteration as stop:
-        v = stop.value
+    events, v = run_hook(gen)
     assert [type(e) for e in events] == [DraftProposed, DraftVerified, AnswerToken]
     # 'a','b' letters: s = 0.5 (rank 0 -> a=1); ' ' s ~ sqrt(1e-6 * 0.9) < 0.1 -> stop
     assert v.accepted == 2 and v.accepted_text == "ab" and events[1].accepted == 2 and events[1].drafted == 4
@@ -345,12 +340,7 @@ def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
     drafter.prophet.session = boom
     agent = FakeSession(FakeModel())
     gen = drafter.answer(agent, turn=1, image=b"I", question="q")
-    events = []
-    try:
-        while True:
-            events.append(next(gen))
-    except StopIteration as stop:
-        v = stop.value
+    events, v = run_hook(gen)
     assert [type(e) for e in events] == [AgentError] and not events[0].fatal and "prophet" in events[0].message
     assert v.accepted == 0 and v.accepted_text == "" and agent.log == []
 
