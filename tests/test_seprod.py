@@ -14,7 +14,9 @@ import pytest
 from edge_agent.agent import seprod
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified
 from edge_agent.errors import ConfigError
-from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation
+from edge_agent.runtime.types import Generation
+from tests.fake_sessions import PairSession as FakeSession
+from tests.fake_sessions import ProphetModel as FakeModel
 
 V = 151_936
 
@@ -82,92 +84,6 @@ def test_shapes_must_match():
 # --------------------------------------------------------------------------------------------------
 # Drafter logic with fakes: a "model" whose tokens are characters
 # --------------------------------------------------------------------------------------------------
-
-
-class FakeModel:
-    """Tokens are code points; ``script`` is what the prophet 'generates' greedily."""
-
-    has_vision = True
-    n_ctx = 4096
-
-    def __init__(self, script: str = "", logprob: float = -0.1):
-        self.n_vocab = 0x110000
-        self.script = script
-        self.logprob = logprob
-        self.sessions: list[FakeSession] = []
-
-    def tokenize(self, text, *, special):
-        return [ord(c) for c in text]
-
-    def detokenize(self, tokens):
-        return "".join(chr(t) for t in tokens)
-
-    def session(self):
-        s = FakeSession(self)
-        self.sessions.append(s)
-        return s
-
-    def close(self):
-        pass
-
-
-class FakeSession:
-    def __init__(self, model: FakeModel):
-        self.model = model
-        self.log: list[tuple[str, object]] = []
-        self.tokens: list[int] = []
-        self.n_pos = 0
-        self.n_cells = 0
-        self.adopted: list[tuple[list[int], int]] = []
-
-    def append_text(self, text, *, special=True):
-        self.log.append(("text" if special else "untrusted", text))
-        self.tokens += [ord(c) for c in text]
-        return len(text)
-
-    def append_tokens(self, tokens):
-        self.log.append(("tokens", list(tokens)))
-        self.tokens += list(tokens)
-        return len(tokens)
-
-    def append_image(self, image):
-        self.log.append(("image", image))
-        self.tokens.append(-1)
-
-    def checkpoint(self):
-        return Checkpoint(len(self.tokens), len(self.tokens), len(self.log))
-
-    def next_logprobs(self):
-        # the agent's greedy next token: queued ``prefer`` tokens first, else "x" (content)
-        lp = np.full(0x110000, -30.0, dtype=np.float32)
-        lp[self.prefer.pop(0) if getattr(self, "prefer", None) else ord("x")] = 0.0
-        return lp
-
-    def rollback(self, cp):
-        self.log.append(("rollback", cp.n_cells))
-        del self.tokens[cp.n_cells:]
-
-    def generate(self, *, max_tokens, **kw):
-        toks = [ord(c) for c in self.model.script[:max_tokens]]
-        self.log.append(("generate", max_tokens))
-        return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
-
-    def adopt(self, index, n_tokens=None):
-        """Like the runtime: the kept candidate's first n tokens join the context (logged as tokens)."""
-        toks = list(self.candidates[index][:n_tokens])
-        if toks:
-            self.log.append(("tokens", toks))
-            self.tokens += toks
-        return len(toks)
-
-    def score(self, candidates, *, special=False, keep=False, cancel=None):
-        self.kept = keep
-        self.candidates = [list(c) for c in candidates]
-        # agent's opinion: p_s = 0.5 for letters, 1e-6 for anything else; rank 0 / rank 5000
-        (c,) = candidates
-        lp = np.array([math.log(0.5) if chr(t).isalpha() else math.log(1e-6) for t in c])
-        ranks = np.array([0 if chr(t).isalpha() else 5000 for t in c], dtype=np.int64)
-        return [ContinuationScore(list(c), lp, ranks, float(lp.sum()), float(lp.mean()), len(c))]
 
 
 @pytest.fixture
