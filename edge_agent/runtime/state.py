@@ -223,11 +223,10 @@ class StateStore:
         """Save ``state`` under its key (atomically), then evict down to the budget."""
         if self.budget <= 0 or state.nbytes > self.budget:
             return
-        pieces = dumps(state)
 
-        def write() -> None:
+        def write() -> None:  # hashing and writing hundreds of MB happen off the answer's path
             try:
-                atomic_write(self.path(state.key), pieces, private=True, fsync=False)  # chat content
+                atomic_write(self.path(state.key), dumps(state), private=True, fsync=False)  # chat content
                 self.evict(keep=state.key)
             except OSError as e:
                 self.errors.append(f"{self.path(state.key).name}: {e}")
