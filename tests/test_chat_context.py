@@ -392,3 +392,36 @@ def test_a_new_image_mid_chat_is_a_new_user_turn(model, settings, photo, tmp_pat
     assert o.source == "live" and len(images) == 1 and images[0].source == "image"
     assert len(model.active_session.images) == 2
     engine.close()
+
+
+def test_a_reused_image_embedding_gives_the_logits_of_a_fresh_encode(tiny_models, photo):
+    """The embedding cache (one vision encode per image): an image decoded from the cached embedding
+    gives exactly the next-token logits of encoding it afresh, in another model load too."""
+    from edge_agent.runtime import vision
+    from edge_agent.tools.images import load_image
+    from edge_agent.tools.zoom import ImageStore
+
+    png = ImageStore(load_image(photo).image).model_png(0)
+
+    def read(m: Model) -> tuple[ImageChunk, np.ndarray]:
+        s = m.session()
+        s.append_text("<|im_start|>user\n")
+        chunk = s.append_image(png)
+        s.append_text("What is on the sign?<|im_end|>\n<|im_start|>assistant\n")
+        return chunk, s.next_logprobs()
+
+    a, b = load(tiny_models), load(tiny_models)
+    vision.clear_cache()
+    n0 = vision.vision_encodes()
+    fresh, expect = read(a)
+    reused, got = read(a)
+    other, got_b = read(b)  # another load of the same files: the same mmproj bytes
+    assert not fresh.reused and reused.reused and other.reused and vision.vision_encodes() == n0 + 1
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(got_b, expect)
+    vision.clear_cache()
+    again, fresh_again = read(b)  # encoded afresh after the cache is cleared: the same numbers
+    assert not again.reused
+    np.testing.assert_array_equal(fresh_again, expect)
+    a.close()
+    b.close()
