@@ -81,11 +81,13 @@ class ChatContexts:
         self.live, self.boundaries = s, [b]
         return s, b
 
-    def mark(self, s: SessionLike, system_key: str, label: str, *, save: bool = True) -> str:
-        """Record the session's current point as a clean boundary (and save it); returns its key."""
+    def mark(self, s: SessionLike, system_key: str, label: str) -> str:
+        """Record the session's current point as a clean boundary (and save it); returns its key.
+        ``system_key``: the key of the system prompt this context starts with ('' when it is this point)."""
         key = s.key()
+        system_key = system_key or key  # '' : this point is the end of the system prompt itself
         self.boundaries.append(_Boundary(key, s.checkpoint(), system_key))
-        if save and self.store is not None and not self.store.has(key):
+        if self.store is not None and not self.store.has(key):
             state: SessionState = s.save_state(label)
             state.extra = {"system_key": system_key}
             self.store.put(state)
@@ -106,15 +108,12 @@ class ChatContexts:
             return found[0], key, "live"
         found = self._restored(key)
         if found is not None:
-            found[1].system_key = key
             return found[0], key, "restored"
         s = self.model.session()
         self.live, self.boundaries = s, []
         s.append_text(system)
-        got = self.mark(s, key, "system prompt")
-        if got != key:  # the model tokenized differently in context: key the state by what it holds
-            self.boundaries[-1].system_key = got
-            key = got
+        # keyed by what the session holds (first_tokens tokenizes as append_text does: the same key)
+        key = self._system_keys[system] = self.mark(s, "", "system prompt")
         return s, key, "evaluated"
 
     def flush(self) -> None:

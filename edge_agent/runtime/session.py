@@ -281,7 +281,7 @@ class Session:
                     result: ImageChunk | None = None
                     for part in prep.parts:
                         if isinstance(part, vision.ImagePart):
-                            result = self._eval_image_chunk(part.chunk, prep, vision.image_digest(image))
+                            result = self._eval_image_chunk(part.chunk, prep, state_mod.image_digest(image))
                         else:
                             self._append(part)
                     assert result is not None

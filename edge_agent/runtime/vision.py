@@ -28,7 +28,6 @@ import numpy as np
 
 from edge_agent.errors import ImageError, ModelRuntimeError
 from edge_agent.runtime._lib import C, M, clear_errors, recent_errors
-from edge_agent.runtime.state import image_digest  # noqa: F401  (re-exported: session uses vision.image_digest)
 
 if TYPE_CHECKING:
     from edge_agent.runtime.model import Model
