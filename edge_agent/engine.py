@@ -116,18 +116,26 @@ class Engine:
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
-        from edge_agent.agent.seprod import Drafter, prophet_threads
+        from edge_agent.agent.seprod import Drafter, shared_threads
         from edge_agent.runtime import Model
         from edge_agent.runtime._lib import physical_cores
+        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
-        # Threads: the prophet drafts while the agent works, so it gets the cores the agent's decoding
-        # leaves free (1 on 2 cores), for its prefill too; settings that name thread counts win.
-        n = prophet_threads(max(1, model.n_threads), physical_cores())
+        # Threads: the prophet drafts while the agent decodes, so it gets the cores the agent's decoding
+        # leaves free (1 on 2 cores; the agent's decoding gives one up where it had them all), for its
+        # prefill too; settings that name thread counts win.
+        agent_n, n = shared_threads(max(1, model.n_threads), physical_cores())
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable.
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
                                       n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n)
         try:
+            # One machine, two models computing at once: the agent (whom the person waits for) never
+            # waits and gets every core for its batched passes; the prophet computes beside it only
+            # while they fit (runtime.cores: oversubscribed cores stall llama.cpp's spinning threads).
+            cores = CoreShare(physical_cores())
+            model.share_cores(cores, FOREGROUND, n_threads=0 if settings.n_threads else agent_n)
+            prophet.share_cores(cores, BACKGROUND)
             # decoding is memory-bound: the agent's time per token over the prophet's ~ their weight sizes
             sizes = (model.memory_bytes.get("model"), prophet.memory_bytes.get("model"))
             ratio = sizes[0] / sizes[1] if sizes[0] and sizes[1] else 1.0

@@ -357,6 +357,18 @@ def test_prophet_threads_leave_the_agent_its_cores():
     assert seprod.prophet_threads(1, 1) == 1
 
 
+def test_shared_threads_fit_the_cores_together():
+    assert seprod.shared_threads(1, 2) == (1, 1)  # 2 cores: unchanged
+    assert seprod.shared_threads(8, 8) == (7, 1)  # the agent's decoding gives up the prophet's core
+    assert seprod.shared_threads(4, 8) == (4, 4)
+    assert seprod.shared_threads(3, 4) == (3, 1)
+    assert seprod.shared_threads(1, 1) == (1, 1)  # one core: the prophet only drafts while the agent is idle
+    for cores in range(2, 17):
+        for agent in range(1, cores + 1):
+            a, p = seprod.shared_threads(agent, cores)
+            assert a >= 1 and p >= 1 and a + p <= cores
+
+
 # --------------------------------------------------------------------------------------------------
 # Adaptive drafting (per chat and mode)
 # --------------------------------------------------------------------------------------------------

@@ -577,6 +577,10 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
         assert engine.prophet.n_threads == n and engine.prophet.n_threads_batch == n
         assert engine.prophet.n_threads + engine.model.n_threads <= max(2, physical_cores())
         assert engine.drafter.adaptive.enabled and engine.drafter.tau == settings.seprod_tau
+        # the two compute within one share of the machine's cores: the agent in front (runtime.cores)
+        assert engine.model.cores is engine.prophet.cores is not None
+        assert engine.model.cores.cores == physical_cores()
+        assert (engine.model.role, engine.prophet.role) == ("foreground", "background")
     finally:
         engine.close()
 

@@ -30,7 +30,8 @@ queries; and ``seprod_policy``: costs and the adaptive rule; all re-exported her
 What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
 zoom, an answering draft is the start of the answer), grammars, the UI, thread counts (the engine
-picks them; :func:`prophet_threads` is its rule). The prophet model is used from one worker thread
+picks them; :func:`shared_threads` is its rule; ``runtime.cores`` keeps the
+two models' threads within the cores while they compute). The prophet model is used from one worker thread
 only (so drafts can be prepared while the agent works; see ``Drafter.start``).
 """
 
@@ -81,6 +82,7 @@ from edge_agent.agent.seprod_policy import (  # noqa: F401  (seprod.X stays the 
     Plan,
     _ema,
     prophet_threads,
+    shared_threads,
 )
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike

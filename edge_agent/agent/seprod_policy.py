@@ -165,3 +165,13 @@ def prophet_threads(agent_threads: int, cores: int) -> int:
     leaves free, at least 1, at most half the machine. On 2 cores (agent decodes on 1): 1. More
     threads than cores make llama.cpp's spin-waiting threads stall each other (tens of times slower)."""
     return max(1, min(cores - agent_threads, cores // 2))
+
+
+def shared_threads(agent_threads: int, cores: int) -> tuple[int, int]:
+    """(agent decode threads, prophet threads) that fit the cores together: the prophet's from
+    :func:`prophet_threads`, and the agent's decoding gives up what the prophet needs (on 8 cores an
+    agent decoding on 8 threads keeps 7; on 2 cores nothing changes: 1 and 1). Decoding is
+    memory-bound: one thread less barely slows it, while a prophet that never fits beside it (see
+    ``runtime.cores``) could only draft while the agent is idle."""
+    p = prophet_threads(agent_threads, cores)
+    return max(1, min(agent_threads, cores - p)), p

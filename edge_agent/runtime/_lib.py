@@ -207,6 +207,12 @@ class AbortFlag:
     def is_set(self) -> bool:
         return self.buf[0] != b"\0"
 
+    def cancel_requested(self) -> bool:
+        """Whether the cancel event of the call running now is set (the flag can also be set by
+        ``runtime.cores`` preempting a background step, which is not a cancel)."""
+        ev = self._watched
+        return ev is not None and ev.is_set()
+
     @contextlib.contextmanager
     def watching(self, cancel: threading.Event) -> Iterator[None]:
         """While the block runs, a set ``cancel`` sets this flag (within ~20 ms).

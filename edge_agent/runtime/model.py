@@ -14,18 +14,20 @@ number of sequences (unified); see :attr:`Model.memory_bytes`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare, Step
 
 if TYPE_CHECKING:
     from edge_agent.runtime import _lib
@@ -118,6 +120,10 @@ class Model:
         self.vision_identity = ""  # mmproj + mtmd's image limits: what fixes how an image becomes tokens
         self.vision_encodes = 0  # images this model's projector encoded (reused embeddings not counted)
         self.identity: dict[str, Any] = {}  # everything that changes this context's numbers (saved states)
+        # sharing the cores with another model computing at once (SeProD's prophet): see runtime.cores
+        self.cores: CoreShare | None = None
+        self.role = FOREGROUND
+        self._threads_now = (0, 0)  # (decode, batch) threads the context computes with now
 
     # ------------------------------------------------------------------------------ loading
     @classmethod
@@ -243,6 +249,7 @@ class Model:
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name} "
                 f"({_lib.recent_errors() or 'no details'}). Lower n_ctx or free memory."
             )
+        self._threads_now = (self.n_threads, self.n_threads_batch)
         self.abort = _lib.AbortFlag()
         self.abort.install(self._ctx)
         self.n_ctx = C.llama_n_ctx(self._ctx)
@@ -422,6 +429,59 @@ class Model:
                 C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
                 raise StateError(f"restoring failed ({e})") from e
             return s
+
+    def share_cores(self, cores: CoreShare | None, role: str = FOREGROUND, *, n_threads: int = 0) -> None:
+        """Compute within ``cores`` from now on, as the ``role`` (``runtime.cores``); None: alone.
+        ``n_threads`` > 0: token-by-token decoding uses that many threads from now on (so that the
+        other model fits beside it)."""
+        if role not in (FOREGROUND, BACKGROUND):
+            raise ValueError(f"role must be {FOREGROUND!r} or {BACKGROUND!r}")
+        self.cores, self.role = cores, role
+        if n_threads > 0:
+            self.n_threads = n_threads
+        self._use_threads(self.n_threads, self.n_threads_batch)
+
+    def _use_threads(self, n: int, n_batch: int) -> None:
+        if self._ctx and (n, n_batch) != self._threads_now:
+            C.llama_set_n_threads(self._ctx, n, n_batch)
+            self._threads_now = (n, n_batch)
+
+    @contextlib.contextmanager
+    def computing(self, n_tokens: int, *, encode: bool = False) -> Iterator[Step | None]:
+        """Around every llama_decode of ``n_tokens`` tokens and every image encode on this model.
+
+        Alone (no :attr:`cores`): nothing. Sharing: a foreground pass computes now with the threads it
+        is given (set on the context for this pass); a background step waits until it fits beside the
+        foreground (a set abort flag ends the wait) and yields its :class:`~edge_agent.runtime.cores.Step`:
+        ``preempted`` after the foreground stopped it through the abort flag, and the caller runs it
+        again. An encode's threads are the projector's, fixed at load: it is counted, not stopped.
+        """
+        share = self.cores
+        if share is None:
+            yield None
+            return
+        want = self.n_threads if n_tokens == 1 and not encode else self.n_threads_batch
+        if self.role == BACKGROUND:
+            flag = self.abort
+            with share.background(want, stop=flag.is_set if flag is not None else None,
+                                  preempt=flag.set if flag is not None and flag.available and not encode else None) as step:
+                yield step
+            if step.preempted and flag is not None and not flag.cancel_requested():
+                flag.clear()  # the step may have finished before the flag was seen: it must not stop the next
+            return
+        with share.foreground(want) as n:
+            if not encode:
+                self._use_threads(min(self.n_threads, n), min(self.n_threads_batch, n))
+            yield None
+
+    def resume_after(self, step: Step | None) -> bool:
+        """After an aborted decode: True when only the foreground's preemption stopped it (the flag is
+        cleared and the caller runs the decode again), False when it was a real cancel."""
+        flag = self.abort
+        if step is None or not step.preempted or flag is None or flag.cancel_requested():
+            return False
+        flag.clear()
+        return True
 
     def interrupt(self) -> None:
         """Abort the llama_decode running now (from any thread): the call raises ``Cancelled``.

@@ -158,8 +158,13 @@ class Session:
         b = self.model._batch
         assert b is not None and n <= b.cap
         b.struct.n_tokens = n
-        clear_errors()
-        rc = C.llama_decode(self._ctx, b.struct)
+        while True:
+            clear_errors()
+            with self.model.computing(n) as step:
+                rc = C.llama_decode(self._ctx, b.struct)
+            # preempted by the foreground model: llama.cpp removed the aborted ubatch's cells; again
+            if not (rc == 2 and self.model.resume_after(step)):
+                break
         self._serial += 1
         self.n_decodes += 1
         if rc != 0:
@@ -299,13 +304,18 @@ class Session:
         t0 = time.perf_counter()
         self._serial += 1
         self.n_decodes += 1
-        try:
-            new_pos = vision.decode(self.model, chunk, emb, self.n_pos, 0)
-        except ModelRuntimeError:
-            C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
-            if self.model.abort is not None and self.model.abort.is_set():
-                raise Cancelled() from None
-            raise
+        while True:
+            try:
+                with self.model.computing(n_tok) as step:
+                    new_pos = vision.decode(self.model, chunk, emb, self.n_pos, 0)
+                break
+            except ModelRuntimeError:
+                C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
+                if self.model.resume_after(step):  # preempted by the foreground model: decode it again
+                    continue
+                if self.model.abort is not None and self.model.abort.is_set():
+                    raise Cancelled() from None
+                raise
         if new_pos != self.n_pos + n_pos:
             raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
         px = self.model.image_px_per_token

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from edge_agent.runtime.cores import CoreShare
     from edge_agent.runtime.state import SessionState
 
 
@@ -193,6 +194,10 @@ class ModelLike(Protocol):
 
     def restore(self, state: SessionState) -> SessionLike:
         """A new session holding a saved state (raises ``runtime.state.StateError`` if it does not fit)."""
+        ...
+
+    def share_cores(self, cores: CoreShare | None, role: str = ..., *, n_threads: int = 0) -> None:
+        """Compute within ``cores`` beside another model, as "foreground" or "background" (``runtime.cores``)."""
         ...
 
     def close(self) -> None: ...

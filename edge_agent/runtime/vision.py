@@ -148,7 +148,8 @@ def _encode(model: Model, chunk: object, key: str, n_tok: int) -> Embedding:
     with model.lock:
         t0 = time.perf_counter()
         clear_errors()
-        rc = M.mtmd_encode_chunk(model._mtmd, chunk)
+        with model.computing(n_tok, encode=True):
+            rc = M.mtmd_encode_chunk(model._mtmd, chunk)
         if rc != 0:
             raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
         n_embd = int(C.llama_model_n_embd_inp(model._model))

@@ -1,0 +1,139 @@
+"""Sharing the CPU cores between two models computing in one process (the agent and SeProD's prophet).
+
+What it knows: how many compute threads are running now, per role, and the one rule that keeps two
+models from slowing each other down: **never more compute threads than cores, and the foreground
+model never waits.** llama.cpp's CPU threads synchronise after every graph node by spinning
+(OpenMP); one thread more than there are cores makes a multi-token decode stall at every node
+(measured on 2 cores, SmolLM2-135M: the agent's prefill 3.3x and its rationale scoring 2.7x slower
+while the prophet drafted with one thread beside the agent's two).
+
+- The **foreground** model (the agent, which the person waits for) computes whenever it wants, with
+  the threads it asks for. When background steps hold cores it needs, it **preempts** them: their
+  abort flag is set, llama.cpp stops the step within one graph node and removes the cells of the
+  aborted ubatch, and the step runs again once the foreground's pass is over (the result is the one
+  an undisturbed step gives). Only a step that cannot be stopped (an image encode) leaves the
+  foreground fewer threads for a pass (applied with ``llama_set_n_threads``); it never waits for one.
+- A **background** step (one prophet decode, or its image encode) starts only when its threads fit
+  beside what the foreground computes now; otherwise it waits until the foreground's pass ends.
+  On 2 cores the prophet therefore drafts while the agent decodes token by token (one thread) or
+  does not compute at all (tools, the network, the person typing), and pauses during the agent's
+  batched passes (prefill, rationale scoring, verification), which get both cores.
+
+What it does not know: llama.cpp, models, sessions (``runtime.model.Model.computing`` asks it before
+every decode and encode), what is being computed or why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+FOREGROUND = "foreground"
+BACKGROUND = "background"
+
+
+PREEMPT_WAIT = 0.05  # most seconds a foreground pass waits for preempted background steps to stop
+
+
+class Step:
+    """A background step running now. ``preempted``: the foreground took its cores (its abort was
+    requested through ``preempt``): the caller runs the step again once the foreground lets it."""
+
+    def __init__(self, want: int, preempt: Callable[[], None] | None) -> None:
+        self.want, self.preempt, self.preempted = want, preempt, False
+
+
+class CoreShare:
+    """The cores of one machine, shared by a foreground model and background models (see module doc).
+
+    ``cores``: how many compute threads may run at once (physical cores).
+    Counters for tests and benchmarks: ``background_waits`` / ``background_wait_seconds`` (steps that
+    waited for a foreground pass, and for how long), ``preemptions`` (background steps stopped
+    mid-way for a foreground pass), ``foreground_reduced`` (passes that ran with fewer threads than
+    asked: a background step that cannot be stopped, e.g. an image encode, was running).
+    """
+
+    def __init__(self, cores: int) -> None:
+        if cores < 1:
+            raise ValueError("cores must be at least 1")
+        self.cores = cores
+        self._cv = threading.Condition()
+        self._fg = 0  # threads the foreground computes with now (0: not computing)
+        self._bg = 0  # threads of the background steps running now
+        self._steps: list[Step] = []
+        self.background_waits = 0
+        self.background_wait_seconds = 0.0
+        self.preemptions = 0
+        self.preempt_wait_seconds = 0.0  # foreground time spent waiting for preempted steps to stop
+        self.foreground_reduced = 0
+
+    @property
+    def busy(self) -> tuple[int, int]:
+        """(foreground threads, background threads) computing now."""
+        with self._cv:
+            return self._fg, self._bg
+
+    @contextlib.contextmanager
+    def foreground(self, want: int) -> Iterator[int]:
+        """A foreground pass that wants ``want`` threads: yields the threads to use.
+
+        When background steps hold cores it needs, those that can be stopped are preempted (their abort
+        is requested; they stop within one graph node and run again later) and the pass starts once
+        they have let go (at most ``PREEMPT_WAIT``). It runs with fewer threads only beside a step
+        that cannot be stopped (at least 1)."""
+        want = max(1, min(want, self.cores))
+        with self._cv:
+            self._fg += want  # claimed at once: a preempted step must not start again meanwhile
+            if self._bg + want > self.cores:
+                for step in self._steps:
+                    if step.preempt is not None and not step.preempted:
+                        step.preempted = True
+                        self.preemptions += 1
+                        step.preempt()
+                t0 = time.perf_counter()
+                deadline = t0 + PREEMPT_WAIT
+                while self._bg + want > self.cores and any(s.preempted for s in self._steps):
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                self.preempt_wait_seconds += time.perf_counter() - t0
+            n = max(1, min(want, self.cores - self._bg))
+            if n < want:
+                self.foreground_reduced += 1
+            self._fg += n - want
+        try:
+            yield n
+        finally:
+            with self._cv:
+                self._fg -= n
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def background(self, want: int, *, stop: Callable[[], bool] | None = None,
+                   preempt: Callable[[], None] | None = None) -> Iterator[Step]:
+        """A background step of ``want`` threads: waits while it would not fit beside the foreground.
+
+        ``preempt``: how the foreground stops this step mid-way (sets the model's abort flag); None:
+        it cannot be stopped. ``stop()`` true ends the wait early (a cancelled draft goes on to its
+        decode, which its abort flag then stops at once). Yields the :class:`Step`."""
+        want = max(1, min(want, self.cores))
+        with self._cv:
+            if self._fg + self._bg + want > self.cores:
+                t0 = time.perf_counter()
+                self.background_waits += 1
+                while self._fg + self._bg + want > self.cores and not (stop is not None and stop()):
+                    self._cv.wait(0.02)  # woken by the foreground's end; the timeout re-checks ``stop``
+                self.background_wait_seconds += time.perf_counter() - t0
+            step = Step(want, preempt)
+            self._steps.append(step)
+            self._bg += want
+        try:
+            yield step
+        finally:
+            with self._cv:
+                self._steps.remove(step)
+                self._bg -= want
+                self._cv.notify_all()
