@@ -4,7 +4,8 @@ vision encodes per image, acceptance per mode, verification cost, memory.
 
 Usage:
     python scripts/bench_seprod.py [--pairs smollm2,tiny] [--reps 3] [--questions 6] [--answer-tokens 40]
-                                   [--draft-len 16] [--tau 0.05] [--sections questions,verify] [--json]
+                                   [--draft-len 16] [--tau 0.05] [--sections questions,search,verify]
+                                   [--search-latency 0.3] [--json]
                                    [--agent GGUF --prophet GGUF [--agent-mmproj F --prophet-mmproj F]]
 
 Pairs (several in one run; ``latency_ratio_on_off`` is the worst of them):
@@ -29,9 +30,15 @@ Sections (medians over interleaved repetitions; a shared machine: read the ratio
    drafts used / skipped (not ready, low acceptance) / waited for, seconds waited, acceptance per
    mode, answer tokens; vision encodes per image (agent + prophet, the embedding cache cleared before
    every question; target 1 with a shared mmproj).
-2. ``verify``: after the agent's real answer context, one prophet draft scored and adopted in ONE
+   ``prophet_preemptions_per_question`` / ``prophet_paused_seconds_per_question``: how the prophet
+   yielded the cores to the agent's batched passes (``edge_agent.runtime.cores``).
+2. ``search``: the same with a text search in turn 1 (a Wikipedia-shaped server on 127.0.0.1, from
+   ``tests/fakeservers.py``, answering after ``--search-latency`` s; nothing cached), then the answer:
+   the prophet drafts while the agent writes its call and waits for the network, so drafts are ready.
+   Top-level ``search_latency_ratio_on_off`` (worst pair).
+3. ``verify``: after the agent's real answer context, one prophet draft scored and adopted in ONE
    decode (``Drafter.verify`` at tau 0) vs the same tokens decoded one by one; acceptance by tau.
-3. ``fixed``: answers of exactly --answer-tokens tokens from a fresh context, without the prophet /
+4. ``fixed``: answers of exactly --answer-tokens tokens from a fresh context, without the prophet /
    drafting in the background / synchronously (the controlled comparison of the old benchmark).
 Memory: process RSS and each model's ``memory_bytes``.
 """
@@ -225,18 +232,21 @@ def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
             "sync_over_without_when_half_accepted": ratio("sync", half)}
 
 
-def bench_questions(engine, questions, image, reps, answer_tokens, zoom) -> dict:
-    """Question latency through Engine.ask, SeProD on vs off, interleaved; SeProD counters of the on runs."""
+def bench_questions(engine, questions, image, reps, answer_tokens, first: str | None) -> dict:
+    """Question latency through Engine.ask, SeProD on vs off, interleaved; SeProD counters of the on runs.
+    ``first``: the action of turn 1 before the answer (None: answer at once)."""
     from edge_agent.agent.events import FinalAnswer, ToolFinished
     from edge_agent.agent.loop import AgentOptions
     from edge_agent.runtime import vision
 
-    def policy(turn, allowed):  # with an image: zoom in turn 1 (a grounding draft), then answer
-        return {"zoom"} if (zoom and turn == 1 and "zoom" in allowed) else {"answer"}
+    def policy(turn, allowed):  # e.g. zoom in turn 1 (a grounding draft), then answer
+        return {first} if (first and turn == 1 and first in allowed) else {"answer"}
 
     opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=policy, answer_max_tokens=answer_tokens,
                                       library=engine.library)
     models = [m for m in (engine.model, engine.prophet) if m is not None]
+    cores = engine.model.cores
+    pauses0 = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
 
     def ask(q, on):
         vision.clear_cache()  # every question reads its image afresh (fair to both variants)
@@ -284,7 +294,12 @@ def bench_questions(engine, questions, image, reps, answer_tokens, zoom) -> dict
     off, on = sum(r["off_s"] for r in rows), sum(r["on_s"] for r in rows)
     rounds = agg["seprod_rounds"] or 1.0
     n_on = reps * len(questions)
+    n_all = n_on + 1  # + the warm-up question with SeProD on
+    pauses = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
     return {
+        # how the prophet yielded the cores to the agent (runtime.cores), per question with SeProD on
+        "prophet_preemptions_per_question": (pauses[0] - pauses0[0]) / n_all,
+        "prophet_paused_seconds_per_question": (pauses[2] - pauses0[2]) / n_all,
         "rows": rows, "total_off_s": off, "total_on_s": on, "latency_ratio_on_off": on / off,
         "rounds": agg["seprod_rounds"],
         "share_used": agg["seprod_drafts"] / rounds, "share_skipped": agg["seprod_drafts_skipped"] / rounds,
@@ -324,8 +339,10 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         sections = set(args.sections.split(","))
         if "questions" in sections:
             res["questions"] = bench_questions(engine, questions, image, args.reps, args.answer_tokens,
-                                               zoom=image is not None)
+                                               first="zoom" if image is not None else None)
         mem["rss_loaded_mb"] = rss_mb()
+        if "search" in sections:
+            res["search"] = bench_search(settings, questions, image, args)
         if sections & {"verify", "fixed"}:
             drafter = seprod.Drafter(prophet, agent_vocab=agent.n_vocab, draft_len=args.draft_len, tau=args.tau,
                                      a0=args.a0, background=False, adaptive=False)
@@ -342,6 +359,51 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
     return res
 
 
+def bench_search(settings, questions, image, args) -> dict:
+    """The questions with a text search first (a Wikipedia-shaped server on 127.0.0.1 answering after
+    ``--search-latency`` seconds, a real API's round trip; nothing cached), then the answer: the
+    prophet drafts the answer while the agent writes its search call and waits for the network."""
+    from edge_agent.engine import Engine
+    from tests.fakeservers import FakeBackend
+
+    server = FakeBackend("wikipedia", latency=args.search_latency).start()
+    engine = None
+    try:
+        engine = Engine.from_settings(settings.updated({"offline": False, "text_search": "wikipedia",
+                                                       "wikipedia_url": server.url, "search_cache_days": 0.0}))
+        res = bench_questions(engine, questions, image, args.reps, args.answer_tokens, first="text_search")
+        res["search_latency_s"] = args.search_latency
+        res["searches"] = server.count
+        return res
+    finally:
+        if engine is not None:
+            engine.close()
+        server.stop()
+
+
+def _questions_report(qs: dict, res: dict, out: list[str]) -> None:
+    out.append(f"{'question':44} {'off':>7} {'on':>7} {'on/off':>7} {'tok off/on':>11} same")
+    for r in qs["rows"]:
+        out.append(f"{r['question'][:44]:44} {r['off_s']:7.2f} {r['on_s']:7.2f} {r['on_over_off']:7.2f} "
+                   f"{r['off_answer_tokens']:>5.0f}/{r['on_answer_tokens']:<5.0f} {r['same_answer']}")
+    out.append(f"all: off {qs['total_off_s']:.2f} s, on {qs['total_on_s']:.2f} s, on/off "
+               f"{qs['latency_ratio_on_off']:.3f} (target <= 1.05)")
+    acc = "n/a" if qs["acceptance"] is None else f"{qs['acceptance']:.2f}"
+    out.append(f"drafts: {qs['rounds']:.0f} rounds; used {qs['share_used']:.0%}, skipped {qs['share_skipped']:.0%} "
+               f"(not ready {qs['share_skipped_not_ready']:.0%}, low acceptance "
+               f"{qs['share_skipped_low_acceptance']:.0%}), waited for {qs['share_waited']:.0%}; waited "
+               f"{qs['seconds_waited_per_question'] * 1e3:.0f} ms and verified "
+               f"{qs['verify_seconds_per_question'] * 1e3:.0f} ms per question; acceptance {acc} "
+               "(" + ", ".join(f"{m} {a:.2f}" for m, a in qs["acceptance_per_mode"].items() if a is not None)
+               + ")")
+    out.append(f"prophet yielded the cores: {qs['prophet_preemptions_per_question']:.1f} decodes preempted and "
+               f"{qs['prophet_paused_seconds_per_question'] * 1e3:.0f} ms paused per question")
+    if qs["images"]:
+        out.append(f"vision encodes: {qs['vision_encodes']} for {qs['images']} images = "
+                   f"{qs['vision_encodes_per_image']:.2f} per image (shared mmproj: {res['shared_mmproj']}; "
+                   "target 1)")
+
+
 def report(all_res: dict) -> str:
     out = []
     for res in all_res["pairs"]:
@@ -352,24 +414,11 @@ def report(all_res: dict) -> str:
         qs = res.get("questions")
         if qs:
             out.append("-- question latency, prefill to final answer, SeProD off vs on (median s)")
-            out.append(f"{'question':44} {'off':>7} {'on':>7} {'on/off':>7} {'tok off/on':>11} same")
-            for r in qs["rows"]:
-                out.append(f"{r['question'][:44]:44} {r['off_s']:7.2f} {r['on_s']:7.2f} {r['on_over_off']:7.2f} "
-                           f"{r['off_answer_tokens']:>5.0f}/{r['on_answer_tokens']:<5.0f} {r['same_answer']}")
-            out.append(f"all: off {qs['total_off_s']:.2f} s, on {qs['total_on_s']:.2f} s, on/off "
-                       f"{qs['latency_ratio_on_off']:.3f} (target <= 1.05)")
-            acc = "n/a" if qs["acceptance"] is None else f"{qs['acceptance']:.2f}"
-            out.append(f"drafts: {qs['rounds']:.0f} rounds; used {qs['share_used']:.0%}, skipped {qs['share_skipped']:.0%} "
-                       f"(not ready {qs['share_skipped_not_ready']:.0%}, low acceptance "
-                       f"{qs['share_skipped_low_acceptance']:.0%}), waited for {qs['share_waited']:.0%}; waited "
-                       f"{qs['seconds_waited_per_question'] * 1e3:.0f} ms and verified "
-                       f"{qs['verify_seconds_per_question'] * 1e3:.0f} ms per question; acceptance {acc} "
-                       "(" + ", ".join(f"{m} {a:.2f}" for m, a in qs["acceptance_per_mode"].items() if a is not None)
-                       + ")")
-            if qs["images"]:
-                out.append(f"vision encodes: {qs['vision_encodes']} for {qs['images']} images = "
-                           f"{qs['vision_encodes_per_image']:.2f} per image (shared mmproj: {res['shared_mmproj']}; "
-                           "target 1)")
+            _questions_report(qs, res, out)
+        qs = res.get("search")
+        if qs:
+            out.append(f"-- with a text search first ({qs['search_latency_s']:.2f} s round trip), then the answer")
+            _questions_report(qs, res, out)
         v = res.get("verify")
         if v and v.get("rows"):
             out.append(f"-- verify a draft in one decode / decode it one by one: median {v['verify_over_decode']:.2f} "
@@ -385,8 +434,9 @@ def report(all_res: dict) -> str:
                    + "; ".join(f"{who} " + " + ".join(f"{k} {x / mb:.1f}" for k, x in m[f"{who}_bytes"].items()) + " MB"
                                for who in ("agent", "prophet") if f"{who}_bytes" in m))
     r, e = all_res["latency_ratio_on_off"], all_res["vision_encodes_per_image"]
+    sr = all_res.get("search_latency_ratio_on_off")
     out.append(f"\nlatency_ratio_on_off (worst pair) {'n/a' if r is None else f'{r:.3f}'}; vision_encodes_per_image "
-               f"{'n/a' if e is None else f'{e:.2f}'}")
+               f"{'n/a' if e is None else f'{e:.2f}'}; with a search first {'n/a' if sr is None else f'{sr:.3f}'}")
     return "\n".join(out)
 
 
@@ -427,7 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", action="store_true", help="pin L_d (seprod_adaptive false)")
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--sections", default="questions,verify", help="comma-separated: questions, verify, fixed")
+    ap.add_argument("--sections", default="questions,search,verify",
+                    help="comma-separated: questions, search, verify, fixed")
+    ap.add_argument("--search-latency", type=float, default=0.3,
+                    help="seconds the local search server takes per answer (section search)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -453,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [r["questions"]["latency_ratio_on_off"] for r in results if "questions" in r]
     shared = [r["questions"]["vision_encodes_per_image"] for r in results
               if "questions" in r and r["shared_mmproj"] and r["questions"]["images"]]
+    search = [r["search"]["latency_ratio_on_off"] for r in results if "search" in r]
     res = {"pairs": results, "latency_ratio_on_off": max(ratios) if ratios else None,
+           "search_latency_ratio_on_off": max(search) if search else None,
            "vision_encodes_per_image": max(shared) if shared else None,
            "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "argv": sys.argv[1:] if argv is None else argv}
     if args.out:

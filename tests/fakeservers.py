@@ -59,6 +59,7 @@ class Recorded:
 class FakeBackend:
     shape: str
     hang: float = 5.0
+    latency: float = 0.0  # seconds every answer takes (a real API's round trip; benchmarks)
     huge_bytes: int = 3_000_000
     requests: list[Recorded] = field(default_factory=list)
     _modes: list[tuple[str, Any]] = field(default_factory=list)
@@ -119,6 +120,8 @@ class FakeBackend:
         with self._lock:
             self.requests.append(rec)
             mode, arg = self._modes.pop(0) if self._modes else ("ok", None)
+        if self.latency > 0:
+            self._stop.wait(self.latency)
         if mode == "timeout":
             self._stop.wait(self.hang)
             return self._send(h, 200, b'{"late": true}')

@@ -1,6 +1,7 @@
 """scripts/bench_seprod.py on the tiny Qwen3-VL pair (one question, one repetition): the ``--json`` keys
 others read exist with their exact names, and what they hold is consistent (shares add up, one vision
-encode per image with the shared mmproj). Speed is not asserted (benchmarks print ratios)."""
+encode per image with the shared mmproj, a draft prepared during a search is ready and used). Speed
+is not asserted (benchmarks print ratios)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ def test_bench_seprod_json_keys_and_counts(capsys):
     from scripts import bench_seprod
 
     assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
-                              "--sections", "questions", "--json"]) == 0
+                              "--sections", "questions,search", "--search-latency", "0.2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     (pair,) = res["pairs"]
     q = pair["questions"]
@@ -28,3 +29,11 @@ def test_bench_seprod_json_keys_and_counts(capsys):
     row = q["rows"][0]
     assert row["off_answer_tokens"] <= 6 and row["on_answer_tokens"] <= 6
     assert pair["threads"]["prophet"][0] >= 1
+    # the agent's batched passes preempt the prophet (runtime.cores), counted per question
+    assert q["prophet_preemptions_per_question"] >= 0 and q["prophet_paused_seconds_per_question"] >= 0
+    # a search first: the prophet drafts during the agent's call and the network wait; the draft is
+    # ready at the answer and used (the tiny pair's random weights accept nothing: used, not accepted)
+    srch = pair["search"]
+    assert res["search_latency_ratio_on_off"] == srch["latency_ratio_on_off"] > 0
+    assert srch["searches"] >= 4 and srch["search_latency_s"] == 0.2  # nothing cached: every ask searched
+    assert srch["rounds"] == 1 and srch["share_used"] == 1.0 and srch["share_waited"] == 0.0
