@@ -329,6 +329,24 @@ def test_episode_with_zoom_grounds_then_answers(tiny_pair, tmp_path, mode):
         assert "<think>\n" + vers[0].accepted_text in s.text()
 
 
+def test_in_an_episode_the_agent_encodes_each_image_and_the_prophet_none(tiny_pair, tmp_path):
+    """drafts start after the agent has read the question's image: the agent encodes it (an encode
+    cannot be preempted: a prophet encoding first would make the agent wait for its one thread) and
+    the prophet decodes the agent's embeddings, of the photo and of the crop."""
+    from edge_agent.agent.events import ImageEvaluated
+    from edge_agent.runtime import vision
+
+    agent, prophet = tiny_pair
+    vision.clear_cache()
+    a0, p0 = agent.vision_encodes, prophet.vision_encodes
+    events, _ = run_episode(agent, prophet, mode="ssr", image=True, tmp_path=tmp_path,
+                            question="Which colour is this?")
+    images = [e for e in events if isinstance(e, ImageEvaluated)]
+    assert [e.source for e in images] == ["image", "crop"] and not any(e.reused for e in images)
+    assert agent.vision_encodes - a0 == 2 and prophet.vision_encodes == p0
+    assert events[-1].totals["seprod_drafts"] == 2  # and the prophet drafted on both
+
+
 def test_text_only_episode_smollm2(smol_pair, tmp_path):
     """no image: the prophet drafts from the question alone; the answer begins with what was accepted."""
     agent, prophet = smol_pair

@@ -169,10 +169,14 @@ class _Run:
         lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
         system = system_prompt(sorted(available), has_image=self.image is not None, library=lib,
                                extra=self.o.instructions)
-        if self.drafter is not None:  # the prophet can draft while the agent reads the prompt
-            self.drafter.start(image=self.current_image, question=self.question)
-            self.prophet_evaluated0 = self.drafter.tokens_evaluated
         opened = self.context.open(system, self.question, self.image, cancel=self.cancel)
+        if self.drafter is not None:
+            # After the agent has read the question's image: the prophet decodes the agent's embedding
+            # instead of encoding the image itself first (an encode cannot be preempted, and the agent
+            # would wait for the prophet's one-thread encode); while the agent reads, the prophet would
+            # only wait for the cores anyway (runtime.cores).
+            self.prophet_evaluated0 = self.drafter.tokens_evaluated
+            self.drafter.start(image=self.current_image, question=self.question)
         self.s = opened.session
         self.opened = opened
         self.evaluated0 = self.s.n_evaluated - opened.tokens_evaluated
