@@ -82,7 +82,8 @@ class Settings:
     seprod_a0: float = _doc("SeProD: base weight a0 of the search model in s_j.", default=0.5)
     seprod_adaptive: bool = _doc(
         "SeProD: per chat, stop drafting in a mode whose drafts are not accepted and shorten L_d to what is "
-        "accepted (false pins seprod_draft_len for experiments).",
+        "accepted, and use a draft only when it is ready in time or worth waiting for (false pins "
+        "seprod_draft_len and waits for every draft: experiments whose drafts do not depend on timing).",
         default=True,
     )
 

@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-len", type=int, default=16)
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--a0", type=float, default=0.5)
-    ap.add_argument("--fixed", action="store_true", help="pin L_d (seprod_adaptive false)")
+    ap.add_argument("--fixed", action="store_true", help="pin L_d and wait for every draft (seprod_adaptive false)")
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--sections", default="questions,search,verify",

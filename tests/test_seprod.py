@@ -532,6 +532,21 @@ def test_nothing_measured_means_no_waiting():
         d.close()
 
 
+def test_pinned_settings_wait_for_every_draft():
+    """seprod_adaptive false (experiments): the same cold start waits for the draft and uses it, so
+    what an experiment measures does not depend on timing."""
+    d = seprod.Drafter(SlowModel("abcdefgh", 0.05), agent_vocab=V, draft_len=8, tau=0.1, background=True,
+                       adaptive=False)
+    try:
+        assert d.block
+        d.start(image=b"I", question="q")
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
+        prop = next(e for e in events if isinstance(e, DraftProposed))
+        assert prop.waited > 0.1 and v.accepted == 8 and not any(isinstance(e, DraftSkipped) for e in events)
+    finally:
+        d.close()
+
+
 def test_low_acceptance_mode_is_not_drafted_and_says_so():
     d = seprod.Drafter(FakeModel(" !?"), agent_vocab=V, draft_len=3, tau=0.1, background=False)
     try:

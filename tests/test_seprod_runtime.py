@@ -395,7 +395,9 @@ def test_agent_lead_is_the_agents_own_greedy_whitespace(smol_pair):
 
 def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, monkeypatch, tmp_path):
     """`edge-agent ask IMAGE Q --prophet P --prophet-mmproj M --json`: the prophet is loaded and its
-    answering draft shows up as draft_proposed / draft_verified events before the final answer."""
+    answering draft shows up as draft_proposed / draft_verified events before the final answer
+    (seprod_adaptive false: the experiment setting, which waits for every draft; by default a draft
+    not ready in time is skipped: test_seprod.py::test_nothing_measured_means_no_waiting)."""
     import json
 
     from click.testing import CliRunner
@@ -403,7 +405,7 @@ def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, mon
     from edge_agent.cli import cli
 
     for k, v in {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "5",
-                 "SEPROD_TAU": "0"}.items():
+                 "SEPROD_TAU": "0", "SEPROD_ADAPTIVE": "false"}.items():
         monkeypatch.setenv(f"EDGE_AGENT_{k}", v)
     photo = tmp_path / "p.png"
     Image.new("RGB", (80, 60), (120, 40, 40)).save(photo)

@@ -126,10 +126,11 @@ async def test_real_engine_mode_switch_reaches_the_agent(real_settings, photo):
 
 
 async def test_real_engine_with_prophet_shows_drafts(real_settings, tiny_models, photo):
-    """SeProD on: the prophet model loads too; its drafts appear in the turn blocks with counts."""
+    """SeProD on: the prophet model loads too; its drafts appear in the turn blocks with counts
+    (seprod_adaptive false waits for every draft: the first question's are not ready in time)."""
     settings = real_settings.updated({"prophet": str(tiny_models["prophet"]),
                                       "prophet_mmproj": str(tiny_models["mmproj"]), "seprod": True,
-                                      "answer_max_tokens": 12, "seprod_draft_len": 4})
+                                      "answer_max_tokens": 12, "seprod_draft_len": 4, "seprod_adaptive": False})
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

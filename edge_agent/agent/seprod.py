@@ -139,12 +139,13 @@ class Drafter:
     ``agent_vocab``: V of the agent's logits (for normalising ranks).
     ``draft_len`` (L_d), ``tau``, ``a0``: the SeProD settings; ``gamma``: see :func:`search_weight`.
     ``adaptive``: per-mode acceptance switches modes off and shortens L_d (:class:`Adaptive`); False
-    pins L_d and tau (experiments).
+    pins L_d and tau and waits for every draft (experiments: each question gets its drafts whatever
+    the timing, so acceptance and answers do not depend on how busy the machine is).
     ``background``: run the prophet in a worker thread so :meth:`start` can prepare drafts while the
     agent evaluates its own context. With ``False`` the work still happens in that one thread (the
     prophet model is only ever touched by it) but callers only submit and wait.
-    ``block``: at a hook, wait for a draft that is not ready whatever it costs (default: only when not
-    ``background``); else wait only while the expected saving exceeds the expected wait, and fit
+    ``block``: at a hook, wait for a draft that is not ready whatever it costs (default: when not
+    ``background``, or not ``adaptive``); else wait only while the expected saving exceeds the expected wait, and fit
     prepared drafts to the time before their hook (:meth:`_fit`).
     ``agent_cost_ratio``: the agent's decode time per token over the prophet's, used until the agent's
     own is measured (the engine passes the ratio of the two weight sizes: decoding is memory-bound).
@@ -227,7 +228,9 @@ class Drafter:
 
     @property
     def block(self) -> bool:
-        return (not self.background) if self._block is None else self._block
+        if self._block is not None:
+            return self._block
+        return not self.background or not self.adaptive.enabled
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
