@@ -8,6 +8,7 @@ not fit beside the foreground.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -243,3 +244,68 @@ def test_a_foreground_pass_uses_the_threads_it_is_given(smol_two):
     finally:
         agent.share_cores(None)
     assert agent._threads_now == (agent.n_threads, agent.n_threads_batch)
+
+
+class PreemptAtStart(CoreShare):
+    """A share that preempts every stoppable background step the moment it starts, once (its run
+    again goes through): the worst timing, made deterministic (the decode aborts at its first node)."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.again = False  # the next step is the run again of a preempted one
+
+    @contextlib.contextmanager
+    def background(self, want, *, stop=None, preempt=None):
+        with super().background(want, stop=stop, preempt=preempt) as step:
+            if preempt is not None and not self.again:
+                step.preempted = True
+                self.preemptions += 1
+                preempt()
+            self.again = step.preempted
+            yield step
+
+
+@pytest.fixture(scope="module")
+def tiny_prophet(tiny_models):
+    from edge_agent.runtime import Model
+
+    m = Model.load(tiny_models["prophet"], tiny_models["mmproj"], kv_type="f32", n_ctx=2048, n_threads=1,
+                   n_threads_batch=1)
+    yield m
+    m.close()
+
+
+def prophet_with_image(m, png: bytes):
+    s = m.session()
+    s.append_text("<|im_start|>user\n")
+    s.append_image(png)
+    s.append_text("Is there a sign?<|im_end|>\n<|im_start|>assistant\n")
+    g = s.generate(max_tokens=6)
+    return s.next_logits().copy(), g.tokens, g.logprobs, s.n_cells, s.n_pos
+
+
+def test_every_preempted_step_of_a_draft_runs_again_exactly(tiny_prophet):
+    """text prefill, the image's decode (from its embedding) and each drafted token, every one
+    aborted once at its start: the draft (tokens, log-probs), the final logits, cells and positions
+    are those of an undisturbed run (F32 weights and KV: to 1e-6)."""
+    import io
+
+    from PIL import Image
+
+    from edge_agent.runtime import vision
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 96), (10, 200, 90)).save(buf, "PNG")
+    png = buf.getvalue()
+    vision.clear_cache()
+    ref = prophet_with_image(tiny_prophet, png)
+    share = PreemptAtStart()
+    tiny_prophet.share_cores(share, BACKGROUND)
+    try:
+        got = prophet_with_image(tiny_prophet, png)
+    finally:
+        tiny_prophet.share_cores(None)
+    assert share.preemptions >= 1 + 1 + 1 + 5  # text, image, text, the drafted tokens
+    assert got[1] == ref[1] and got[3:] == ref[3:]
+    np.testing.assert_allclose(got[2], ref[2], atol=1e-6)
+    np.testing.assert_allclose(got[0], ref[0], atol=1e-6)

@@ -700,3 +700,21 @@ def test_probes_of_drafts_that_never_fit_back_off():
         assert all(p.reason == "not_ready" for p in plans if not p.use)
     finally:
         d.close()
+
+
+
+def test_a_probe_that_is_ready_but_accepts_nothing_still_backs_off():
+    """a probe draft ready in time whose tokens are all rejected is no reason to probe more often; one
+    with accepted tokens is (the gap goes back to PROBE_EVERY)."""
+    g = seprod.PROBE_EVERY
+    for text, tau, gap in (("abc", 0.99, 2 * g), ("abc", 0.0, None)):
+        d = seprod.Drafter(FakeModel(text), agent_vocab=V, draft_len=16, tau=tau, background=True)
+        try:
+            d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod.ANSWERING] = 0.05, 0.05, 0.01
+            for _ in range(g):  # g - 1 skips, then the probe, prepared as Drafter.start does
+                d.start(image=None, question="q")
+                run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q"))
+            assert d.stats.drafts == 1  # the probe was used
+            assert d._probe_gap.get(seprod.ANSWERING) == gap
+        finally:
+            d.close()

@@ -205,7 +205,8 @@ class Drafter:
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
         self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
-        self._probe_gap: dict[str, int] = {}  # mode -> skips before the next probe (doubles while probes fail)
+        # mode -> skips before the next probe (doubles while probes are not ready in time or accept nothing)
+        self._probe_gap: dict[str, int] = {}
         self._warm = False  # the prophet has drafted once (its first draft is not measured)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -318,7 +319,7 @@ class Drafter:
         saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work) when
         fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except for a short probe after
         ``PROBE_EVERY`` such skips (costs change: the machine may be less busy), the gap doubling up to
-        ``MAX_PROBE_GAP`` while no draft is used. Updates ``ahead`` (the worker runs one draft at a time)."""
+        ``MAX_PROBE_GAP`` while no draft is used and accepted. Updates ``ahead`` (the worker runs one draft at a time)."""
         c = self.costs
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
@@ -573,7 +574,8 @@ class Drafter:
                 v.steer = STEER_ELSEWHERE
         self.stats.add(v)
         self.adaptive.record(mode, len(v.draft.tokens), v.accepted)
-        self._probe_gap.pop(mode, None)  # a draft was used: probe at the normal rate again
+        if v.accepted:  # a draft that was ready and accepted: probe at the normal rate again
+            self._probe_gap.pop(mode, None)
         yield DraftVerified(
             turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens), accepted_text=v.accepted_text,
             scores=tuple(float(x) for x in v.scores), seconds=v.seconds, lead=len(v.lead), verdict=v.verdict,
