@@ -309,3 +309,34 @@ def test_every_preempted_step_of_a_draft_runs_again_exactly(tiny_prophet):
     assert got[1] == ref[1] and got[3:] == ref[3:]
     np.testing.assert_allclose(got[2], ref[2], atol=1e-6)
     np.testing.assert_allclose(got[0], ref[0], atol=1e-6)
+
+
+def test_an_interrupt_during_a_preempted_step_is_not_taken_for_the_preemption(tiny_prophet):
+    """Model.interrupt() and a preemption of the same decode: the call is cancelled, not run again."""
+    from edge_agent.errors import Cancelled
+
+    class PreemptAndInterrupt(CoreShare):
+        done = False
+
+        @contextlib.contextmanager
+        def background(self, want, *, stop=None, preempt=None):
+            with super().background(want, stop=stop, preempt=preempt) as step:
+                if not self.done:  # once: a retry (the bug) would then succeed and the test fail
+                    self.done = True
+                    step.preempted = True
+                    preempt()
+                    tiny_prophet.interrupt()
+                yield step
+
+    s = tiny_prophet.session()
+    s.append_text("<|im_start|>user\n")
+    cells = s.n_cells
+    tiny_prophet.share_cores(PreemptAndInterrupt(2), BACKGROUND)
+    try:
+        with pytest.raises(Cancelled):
+            s.append_text("Is there a sign?")
+    finally:
+        tiny_prophet.share_cores(None)
+    assert s.n_cells == cells
+    s.append_text("Is there a sign?")  # and the session goes on
+    assert s.n_cells > cells

@@ -124,6 +124,7 @@ class Model:
         self.cores: CoreShare | None = None
         self.role = FOREGROUND
         self._threads_now = (0, 0)  # (decode, batch) threads the context computes with now
+        self.interrupted = False  # interrupt() was called since the running call began (not a preemption)
 
     # ------------------------------------------------------------------------------ loading
     @classmethod
@@ -466,7 +467,7 @@ class Model:
             with share.background(want, stop=flag.is_set if flag is not None else None,
                                   preempt=flag.set if flag is not None and flag.available and not encode else None) as step:
                 yield step
-            if step.preempted and flag is not None and not flag.cancel_requested():
+            if step.preempted and flag is not None and not flag.cancel_requested() and not self.interrupted:
                 flag.clear()  # the step may have finished before the flag was seen: it must not stop the next
             return
         with share.foreground(want) as n:
@@ -478,7 +479,7 @@ class Model:
         """After an aborted decode: True when only the foreground's preemption stopped it (the flag is
         cleared and the caller runs the decode again), False when it was a real cancel."""
         flag = self.abort
-        if step is None or not step.preempted or flag is None or flag.cancel_requested():
+        if step is None or not step.preempted or flag is None or flag.cancel_requested() or self.interrupted:
             return False
         flag.clear()
         return True
@@ -489,6 +490,7 @@ class Model:
         Sessions clear the flag when their next call starts, so an interrupt that arrives while nothing
         is decoding is dropped. Image encoding inside the vision projector is not interruptible.
         """
+        self.interrupted = True
         if self.abort is not None:
             self.abort.set()
 

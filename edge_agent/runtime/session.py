@@ -139,6 +139,7 @@ class Session:
         flag = self.model.abort
         if raise_if_set and cancel is not None and cancel.is_set():
             raise Cancelled()
+        self.model.interrupted = False
         if flag is not None:
             flag.clear()
         if cancel is None or flag is None or not flag.available:
