@@ -67,6 +67,7 @@ class Engine:
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
+        self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
         self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
 
     # ---- construction ---------------------------------------------------------------------------
@@ -194,7 +195,8 @@ class Engine:
                 raise ConfigError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}.")
             if not question or not question.strip():
                 raise ConfigError("The question is empty. Type a question about the image.")
-            loaded = self._load_image(image)
+            with self._images:
+                loaded = self._load_image(image)
             pairs = _history_pairs(history)
         except EdgeAgentError as e:
             yield RunStarted(question=question, image=label, mode=mode, seprod=False, model=self.model_name)
@@ -209,11 +211,13 @@ class Engine:
                 px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
                 budget = self.settings.image_max_tokens * px * px
                 key = self._image_key(image, budget)
-                png = self._recent[key][1] if key is not None and key in self._recent else None
+                with self._images:
+                    png = self._recent[key][1] if key is not None and key in self._recent else None
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=budget,
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=png)
                 if key is not None:
-                    self._remember(key, loaded, store.model_png(0))
+                    with self._images:
+                        self._remember(key, loaded, store.model_png(0))
             toolbox = Toolbox(store, self.tools)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
@@ -231,6 +235,32 @@ class Engine:
             )
         finally:
             self._busy.release()
+
+    def prepare_image(self, image: str | Path) -> bool:
+        """Read an attached image before its question comes (the app calls this, in a worker thread,
+        while the person types): the photo is loaded and fitted as ``ask`` will fit it, and the agent's
+        vision projector encodes it into the shared embedding cache. The question then decodes the
+        embedding instead of waiting for the encode (its ImageEvaluated says ``reused``). True when the
+        image was encoded now; False when there was nothing to do (cached already, a text-only model, a
+        file that cannot be read: ``ask`` reports that). Beside a running ``ask`` it is safe: whichever
+        needs the encode first does it, the other waits for it."""
+        if not self.model.has_vision:
+            return False
+        try:
+            with self._images:
+                loaded = self._load_image(image)
+                assert loaded is not None
+                px = self.model.image_px_per_token or 32
+                budget = self.settings.image_max_tokens * px * px
+                key = self._image_key(image, budget)
+                png = self._recent[key][1] if key is not None and key in self._recent else None
+                if png is None:
+                    png = ImageStore(loaded.image, max_pixels=budget).model_png(0)  # the bytes ask will use
+                    if key is not None:
+                        self._remember(key, loaded, png)
+            return self.model.encode_image(png)
+        except EdgeAgentError:
+            return False
 
     def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
         if image is None:

@@ -425,3 +425,47 @@ def test_a_reused_image_embedding_gives_the_logits_of_a_fresh_encode(tiny_models
     np.testing.assert_array_equal(fresh_again, expect)
     a.close()
     b.close()
+
+
+def test_an_image_read_ahead_is_not_encoded_again_and_answers_the_same(tiny_models, settings, photo, tmp_path):
+    """Engine.prepare_image (the app calls it on attach, while the person types) encodes the photo as
+    ask will fit it; the question then decodes that embedding (no encode on its path) and gives the
+    same answer and rationale scores as a question that encoded the photo itself."""
+    from edge_agent.agent.events import FinalAnswer, ImageEvaluated, RationaleScored
+    from edge_agent.runtime import vision
+
+    def ask(engine):
+        events = list(engine.ask("What is on the sign?", photo, options=AgentOptions.from_settings(
+            settings, policy=answer_only)))
+        img = next(e for e in events if isinstance(e, ImageEvaluated))
+        scores = [c.score for e in events if isinstance(e, RationaleScored) for c in e.candidates]
+        fin = events[-1]
+        assert isinstance(fin, FinalAnswer)
+        return img, scores, fin.answer
+
+    m = load(tiny_models)
+    try:
+        vision.clear_cache()
+        plain = ask(Engine(m, settings))
+        assert not plain[0].reused and plain[0].encode_seconds > 0
+        vision.clear_cache()
+        engine = Engine(m, settings)
+        n0 = m.vision_encodes
+        assert engine.prepare_image(photo) is True
+        assert m.vision_encodes == n0 + 1
+        assert engine.prepare_image(photo) is False  # cached: nothing to do
+        img, scores, answer = ask(engine)
+        assert img.reused and img.encode_seconds == 0 and m.vision_encodes == n0 + 1
+        assert img.tokens == plain[0].tokens
+        assert scores == plain[1] and answer == plain[2]
+        # nothing to read ahead: a file that is not an image (ask reports it), a text-only model
+        bad = tmp_path / "not-an-image.png"
+        bad.write_bytes(b"no image here")
+        assert engine.prepare_image(bad) is False
+    finally:
+        m.close()
+    text_only = Model.load(tiny_models["text"], n_ctx=2048, n_threads=1, n_threads_batch=1)
+    try:
+        assert Engine(text_only, settings).prepare_image(photo) is False
+    finally:
+        text_only.close()

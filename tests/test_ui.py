@@ -97,6 +97,8 @@ async def test_attach_ask_and_see_reasoning(settings, tmp_path, image):
         assert app.engine_state == "ready"
         await type_and_enter(pilot, f"/image {image}")
         assert app.chat_screen.image == str(image.resolve())
+        await settle(pilot)
+        assert engines[0].prepared == [str(image.resolve())]  # read ahead while the question is typed
         await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         assert engines[0].asked == [("What does the sign say?", str(image.resolve()), "ssr")]

@@ -18,6 +18,7 @@ from textual.widgets import Markdown
 
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
+from edge_agent.runtime import vision
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.reasoning import TurnView
 from tests.ui_fakes import make_image, settle, type_and_enter
@@ -56,11 +57,20 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         assert app.engine_state == "ready", [n.message for n in app._notifications]
         assert app.engine.model_name  # status bar shows the real model's name
         assert app.engine.model_name in str(app.chat_screen.status.render())
+        vision.clear_cache()  # the same pixels may have been encoded by an earlier test in this process
+        encodes = app.engine.model.vision_encodes
         await type_and_enter(pilot, f"/image {photo}")
+        # attaching reads the photo ahead: its vision encode happens before the question
+        await pilot_wait_until(pilot, lambda: app.engine.model.vision_encodes == encodes + 1,
+                               what="the photo encoded on attach")
         await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
         assert view.status in ("answered", "turn_limit"), view.status
+        image_read = [e for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "image"]
+        assert image_read and image_read[0].reused and image_read[0].encode_seconds == 0
+        assert app.engine.model.vision_encodes == encodes + 1 + sum(
+            1 for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "crop" and not e.reused)
         assert view.turns and all(isinstance(t, TurnView) for t in view.turns.values())
         events = stored_events(app)
         started = next(e for e in events if isinstance(e, ev.RunStarted))

@@ -104,6 +104,7 @@ class ScriptedEngine:
         self.contexts: list[str | None] = []  # the context key each question continued from
         self.closed = False
         self.model_name = "tiny-qwen3vl"
+        self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
 
     def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
             context=None) -> Iterator[ev.Event]:
@@ -132,6 +133,10 @@ class ScriptedEngine:
                 yield ev.FinalAnswer(answer="", turns=1, stop_reason="cancelled", totals={})
                 return
             yield e
+
+    def prepare_image(self, image) -> bool:
+        self.prepared.append(str(image))
+        return True
 
     def close(self) -> None:
         self.closed = True

@@ -431,6 +431,25 @@ class Model:
                 raise StateError(f"restoring failed ({e})") from e
             return s
 
+    def encode_image(self, image: bytes) -> bool:
+        """Encode ``image`` (PNG/JPEG bytes) with the vision projector into the shared embedding cache
+        (``runtime.vision``), touching no context: a later ``append_image`` of the same bytes, on this
+        model or one with the same mmproj, decodes the embedding without encoding. True when it was
+        encoded now, False when the cache had it. Raises ImageError / ModelFileError like append_image."""
+        from edge_agent.runtime import vision
+        from edge_agent.runtime.state import image_digest
+
+        with self.lock:
+            self._check_open()
+            if not self._mtmd:
+                raise ModelFileError(f"{self.path.name} was loaded without a vision projector, so it cannot read "
+                                     "images.", title="No vision")
+            with vision.prepare(self, bytes(image)) as prep:
+                for part in prep.parts:
+                    if isinstance(part, vision.ImagePart):
+                        return not vision.embedding(self, part.chunk, image_digest(bytes(image)))[1]
+        return False
+
     def share_cores(self, cores: CoreShare | None, role: str = FOREGROUND, *, n_threads: int = 0) -> None:
         """Compute within ``cores`` from now on, as the ``role`` (``runtime.cores``); None: alone.
         ``n_threads`` > 0: token-by-token decoding uses that many threads from now on (so that the

@@ -196,6 +196,11 @@ class ModelLike(Protocol):
         """A new session holding a saved state (raises ``runtime.state.StateError`` if it does not fit)."""
         ...
 
+    def encode_image(self, image: bytes) -> bool:
+        """Encode an image into the shared embedding cache ahead of its ``append_image`` (True: encoded
+        now, False: it was cached)."""
+        ...
+
     def share_cores(self, cores: CoreShare | None, role: str = ..., *, n_threads: int = 0) -> None:
         """Compute within ``cores`` beside another model, as "foreground" or "background" (``runtime.cores``)."""
         ...

@@ -110,6 +110,16 @@ class EdgeAgentApp(App):
         if n:
             log.info("deleted %d old crop folders", n)
 
+    @work(thread=True, group="prepare", exit_on_error=False)
+    def prepare_image(self, path: str) -> None:
+        """Worker thread: read an attached image before its question (``Engine.prepare_image``: the
+        vision encode happens while the person types, not after they press Enter). After a running
+        answer; nothing when no engine is loaded. What cannot be read is left for the question."""
+        with self.engine_lock:
+            engine = self.engine
+            if engine is not None:
+                engine.prepare_image(path)
+
     def _theme_changed(self, theme: Any) -> None:
         name = getattr(theme, "name", str(theme))
         if name != self.settings.theme:

@@ -219,6 +219,7 @@ class ChatScreen(Screen):
                         title="Model cannot see images", severity="warning", timeout=8)
         else:
             self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+            self.edge_app.prepare_image(p)  # the vision encode while the question is typed
         return True
 
     def _show_images(self) -> None:
