@@ -19,6 +19,9 @@ a KV cache:
   first time) and time from submitting the question to the first scored rationale (TTFR).
 - cold ask (model loaded, nothing of this chat in memory, as in a new `edge-agent ask` process):
   TTFR of a new text question with the system prompt's state on disk vs evaluating it.
+- attach (models with an image): TTFR of a first question about a photo read ahead when it was
+  attached (``Engine.prepare_image``, as the app does while the question is typed) vs read with
+  the question; per model ``attach_ttfr_ratio``.
 - reopen (a new process continuing a saved chat): TTFR of a fourth question with the chat's saved
   state restored vs the chat re-evaluated from nothing (system prompt, image, history as text).
 
@@ -160,6 +163,26 @@ class Bench:
                 "evaluated_saved": res["a"]["opened"].tokens_evaluated,
                 "evaluated_evaluated": res["b"]["opened"].tokens_evaluated}
 
+    def attach(self, rep: int) -> dict[str, float]:
+        """A first question about a photo attached before it: read ahead (``Engine.prepare_image``, what
+        the app does while the question is typed; done before the clock starts) vs read with the
+        question. Both restore the system prompt's state; the embedding cache starts empty each time."""
+        from edge_agent.runtime import vision
+
+        s = self.settings(f"attach-{rep}")
+        warm = self.engine("a", s)
+        self.ask(warm, "Warm up the saved system prompt?", text_only=True)
+        warm.contexts.flush()
+        res = {}
+        for v in (("ahead", "with") if rep % 2 == 0 else ("with", "ahead")):
+            vision.clear_cache()
+            e = self.engine("a", s)
+            if v == "ahead":
+                assert e.prepare_image(self.image), "the photo was not encoded ahead"
+            res[v] = self.ask(e, COLD)
+            e.contexts.flush()
+        return {"ttfr_ahead": res["ahead"]["ttfr"], "ttfr_with": res["with"]["ttfr"]}
+
     def reopen(self, rep: int) -> dict[str, float]:
         """A fourth question after a restart: the chat's saved state vs the chat evaluated from nothing."""
         res = {}
@@ -184,7 +207,7 @@ class Bench:
 def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     b = Bench(label, path, mmproj, args, tmp)
     try:
-        follows, colds, colds_img, reopens = [], [], [], []
+        follows, colds, colds_img, reopens, attaches = [], [], [], [], []
         for rep in range(args.reps):
             print(f"  {label}: repetition {rep + 1}/{args.reps}", file=sys.stderr)
             follows.append(b.followups(rep))
@@ -192,6 +215,7 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
             colds.append(b.cold(rep, text_only=True))
             if b.image is not None:
                 colds_img.append(b.cold(rep, text_only=False))
+                attaches.append(b.attach(rep))
     finally:
         b.close()
     med = statistics.median
@@ -223,6 +247,10 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
         "cold_image_ttfr_ratio": med(c["ttfr_saved"] / c["ttfr_evaluated"] for c in colds_img) if colds_img else None,
         "cold_image": {"evaluated_saved": colds_img[0]["evaluated_saved"],
                        "evaluated_evaluated": colds_img[0]["evaluated_evaluated"]} if colds_img else None,
+        # the photo read ahead on attach (while the question is typed) vs with the question
+        "attach": {"ttfr_ahead_s": med(a["ttfr_ahead"] for a in attaches),
+                   "ttfr_with_s": med(a["ttfr_with"] for a in attaches)} if attaches else None,
+        "attach_ttfr_ratio": med(a["ttfr_ahead"] / a["ttfr_with"] for a in attaches) if attaches else None,
         "reopen": {"ttfr_restored_s": med(r["ttfr_restored"] for r in reopens),
                    "ttfr_reevaluated_s": med(r["ttfr_reevaluated"] for r in reopens),
                    "evaluated_restored": reopens[0]["evaluated_restored"],
@@ -250,6 +278,10 @@ def table(results: list[dict[str, Any]]) -> str:
             ci = r["cold_image"]
             out.append(f"cold ask with the image: {r['cold_image_ttfr_ratio']:.2f}x ({ci['evaluated_saved']} vs "
                        f"{ci['evaluated_evaluated']} tokens evaluated: the image is read either way)")
+        if r["attach_ttfr_ratio"] is not None:
+            a = r["attach"]
+            out.append(f"first question about a photo read ahead on attach / read with the question: "
+                       f"{a['ttfr_ahead_s'] * 1000:.0f} vs {a['ttfr_with_s'] * 1000:.0f} ms: {r['attach_ttfr_ratio']:.2f}x")
         out.append(f"reopen (4th question after a restart): restored {o['ttfr_restored_s'] * 1000:.0f} ms vs "
                    f"re-evaluated {o['ttfr_reevaluated_s'] * 1000:.0f} ms ({o['evaluated_restored']} vs "
                    f"{o['evaluated_reevaluated']} tokens evaluated, {o['reused_restored']} restored): "
