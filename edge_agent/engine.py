@@ -209,7 +209,7 @@ class Engine:
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
                 px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-                budget = self.settings.image_max_tokens * px * px
+                budget = self._image_budget()
                 key = self._image_key(image, budget)
                 with self._images:
                     png = self._recent[key][1] if key is not None and key in self._recent else None
@@ -250,8 +250,7 @@ class Engine:
             with self._images:
                 loaded = self._load_image(image)
                 assert loaded is not None
-                px = self.model.image_px_per_token or 32
-                budget = self.settings.image_max_tokens * px * px
+                budget = self._image_budget()
                 key = self._image_key(image, budget)
                 png = self._recent[key][1] if key is not None and key in self._recent else None
                 if png is None:
@@ -261,6 +260,11 @@ class Engine:
             return self.model.encode_image(png)
         except EdgeAgentError:
             return False
+
+    def _image_budget(self) -> int:
+        """Pixels an attached image is fitted to (``image_max_tokens`` image tokens)."""
+        px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
+        return self.settings.image_max_tokens * px * px
 
     def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
         if image is None:
