@@ -30,9 +30,9 @@ queries; and ``seprod_policy``: costs and the adaptive rule; all re-exported her
 What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
 zoom, an answering draft is the start of the answer), grammars, the UI, thread counts (the engine
-picks them; :func:`shared_threads` is its rule; ``runtime.cores`` keeps the
-two models' threads within the cores while they compute). The prophet model is used from one worker thread
-only (so drafts can be prepared while the agent works; see ``Drafter.start``).
+picks them; :func:`shared_threads` is its rule; ``runtime.cores`` keeps the two
+models' threads within the cores while they compute). The prophet model is used from one worker
+thread only (so drafts can be prepared while the agent works; see ``Drafter.start``).
 """
 
 from __future__ import annotations
@@ -142,11 +142,11 @@ class Drafter:
     pins L_d and tau and waits for every draft (experiments: each question gets its drafts whatever
     the timing, so acceptance and answers do not depend on how busy the machine is).
     ``background``: run the prophet in a worker thread so :meth:`start` can prepare drafts while the
-    agent evaluates its own context. With ``False`` the work still happens in that one thread (the
+    agent works (writes its action, waits for a tool). With ``False`` the work still happens in that one thread (the
     prophet model is only ever touched by it) but callers only submit and wait.
     ``block``: at a hook, wait for a draft that is not ready whatever it costs (default: when not
-    ``background``, or not ``adaptive``); else wait only while the expected saving exceeds the expected wait, and fit
-    prepared drafts to the time before their hook (:meth:`_fit`).
+    ``background``, or not ``adaptive``); else wait only while the expected saving exceeds the
+    expected wait, and fit prepared drafts to the time before their hook (:meth:`_fit`).
     ``agent_cost_ratio``: the agent's decode time per token over the prophet's, used until the agent's
     own is measured (the engine passes the ratio of the two weight sizes: decoding is memory-bound).
     ``agent_lead``: when the draft starts with content but the agent's own greedy next token is pure
