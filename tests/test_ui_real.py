@@ -163,6 +163,32 @@ async def test_real_engine_with_prophet_shows_drafts(real_settings, tiny_models,
         assert engine.tools.offline is True and engine.settings.seprod_tau == 0.5
 
 
+async def test_a_reopened_chat_reads_its_photo_ahead_for_the_prophet(real_settings, tiny_models, photo):
+    """SeProD on, a stored chat opened again (its context is restored, not read): the agent encodes
+    its photo in the background, so the prophet's drafts decode that embedding instead of encoding
+    the photo in the follow-up's way."""
+    settings = real_settings.updated({"prophet": str(tiny_models["prophet"]),
+                                      "prophet_mmproj": str(tiny_models["mmproj"]), "seprod": True,
+                                      "seprod_adaptive": False})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.engine_state == "ready" and app.drafting()
+        await type_and_enter(pilot, f"/image {photo}")
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        chat_id = app.chat_screen.chat_id
+        vision.clear_cache()  # as after a restart: no embedding of the photo in memory
+        agent, prophet = app.engine.model, app.engine.prophet
+        a0, p0 = agent.vision_encodes, prophet.vision_encodes
+        await app.chat_screen.open_chat(app.store.load(chat_id))
+        await pilot_wait_until(pilot, lambda: agent.vision_encodes == a0 + 1, what="the photo read ahead")
+        await type_and_enter(pilot, "And what colour is it?")
+        await settle(pilot)
+        assert prophet.vision_encodes == p0  # the prophet drafted from the agent's embedding
+        assert any(isinstance(e, ev.DraftVerified) for e in stored_events(app)[-40:])
+
+
 async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_home, tiny_models, photo, tmp_path):
     import shutil
 

@@ -198,6 +198,10 @@ class EdgeAgentApp(App):
         else:
             self.start_loading()
 
+    def drafting(self) -> bool:
+        """SeProD is on: a prophet is loaded and the setting is on."""
+        return self.engine is not None and getattr(self.engine, "drafter", None) is not None and self.settings.seprod
+
     def engine_sees_images(self) -> bool:
         model = getattr(self.engine, "model", None)
         return bool(getattr(model, "has_vision", True)) if model is not None else True

@@ -541,6 +541,10 @@ class ChatScreen(Screen):
         self.image = image
         self._show_images()
         self.transcript.scroll_end(animate=False)
+        # The chat's context is restored, not read again; its photo matters only to the prophet, which
+        # then decodes the agent's embedding instead of encoding it itself (in the answer's way).
+        if image is not None and self.edge_app.drafting():
+            self.edge_app.prepare_image(image)
 
     @staticmethod
     async def _message_widget(m: Message, image: str | None) -> UserMessage | AnswerView:
