@@ -120,3 +120,27 @@ def test_continue_without_a_chat_or_with_a_wrong_id_says_what_to_do(env, tiny_mo
     assert r.exit_code == 2 and "no chat to continue" in r.output
     r = CliRunner().invoke(cli, ["ask", "--chat", "999", "And then?", *common])
     assert r.exit_code == 2 and "There is no chat 999" in r.output and "edge-agent chats" in r.output
+
+
+def test_no_save_leaves_the_chat_list_as_it_was(env, tiny_models, photo):
+    """`--no-save`: answered as usual, nothing added to the chats; a follow-up with it still continues
+    the saved chat's context, and the chat keeps only what was saved."""
+    from edge_agent.chats import ChatStore
+    from edge_agent.config import Settings
+
+    common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline"]
+    r = run(str(photo), "What colour is it?", *common, "--no-save")
+    assert r.exit_code == 0, r.output
+    assert len(r.stdout.splitlines()) == 1 and "not saved as a chat (--no-save)" in r.stderr
+    store = ChatStore(Settings.load().chats_path)
+    assert store.list_chats() == []
+    store.close()
+    assert run(str(photo), "What colour is it?", *common).exit_code == 0  # saved: chat 1
+    follow = run("--continue", "And its shape?", *common, "--json", "--no-save")
+    assert follow.exit_code == 0, follow.output
+    opened = next(json.loads(x) for x in follow.stdout.splitlines() if '"context_opened"' in x)
+    assert opened["source"] == "restored"
+    store = ChatStore(Settings.load().chats_path)
+    chats = store.list_chats()
+    assert len(chats) == 1 and chats[0].n_messages == 2
+    store.close()

@@ -46,10 +46,12 @@ def _looks_like_image(arg: str) -> bool:
 @click.option("-c", "--continue", "continue_", is_flag=True,
               help="Continue the most recent chat (the app's chats too): its image and answers stay in the model's context.")
 @click.option("--chat", "chat_id", type=int, default=None, help="Continue the chat with this id (see `edge-agent chats`).")
+@click.option("--no-save", is_flag=True,
+              help="Do not save this question and answer as a chat (a follow-up still reads the chat it continues).")
 def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
             max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool,
             prophet: str | None = None, prophet_mmproj: str | None = None, continue_: bool = False,
-            chat_id: int | None = None) -> None:
+            chat_id: int | None = None, no_save: bool = False) -> None:
     """Ask one question about an image (or, without IMAGE, a text-only question) and print the answer.
 
     \b
@@ -61,9 +63,10 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
       edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf --prophet base.gguf --prophet-mmproj mm.gguf
       edge-agent ask --continue "And what colour is the door?"     a follow-up about the same photo
       edge-agent ask --chat 12 other.jpg "Is this the same shop?"   a new photo in chat 12
+      edge-agent ask photo.jpg "What is this?" --no-save           not added to the chats
 
-    Every question is saved as a chat (the app's chat list). A follow-up continues the chat's saved
-    context: the image and earlier answers are not read again.
+    Every question is saved as a chat (the app's chat list) unless --no-save. A follow-up continues
+    the chat's saved context: the image and earlier answers are not read again.
     """
     if len(args) == 1:
         image, question = None, args[0]
@@ -81,23 +84,24 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     try:
-        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image)
+        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image, save=not no_save)
     except BaseException:
         store.close()
         raise
     try:
-        _ask(settings, store, chat, question, image, as_json=as_json, mode=mode)
+        _ask(settings, store if not no_save else None, chat, question, image, as_json=as_json, mode=mode)
     finally:
         store.close()
 
 
-def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None) -> tuple[Any, str | None]:
+def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None,
+              save: bool = True) -> tuple[Any, str | None]:
     """(Continuation of the chat to ask in, the image to ask about): the chat's own image for a
-    follow-up without one; a new chat otherwise."""
+    follow-up without one; a new chat otherwise (none is created when not ``save``: chat id 0)."""
     from edge_agent.chats import Continuation
 
     if not follow_up:
-        return Continuation(store.new_chat()), image
+        return Continuation(store.new_chat() if save else 0), image
     if chat_id is None:
         chat_id = store.latest_chat()
         if chat_id is None:
@@ -112,8 +116,9 @@ def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | Non
     return cont, image
 
 
-def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | None, *, as_json: bool,
+def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image: str | None, *, as_json: bool,
          mode: str | None) -> None:
+    """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
     from edge_agent.engine import Engine  # heavy: llama.cpp
 
     def progress(msg: str, frac: float) -> None:
@@ -132,13 +137,16 @@ def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | 
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
     shown = str(Path(image).expanduser().resolve()) if image else None
-    store.add_user_message(chat.chat_id, question, shown)
-    message_id = store.start_answer(chat.chat_id)
+    message_id = None
+    if store is not None:
+        store.add_user_message(chat.chat_id, question, shown)
+        message_id = store.start_answer(chat.chat_id)
     status = "error"
     try:
         for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.history):
             events.append(e)
-            store.add_event(message_id, e)
+            if store is not None:
+                store.add_event(message_id, e)
             if isinstance(e, ev.FinalAnswer):
                 status = e.stop_reason
             if as_json:
@@ -154,7 +162,8 @@ def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | 
         click.echo("Cancelled.", err=True)
         sys.exit(130)
     finally:
-        store.finish_answer(message_id, status)
+        if store is not None:
+            store.finish_answer(message_id, status)
         engine.close()
         if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
             remove_run_crops(events, settings.crops_dir)
@@ -169,7 +178,10 @@ def _ask(settings: Settings, store: Any, chat: Any, question: str, image: str | 
         if last.answer:
             click.echo(last.answer)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
-        click.echo(f"chat {chat.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
+        if store is not None:
+            click.echo(f"chat {chat.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
+        else:
+            click.echo("not saved as a chat (--no-save)", err=True)
     if last.stop_reason == "cancelled":
         sys.exit(130)
     if last.stop_reason == "no_answer" or not last.answer:
