@@ -490,8 +490,11 @@ class Model:
                 flag.clear()  # the step may have finished before the flag was seen: it must not stop the next
             return
         with share.foreground(want) as n:
-            if not encode:
-                self._use_threads(min(self.n_threads, n), min(self.n_threads_batch, n))
+            if not encode:  # llama.cpp uses n_threads for one token and n_threads_batch for more
+                if n_tokens == 1:
+                    self._use_threads(n, self.n_threads_batch)
+                else:
+                    self._use_threads(self.n_threads, n)
             yield None
 
     def resume_after(self, step: Step | None) -> bool:
