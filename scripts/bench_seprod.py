@@ -23,7 +23,8 @@ Pairs (several in one run; ``latency_ratio_on_off`` is the worst of them):
 Models are loaded the way the app loads them (``Engine.from_settings``: the engine's thread counts per
 model, the drafter's settings, the non-blocking, adaptive drafter). Each question is its own chat.
 
-Sections (medians over interleaved repetitions; a shared machine: read the ratios, not the times):
+Sections (medians over interleaved repetitions; a shared machine: read the ratios, not the times;
+``--reps`` is a minimum: a question shorter than ``--min-seconds`` / reps is repeated more, up to 40):
 1. ``questions``: question latency, from the prefill to the final answer (``Engine.ask``), SeProD on
    vs off for the same questions; per question and in all (``latency_ratio_on_off`` = on / off of the
    summed medians; target <= 1.05). With SeProD on: rounds (points where a draft could be used),
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -70,6 +72,7 @@ QUESTIONS = [
     "Describe the planet Mars.",
 ]
 TAU_SWEEP = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+MAX_REPS = 40  # --min-seconds never repeats a question more often than this
 
 
 def rss_mb() -> float:
@@ -232,9 +235,11 @@ def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
             "sync_over_without_when_half_accepted": ratio("sync", half)}
 
 
-def bench_questions(engine, questions, image, reps, answer_tokens, first: str | None) -> dict:
+def bench_questions(engine, questions, image, reps, answer_tokens, first: str | None, min_seconds: float = 0.0) -> dict:
     """Question latency through Engine.ask, SeProD on vs off, interleaved; SeProD counters of the on runs.
-    ``first``: the action of turn 1 before the answer (None: answer at once)."""
+    ``first``: the action of turn 1 before the answer (None: answer at once). ``reps`` is a minimum:
+    short questions are repeated until each variant of each has about ``min_seconds`` of samples (at
+    most ``MAX_REPS``): a 0.1-s question's median moves by several percent between 5-sample runs."""
     from edge_agent.agent.events import FinalAnswer, ToolFinished
     from edge_agent.agent.loop import AgentOptions
     from edge_agent.runtime import vision
@@ -259,8 +264,9 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
         images = (image is not None) + sum(1 for e in events if isinstance(e, ToolFinished) and e.image_index is not None)
         return wall, fin, sum(m.vision_encodes for m in models) - enc0, images
 
-    for on in (False, True):  # warm-up: weights paged in, the prophet's costs measured once
-        ask(questions[0], on)
+    warm = [ask(questions[0], on)[0] for on in (False, True)]  # warm-up: weights paged in, prophet costs measured
+    if min_seconds > 0:
+        reps = max(reps, min(MAX_REPS, math.ceil(min_seconds / max(min(warm), 1e-3))))
     raw = {q: {"on": [], "off": []} for q in questions}
     keys = ("seprod_rounds", "seprod_drafts", "seprod_drafts_skipped", "seprod_skipped_not_ready",
             "seprod_skipped_low_acceptance", "seprod_drafts_waited", "seprod_wait_seconds", "seprod_drafted_tokens",
@@ -297,6 +303,7 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
     n_all = n_on + 1  # + the warm-up question with SeProD on
     pauses = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
     return {
+        "reps": reps,
         # how the prophet yielded the cores to the agent (runtime.cores), per question with SeProD on
         "prophet_preemptions_per_question": (pauses[0] - pauses0[0]) / n_all,
         "prophet_paused_seconds_per_question": (pauses[2] - pauses0[2]) / n_all,
@@ -339,7 +346,8 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         sections = set(args.sections.split(","))
         if "questions" in sections:
             res["questions"] = bench_questions(engine, questions, image, args.reps, args.answer_tokens,
-                                               first="zoom" if image is not None else None)
+                                               first="zoom" if image is not None else None,
+                                               min_seconds=args.min_seconds)
         mem["rss_loaded_mb"] = rss_mb()
         if "search" in sections:
             res["search"] = bench_search(settings, questions, image, args)
@@ -371,7 +379,8 @@ def bench_search(settings, questions, image, args) -> dict:
     try:
         engine = Engine.from_settings(settings.updated({"offline": False, "text_search": "wikipedia",
                                                        "wikipedia_url": server.url, "search_cache_days": 0.0}))
-        res = bench_questions(engine, questions, image, args.reps, args.answer_tokens, first="text_search")
+        res = bench_questions(engine, questions, image, args.reps, args.answer_tokens, first="text_search",
+                              min_seconds=args.min_seconds)
         res["search_latency_s"] = args.search_latency
         res["searches"] = server.count
         return res
@@ -382,6 +391,7 @@ def bench_search(settings, questions, image, args) -> dict:
 
 
 def _questions_report(qs: dict, res: dict, out: list[str]) -> None:
+    out.append(f"({qs['reps']} repetitions of each question and variant, interleaved)")
     out.append(f"{'question':44} {'off':>7} {'on':>7} {'on/off':>7} {'tok off/on':>11} same")
     for r in qs["rows"]:
         out.append(f"{r['question'][:44]:44} {r['off_s']:7.2f} {r['on_s']:7.2f} {r['on_over_off']:7.2f} "
@@ -469,7 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prophet-mmproj")
     ap.add_argument("--agent-quant", default="Q4_0", help="requantize the SmolLM2 agent to this type")
     ap.add_argument("--threads", type=int, default=0, help="threads per model (0: the engine's choice per model)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per question and variant (a minimum, see --min-seconds)")
+    ap.add_argument("--min-seconds", type=float, default=2.0,
+                    help="repeat short questions until each variant of each has about this many seconds of samples "
+                         f"(at most {MAX_REPS} repetitions; 0: exactly --reps)")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--draft-len", type=int, default=16)
     ap.add_argument("--tau", type=float, default=0.05)

@@ -12,10 +12,12 @@ def test_bench_seprod_json_keys_and_counts(capsys):
     from scripts import bench_seprod
 
     assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
-                              "--sections", "questions,search", "--search-latency", "0.2", "--json"]) == 0
+                              "--sections", "questions,search", "--search-latency", "0.2", "--min-seconds", "0",
+                              "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     (pair,) = res["pairs"]
     q = pair["questions"]
+    assert q["reps"] == 1  # --min-seconds 0: exactly --reps
     assert res["latency_ratio_on_off"] == q["latency_ratio_on_off"] > 0
     assert pair["shared_mmproj"] and q["images"] == 2  # the question's image and the zoomed crop
     assert res["vision_encodes_per_image"] == q["vision_encodes_per_image"] == q["vision_encodes"] / q["images"]
@@ -37,3 +39,14 @@ def test_bench_seprod_json_keys_and_counts(capsys):
     assert res["search_latency_ratio_on_off"] == srch["latency_ratio_on_off"] > 0
     assert srch["searches"] >= 4 and srch["search_latency_s"] == 0.2  # nothing cached: every ask searched
     assert srch["rounds"] == 1 and srch["share_used"] == 1.0 and srch["share_waited"] == 0.0
+
+
+def test_bench_seprod_repeats_short_questions_up_to_min_seconds(capsys):
+    """--reps is a minimum: a ~0.1-s tiny question is repeated until each variant has ~--min-seconds."""
+    from scripts import bench_seprod
+
+    assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
+                              "--sections", "questions", "--min-seconds", "0.5", "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)["pairs"][0]["questions"]
+    assert 1 < q["reps"] <= bench_seprod.MAX_REPS
+    assert q["rounds"] == 2 * q["reps"]  # every repetition ran (a grounding and an answering round each)
