@@ -209,15 +209,9 @@ class Engine:
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
                 px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-                budget = self._image_budget()
-                key = self._image_key(image, budget)
-                with self._images:
-                    png = self._recent[key][1] if key is not None and key in self._recent else None
-                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=budget,
-                                   crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=png)
-                if key is not None:
-                    with self._images:
-                        self._remember(key, loaded, store.model_png(0))
+                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
+                                   crop_max_pixels=self.settings.crop_max_tokens * px * px,
+                                   original_png=self._fitted_png(image, loaded))
             toolbox = Toolbox(store, self.tools)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
@@ -249,15 +243,8 @@ class Engine:
         try:
             with self._images:
                 loaded = self._load_image(image)
-                assert loaded is not None
-                budget = self._image_budget()
-                key = self._image_key(image, budget)
-                png = self._recent[key][1] if key is not None and key in self._recent else None
-                if png is None:
-                    png = ImageStore(loaded.image, max_pixels=budget).model_png(0)  # the bytes ask will use
-                    if key is not None:
-                        self._remember(key, loaded, png)
-            return self.model.encode_image(png)
+            assert loaded is not None
+            return self.model.encode_image(self._fitted_png(image, loaded))
         except EdgeAgentError:
             return False
 
@@ -265,6 +252,21 @@ class Engine:
         """Pixels an attached image is fitted to (``image_max_tokens`` image tokens)."""
         px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
         return self.settings.image_max_tokens * px * px
+
+    def _fitted_png(self, image: str | Path | bytes | None, loaded: LoadedImage) -> bytes:
+        """The photo as the model reads it (fitted to the budget, PNG): made once per file and budget
+        and kept with the recent images, so ``ask`` and ``prepare_image`` hand the vision projector
+        the same bytes (the embedding cache is keyed by them)."""
+        budget = self._image_budget()
+        key = self._image_key(image, budget)
+        with self._images:
+            png = self._recent[key][1] if key is not None and key in self._recent else None
+        if png is None:
+            png = ImageStore(loaded.image, max_pixels=budget).model_png(0)
+            if key is not None:
+                with self._images:
+                    self._remember(key, loaded, png)
+        return png
 
     def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
         if image is None:
