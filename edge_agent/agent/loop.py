@@ -67,7 +67,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from edge_agent.agent.options import MODES, AgentOptions, Drafter
+from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
     ANSWER_CLOSE,
@@ -96,7 +96,7 @@ def run_agent(
     image: bytes | None = None,
     options: AgentOptions | None = None,
     cancel: threading.Event | None = None,
-    drafter: Drafter | None = None,
+    drafter: DraftHooks | None = None,
     history: Sequence[tuple[str, str]] = (),
     image_label: str | None = None,
     context: ChatContext | None = None,
@@ -118,10 +118,10 @@ def run_agent(
 
 class _Run:
     def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
-                 options: AgentOptions, cancel: threading.Event | None, drafter: Drafter | None,
+                 options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
-        if options.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {options.mode!r}")
+        if options.mode not in REASONING_MODES:
+            raise ValueError(f"mode must be one of {REASONING_MODES}, not {options.mode!r}")
         self.context = context
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
