@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
-from edge_agent.agent.loop import MODES, AgentOptions, Drafter, run_agent
+from edge_agent.agent.loop import run_agent
+from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
@@ -56,7 +57,7 @@ class Engine:
         settings: Settings,
         *,
         tools: SearchLike | None = None,
-        drafter: Drafter | None = None,
+        drafter: DraftHooks | None = None,
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
@@ -111,14 +112,15 @@ class Engine:
 
     @staticmethod
     def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike,
-                      say: Progress) -> tuple[Drafter | None, ModelLike | None]:
+                      say: Progress) -> tuple[DraftHooks | None, ModelLike | None]:
         """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
         (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
         prophet_files = resolved.prophet
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
-        from edge_agent.agent.seprod import Drafter, shared_threads
+        from edge_agent.agent.seprod import Drafter
+        from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
         from edge_agent.runtime._lib import physical_cores
         from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
@@ -192,8 +194,8 @@ class Engine:
             image = None  # "" from a form field means no image
         label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
         try:
-            if mode not in MODES:
-                raise ConfigError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}.")
+            if mode not in REASONING_MODES:
+                raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
                 raise ConfigError("The question is empty. Type a question about the image.")
             with self._images:
@@ -265,7 +267,7 @@ class Engine:
         and kept with the recent images, so ``ask`` and ``prepare_image`` hand the vision projector
         the same bytes (the embedding cache is keyed by them)."""
         budget = self._image_budget()
-        key = self._image_key(image, budget)
+        key = self._file_key(image, budget)
         with self._images:
             png = self._recent[key][1] if key is not None and key in self._recent else None
         if png is None:
@@ -279,7 +281,7 @@ class Engine:
         if image is None:
             return None
         # Read the image first: a wrong path is the first thing to fix, whatever the model.
-        key = self._image_key(image, 0)
+        key = self._file_key(image, 0)
         if key is not None and key in self._recent:
             loaded = self._recent[key][0]
         else:
@@ -295,7 +297,7 @@ class Engine:
         return loaded
 
     @staticmethod
-    def _image_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
+    def _file_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
         """Identity of an image file (path, size, modification time) and a pixel budget; None for bytes
         or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
         if not isinstance(image, str | Path):
