@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
+from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
     from edge_agent.catalog import ResolvedModel
@@ -233,12 +234,18 @@ class Engine:
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
             if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
                 use_drafter.reset(new_chat=not context)
-            yield from run_agent(
+            events = run_agent(
                 None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
                 options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
                 context=self.contexts.question(context or "", pairs),
             )
+            try:  # model text leaves the engine without control characters (printed, stored, rendered)
+                for event in events:
+                    yield clean_event(event)
+            finally:
+                if isinstance(events, Generator):  # closed now, as `yield from` would (its cleanup runs)
+                    events.close()
         finally:
             self._busy.release()
             if self.measured is not None:
