@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +36,10 @@ from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
+from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
     from edge_agent.catalog import ResolvedModel
@@ -60,9 +62,11 @@ class Engine:
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
+        measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
         self.tools, self.drafter = tools, drafter
+        self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         self.contexts = self._contexts(model, settings)
@@ -94,9 +98,16 @@ class Engine:
         except BaseException:
             model.close()
             raise
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+
+        measured = None
+        if prophet is not None and isinstance(drafter, SeProDDrafter):
+            key = costs_key(model.identity, prophet.identity,
+                            (model.n_threads, prophet.n_threads, settings.n_threads_batch))
+            measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet)
+                   prophet=prophet, measured=measured)
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -214,7 +225,7 @@ class Engine:
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px,
                                    original_png=self._fitted_png(image, loaded))
-            toolbox = Toolbox(store, self.tools)
+            toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
@@ -223,14 +234,22 @@ class Engine:
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
             if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
                 use_drafter.reset(new_chat=not context)
-            yield from run_agent(
+            events = run_agent(
                 None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
                 options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
                 context=self.contexts.question(context or "", pairs),
             )
+            try:  # model text leaves the engine without control characters (printed, stored, rendered)
+                for event in events:
+                    yield clean_event(event)
+            finally:
+                if isinstance(events, Generator):  # closed now, as `yield from` would (its cleanup runs)
+                    events.close()
         finally:
             self._busy.release()
+            if self.measured is not None:
+                self.measured.save()
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,
