@@ -37,6 +37,7 @@ from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
 from edge_agent.textclean import clean_event
@@ -74,9 +75,11 @@ class Engine:
         model_name: str = "",
         prophet: ModelLike | None = None,
         files: dict[str, str] | None = None,
+        measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
         self.tools, self.drafter = tools, drafter
+        self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
@@ -110,10 +113,17 @@ class Engine:
         except BaseException:
             model.close()
             raise
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+
+        measured = None
+        if prophet is not None and isinstance(drafter, SeProDDrafter):
+            key = costs_key(model.identity, prophet.identity,
+                            (model.n_threads, prophet.n_threads, settings.n_threads_batch))
+            measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet, files=model_files(resolved if prophet is not None else
-                                                      dataclasses.replace(resolved, prophet=None)))
+                   prophet=prophet, measured=measured,
+                   files=model_files(resolved if prophet is not None else dataclasses.replace(resolved, prophet=None)))
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -231,7 +241,7 @@ class Engine:
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px,
                                    original_png=self._fitted_png(image, loaded))
-            toolbox = Toolbox(store, self.tools)
+            toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
@@ -254,6 +264,8 @@ class Engine:
                     events.close()
         finally:
             self._busy.release()
+            if self.measured is not None:
+                self.measured.save()
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,

@@ -116,6 +116,16 @@ def run_agent(
     return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter, image_label).events()
 
 
+def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
+    """The system prompt of every question with these tools and options: it lists what the session can
+    ever offer (``ToolExecutor.offered_actions``), not what is usable now, so a chat's context survives
+    attaching, detaching and a search going down (availability is per question: candidates withdrawn,
+    grammar heads removed)."""
+    offered = tools.offered_actions()
+    lib = options.library if options.mode == "ssr" and options.index_only else None
+    return system_prompt(sorted(offered), has_image="zoom" in offered, library=lib, extra=options.instructions)
+
+
 class _Run:
     def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
                  options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
@@ -165,10 +175,7 @@ class _Run:
     def _episode(self) -> Generator[Event, None, bool]:
         """The question's turns; True once an answer is closed and kept in the context."""
         t = time.perf_counter()
-        available = self.tools.available_actions()
-        lib = self.options.library if self.options.mode == "ssr" and self.options.index_only else None
-        system = system_prompt(sorted(available), has_image=self.image is not None, library=lib,
-                               extra=self.options.instructions)
+        system = system_for(self.tools, self.options)
         opened = self.context.open(system, self.question, self.image, cancel=self.cancel)
         if self.drafter is not None:
             # After the agent has read the question's image: the prophet decodes the agent's embedding
