@@ -32,6 +32,7 @@ from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
+from edge_agent.textclean import clean_event, clean_model_text
 
 SCHEMA_VERSION = 2  # 2: messages.context (the saved context state at the end of an answer)
 
@@ -229,6 +230,7 @@ class ChatStore:
 
     def add_event(self, message_id: int, event: ev.Event) -> None:
         """Store one event now (its own transaction): nothing is lost if the app dies after this."""
+        event = clean_event(event)
         data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
             seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,)).fetchone()[0]
@@ -247,6 +249,7 @@ class ChatStore:
         with self._lock:
             if text is None:
                 text = answer_text(self.message_events(message_id))
+            text = clean_model_text(text)
             self._exec(
                 "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND status='running'",
                 (status, redact_tree(text, self._secrets), message_id),
@@ -261,7 +264,7 @@ class ChatStore:
         for r in rows:
             e = event_from_json(json.loads(r[0]))
             if e is not None:
-                out.append(e)
+                out.append(clean_event(e))  # written before cleaning existed, or by another tool
         return out
 
     def load(self, chat_id: int) -> Chat:
@@ -270,7 +273,7 @@ class ChatStore:
             raise ChatStoreError(f"There is no chat {chat_id}. List chats with Ctrl+O.", title="No such chat")
         chat = Chat(row["id"], row["title"], row["created"], row["updated"])
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], m["text"], m["image"], m["status"], m["created"])
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"])
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:

@@ -24,19 +24,22 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
-from edge_agent.agent.loop import MODES, AgentOptions, Drafter, run_agent
+from edge_agent.agent.loop import run_agent
+from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
+from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
     from edge_agent.catalog import ResolvedModel
@@ -59,13 +62,15 @@ class Engine:
         settings: Settings,
         *,
         tools: SearchLike | None = None,
-        drafter: Drafter | None = None,
+        drafter: DraftHooks | None = None,
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
+        measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
         self.tools, self.drafter = tools, drafter
+        self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         self.contexts = self._contexts(model, settings)
@@ -97,9 +102,16 @@ class Engine:
         except BaseException:
             model.close()
             raise
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+
+        measured = None
+        if prophet is not None and isinstance(drafter, SeProDDrafter):
+            key = costs_key(model.identity, prophet.identity,
+                            (model.n_threads, prophet.n_threads, settings.n_threads_batch))
+            measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet)
+                   prophet=prophet, measured=measured)
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -114,14 +126,15 @@ class Engine:
 
     @staticmethod
     def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike,
-                      say: Progress) -> tuple[Drafter | None, ModelLike | None]:
+                      say: Progress) -> tuple[DraftHooks | None, ModelLike | None]:
         """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
         (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
         prophet_files = resolved.prophet
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
-        from edge_agent.agent.seprod import Drafter, shared_threads
+        from edge_agent.agent.seprod import Drafter
+        from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
         from edge_agent.runtime._lib import physical_cores
         from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
@@ -213,8 +226,8 @@ class Engine:
             image = None  # "" from a form field means no image
         label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
         try:
-            if mode not in MODES:
-                raise ConfigError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}.")
+            if mode not in REASONING_MODES:
+                raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
                 raise ConfigError("The question is empty. Type a question about the image.")
             with self._images:
@@ -234,7 +247,7 @@ class Engine:
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px,
                                    original_png=self._fitted_png(image, loaded))
-            toolbox = Toolbox(store, self.tools)
+            toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
@@ -243,14 +256,22 @@ class Engine:
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
             if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
                 use_drafter.reset(new_chat=not context)
-            yield from run_agent(
+            events = run_agent(
                 None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
                 options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
                 context=self.contexts.question(context or "", pairs),
             )
+            try:  # model text leaves the engine without control characters (printed, stored, rendered)
+                for event in events:
+                    yield clean_event(event)
+            finally:
+                if isinstance(events, Generator):  # closed now, as `yield from` would (its cleanup runs)
+                    events.close()
         finally:
             self._busy.release()
+            if self.measured is not None:
+                self.measured.save()
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,
@@ -280,7 +301,7 @@ class Engine:
         and kept with the recent images, so ``ask`` and ``prepare_image`` hand the vision projector
         the same bytes (the embedding cache is keyed by them)."""
         budget = self._image_budget()
-        key = self._image_key(image, budget)
+        key = self._file_key(image, budget)
         with self._images:
             png = self._recent[key][1] if key is not None and key in self._recent else None
         if png is None:
@@ -294,7 +315,7 @@ class Engine:
         if image is None:
             return None
         # Read the image first: a wrong path is the first thing to fix, whatever the model.
-        key = self._image_key(image, 0)
+        key = self._file_key(image, 0)
         if key is not None and key in self._recent:
             loaded = self._recent[key][0]
         else:
@@ -310,7 +331,7 @@ class Engine:
         return loaded
 
     @staticmethod
-    def _image_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
+    def _file_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
         """Identity of an image file (path, size, modification time) and a pixel budget; None for bytes
         or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
         if not isinstance(image, str | Path):
