@@ -20,6 +20,7 @@ machine (its state is saved under ``home/states``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -53,6 +54,17 @@ RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ct
                            "extra_buffers", "rationales", "text_search", "image_search"})
 
 
+def model_files(resolved: ResolvedModel) -> dict[str, str]:
+    """The files of a resolved agent (and prophet) as a chat records them: absolute paths, "" for none."""
+    def path(p: Path | None) -> str:
+        return str(p.expanduser().resolve()) if p is not None else ""
+
+    prophet = resolved.prophet
+    return {"model": path(resolved.model_path), "mmproj": path(resolved.mmproj_path),
+            "prophet": path(prophet.model_path if prophet else None),
+            "prophet_mmproj": path(prophet.mmproj_path if prophet else None)}
+
+
 class Engine:
     """A loaded agent model with its tools. ``Engine(model, settings, tools=...)`` for tests."""
 
@@ -66,6 +78,7 @@ class Engine:
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
+        files: dict[str, str] | None = None,
         measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
@@ -73,6 +86,8 @@ class Engine:
         self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
+        # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
+        self.files = dict(files) if files is not None else {"model": str(model.path)}
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
@@ -111,7 +126,8 @@ class Engine:
             measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet, measured=measured)
+                   prophet=prophet, measured=measured,
+                   files=model_files(resolved if prophet is not None else dataclasses.replace(resolved, prophet=None)))
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:

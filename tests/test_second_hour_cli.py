@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,5 +92,117 @@ def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
         assert not CONTROLS.search(store.export_markdown(chat) + json.dumps(store.export_json(chat)))
         store.add_event(store.start_answer(chat), ev.FinalAnswer(answer="a\x02b", turns=1, stop_reason="answered"))
         assert store.load(chat).messages[-1].text == "ab"
+    finally:
+        store.close()
+
+
+# --- item 3: a failed ask is not saved ----------------------------------------------------------------
+def lone_model(tiny_models, tmp_path) -> Path:
+    """A copy of the tiny text model alone in a folder: no mmproj next to it, so it is text only."""
+    lone = tmp_path / "lone" / "model.gguf"
+    lone.parent.mkdir(exist_ok=True)
+    shutil.copy(tiny_models["text"], lone)
+    return lone
+
+
+def chat_rows(home: Path) -> list[tuple]:
+    """(chat id, role, status, text) of every stored message, plus (chat id,) for a chat without any."""
+    if not (home / "chats.sqlite3").exists():
+        return []
+    db = sqlite3.connect(home / "chats.sqlite3")
+    try:
+        return db.execute("SELECT c.id, m.role, m.status, m.text FROM chats c LEFT JOIN messages m "
+                          "ON m.chat_id = c.id ORDER BY c.id, m.id").fetchall()
+    finally:
+        db.close()
+
+
+def test_a_question_that_never_reached_the_model_is_not_saved(env, tiny_models, image, tmp_path):
+    """An image for a text-only model and a model file that is not there: exit 2, no chat, and
+    `--continue` on an existing chat adds nothing to it."""
+    lone = lone_model(tiny_models, tmp_path)
+    r = edge("ask", str(image), "What is this?", "--model", str(lone), "--offline")
+    assert r.returncode == 2 and "cannot look at images" in r.stderr
+    r = edge("ask", "What is this?", "--model", str(tmp_path / "nope.gguf"), "--offline")
+    assert r.returncode == 2 and "not found" in r.stderr
+    assert chat_rows(env) == []
+    assert edge("chats").stdout.startswith("No chats yet")
+    r = edge("ask", "Capital of Peru?", "--model", str(lone), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    before = chat_rows(env)
+    assert [row[1] for row in before] == ["user", "assistant"]
+    r = edge("ask", "--continue", str(image), "And this?", "--model", str(lone), "--offline")
+    assert r.returncode == 2 and "cannot look at images" in r.stderr
+    assert chat_rows(env) == before
+
+
+def test_an_answer_that_failed_midway_is_kept_marked_failed(edge_home):
+    """Once the model read the question, a fatal error keeps the exchange: status error, text so far."""
+    from edge_agent.agent import events as ev
+    from edge_agent.chats import ChatStore, Continuation
+    from edge_agent.commands.ask import _ChatWriter
+
+    store = ChatStore(edge_home / "chats.sqlite3")
+    try:
+        w = _ChatWriter(store, Continuation(0), "Q?", None, {"model": "/m.gguf"})
+        w.add(ev.RunStarted(question="Q?", image=None, mode="ssr", seprod=False, model="m"))
+        assert store.list_chats() == []
+        w.add(ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=50,
+                               system_restored=False, n_ctx_used=50, seconds=0.1))
+        w.add(ev.AnswerToken(turn=1, text="Half an"))
+        w.add(ev.AgentError(turn=1, title="Context full", message="...", fatal=True))
+        w.finish("error")
+        chat = store.load(w.chat_id)
+        assert [(m.role, m.status, m.text) for m in chat.messages] == [
+            ("user", "done", "Q?"), ("assistant", "error", "Half an")]
+        assert chat.models == {"model": "/m.gguf"} and store.continuation(w.chat_id).context == ""
+    finally:
+        store.close()
+
+
+# --- item 4: a chat remembers its model files ------------------------------------------------------
+def test_continue_uses_the_chats_models(env, tiny_models, image, tmp_path):
+    """A chat made with a vision model and an image continues with that model when the setting now
+    names a text-only one (it used to fail with "cannot look at images"), and says so; a model that
+    is gone is a clear error naming --model; --model still chooses."""
+    vision = tmp_path / "vision"
+    vision.mkdir()
+    for key in ("text", "mmproj"):
+        shutil.copy(tiny_models[key], vision / tiny_models[key].name)
+    r = edge("ask", str(image), "What colour?", "--model", str(vision / tiny_models["text"].name), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    stored = json.loads(sqlite3.connect(env / "chats.sqlite3").execute("SELECT models FROM chats").fetchone()[0])
+    assert stored == {"model": str(vision / tiny_models["text"].name), "mmproj": str(vision / tiny_models["mmproj"].name),
+                      "prophet": "", "prophet_mmproj": ""}
+    lone = lone_model(tiny_models, tmp_path)
+    assert edge("config", "set", "model", str(lone)).returncode == 0
+    r = edge("ask", "--continue", "And the shape?", "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    assert "continues with the model it was made with" in r.stderr and "--model" in r.stderr
+    r = edge("ask", "--continue", "And now?", "--offline", "--json")
+    assert json.loads(r.stdout.splitlines()[0])["model"] == tiny_models["text"].stem
+    r = edge("ask", "--chat", "1", "Text only?", "--model", str(lone), "--offline", "--json")
+    assert r.returncode == 2 and "cannot look at images" in r.stderr  # chose another model: its limits apply
+    shutil.rmtree(vision)
+    r = edge("ask", "--continue", "Still there?", "--offline")
+    assert r.returncode == 2 and "is gone" in r.stderr and "--model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_older_chat_files_gain_the_models_column(tmp_path):
+    """A version-2 chat file (before chats recorded models) opens, reads {} and records models."""
+    from edge_agent.chats import ChatStore
+
+    path = tmp_path / "chats.sqlite3"
+    store = ChatStore(path)
+    cid = store.new_chat()
+    store.close()
+    db = sqlite3.connect(path)
+    db.executescript("ALTER TABLE chats DROP COLUMN models; PRAGMA user_version=2;")
+    db.close()
+    store = ChatStore(path)
+    try:
+        assert store.continuation(cid).models == {}
+        store.start_answer(cid, models={"model": "/a.gguf"})
+        assert store.continuation(cid).models == {"model": "/a.gguf"} and store.load(cid).models == {"model": "/a.gguf"}
     finally:
         store.close()
