@@ -113,6 +113,7 @@ class ScriptedEngine:
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
+        self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
     def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
             context=None) -> Iterator[ev.Event]:

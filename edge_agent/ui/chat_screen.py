@@ -367,7 +367,7 @@ class ChatScreen(Screen):
         if last is not None and cont.exchanges and cont.exchanges[-1][0] == last[0]:
             cont = cont.without_last()
         self.store.add_user_message(self.chat_id, question, image)
-        message_id = self.store.start_answer(self.chat_id, models=getattr(app.engine, "files", None))
+        message_id = self.store.start_answer(self.chat_id, models=host.engine.files)
         self.sub_title = self.store.load_title(self.chat_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()

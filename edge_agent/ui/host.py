@@ -52,6 +52,10 @@ class EngineLike(Protocol):
     def model(self) -> SeesImages: ...
 
     @property
+    def files(self) -> dict[str, str]:
+        """The model files loaded (model, mmproj, prophet, prophet_mmproj), which a chat records."""
+
+    @property
     def drafter(self) -> object | None:
         """The SeProD drafter when a prophet is loaded, else None."""
 
