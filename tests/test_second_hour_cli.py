@@ -206,3 +206,69 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
         assert store.continuation(cid).models == {"model": "/a.gguf"} and store.load(cid).models == {"model": "/a.gguf"}
     finally:
         store.close()
+
+
+# --- item 5: the prophet's mmproj -------------------------------------------------------------------
+def test_ambiguous_prophet_mmproj_names_the_prophet_flag(env, tiny_models, tmp_path):
+    """Two mmproj files next to the prophet: the error names --prophet-mmproj (and its setting), not --mmproj."""
+    folder = tmp_path / "prophet"
+    folder.mkdir()
+    shutil.copy(tiny_models["prophet"], folder / "prophet.gguf")
+    for name in ("mmproj-a.gguf", "mmproj-b.gguf"):
+        shutil.copy(tiny_models["mmproj"], folder / name)
+    r = edge("ask", "Q?", *tiny(tiny_models), "--prophet", str(folder / "prophet.gguf"), "--offline")
+    assert r.returncode == 2 and "Several mmproj files" in r.stderr
+    assert "--prophet-mmproj PATH" in r.stderr and "prophet_mmproj setting" in r.stderr and "--mmproj PATH" not in r.stderr
+    r = edge("ask", "Q?", *tiny(tiny_models), "--prophet", str(folder / "prophet.gguf"), "--prophet-mmproj",
+             str(folder / "mmproj-a.gguf"), "--offline", "--max-turns", "1")
+    assert r.returncode in (0, 1), r.stderr
+
+
+@pytest.fixture
+def app_runs(monkeypatch):
+    """The settings and chat the app would open with (its run() recorded instead of taking the terminal)."""
+    from edge_agent.ui.app import EdgeAgentApp
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(EdgeAgentApp, "run", lambda self, *a, **k: seen.append((self.settings, self.open_chat)))
+    return seen
+
+
+def test_tui_takes_prophet_mmproj(edge_home, app_runs, tmp_path):
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+
+    r = CliRunner().invoke(cli, ["tui", "--prophet", "p.gguf", "--prophet-mmproj", str(tmp_path / "mm.gguf")])
+    assert r.exit_code == 0, r.output
+    assert app_runs[-1][0].prophet_mmproj == str(tmp_path / "mm.gguf")
+
+
+# --- item 10: a long question -------------------------------------------------------------------------
+def test_a_question_longer_than_a_file_name_is_a_question(env, tiny_models):
+    """Hundreds of words as the only argument: asked (no `File name too long` traceback)."""
+    question = "Please tell me " + " ".join(["what the small sign on the door"] * 60) + " says?"
+    assert len(question) > 1000
+    r = edge("ask", question, *tiny(tiny_models), "--offline", "--json")
+    assert "Traceback" not in r.stderr and r.returncode in (0, 1), r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["question"] == question
+
+
+# --- item 14: the app's options at the top level ------------------------------------------------------
+def test_app_options_work_without_tui(edge_home, app_runs):
+    """`edge-agent --model X --chat 3` opens the app with them; --help and --version stay the group's."""
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+
+    r = CliRunner().invoke(cli, ["--model", "x.gguf", "--chat", "3", "--mode", "freeform", "--offline"])
+    assert r.exit_code == 0, r.output
+    settings, chat = app_runs[-1]
+    assert (settings.model, settings.mode, settings.offline, chat) == ("x.gguf", "freeform", True, 3)
+    r = edge("--chat", "3", "--help")
+    assert r.returncode == 0 and "--prophet-mmproj" in r.stdout and "Usage: edge-agent tui" in r.stdout
+    r = edge("--help")
+    assert r.returncode == 0 and "Commands:" in r.stdout and "edge-agent --model" in r.stdout
+    assert edge("--version").stdout.startswith("edge-agent")
+    r = edge("--mode", "nosuch")
+    assert r.returncode == 2 and "Invalid value for '--mode'" in r.stderr

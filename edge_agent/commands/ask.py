@@ -24,11 +24,13 @@ from edge_agent.config import Settings
 from edge_agent.crops import prune_crops, remove_run_crops
 from edge_agent.errors import EdgeAgentError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 
-
-def _looks_like_image(arg: str) -> bool:
-    return Path(arg).suffix.lower() in IMAGE_SUFFIXES or Path(arg).expanduser().is_file()
+def _is_file(arg: str) -> bool:
+    """An existing file; False for any text that cannot be one (longer than a file name may be, a NUL)."""
+    try:
+        return Path(arg).expanduser().is_file()
+    except (OSError, ValueError):  # ENAMETOOLONG: a question of a few hundred words
+        return False
 
 
 @click.command("ask")
@@ -70,7 +72,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     """
     if len(args) == 1:
         image, question = None, args[0]
-        if _looks_like_image(question) and Path(question).expanduser().is_file():
+        if _is_file(question):  # any text that is not an existing file is a question
             raise click.UsageError(f"{question} is a file: give a question too, e.g. edge-agent ask {question} \"What is this?\"")
     elif len(args) == 2:
         image, question = args
