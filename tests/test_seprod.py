@@ -217,7 +217,7 @@ def test_a_new_image_drops_drafts_prepared_for_the_old_one():
     try:
         d.start(image=b"OLD", question="q")
         d.start(image=b"NEW", question="q", target="cat")
-        assert {k[2] for k in d._pending} == {seprod_math.image_digest(b"NEW")}
+        assert {k[2] for k in d._pending} == {seprod_math.draft_image_key(b"NEW")}
         assert d.draft(seprod_math.ANSWERING, "q", b"NEW").text == "abc"
     finally:
         d.close()
@@ -478,7 +478,7 @@ def test_a_ready_draft_is_used_without_waiting():
     try:
         d.draft(seprod_math.ANSWERING, "warm-up", b"I")  # a prophet's first draft is not measured (cold)
         d.start(image=b"I", question="q")
-        d._pending[(seprod_math.ANSWERING, "q", seprod_math.image_digest(b"I"))].future.result(timeout=5)
+        d._pending[(seprod_math.ANSWERING, "q", seprod_math.draft_image_key(b"I"))].future.result(timeout=5)
         events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
         prop = next(e for e in events if isinstance(e, DraftProposed))
         assert prop.waited < 0.05 and v.accepted == 8 and not v.skipped

@@ -62,8 +62,8 @@ from edge_agent.agent.seprod_math import (
     accepted_length,
     answering_query,
     combined_scores,
+    draft_image_key,
     grounding_query,
-    image_digest,
     parse_verdict,
     search_weight,
 )
@@ -85,7 +85,7 @@ class _Job:
 
     def __init__(self, mode: str, query: str, image: bytes | None, plan: Plan) -> None:
         self.mode, self.query, self.image, self.plan = mode, query, image, plan
-        self.key = (mode, query, image_digest(image))
+        self.key = (mode, query, draft_image_key(image))
         self.cancel = threading.Event()
         self.future: Future[Draft] = Future()
         self.submitted = time.perf_counter()
@@ -266,7 +266,7 @@ class Drafter:
         """
         if not self.background:
             return
-        key = image_digest(image)
+        key = draft_image_key(image)
         self._drop(lambda job: job.key[2] != key)  # drafts for an earlier image are never asked for again
         ahead = [0.0]  # expected prophet seconds of the drafts queued before this one
         new_image = [key != self._prefilled_image and image is not None]
@@ -285,13 +285,13 @@ class Drafter:
 
     def _take(self, mode: str, query: str, image: bytes | None) -> _Job | None:
         with self._lock:
-            return self._pending.pop((mode, query, image_digest(image)), None)
+            return self._pending.pop((mode, query, draft_image_key(image)), None)
 
     def _submit(self, mode: str, query: str, image: bytes | None, *, plan: Plan | None = None,
                 keep: bool = True, ahead: list[float] | None = None, new_image: list[bool] | None = None) -> _Job:
         """Queue a draft (``keep``: remembered for the hook; ``ahead``/``new_image``: prepared by
         :meth:`start`, fitted to the time before its hook). A plan that does not draft queues nothing."""
-        key = (mode, query, image_digest(image))
+        key = (mode, query, draft_image_key(image))
         with self._lock:
             if keep and key in self._pending:
                 return self._pending[key]
