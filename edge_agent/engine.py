@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,10 @@ from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
 from edge_agent.tools.zoom import ImageStore
 
 Progress = Callable[[str, float], None]
+
+# Settings that take new model files or a new llama context (or tools built at load): a new engine.
+RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
+                           "extra_buffers", "rationales", "text_search", "image_search"})
 
 
 def model_files(resolved: ResolvedModel) -> dict[str, str]:
@@ -185,6 +189,24 @@ class Engine:
         per_turn = max(settings.crop_max_tokens, 0) + max(settings.observation_max_tokens, 64) + 96
         reserve = settings.max_turns * per_turn + settings.answer_max_tokens + 64
         return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2), image_tokens=settings.image_max_tokens)
+
+    def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
+        """Take new settings without loading anything (the app calls this between questions, on the UI
+        thread): the next question's options come from ``new``; the search tools' ``offline`` and the
+        SeProD drafter's tau and L_d follow. False, with nothing changed, when ``changed`` needs a new
+        engine (``RELOAD_FIELDS``, or SeProD switched on while no prophet is loaded)."""
+        if RELOAD_FIELDS.intersection(changed) or ("seprod" in changed and new.seprod and new.prophet
+                                                   and self.drafter is None):
+            return False
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+        from edge_agent.tools.search import SearchTools
+
+        self.settings = new
+        if isinstance(self.tools, SearchTools):
+            self.tools.offline = new.offline
+        if isinstance(self.drafter, SeProDDrafter):
+            self.drafter.tau, self.drafter.draft_len = new.seprod_tau, new.seprod_draft_len
+        return True
 
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""

@@ -272,3 +272,31 @@ def test_app_options_work_without_tui(edge_home, app_runs):
     assert edge("--version").stdout.startswith("edge-agent")
     r = edge("--mode", "nosuch")
     assert r.returncode == 2 and "Invalid value for '--mode'" in r.stderr
+
+
+# --- item 12: chats show / export on the command line ---------------------------------------------------
+def test_chats_show_and_export(env, tiny_models, image, tmp_path):
+    """`chats show ID` prints the exchange; `chats export ID` writes what the app's export writes:
+    Markdown with the image copied beside it, or JSON with every event; stdout without -o."""
+    r = edge("ask", str(image), "What colour is it?", *tiny(tiny_models), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    answer = r.stdout.strip()
+    r = edge("chats", "show", "1")
+    assert r.returncode == 0, r.stderr
+    assert "chat 1: What colour is it?" in r.stdout and "You: What colour is it?" in r.stdout
+    assert f"image: {image}" in r.stdout and answer in r.stdout and "model tiny-qwen3vl-f32.gguf" in r.stdout
+    out = tmp_path / "out" / "chat.md"
+    r = edge("chats", "export", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    md = out.read_text()
+    assert md.startswith("# What colour is it?") and "## edge-agent" in md and "chat_files/00-" in md
+    assert (out.parent / "chat_files").is_dir() and len(list((out.parent / "chat_files").iterdir())) == 1
+    r = edge("chats", "export", "1", "--format", "json")
+    data = json.loads(r.stdout)
+    assert data["format"] == "edge-agent-chat" and data["messages"][1]["events"][0]["event"] == "run_started"
+    edge("chats", "export", "1", "-o", str(tmp_path / "c.json"))
+    assert json.loads((tmp_path / "c.json").read_text())["id"] == 1
+    r = edge("chats", "export", "7")
+    assert r.returncode == 2 and "There is no chat 7" in r.stderr and "edge-agent chats" in r.stderr
+    r = edge("chats", "--json")
+    assert json.loads(r.stdout)["id"] == 1
