@@ -366,10 +366,13 @@ class Engine:
 
     def close(self) -> None:
         self.contexts.flush()  # saved states still being written
-        for part in (self.drafter, self.tools, self.prophet, self.model):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        if self.drafter is not None:
+            self.drafter.close()
+        if self.tools is not None:
+            self.tools.close()
+        if self.prophet is not None:
+            self.prophet.close()
+        self.model.close()
         self.contexts.live = None
 
     def __enter__(self) -> Engine:
