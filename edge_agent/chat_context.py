@@ -145,7 +145,7 @@ class QuestionContext:
             if found is None:
                 reason = "no saved state"
             elif found[1].system_key != sys_key:
-                reason = "the tools or the image changed the system prompt"
+                reason = "the settings changed the system prompt"
             else:
                 s, b = found
                 has = image is not None and image_digest(image) in {i.digest for i in s.images}

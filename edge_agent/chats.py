@@ -7,7 +7,8 @@ a chat to Markdown and JSON (tool calls, crops, rationale scores included).
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 
-Layout: ``chats(id, title, created, updated)``; ``messages(id, chat_id, role, text, image, status,
+Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's
+last answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none); ``messages(id, chat_id, role, text, image, status,
 created)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
 run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``events(message_id, seq, kind,
 data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
@@ -32,15 +33,18 @@ from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
+from edge_agent.textclean import clean_event, clean_model_text
 
-SCHEMA_VERSION = 2  # 2: messages.context (the saved context state at the end of an answer)
+# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files)
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    models TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -63,6 +67,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
 """
 _TABLES = ("chats", "messages", "events")
+_MIGRATIONS = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
+    "ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class Chat:
     created: float
     updated: float
     messages: list[Message] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)  # the model files of its last answer ({}: unknown)
 
     @property
     def images(self) -> list[str]:
@@ -111,6 +120,7 @@ class Continuation:
     chat_id: int
     exchanges: list[tuple[str, str, str]] = field(default_factory=list)  # (question, answer, context key)
     image: str | None = None
+    models: dict[str, str] = field(default_factory=dict)  # the files of its last answer ({}: not recorded)
 
     @property
     def context(self) -> str:
@@ -124,7 +134,7 @@ class Continuation:
 
     def without_last(self) -> Continuation:
         """The chat as it was before its last exchange (regenerate, edit and resend)."""
-        return Continuation(self.chat_id, self.exchanges[:-1], self.image)
+        return Continuation(self.chat_id, self.exchanges[:-1], self.image, self.models)
 
 
 class ChatStoreError(EdgeAgentError):
@@ -146,9 +156,11 @@ class ChatStore:
             self._db.row_factory = sqlite3.Row
             statements = [s for s in _SCHEMA.split(";") if s.strip()]
             version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
-            if version == 1:  # before saved context states: add the column, nothing else changed
+            if 0 < version < SCHEMA_VERSION:  # older files: add the columns, nothing else changed
                 with sqlitedb.transaction(self._db):
-                    self._db.execute("ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''")
+                    version = sqlitedb.user_version(self._db)  # another process may have migrated it since
+                    for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                        self._db.execute(sql)
                     self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
@@ -202,6 +214,10 @@ class ChatStore:
     def delete(self, chat_id: int) -> None:
         self._exec("DELETE FROM chats WHERE id=?", (chat_id,))
 
+    def set_models(self, chat_id: int, files: dict[str, str]) -> None:
+        """Record the model files a chat's answer is made with (``Engine.files``); ``continuation`` reads them."""
+        self._exec("UPDATE chats SET models=? WHERE id=?", (json.dumps(files, sort_keys=True), chat_id))
+
     def _touch(self, chat_id: int) -> None:
         self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
 
@@ -220,7 +236,11 @@ class ChatStore:
             self._touch(chat_id)
             return int(cur.lastrowid)
 
-    def start_answer(self, chat_id: int) -> int:
+    def start_answer(self, chat_id: int, models: dict[str, str] | None = None) -> int:
+        """A new (running) answer in the chat; ``models``: the files it is made with (``Engine.files``),
+        recorded as the chat's models (what ``ask --continue`` continues with)."""
+        if models:
+            self.set_models(chat_id, models)
         cur = self._exec(
             "INSERT INTO messages(chat_id, role, text, status, created) VALUES (?, 'assistant', '', 'running', ?)",
             (chat_id, time.time()),
@@ -229,6 +249,7 @@ class ChatStore:
 
     def add_event(self, message_id: int, event: ev.Event) -> None:
         """Store one event now (its own transaction): nothing is lost if the app dies after this."""
+        event = clean_event(event)
         data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
             seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,)).fetchone()[0]
@@ -247,6 +268,7 @@ class ChatStore:
         with self._lock:
             if text is None:
                 text = answer_text(self.message_events(message_id))
+            text = clean_model_text(text)
             self._exec(
                 "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND status='running'",
                 (status, redact_tree(text, self._secrets), message_id),
@@ -261,16 +283,16 @@ class ChatStore:
         for r in rows:
             e = event_from_json(json.loads(r[0]))
             if e is not None:
-                out.append(e)
+                out.append(clean_event(e))  # written before cleaning existed, or by another tool
         return out
 
     def load(self, chat_id: int) -> Chat:
         row = self._exec("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
         if row is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List chats with Ctrl+O.", title="No such chat")
-        chat = Chat(row["id"], row["title"], row["created"], row["updated"])
+            raise _no_chat(chat_id)
+        chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], m["text"], m["image"], m["status"], m["created"])
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"])
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:
@@ -297,9 +319,9 @@ class ChatStore:
         rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
-                                 title="No such chat")
-        out = Continuation(chat_id)
+            raise _no_chat(chat_id)
+        row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()
+        out = Continuation(chat_id, models=_models(row[0] if row else ""))
         question: str | None = None
         for r in rows:
             if r["role"] == "user":
@@ -325,6 +347,7 @@ class ChatStore:
             "title": chat.title,
             "created": chat.created,
             "updated": chat.updated,
+            "models": chat.models,
             "messages": [
                 {
                     "role": m.role,
@@ -363,17 +386,25 @@ class ChatStore:
     def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
         """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
         directory = Path(directory)
-        chat = self.load(chat_id)
-        slug = "".join(c if c.isalnum() else "-" for c in chat.title.lower()).strip("-")[:40] or "chat"
-        slug = f"{chat.id:04d}-{slug}"
-        files = directory / f"{slug}_files"
+        title = self.load_title(chat_id)
+        slug = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")[:40] or "chat"
+        md_path, json_path = directory / f"{chat_id:04d}-{slug}.md", directory / f"{chat_id:04d}-{slug}.json"
+        self.export_to(chat_id, md=md_path, json_path=json_path)
+        return md_path, json_path
+
+    def export_to(self, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
+        """Write the chat as Markdown to ``md`` (its images, attached and crops, copied into
+        ``<md stem>_files`` beside it, linked relatively) and/or as JSON to ``json_path`` (``files``: the
+        copies made for the Markdown). Used by the app's export and ``edge-agent chats export``."""
+        self.load(chat_id)  # no such chat: the error, before any folder is made
         copied: dict[str, str] = {}
+        files = md.with_name(f"{md.stem}_files") if md is not None else None
 
         def image_ref(path: str) -> str:
             if path in copied:
                 return copied[path]
             src = Path(path)
-            if not src.is_file():
+            if files is None or not src.is_file():
                 copied[path] = path  # gone since: keep the original path as a reference
                 return path
             files.mkdir(parents=True, exist_ok=True)
@@ -382,19 +413,34 @@ class ChatStore:
             copied[path] = f"{files.name}/{dst.name}"
             return copied[path]
 
+        target = md or json_path
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            md = self.export_markdown(chat_id, image_ref=image_ref)
-            data = self.export_json(chat_id)
-            data["files"] = copied
-            md_path = directory / f"{slug}.md"
-            json_path = directory / f"{slug}.json"
-            md_path.write_text(md, encoding="utf-8")
-            json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            if md is not None:
+                md.parent.mkdir(parents=True, exist_ok=True)
+                md.write_text(self.export_markdown(chat_id, image_ref=image_ref), encoding="utf-8")
+            if json_path is not None:
+                target = json_path
+                data = self.export_json(chat_id)
+                data["files"] = copied
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as e:
-            raise ChatStoreError(f"Cannot write the export to {directory} ({e}). Pick a writable folder.",
+            raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
                                  title="Export failed") from e
-        return md_path, json_path
+
+
+def _no_chat(chat_id: int) -> ChatStoreError:
+    return ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
+                          title="No such chat")
+
+
+def _models(text: str) -> dict[str, str]:
+    """The stored ``chats.models`` JSON as a dict ({} when not recorded or unreadable)."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def answer_text(events: Iterable[ev.Event]) -> str:

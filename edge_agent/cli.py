@@ -42,6 +42,13 @@ class LazyGroup(click.Group):
             raise
         return module.command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The app is the default command, options included (as llm and posting do): `edge-agent --model X`
+        # and `edge-agent --chat 3` mean `edge-agent tui --model X` ...; the group's own options stay its own.
+        if args and args[0].startswith("-") and args[0].split("=")[0] not in (*ctx.help_option_names, "--version"):
+            args = ["tui", *args]
+        return super().parse_args(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl(list(COMMANDS.items()))
@@ -65,6 +72,7 @@ def cli(ctx: click.Context) -> None:
     \b
     Examples:
       edge-agent                                  open the app
+      edge-agent --model MODEL.gguf --chat 12     the app's options work without `tui`
       edge-agent models pull qwen3-vl-2b-instruct  download a model (GGUF + mmproj)
       edge-agent ask photo.jpg "What does the small sign say?"
       edge-agent ask photo.jpg "Where is this?" --offline --json

@@ -20,23 +20,27 @@ machine (its state is saved under ``home/states``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
-from edge_agent.agent.loop import MODES, AgentOptions, Drafter, run_agent
+from edge_agent.agent.loop import run_agent
+from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
+from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
     from edge_agent.catalog import ResolvedModel
@@ -44,6 +48,21 @@ from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
 from edge_agent.tools.zoom import ImageStore
 
 Progress = Callable[[str, float], None]
+
+# Settings that take new model files or a new llama context (or tools built at load): a new engine.
+RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
+                           "extra_buffers", "rationales", "text_search", "image_search"})
+
+
+def model_files(resolved: ResolvedModel) -> dict[str, str]:
+    """The files of a resolved agent (and prophet) as a chat records them: absolute paths, "" for none."""
+    def path(p: Path | None) -> str:
+        return str(p.expanduser().resolve()) if p is not None else ""
+
+    prophet = resolved.prophet
+    return {"model": path(resolved.model_path), "mmproj": path(resolved.mmproj_path),
+            "prophet": path(prophet.model_path if prophet else None),
+            "prophet_mmproj": path(prophet.mmproj_path if prophet else None)}
 
 
 class Engine:
@@ -55,15 +74,20 @@ class Engine:
         settings: Settings,
         *,
         tools: SearchLike | None = None,
-        drafter: Drafter | None = None,
+        drafter: DraftHooks | None = None,
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
+        files: dict[str, str] | None = None,
+        measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
         self.tools, self.drafter = tools, drafter
+        self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
+        # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
+        self.files = dict(files) if files is not None else {"model": str(model.path)}
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
@@ -93,9 +117,17 @@ class Engine:
         except BaseException:
             model.close()
             raise
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+
+        measured = None
+        if prophet is not None and isinstance(drafter, SeProDDrafter):
+            key = costs_key(model.identity, prophet.identity,
+                            (model.n_threads, prophet.n_threads, settings.n_threads_batch))
+            measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet)
+                   prophet=prophet, measured=measured,
+                   files=model_files(resolved if prophet is not None else dataclasses.replace(resolved, prophet=None)))
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -110,14 +142,15 @@ class Engine:
 
     @staticmethod
     def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike,
-                      say: Progress) -> tuple[Drafter | None, ModelLike | None]:
+                      say: Progress) -> tuple[DraftHooks | None, ModelLike | None]:
         """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
         (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
         prophet_files = resolved.prophet
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
-        from edge_agent.agent.seprod import Drafter, shared_threads
+        from edge_agent.agent.seprod import Drafter
+        from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
         from edge_agent.runtime._lib import physical_cores
         from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
@@ -171,6 +204,24 @@ class Engine:
                 out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(mm)
         return out
 
+    def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
+        """Take new settings without loading anything (the app calls this between questions, on the UI
+        thread): the next question's options come from ``new``; the search tools' ``offline`` and the
+        SeProD drafter's tau and L_d follow. False, with nothing changed, when ``changed`` needs a new
+        engine (``RELOAD_FIELDS``, or SeProD switched on while no prophet is loaded)."""
+        if RELOAD_FIELDS.intersection(changed) or ("seprod" in changed and new.seprod and new.prophet
+                                                   and self.drafter is None):
+            return False
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+        from edge_agent.tools.search import SearchTools
+
+        self.settings = new
+        if isinstance(self.tools, SearchTools):
+            self.tools.offline = new.offline
+        if isinstance(self.drafter, SeProDDrafter):
+            self.drafter.tau, self.drafter.draft_len = new.seprod_tau, new.seprod_draft_len
+        return True
+
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
         out = {"agent": dict(self.model.memory_bytes)}
@@ -206,8 +257,8 @@ class Engine:
             image = None  # "" from a form field means no image
         label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
         try:
-            if mode not in MODES:
-                raise ConfigError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}.")
+            if mode not in REASONING_MODES:
+                raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
                 raise ConfigError("The question is empty. Type a question about the image.")
             with self._images:
@@ -227,7 +278,7 @@ class Engine:
                 store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
                                    crop_max_pixels=self.settings.crop_max_tokens * px * px,
                                    original_png=self._fitted_png(image, loaded))
-            toolbox = Toolbox(store, self.tools)
+            toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
@@ -238,14 +289,22 @@ class Engine:
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
             if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
                 use_drafter.reset(new_chat=not context)
-            yield from run_agent(
+            events = run_agent(
                 None, question, tools=toolbox,
                 image=toolbox.image_png(0) if store is not None else None,
                 options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
                 context=self.contexts.question(context or "", pairs),
             )
+            try:  # model text leaves the engine without control characters (printed, stored, rendered)
+                for event in events:
+                    yield clean_event(event)
+            finally:
+                if isinstance(events, Generator):  # closed now, as `yield from` would (its cleanup runs)
+                    events.close()
         finally:
             self._busy.release()
+            if self.measured is not None:
+                self.measured.save()
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,
@@ -275,7 +334,7 @@ class Engine:
         and kept with the recent images, so ``ask`` and ``prepare_image`` hand the vision projector
         the same bytes (the embedding cache is keyed by them)."""
         budget = self._image_budget()
-        key = self._image_key(image, budget)
+        key = self._file_key(image, budget)
         with self._images:
             png = self._recent[key][1] if key is not None and key in self._recent else None
         if png is None:
@@ -289,7 +348,7 @@ class Engine:
         if image is None:
             return None
         # Read the image first: a wrong path is the first thing to fix, whatever the model.
-        key = self._image_key(image, 0)
+        key = self._file_key(image, 0)
         if key is not None and key in self._recent:
             loaded = self._recent[key][0]
         else:
@@ -305,7 +364,7 @@ class Engine:
         return loaded
 
     @staticmethod
-    def _image_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
+    def _file_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
         """Identity of an image file (path, size, modification time) and a pixel budget; None for bytes
         or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
         if not isinstance(image, str | Path):

@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from edge_agent.agent import seprod  # noqa: E402
+from edge_agent.agent import seprod, seprod_math  # noqa: E402
 
 QUESTIONS = [
     "Describe the Eiffel Tower in a few sentences.",
@@ -134,8 +134,8 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
     grammar = tail_grammar("answer")
     rows = []
     for q in questions:
-        mode = seprod.ANSWERING
-        d = drafter.draft(mode, seprod.answering_query(q), image)
+        mode = seprod_math.ANSWERING
+        d = drafter.draft(mode, seprod_math.answering_query(q), image)
         if not d.tokens:
             continue
         s = agent.session()
@@ -172,7 +172,7 @@ def bench_verify(agent, drafter, questions, image, reps) -> dict:
             "verify_ms": med(tv) * 1e3, "decode_ms": med(ts) * 1e3, "ratio": med(tv) / med(ts),
             "generate_ms": med(tg) * 1e3, "ratio_generate": med(tv) / med(tg),
             "scores": [round(float(x), 4) for x in scores],
-            "accepted": {str(t): seprod.accepted_length(scores, t) for t in TAU_SWEEP + (tau,)},
+            "accepted": {str(t): seprod_math.accepted_length(scores, t) for t in TAU_SWEEP + (tau,)},
         })
     if not rows:
         return {"rows": []}
@@ -211,7 +211,7 @@ def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
                 answer_context(s, q, image)
                 left = n_tokens
                 if v != "without":
-                    d = drafter.draft(seprod.ANSWERING, seprod.answering_query(q), image)
+                    d = drafter.draft(seprod_math.ANSWERING, seprod_math.answering_query(q), image)
                     ver = drafter.verify(s, d)
                     left -= ver.accepted + len(ver.lead)
                     acc = (ver.accepted, len(d.tokens))
@@ -283,7 +283,7 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
                     encodes, images = encodes + enc, images + n_img
                     for k in keys:
                         agg[k] += fin.totals.get(k, 0.0)
-                    for mode in seprod.MODES:
+                    for mode in seprod_math.DRAFT_MODES:
                         if f"seprod_drafted_{mode}" in fin.totals:
                             m = by_mode.setdefault(mode, [0.0, 0.0])
                             m[0] += fin.totals[f"seprod_drafted_{mode}"]

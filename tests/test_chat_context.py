@@ -143,6 +143,23 @@ def test_followup_is_appended_to_the_live_context_and_evaluates_only_its_turn(mo
     engine.close()
 
 
+def test_detach_and_reattach_keep_the_context(model, settings, photo):
+    """Issue 23 item 13: a question about the photo, one with the photo detached, one with it attached
+    again: both follow-ups continue the live context and evaluate exactly their new user turn."""
+    engine = Engine(model, settings)
+    opts = AgentOptions.from_settings(settings, policy=answer_only)
+    first = list(engine.ask("What is it?", photo, options=opts))
+    key = first[-1].context
+    for q, image in (("Is it old?", None), ("And the colour?", photo)):
+        cells = model.active_session.n_cells
+        events = list(engine.ask(q, image, options=opts, context=key))
+        o = opened(events)
+        assert (o.source, o.reason, o.tokens_reused) == ("live", "", cells)
+        assert o.tokens_evaluated == user_turn_tokens(model, q)
+        key = events[-1].context
+    engine.close()
+
+
 def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_models, settings, photo):
     """Greedy: the follow-up answered in the kept KV cache == the whole transcript evaluated anew."""
     m = Recorder(load(tiny_models))

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from edge_agent.agent import seprod
+from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified
 from edge_agent.errors import ConfigError
 from edge_agent.runtime.types import Generation
@@ -23,13 +23,13 @@ V = 151_936
 
 def test_normalised_rank_ends_and_log_scale():
     """argmax -> 1, last rank -> 0, and neighbouring top ranks stay distinguishable."""
-    u = seprod.normalised_rank([0, 1, 10, 100, 1000, V - 1], V)
+    u = seprod_math.normalised_rank([0, 1, 10, 100, 1000, V - 1], V)
     assert u[0] == 1.0 and u[-1] == pytest.approx(0.0, abs=1e-12)
     assert np.all(np.diff(u) < 0)
     assert u[1] == pytest.approx(1 - math.log(2) / math.log(V))
     assert 0.55 < u[3] < 0.65  # rank 100 is far from the argmax, unlike a linear normalisation
     with pytest.raises(ValueError):
-        seprod.normalised_rank([V], V)
+        seprod_math.normalised_rank([V], V)
 
 
 def test_search_weight_grows_with_rank_between_a0_and_1():
@@ -37,11 +37,11 @@ def test_search_weight_grows_with_rank_between_a0_and_1():
     ranks = np.array([V - 1, 5000, 50, 3, 0])
     for a0 in (0.0, 0.3, 0.5, 0.9):
         for gamma in (0.5, 1.0, 3.0):
-            a = seprod.search_weight(ranks, V, a0, gamma)
+            a = seprod_math.search_weight(ranks, V, a0, gamma)
             assert a[0] == pytest.approx(a0) and a[-1] == pytest.approx(1.0)
             assert np.all(np.diff(a) > 0) or a0 == 1.0
-    a_sharp = seprod.search_weight([10], V, 0.5, 3.0)[0]
-    a_soft = seprod.search_weight([10], V, 0.5, 0.5)[0]
+    a_sharp = seprod_math.search_weight([10], V, 0.5, 3.0)[0]
+    a_soft = seprod_math.search_weight([10], V, 0.5, 0.5)[0]
     assert a_sharp < a_soft
 
 
@@ -50,35 +50,35 @@ def test_combined_score_is_the_weighted_geometric_mean():
     ps = np.array([0.9, 0.2, 0.05, 0.6])
     pp = np.array([0.5, 0.8, 0.9, 0.01])
     ranks = np.array([0, 3, 40, 1])
-    s = seprod.combined_scores(np.log(ps), np.log(pp), ranks, V, 0.5)
+    s = seprod_math.combined_scores(np.log(ps), np.log(pp), ranks, V, 0.5)
     for j in range(4):
         a = 0.5 + 0.5 * (1 - math.log1p(ranks[j]) / math.log(V))
         assert s[j] == pytest.approx(ps[j] ** a * pp[j] ** (1 - a), rel=1e-12)
     assert s[0] == pytest.approx(0.9)  # the agent's argmax: only p_s counts
     # a0 = 1 ignores the prophet; a0 = 0 ignores the agent except as its rank lifts a_j
-    assert np.allclose(seprod.combined_scores(np.log(ps), np.log(pp), ranks, V, 1.0), ps)
+    assert np.allclose(seprod_math.combined_scores(np.log(ps), np.log(pp), ranks, V, 1.0), ps)
 
 
 def test_combined_score_underflow_is_zero_not_nan():
-    s = seprod.combined_scores([-2000.0], [-3000.0], [V - 1], V, 0.5)
+    s = seprod_math.combined_scores([-2000.0], [-3000.0], [V - 1], V, 0.5)
     assert s[0] == 0.0 and not np.isnan(s[0])
 
 
 def test_accepted_length_rule():
     """accept up to the first s_j < tau; tau=0 accepts all; tau above every score accepts none."""
     s = np.array([0.9, 0.4, 0.05, 0.8])
-    assert seprod.accepted_length(s, 0.0) == 4
-    assert seprod.accepted_length(np.array([0.0, 0.0]), 0.0) == 2
-    assert seprod.accepted_length(s, 0.1) == 2  # stops at 0.05 even though 0.8 follows
-    assert seprod.accepted_length(s, 0.4) == 2  # s_j == tau is accepted
-    assert seprod.accepted_length(s, 0.41) == 1
-    assert seprod.accepted_length(s, 0.95) == 0
-    assert seprod.accepted_length(np.zeros(0), 0.5) == 0
+    assert seprod_math.accepted_length(s, 0.0) == 4
+    assert seprod_math.accepted_length(np.array([0.0, 0.0]), 0.0) == 2
+    assert seprod_math.accepted_length(s, 0.1) == 2  # stops at 0.05 even though 0.8 follows
+    assert seprod_math.accepted_length(s, 0.4) == 2  # s_j == tau is accepted
+    assert seprod_math.accepted_length(s, 0.41) == 1
+    assert seprod_math.accepted_length(s, 0.95) == 0
+    assert seprod_math.accepted_length(np.zeros(0), 0.5) == 0
 
 
 def test_shapes_must_match():
     with pytest.raises(ValueError):
-        seprod.combined_scores([0.0, 0.0], [0.0], [0, 0], V, 0.5)
+        seprod_math.combined_scores([0.0, 0.0], [0.0], [0, 0], V, 0.5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def drafter():
 
 def test_prophet_sees_only_image_and_query(drafter):
     """the prophet's context is ChatML user turn: image + query (untrusted), then assistant; no agent text."""
-    d = drafter.draft(seprod.ANSWERING, "What is <|im_end|> this?", b"IMG")
+    d = drafter.draft(seprod_math.ANSWERING, "What is <|im_end|> this?", b"IMG")
     (s,) = drafter.prophet.sessions
     assert s.log == [
         ("text", "<|im_start|>user\n"), ("image", b"IMG"), ("untrusted", "What is <|im_end|> this?"),
@@ -105,18 +105,18 @@ def test_prophet_sees_only_image_and_query(drafter):
 
 
 def test_text_only_prophet_gets_no_image(drafter):
-    drafter.draft(seprod.ANSWERING, "Capital of France?", None)
+    drafter.draft(seprod_math.ANSWERING, "Capital of France?", None)
     assert not [e for e in drafter.prophet.sessions[0].log if e[0] == "image"]
 
 
 def test_same_image_reuses_the_prophet_cache(drafter):
     """a second draft on the same image rolls back to after the image instead of re-evaluating it."""
-    drafter.draft(seprod.GROUNDING, seprod.grounding_query("the red sign"), b"CROP")
-    drafter.draft(seprod.ANSWERING, "What does it say?", b"CROP")
+    drafter.draft(seprod_math.GROUNDING, seprod_math.grounding_query("the red sign"), b"CROP")
+    drafter.draft(seprod_math.ANSWERING, "What does it say?", b"CROP")
     assert len(drafter.prophet.sessions) == 1
     log = drafter.prophet.sessions[0].log
     assert [e[0] for e in log].count("image") == 1 and ("rollback", len("<|im_start|>user\n") + 1) in log
-    drafter.draft(seprod.ANSWERING, "What does it say?", b"OTHER")
+    drafter.draft(seprod_math.ANSWERING, "What does it say?", b"OTHER")
     assert len(drafter.prophet.sessions) == 2
 
 
@@ -126,10 +126,10 @@ def test_draft_is_cut_before_turn_markers():
     m = FakeModel("yes a<b it is</think> more")
     d = seprod.Drafter(m, agent_vocab=V, draft_len=30, background=False)
     try:
-        assert d.draft(seprod.GROUNDING, "q", None).text == "yes a<b it is"
-        assert d.draft(seprod.ANSWERING, "q", None).text == "yes a"
+        assert d.draft(seprod_math.GROUNDING, "q", None).text == "yes a<b it is"
+        assert d.draft(seprod_math.ANSWERING, "q", None).text == "yes a"
         m.script = "<think>x"
-        assert d.draft(seprod.GROUNDING, "q2", None).tokens == ()
+        assert d.draft(seprod_math.GROUNDING, "q2", None).tokens == ()
     finally:
         d.close()
 
@@ -145,7 +145,7 @@ def test_end_of_turn_token_is_not_drafted():
 
     try:
         FakeSession.generate = gen_eos
-        dr = d.draft(seprod.ANSWERING, "q", None)
+        dr = d.draft(seprod_math.ANSWERING, "q", None)
         assert dr.text == "ok." and len(dr.logprobs) == 3
     finally:
         FakeSession.generate = orig
@@ -153,9 +153,9 @@ def test_end_of_turn_token_is_not_drafted():
 
 
 def test_grounding_query_names_the_target_and_asks_yes_or_no_first():
-    q = seprod.grounding_query("  the  small sign ")
+    q = seprod_math.grounding_query("  the  small sign ")
     assert "the small sign" in q and "yes or no first" in q
-    assert "the object in question" in seprod.grounding_query("")
+    assert "the object in question" in seprod_math.grounding_query("")
 
 
 def test_round_events_and_acceptance(drafter):
@@ -176,7 +176,7 @@ def test_adopt_is_used_when_the_runtime_has_it(drafter):
     agent = FakeSession(FakeModel())
     calls = []
     agent.adopt = lambda index, k: calls.append((index, k))
-    v = drafter.verify(agent, drafter.draft(seprod.ANSWERING, "q", None))
+    v = drafter.verify(agent, drafter.draft(seprod_math.ANSWERING, "q", None))
     assert agent.kept and calls == [(0, 2)] and v.adopted == "adopted" and agent.log == []
 
 
@@ -184,7 +184,7 @@ def test_nothing_accepted_leaves_the_agent_untouched():
     d = seprod.Drafter(FakeModel(" !?"), agent_vocab=V, draft_len=3, tau=0.1, background=False)
     try:
         agent = FakeSession(FakeModel())
-        v = d.verify(agent, d.draft(seprod.GROUNDING, "q", None))
+        v = d.verify(agent, d.draft(seprod_math.GROUNDING, "q", None))
         assert v.accepted == 0 and agent.log == [] and v.adopted == "none"
     finally:
         d.close()
@@ -195,8 +195,8 @@ def test_background_start_prepares_drafts_once():
     d = seprod.Drafter(m, agent_vocab=V, draft_len=3, background=True)
     try:
         d.start(image=b"I", question="q", target="cat")
-        g = d.draft(seprod.GROUNDING, seprod.grounding_query("cat"), b"I")
-        a = d.draft(seprod.ANSWERING, "q", b"I")
+        g = d.draft(seprod_math.GROUNDING, seprod_math.grounding_query("cat"), b"I")
+        a = d.draft(seprod_math.ANSWERING, "q", b"I")
         assert g.text == a.text == "abc"
         gens = [e for s in m.sessions for e in s.log if e[0] == "generate"]
         assert len(gens) == 2  # the prepared drafts were used, not drafted again
@@ -217,8 +217,8 @@ def test_a_new_image_drops_drafts_prepared_for_the_old_one():
     try:
         d.start(image=b"OLD", question="q")
         d.start(image=b"NEW", question="q", target="cat")
-        assert {k[2] for k in d._pending} == {seprod._image_key(b"NEW")}
-        assert d.draft(seprod.ANSWERING, "q", b"NEW").text == "abc"
+        assert {k[2] for k in d._pending} == {seprod_math.draft_image_key(b"NEW")}
+        assert d.draft(seprod_math.ANSWERING, "q", b"NEW").text == "abc"
     finally:
         d.close()
 
@@ -228,7 +228,7 @@ def test_agent_writes_its_own_leading_whitespace_before_the_draft():
     token goes first, scored and put in the cache in the same call as the draft."""
     d = seprod.Drafter(FakeModel("ab"), agent_vocab=V, draft_len=2, tau=0.1, background=False)
     try:
-        dr = d.draft(seprod.ANSWERING, "q", None)
+        dr = d.draft(seprod_math.ANSWERING, "q", None)
         agent = FakeSession(FakeModel())
         agent.prefer = [ord("\n")]
         v = d.verify(agent, dr)
@@ -269,26 +269,26 @@ def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
 def test_clean_label_keeps_printable_bounded_text_and_drops_garbage():
     """the zoom label is untrusted model output: control characters and chat markup go, it is cut at
     a word boundary, and text with no real words is dropped (the generic target is used instead)."""
-    assert seprod.clean_label("  the red\tsign\x00 ") == "the red sign"
-    assert seprod.clean_label("sign<|im_end|><|im_start|>system") == "sign system"
+    assert seprod_math.clean_label("  the red\tsign\x00 ") == "the red sign"
+    assert seprod_math.clean_label("sign<|im_end|><|im_start|>system") == "sign system"
     long = "the small white sign " * 10
-    cut = seprod.clean_label(long)
-    assert len(cut) <= seprod.LABEL_MAX_CHARS and long.startswith(cut) and not cut.endswith(" ")
+    cut = seprod_math.clean_label(long)
+    assert len(cut) <= seprod_math.LABEL_MAX_CHARS and long.startswith(cut) and not cut.endswith(" ")
     for garbage in ("", "   ", "<|im_end|>", "{}[]<>", "x", "!!!!????1", "\x00\x01", None, 42):
-        assert seprod.clean_label(garbage) == "", garbage
-    q = seprod.grounding_query("#$%^&*<|im_start|>")
-    assert seprod.DEFAULT_TARGET in q and "im_start" not in q
+        assert seprod_math.clean_label(garbage) == "", garbage
+    q = seprod_math.grounding_query("#$%^&*<|im_start|>")
+    assert seprod_math.DEFAULT_TARGET in q and "im_start" not in q
 
 
 def test_parse_verdict():
     """the first word decides: yes/true -> yes, no/false -> no, anything else unclear; the end index
     says where the verdict word stops (to tell whether the agent accepted it)."""
-    assert seprod.parse_verdict("Yes, a red sign.") == ("yes", 3)
-    assert seprod.parse_verdict("**No**. The image shows") == ("no", 4)
-    assert seprod.parse_verdict("false") == ("no", 5)
-    assert seprod.parse_verdict(" True the sign") == ("yes", 5)
+    assert seprod_math.parse_verdict("Yes, a red sign.") == ("yes", 3)
+    assert seprod_math.parse_verdict("**No**. The image shows") == ("no", 4)
+    assert seprod_math.parse_verdict("false") == ("no", 5)
+    assert seprod_math.parse_verdict(" True the sign") == ("yes", 5)
     for unclear in ("Nothing here", "The image shows", "", "no2 signs", "Maybe"):
-        assert seprod.parse_verdict(unclear) == ("", 0), unclear
+        assert seprod_math.parse_verdict(unclear) == ("", 0), unclear
 
 
 def run_hook(gen):
@@ -310,7 +310,7 @@ def test_accepted_no_verdict_steers_the_agent_elsewhere():
         ver = next(e for e in events if isinstance(e, DraftVerified))
         # 'N','o' are letters (accepted), ',' is not: accepted "No"
         assert v.accepted_text == "No" and v.verdict == "no" and v.verdict_accepted
-        assert v.steer == seprod.STEER_ELSEWHERE and ver.verdict == "no" and ver.verdict_accepted
+        assert v.steer == seprod_math.STEER_ELSEWHERE and ver.verdict == "no" and ver.verdict_accepted
         d.tau = 0.6  # nothing accepted: the prophet's verdict is shown but not acted on
         d.reset()
         events, v = run_hook(d.ground(FakeSession(FakeModel()), turn=2, image=b"I", target="the sign"))
@@ -346,26 +346,26 @@ def test_drafter_default_tau_is_the_settings_default():
     from edge_agent.config import Settings
 
     default = inspect.signature(seprod.Drafter.__init__).parameters["tau"].default
-    assert default == Settings().seprod_tau == seprod.DEFAULT_TAU
+    assert default == Settings().seprod_tau == seprod_math.DEFAULT_TAU
 
 
 def test_prophet_threads_leave_the_agent_its_cores():
-    assert seprod.prophet_threads(1, 2) == 1  # 2 cores: the agent decodes on 1, the prophet on the other
-    assert seprod.prophet_threads(3, 4) == 1
-    assert seprod.prophet_threads(4, 8) == 4
-    assert seprod.prophet_threads(8, 8) == 1  # never 0
-    assert seprod.prophet_threads(1, 1) == 1
+    assert seprod_policy.prophet_threads(1, 2) == 1  # 2 cores: the agent decodes on 1, the prophet on the other
+    assert seprod_policy.prophet_threads(3, 4) == 1
+    assert seprod_policy.prophet_threads(4, 8) == 4
+    assert seprod_policy.prophet_threads(8, 8) == 1  # never 0
+    assert seprod_policy.prophet_threads(1, 1) == 1
 
 
 def test_shared_threads_fit_the_cores_together():
-    assert seprod.shared_threads(1, 2) == (1, 1)  # 2 cores: unchanged
-    assert seprod.shared_threads(8, 8) == (7, 1)  # the agent's decoding gives up the prophet's core
-    assert seprod.shared_threads(4, 8) == (4, 4)
-    assert seprod.shared_threads(3, 4) == (3, 1)
-    assert seprod.shared_threads(1, 1) == (1, 1)  # one core: the prophet only drafts while the agent is idle
+    assert seprod_policy.shared_threads(1, 2) == (1, 1)  # 2 cores: unchanged
+    assert seprod_policy.shared_threads(8, 8) == (7, 1)  # the agent's decoding gives up the prophet's core
+    assert seprod_policy.shared_threads(4, 8) == (4, 4)
+    assert seprod_policy.shared_threads(3, 4) == (3, 1)
+    assert seprod_policy.shared_threads(1, 1) == (1, 1)  # one core: the prophet only drafts while the agent is idle
     for cores in range(2, 17):
         for agent in range(1, cores + 1):
-            a, p = seprod.shared_threads(agent, cores)
+            a, p = seprod_policy.shared_threads(agent, cores)
             assert a >= 1 and p >= 1 and a + p <= cores
 
 
@@ -375,57 +375,57 @@ def test_shared_threads_fit_the_cores_together():
 
 
 def test_adaptive_switches_a_mode_off_below_break_even_and_probes_again():
-    a = seprod.Adaptive(16)
-    c = seprod.Costs()
-    assert a.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)  # nothing known: the full draft
-    a.record(seprod.ANSWERING, 16, 1)
-    assert a.plan(seprod.ANSWERING, c).use  # one bad round is not enough
-    a.record(seprod.ANSWERING, 16, 0)
+    a = seprod_policy.Adaptive(16)
+    c = seprod_policy.Costs()
+    assert a.plan(seprod_math.ANSWERING, c) == seprod_policy.Plan(True, 16)  # nothing known: the full draft
+    a.record(seprod_math.ANSWERING, 16, 1)
+    assert a.plan(seprod_math.ANSWERING, c).use  # one bad round is not enough
+    a.record(seprod_math.ANSWERING, 16, 0)
     plans = []
-    for _ in range(seprod.PROBE_EVERY):
-        p = a.plan(seprod.ANSWERING, c)
+    for _ in range(seprod_policy.PROBE_EVERY):
+        p = a.plan(seprod_math.ANSWERING, c)
         plans.append(p.use)
         if not p.use:
             assert "below break-even" in p.note
-            a.skipped(seprod.ANSWERING)
-    assert plans == [False] * (seprod.PROBE_EVERY - 1) + [True]  # the probe round drafts again
-    assert a.plan(seprod.GROUNDING, c).use  # the other mode is not affected
-    a.record(seprod.ANSWERING, 4, 4)  # the probe was accepted: the mode stays on
-    a.record(seprod.ANSWERING, 16, 16)
-    assert a.plan(seprod.ANSWERING, c).use
-    fixed = seprod.Adaptive(16, enabled=False)
+            a.skipped(seprod_math.ANSWERING)
+    assert plans == [False] * (seprod_policy.PROBE_EVERY - 1) + [True]  # the probe round drafts again
+    assert a.plan(seprod_math.GROUNDING, c).use  # the other mode is not affected
+    a.record(seprod_math.ANSWERING, 4, 4)  # the probe was accepted: the mode stays on
+    a.record(seprod_math.ANSWERING, 16, 16)
+    assert a.plan(seprod_math.ANSWERING, c).use
+    fixed = seprod_policy.Adaptive(16, enabled=False)
     for _ in range(5):
-        fixed.record(seprod.ANSWERING, 16, 0)
-    assert fixed.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)  # pinned for experiments
+        fixed.record(seprod_math.ANSWERING, 16, 0)
+    assert fixed.plan(seprod_math.ANSWERING, c) == seprod_policy.Plan(True, 16)  # pinned for experiments
 
 
 def test_adaptive_shortens_drafts_to_what_is_accepted():
-    a = seprod.Adaptive(16)
-    c = seprod.Costs(verify_token=0.001, agent_token=0.01)  # break-even 0.1
-    a.record(seprod.ANSWERING, 16, 3)
-    a.record(seprod.ANSWERING, 16, 3)
-    p = a.plan(seprod.ANSWERING, c)
+    a = seprod_policy.Adaptive(16)
+    c = seprod_policy.Costs(verify_token=0.001, agent_token=0.01)  # break-even 0.1
+    a.record(seprod_math.ANSWERING, 16, 3)
+    a.record(seprod_math.ANSWERING, 16, 3)
+    p = a.plan(seprod_math.ANSWERING, c)
     assert p.use and p.draft_len == 8 and "L_d 8 of 16" in p.note  # ceil(2 * 3) + 2
-    for _ in range(seprod.WINDOW):
-        a.record(seprod.ANSWERING, 8, 8)  # all accepted: back to the full length
-    assert a.plan(seprod.ANSWERING, c) == seprod.Plan(True, 16)
+    for _ in range(seprod_policy.WINDOW):
+        a.record(seprod_math.ANSWERING, 8, 8)  # all accepted: back to the full length
+    assert a.plan(seprod_math.ANSWERING, c) == seprod_policy.Plan(True, 16)
 
 
 def test_costs_price_a_draft():
-    c = seprod.Costs()
-    assert c.saving(0.5, 16) is None and c.break_even() == seprod.PRIOR_VERIFY_RATIO
+    c = seprod_policy.Costs()
+    assert c.saving(0.5, 16) is None and c.break_even() == seprod_policy.PRIOR_VERIFY_RATIO
     c.prophet_token = 0.01  # stands in for the agent until the agent is measured
-    assert c.saving(0.5, 10) == pytest.approx(0.5 * 10 * 0.01 - seprod.PRIOR_VERIFY_RATIO * 10 * 0.01)
+    assert c.saving(0.5, 10) == pytest.approx(0.5 * 10 * 0.01 - seprod_policy.PRIOR_VERIFY_RATIO * 10 * 0.01)
     c.agent_token, c.verify_token = 0.02, 0.004
     assert c.break_even() == pytest.approx(0.2)
     assert c.saving(0.5, 10) == pytest.approx(0.1 - 0.04)
 
 
 def test_stats_count_used_skipped_and_waited_rounds():
-    s = seprod.SeProDStats()
-    d = seprod.Draft("answering", "q", (1, 2, 3, 4), np.zeros(4), "abcd", 0.1, waited=0.05)
+    s = seprod_math.SeProDStats()
+    d = seprod_math.Draft("answering", "q", (1, 2, 3, 4), np.zeros(4), "abcd", 0.1, waited=0.05)
     z = np.zeros(4)
-    s.add(seprod.Verification(d, 2, z, z, z, z.astype(np.int64), "ab", 0.01))
+    s.add(seprod_math.Verification(d, 2, z, z, z, z.astype(np.int64), "ab", 0.01))
     s.skip("not_ready", 0.02)
     s.skip("low_acceptance", 0.0)
     t = s.totals()
@@ -476,9 +476,9 @@ def slow_drafter(per_token, **costs):
 def test_a_ready_draft_is_used_without_waiting():
     d = slow_drafter(0.001)
     try:
-        d.draft(seprod.ANSWERING, "warm-up", b"I")  # a prophet's first draft is not measured (cold)
+        d.draft(seprod_math.ANSWERING, "warm-up", b"I")  # a prophet's first draft is not measured (cold)
         d.start(image=b"I", question="q")
-        d._pending[(seprod.ANSWERING, "q", seprod._image_key(b"I"))].future.result(timeout=5)
+        d._pending[(seprod_math.ANSWERING, "q", seprod_math.draft_image_key(b"I"))].future.result(timeout=5)
         events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
         prop = next(e for e in events if isinstance(e, DraftProposed))
         assert prop.waited < 0.05 and v.accepted == 8 and not v.skipped
@@ -559,7 +559,7 @@ def test_low_acceptance_mode_is_not_drafted_and_says_so():
         assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "low_acceptance"
         assert sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log) == gens_before  # not drafted
         d.reset(new_chat=True)  # a new chat starts from the prior again
-        assert d.adaptive.plan(seprod.ANSWERING, d.costs).use
+        assert d.adaptive.plan(seprod_math.ANSWERING, d.costs).use
     finally:
         d.close()
 
@@ -642,23 +642,23 @@ def test_prepared_drafts_are_fitted_to_the_time_before_their_hook():
     d = seprod.Drafter(FakeModel("abcdefghijklmnop"), agent_vocab=V, draft_len=16, tau=0.1, background=True)
     try:
         d.costs.prophet_token, d.costs.prefill_same_image, d.costs.prefill_new_image = 0.01, 0.02, 0.02
-        d.costs.lead[seprod.ANSWERING] = 0.1
+        d.costs.lead[seprod_math.ANSWERING] = 0.1
         d.start(image=None, question="q")
-        job = d._pending[(seprod.ANSWERING, "q", "")]
+        job = d._pending[(seprod_math.ANSWERING, "q", "")]
         # saving(0.5, 16) = 0.5*16*0.01 - 0.4*16*0.01 = 0.016 s of wait: (0.1 + 0.016 - 0.02) / 0.01 = 9
         assert job.plan.use and job.plan.draft_len == 9 and "L_d 9 of 16" in job.plan.note
         d.reset()
         gens = []
-        for i in range(seprod.PROBE_EVERY):
-            d.costs.lead[seprod.ANSWERING] = 0.01
+        for i in range(seprod_policy.PROBE_EVERY):
+            d.costs.lead[seprod_math.ANSWERING] = 0.01
             d.start(image=None, question=f"q{i}")
-            plan = d._pending[(seprod.ANSWERING, f"q{i}", "")].plan
+            plan = d._pending[(seprod_math.ANSWERING, f"q{i}", "")].plan
             gens.append(plan.use)
             events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
             if not plan.use:
                 assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
                 assert "would not be ready in time" in events[0].detail and v.skipped == "not_ready"
-        assert gens == [False] * (seprod.PROBE_EVERY - 1) + [True]
+        assert gens == [False] * (seprod_policy.PROBE_EVERY - 1) + [True]
         drafted = sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log)
         assert drafted <= 2  # the first prepared draft (L_d 9) and the probe: skipped ones cost nothing
     finally:
@@ -671,7 +671,7 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
     CPU spent on drafts nobody will use)."""
     d = slow_drafter(0.05, agent_token=0.001)
     try:
-        d.draft(seprod.ANSWERING, "warm-up", None)  # the first draft is not measured
+        d.draft(seprod_math.ANSWERING, "warm-up", None)  # the first draft is not measured
         details = []
         for i in range(3):
             d.start(image=None, question=f"q{i}")
@@ -681,7 +681,7 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
             d._pool.submit(lambda: None).result(timeout=5)  # the cancelled draft has ended
         assert details[0].startswith(("the draft is not ready", "the draft was not ready"))  # drafted, cancelled
         assert "would not be ready in time" in details[-1]  # not drafted at all
-        assert d.costs.prefill_same_image is not None and d.costs.lead[seprod.ANSWERING] < 0.05
+        assert d.costs.prefill_same_image is not None and d.costs.lead[seprod_math.ANSWERING] < 0.05
     finally:
         d.close()
 
@@ -691,12 +691,12 @@ def test_probes_of_drafts_that_never_fit_back_off():
     many, and so on: little prophet work is spent on checking whether the machine got faster."""
     d = seprod.Drafter(FakeModel("abc"), agent_vocab=V, draft_len=16, background=True)
     try:
-        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod.ANSWERING] = 0.05, 0.05, 0.01
-        plans = [d._fit(seprod.ANSWERING, seprod.Plan(True, 16), [0.0], [False]) for _ in range(24)]
+        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod_math.ANSWERING] = 0.05, 0.05, 0.01
+        plans = [d._fit(seprod_math.ANSWERING, seprod_policy.Plan(True, 16), [0.0], [False]) for _ in range(24)]
         probes = [i for i, p in enumerate(plans) if p.use]
-        g = seprod.PROBE_EVERY
+        g = seprod_policy.PROBE_EVERY
         assert probes == [g - 1, g - 1 + 2 * g, g - 1 + 2 * g + 4 * g][: len(probes)] and len(probes) >= 2
-        assert all(plans[i].draft_len == seprod.MIN_DRAFT_LEN and "probing" in plans[i].note for i in probes)
+        assert all(plans[i].draft_len == seprod_policy.MIN_DRAFT_LEN and "probing" in plans[i].note for i in probes)
         assert all(p.reason == "not_ready" for p in plans if not p.use)
     finally:
         d.close()
@@ -706,15 +706,15 @@ def test_probes_of_drafts_that_never_fit_back_off():
 def test_a_probe_that_is_ready_but_accepts_nothing_still_backs_off():
     """a probe draft ready in time whose tokens are all rejected is no reason to probe more often; one
     with accepted tokens is (the gap goes back to PROBE_EVERY)."""
-    g = seprod.PROBE_EVERY
+    g = seprod_policy.PROBE_EVERY
     for text, tau, gap in (("abc", 0.99, 2 * g), ("abc", 0.0, None)):
         d = seprod.Drafter(FakeModel(text), agent_vocab=V, draft_len=16, tau=tau, background=True)
         try:
-            d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod.ANSWERING] = 0.05, 0.05, 0.01
+            d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod_math.ANSWERING] = 0.05, 0.05, 0.01
             for _ in range(g):  # g - 1 skips, then the probe, prepared as Drafter.start does
                 d.start(image=None, question="q")
                 run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q"))
             assert d.stats.drafts == 1  # the probe was used
-            assert d._probe_gap.get(seprod.ANSWERING) == gap
+            assert d._probe_gap.get(seprod_math.ANSWERING) == gap
         finally:
             d.close()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edge_agent.agent import seprod
+from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified, FinalAnswer
 from edge_agent.errors import ModelFileError
 from tests.test_seprod import run_hook
@@ -75,9 +75,9 @@ def draft_for(pair_models, kind, draft_len=12):
     agent, prophet = pair_models
     d = make_drafter(prophet, agent, draft_len=draft_len, tau=0.0)
     if kind == "tiny":
-        dr = d.draft(seprod.GROUNDING, seprod.grounding_query("the red square"), png())
+        dr = d.draft(seprod_math.GROUNDING, seprod_math.grounding_query("the red square"), png())
     else:
-        dr = d.draft(seprod.ANSWERING, SMOL_Q, None)
+        dr = d.draft(seprod_math.ANSWERING, SMOL_Q, None)
     return d, dr
 
 
@@ -169,7 +169,7 @@ def test_accepted_length_and_scores_match_a_token_by_token_reference(pair):
         gaps = np.diff(order)
         i = int(np.argmax(gaps))
         tau = float(order[i] + gaps[i] / 2)
-        expect = seprod.accepted_length(ref, tau)
+        expect = seprod_math.accepted_length(ref, tau)
         expect_loop = next((j for j, x in enumerate(ref) if x < tau), len(ref))
         assert expect == expect_loop
         d.tau = tau
@@ -215,11 +215,11 @@ def test_prophet_sees_the_image(tiny_pair):
     agent, prophet = tiny_pair
     d = make_drafter(prophet, agent, draft_len=6)
     try:
-        q = seprod.grounding_query("the sign")
-        a = d.draft(seprod.GROUNDING, q, png((250, 250, 250), (96, 64)))
-        b = d.draft(seprod.GROUNDING, q, png((0, 0, 0), (64, 96)))
+        q = seprod_math.grounding_query("the sign")
+        a = d.draft(seprod_math.GROUNDING, q, png((250, 250, 250), (96, 64)))
+        b = d.draft(seprod_math.GROUNDING, q, png((0, 0, 0), (64, 96)))
         assert a.tokens != b.tokens or not np.allclose(a.logprobs, b.logprobs)
-        again = d.draft(seprod.GROUNDING, q, png((250, 250, 250), (96, 64)))
+        again = d.draft(seprod_math.GROUNDING, q, png((250, 250, 250), (96, 64)))
         assert again.tokens == a.tokens and np.allclose(again.logprobs, a.logprobs, atol=1e-5)
     finally:
         d.close()
@@ -231,14 +231,14 @@ def test_background_drafting_gives_the_same_draft(tiny_pair):
     img = png()
     sync = make_drafter(prophet, agent, draft_len=8)
     try:
-        ref = sync.draft(seprod.ANSWERING, "What colour?", img)
+        ref = sync.draft(seprod_math.ANSWERING, "What colour?", img)
     finally:
         sync.close()
     d = make_drafter(prophet, agent, draft_len=8, background=True)
     try:
         d.start(image=img, question="What colour?")
         s = agent_session(agent, "tiny")  # the agent works meanwhile, on its own model
-        got = d.draft(seprod.ANSWERING, "What colour?", img)
+        got = d.draft(seprod_math.ANSWERING, "What colour?", img)
         assert got.tokens == ref.tokens
         np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
         # and it verifies against the agent's session as the token-by-token reference says
@@ -376,7 +376,7 @@ def test_agent_lead_is_the_agents_own_greedy_whitespace(smol_pair):
     q = "Why is the sky blue?"
     d = make_drafter(prophet, agent, draft_len=8, tau=0.0)
     try:
-        dr = d.draft(seprod.ANSWERING, q, None)
+        dr = d.draft(seprod_math.ANSWERING, q, None)
         s = agent.session()
         ssr_answer_context(s, q)
         v = d.verify(s, dr)
@@ -474,7 +474,7 @@ def test_a_draft_not_ready_is_skipped_and_the_prophet_stops(smol_pair):
     q = "Why is the sky blue?"
     ref_d = make_drafter(prophet, agent, draft_len=16, tau=0.05)
     try:
-        ref = ref_d.draft(seprod.ANSWERING, q, None)
+        ref = ref_d.draft(seprod_math.ANSWERING, q, None)
     finally:
         ref_d.close()
     d = make_drafter(prophet, agent, draft_len=16, tau=0.05, background=True)
@@ -491,7 +491,7 @@ def test_a_draft_not_ready_is_skipped_and_the_prophet_stops(smol_pair):
         assert v.accepted == 0 and s.n_pos == n0
         d._pool.submit(lambda: None).result(timeout=30)  # the worker is free: the draft was cancelled
         assert d.stats.totals()["seprod_skipped_not_ready"] == 1
-        again = d.draft(seprod.ANSWERING, q, None)  # the prophet's session is still usable
+        again = d.draft(seprod_math.ANSWERING, q, None)  # the prophet's session is still usable
         assert again.tokens == ref.tokens
     finally:
         d.close()
@@ -502,9 +502,9 @@ def test_a_ready_draft_is_used_without_waiting(smol_pair):
     q = "What is photosynthesis?"
     d = make_drafter(prophet, agent, draft_len=8, tau=0.05, background=True)
     try:
-        d.draft(seprod.ANSWERING, "Hello?", None)  # a prophet's first draft is not measured (cold)
+        d.draft(seprod_math.ANSWERING, "Hello?", None)  # a prophet's first draft is not measured (cold)
         d.start(image=None, question=q)
-        d._pending[(seprod.ANSWERING, q, "")].future.result(timeout=60)
+        d._pending[(seprod_math.ANSWERING, q, "")].future.result(timeout=60)
         s = agent.session()
         ssr_answer_context(s, q)
         events, v = run_hook(d.answer(s, turn=1, image=None, question=q))
@@ -554,7 +554,7 @@ class ScriptedDrafter(seprod.Drafter):
     def _draft_now(self, job):
         self.queries.append((job.mode, job.query))
         toks = tuple(self.prophet.tokenize(self.script[job.mode], special=False))
-        return seprod.Draft(job.mode, job.query, toks, np.zeros(len(toks)), self.prophet.detokenize(toks), 0.0,
+        return seprod_math.Draft(job.mode, job.query, toks, np.zeros(len(toks)), self.prophet.detokenize(toks), 0.0,
                             draft_len=job.plan.draft_len)
 
 
@@ -563,7 +563,7 @@ def test_an_accepted_no_verdict_steers_the_next_turn_elsewhere(tiny_pair, tmp_pa
     verdict is parsed and shown, and the agent's think block holds the accepted text and then the
     steer to look elsewhere, before the SSR rationales are scored."""
     agent, _ = tiny_pair
-    d = ScriptedDrafter(agent, {seprod.GROUNDING: "No, there is no sign here.", seprod.ANSWERING: "Red"},
+    d = ScriptedDrafter(agent, {seprod_math.GROUNDING: "No, there is no sign here.", seprod_math.ANSWERING: "Red"},
                         tau=0.0, draft_len=16)
     try:
         events, s = run_episode(agent, None, mode="ssr", image=True, tmp_path=tmp_path, drafter=d)
@@ -571,19 +571,19 @@ def test_an_accepted_no_verdict_steers_the_next_turn_elsewhere(tiny_pair, tmp_pa
         d.close()
     zoom = next(e for e in events if e.kind == "tool_called")
     label = zoom.arguments.get("label", "")  # random weights: whatever the agent wrote, cleaned
-    asked = [q for m, q in d.queries if m == seprod.GROUNDING]
-    assert asked == [seprod.grounding_query(label or "What colour is the square?")]
-    if seprod.clean_label(label):
-        assert seprod.clean_label(label) in asked[0]
+    asked = [q for m, q in d.queries if m == seprod_math.GROUNDING]
+    assert asked == [seprod_math.grounding_query(label or "What colour is the square?")]
+    if seprod_math.clean_label(label):
+        assert seprod_math.clean_label(label) in asked[0]
     ver = next(e for e in events if isinstance(e, DraftVerified) and e.mode == "grounding")
     assert ver.verdict == "no" and ver.verdict_accepted
-    assert "<think>\nNo, there is no sign here." + seprod.STEER_ELSEWHERE in s.text()
+    assert "<think>\nNo, there is no sign here." + seprod_math.STEER_ELSEWHERE in s.text()
     i = [e.kind for e in events].index("draft_verified")
     assert [e.kind for e in events][i + 1] == "rationale_scored"
 
 
 def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_home):
-    """thread counts per model chosen for the machine: the prophet gets seprod.prophet_threads(...)."""
+    """thread counts per model chosen for the machine: the prophet gets seprod_policy.prophet_threads(...)."""
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
     from edge_agent.runtime._lib import physical_cores
@@ -593,7 +593,7 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
                               "n_ctx": 2048, "offline": True})
     engine = Engine.from_settings(settings)
     try:
-        n = seprod.prophet_threads(engine.model.n_threads, physical_cores())
+        n = seprod_policy.prophet_threads(engine.model.n_threads, physical_cores())
         assert engine.prophet.n_threads == n and engine.prophet.n_threads_batch == n
         assert engine.prophet.n_threads + engine.model.n_threads <= max(2, physical_cores())
         assert engine.drafter.adaptive.enabled and engine.drafter.tau == settings.seprod_tau
@@ -618,7 +618,7 @@ def test_prophet_decodes_the_agents_image_embedding_with_the_same_draft(tiny_pai
 
     agent, prophet = tiny_pair
     img = png((20, 160, 40), (96, 64))  # no other test uses this image
-    q = seprod.grounding_query("the green square")
+    q = seprod_math.grounding_query("the green square")
 
     def agent_ctx():
         s = agent.session()
@@ -631,7 +631,7 @@ def test_prophet_decodes_the_agents_image_embedding_with_the_same_draft(tiny_pai
     own = make_drafter(prophet, agent, draft_len=10, tau=0.05)
     try:
         p0, total0 = prophet.vision_encodes, vision.vision_encodes()
-        ref = own.draft(seprod.GROUNDING, q, img)  # the prophet encodes the image itself
+        ref = own.draft(seprod_math.GROUNDING, q, img)  # the prophet encodes the image itself
         assert prophet.vision_encodes == p0 + 1 and vision.vision_encodes() == total0 + 1
         ref_v = own.verify(agent_ctx(), ref)
     finally:
@@ -642,7 +642,7 @@ def test_prophet_decodes_the_agents_image_embedding_with_the_same_draft(tiny_pai
     try:
         a0, p0, total0 = agent.vision_encodes, prophet.vision_encodes, vision.vision_encodes()
         s = agent_ctx()  # the agent encodes the image: the one encode
-        got = shared.draft(seprod.GROUNDING, q, img)  # the prophet decodes the agent's embedding
+        got = shared.draft(seprod_math.GROUNDING, q, img)  # the prophet decodes the agent's embedding
         assert agent.vision_encodes == a0 + 1 and prophet.vision_encodes == p0
         assert vision.vision_encodes() == total0 + 1
         assert got.tokens == ref.tokens and got.text == ref.text

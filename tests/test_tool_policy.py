@@ -208,3 +208,21 @@ def test_unconfigured_image_search_never_reaches_the_model(edge_home, tiny_model
     tools.close()
     assert seen_prompts and all('"image_search"' not in p for p in seen_prompts)
     assert all('"text_search"' in p for p in seen_prompts)
+
+
+def test_the_system_prompt_does_not_depend_on_what_is_usable_now(edge_home, tmp_path):
+    """Issue 23 item 13: an image attached or not, a search withdrawn as unreachable: the system prompt
+    stays the same (the chat's KV cache stays valid); only the per-question actions change."""
+    from edge_agent.agent.loop import AgentOptions, system_for
+
+    opts = AgentOptions()
+    tools = search_tools(edge_home)
+    with_image, without = Toolbox(image_store(tmp_path), tools), Toolbox(None, tools, vision=True)
+    assert with_image.available_actions() != without.available_actions()
+    prompt = system_for(with_image, opts)
+    assert system_for(without, opts) == prompt
+    assert '"image_zoom_in_tool"' in prompt and '"image_search"' not in prompt  # image search: unconfigured
+    without.run(ToolCall("text_search", {"query": "capital of Peru"}))  # refused: withdrawn
+    assert "text_search" not in without.available_actions() and system_for(without, opts) == prompt
+    text_model = system_for(Toolbox(None, tools, vision=False), opts)
+    assert '"image_zoom_in_tool"' not in text_model and '"text_search"' in text_model

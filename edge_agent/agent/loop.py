@@ -44,6 +44,7 @@ from edge_agent.agent.actions import (
     TAIL_REST,
     TAIL_STOP,
     ActionError,
+    ToolCall,
     head_rest,
     name_grammar,
     parse_action,
@@ -67,7 +68,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from edge_agent.agent.options import MODES, AgentOptions, Drafter
+from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
     ANSWER_CLOSE,
@@ -96,7 +97,7 @@ def run_agent(
     image: bytes | None = None,
     options: AgentOptions | None = None,
     cancel: threading.Event | None = None,
-    drafter: Drafter | None = None,
+    drafter: DraftHooks | None = None,
     history: Sequence[tuple[str, str]] = (),
     image_label: str | None = None,
     context: ChatContext | None = None,
@@ -116,14 +117,24 @@ def run_agent(
     return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter, image_label).events()
 
 
+def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
+    """The system prompt of every question with these tools and options: it lists what the session can
+    ever offer (``ToolExecutor.offered_actions``), not what is usable now, so a chat's context survives
+    attaching, detaching and a search going down (availability is per question: candidates withdrawn,
+    grammar heads removed)."""
+    offered = tools.offered_actions()
+    lib = options.library if options.mode == "ssr" and options.index_only else None
+    return system_prompt(sorted(offered), has_image="zoom" in offered, library=lib, extra=options.instructions)
+
+
 class _Run:
     def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
-                 options: AgentOptions, cancel: threading.Event | None, drafter: Drafter | None,
+                 options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
-        if options.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {options.mode!r}")
+        if options.mode not in REASONING_MODES:
+            raise ValueError(f"mode must be one of {REASONING_MODES}, not {options.mode!r}")
         self.context = context
-        self.s: SessionLike  # the question's session, from context.open()
+        self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
         self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
         self.evaluated0 = 0  # the session's n_evaluated before this question
@@ -131,7 +142,7 @@ class _Run:
         self.question = question.strip()
         self.tools = tools
         self.image = image
-        self.o = options
+        self.options = options
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
@@ -141,7 +152,7 @@ class _Run:
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        self.t = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
+        self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
         self.t_start = 0.0
@@ -149,8 +160,8 @@ class _Run:
     # ---- the episode ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
         self.t_start = time.perf_counter()
-        yield RunStarted(question=self.question, image=self.image_label, mode=self.o.mode,
-                         seprod=self.drafter is not None, model=self.o.model_name)
+        yield RunStarted(question=self.question, image=self.image_label, mode=self.options.mode,
+                         seprod=self.drafter is not None, model=self.options.model_name)
         kept = False
         try:
             kept = yield from self._episode()
@@ -165,10 +176,7 @@ class _Run:
     def _episode(self) -> Generator[Event, None, bool]:
         """The question's turns; True once an answer is closed and kept in the context."""
         t = time.perf_counter()
-        available = self.tools.available_actions()
-        lib = self.o.library if self.o.mode == "ssr" and self.o.index_only else None
-        system = system_prompt(sorted(available), has_image=self.image is not None, library=lib,
-                               extra=self.o.instructions)
+        system = system_for(self.tools, self.options)
         opened = self.context.open(system, self.question, self.image, cancel=self.cancel)
         if self.drafter is not None:
             # After the agent has read the question's image: the prophet decodes the agent's embedding
@@ -177,19 +185,19 @@ class _Run:
             # only wait for the cores anyway (runtime.cores).
             self.prophet_evaluated0 = self.drafter.tokens_evaluated
             self.drafter.start(image=self.current_image, question=self.question)
-        self.s = opened.session
+        self.session = opened.session
         self.opened = opened
-        self.evaluated0 = self.s.n_evaluated - opened.tokens_evaluated
-        self.t["prompt"] = time.perf_counter() - t
+        self.evaluated0 = self.session.n_evaluated - opened.tokens_evaluated
+        self.phase_seconds["prompt"] = time.perf_counter() - t
         yield ContextOpened(source=opened.source, reason=opened.reason, tokens_reused=opened.tokens_reused,
                             tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
-                            n_ctx_used=self.s.n_cells, seconds=opened.seconds)
+                            n_ctx_used=self.session.n_cells, seconds=opened.seconds)
         for img in opened.images:
             yield self._image_event(0, "image", img)
         self._check()
-        for turn in range(1, self.o.max_turns + 2):
+        for turn in range(1, self.options.max_turns + 2):
             self.turn = turn
-            final = turn > self.o.max_turns
+            final = turn > self.options.max_turns
             # read every turn: a tool found unreachable leaves the candidates, the grammar and the prompt
             available = self.tools.available_actions()
             answered = yield from self._turn(turn, self._allowed(turn, available, final), final)
@@ -204,28 +212,18 @@ class _Run:
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
-        if self.o.policy is not None:
-            allowed = frozenset(self.o.policy(turn, allowed)) & allowed  # a policy only narrows
+        if self.options.policy is not None:
+            allowed = frozenset(self.options.policy(turn, allowed)) & allowed  # a policy only narrows
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
+        """One turn: reasoning, action, then the answer (True) or a tool and its observation (False)."""
         yield TurnStarted(turn=turn)
         # ---- reasoning ----
         t0 = time.perf_counter()
-        if self.drafter is not None and self.ground_target is not None:
-            # SeProD hook 1: after a zoom the accepted grounding draft opens the think block, so the
-            # rationale scoring (SSR) or the model's own reasoning (free-form) conditions on it.
-            # The target is the zoom label the agent wrote (the drafter cleans it: untrusted output).
-            v = yield from self.drafter.ground(self.s, turn=turn, image=self.current_image, target=self.ground_target)
-            opened = v.accepted_text
-            if v.steer:  # the prophet said "no" and the agent accepted it: look elsewhere
-                self.s.append_text(v.steer, special=False)
-                opened += v.steer
-            if self.o.mode == "ssr" and opened and not opened.endswith("\n"):
-                self.s.append_text("\n")  # the rationale starts on its own line
-        self.ground_target = None
+        yield from self._ground(turn)
         scored = None
-        if self.o.mode == "ssr":
+        if self.options.mode == "ssr":
             action, scored = self._ssr_reason(turn, allowed)
         else:
             yield from self._free_reason(turn)
@@ -242,33 +240,9 @@ class _Run:
         try:
             action = self._head(action, allowed)
             if action == "answer":
-                answer = yield from self._answer(turn)
-                action_s = time.perf_counter() - t0
-                self._add(reasoning_s, action_s, 0.0, 0.0)
-                yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
-                                   tool_seconds=0.0)
-                self._close_answer()
-                key = self.context.answered(self.s)  # a follow-up continues from here
-                if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
-                    yield AgentError(turn=turn, title="No answer found", fatal=False,
-                                     message=f"The model repeated its instructions instead of answering ({answer!r}).")
-                    yield self._final("no_answer", "", context=key)
-                    return True
-                yield self._final("turn_limit" if final else "answered", answer, context=key)
+                yield from self._answer_turn(turn, final, reasoning_s, t0)
                 return True
-            # Decode only up to the end of the last free value (the grammar ends with the stop string,
-            # so the session holds exactly head + text + stop); the fixed rest is prefilled.
-            stop = TAIL_STOP[action]
-            gen = self._generate(max_tokens=self.o.action_max_tokens, stop=[stop],
-                                 grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
-            text = HEADS[action] + gen.text
-            if gen.stop_reason == "stop":
-                self.s.append_text(TAIL_REST[action])
-                text += stop + TAIL_REST[action]
-            parsed = parse_action(text)
-            if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
-                raise ActionError(f"Expected a {action} action.")
-            call = parsed.call
+            call = self._tool_call(action)
         except ActionError as e:
             error = str(e)
         action_s = time.perf_counter() - t0
@@ -290,13 +264,11 @@ class _Run:
 
         # ---- observation: back into the context (a crop as a new image) ----
         t0 = time.perf_counter()
-        note = TURN_LIMIT_NOTE if turn >= self.o.max_turns else ""
-        observation = self._within_budget(out.observation)
-        crops = append_segments(self.s, observation_segments(observation, out.image, note=note), cancel=self.cancel)
+        crops = self._observe(turn, out)
         observe_s = time.perf_counter() - t0
         for img in crops:
             yield self._image_event(turn, "crop", img)
-        if out.image is not None:
+        if out.image is not None:  # the prophet looks at the crop from now on
             self.current_image = out.image
             self.ground_target = out.label or self.question
             if self.drafter is not None:
@@ -307,30 +279,85 @@ class _Run:
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
         return False
 
+    def _ground(self, turn: int) -> Generator[Event, None, None]:
+        """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
+        block, so the rationale scoring (SSR) or the model's own reasoning (free-form) conditions
+        on it. The target is the zoom label the agent wrote (the drafter cleans it: untrusted output)."""
+        if self.drafter is not None and self.ground_target is not None:
+            v = yield from self.drafter.ground(self.session, turn=turn, image=self.current_image,
+                                               target=self.ground_target)
+            opened = v.accepted_text
+            if v.steer:  # the prophet said "no" and the agent accepted it: look elsewhere
+                self.session.append_text(v.steer, special=False)
+                opened += v.steer
+            if self.options.mode == "ssr" and opened and not opened.endswith("\n"):
+                self.session.append_text("\n")  # the rationale starts on its own line
+        self.ground_target = None
+
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None, None]:
+        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
+        answer = yield from self._answer(turn)
+        action_s = time.perf_counter() - t0
+        self._add(reasoning_s, action_s, 0.0, 0.0)
+        yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
+                           tool_seconds=0.0)
+        self._close_answer()
+        key = self.context.answered(self.session)  # a follow-up continues from here
+        if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
+            yield AgentError(turn=turn, title="No answer found", fatal=False,
+                             message=f"The model repeated its instructions instead of answering ({answer!r}).")
+            yield self._final("no_answer", "", context=key)
+            return
+        yield self._final("turn_limit" if final else "answered", answer, context=key)
+
+    def _tool_call(self, action: str) -> ToolCall:
+        """The rest of a tool call whose head is in the session, under the tool's grammar."""
+        # Decode only up to the end of the last free value (the grammar ends with the stop string,
+        # so the session holds exactly head + text + stop); the fixed rest is prefilled.
+        stop = TAIL_STOP[action]
+        gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop],
+                             grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
+        text = HEADS[action] + gen.text
+        if gen.stop_reason == "stop":
+            self.session.append_text(TAIL_REST[action])
+            text += stop + TAIL_REST[action]
+        parsed = parse_action(text)
+        if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
+            raise ActionError(f"Expected a {action} action.")
+        return parsed.call
+
+    def _observe(self, turn: int, out: ToolOutcome) -> list[ImageChunk]:
+        """A tool's outcome back into the context (a crop as a new image); returns the crops evaluated."""
+        note = TURN_LIMIT_NOTE if turn >= self.options.max_turns else ""
+        observation = self._within_budget(out.observation)
+        segments = observation_segments(observation, out.image, note=note)
+        return append_segments(self.session, segments, cancel=self.cancel)
+
     # ---- reasoning ------------------------------------------------------------------------------
     def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored]:
-        lib = self.o.library
+        lib = self.options.library
         has_image = self.image is not None or self.tools.n_images() > 0
         idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
             or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
-        cands = [index_label(k) if self.o.index_only else r.text for k, r in zip(idx, rats, strict=True)]
+        cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()
         # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
         # place so the chosen one can be adopted into the conversation without re-evaluating it
         # (possible when the context has a sequence per candidate).
-        adopt = not self.o.index_only and len(cands) <= self.s.max_candidates
-        scores = self.s.score(cands, keep=adopt, cancel=self.cancel)
-        choice, probs = select([sc.mean for sc in scores], tau=self.o.tau, sample=self.o.sample, rng=self.rng)
+        adopt = not self.options.index_only and len(cands) <= self.session.max_candidates
+        scores = self.session.score(cands, keep=adopt, cancel=self.cancel)
+        choice, probs = select([sc.mean for sc in scores], tau=self.options.tau, sample=self.options.sample,
+                               rng=self.rng)
         seconds = time.perf_counter() - t0
         chosen = rats[choice]
         # Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended.
-        if self.o.index_only:
-            self.s.append_text(chosen.text, special=False)
+        if self.options.index_only:
+            self.session.append_text(chosen.text, special=False)
         elif adopt:
-            self.s.adopt(choice)
+            self.session.adopt(choice)
         else:
-            self.s.append_tokens(scores[choice].tokens)
+            self.session.append_tokens(scores[choice].tokens)
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
         # counted as action time): see _head.
         self.close_pending = THINK_CLOSE
@@ -349,17 +376,17 @@ class _Run:
     def _free_reason(self, turn: int) -> Generator[Event, None, str]:
         t0 = time.perf_counter()
         gen = yield from self._stream(
-            lambda on_token, stop: self.s.generate(
-                max_tokens=self.o.freeform_max_tokens, stop=[THINK_STOP], temperature=self.o.temperature,
-                seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
+            lambda on_token, stop: self.session.generate(
+                max_tokens=self.options.freeform_max_tokens, stop=[THINK_STOP], temperature=self.options.temperature,
+                seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
             lambda piece: ReasoningToken(turn=turn, text=piece),
         )
         if gen.stop_reason == "stop":  # the session holds "</think>" already
-            self.s.append_text(THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):])
+            self.session.append_text(THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):])
         else:
             if gen.stop_reason == "eos":
-                self.s.drop_last_token()  # an end-of-turn token inside the think block: take it back
-            self.s.append_text(THINK_CLOSE)
+                self.session.drop_last_token()  # an end-of-turn token inside the think block: take it back
+            self.session.append_text(THINK_CLOSE)
         text = gen.text
         yield ReasoningDone(turn=turn, text=text, n_tokens=len(gen.tokens), seconds=time.perf_counter() - t0)
         return text
@@ -370,11 +397,11 @@ class _Run:
         if action is None and len(allowed) == 1:
             action = next(iter(allowed))
         if action is not None:  # SSR (the rationale decided) or only one choice: prefill the head
-            self.s.append_text(self.close_pending + HEADS[action])
+            self.session.append_text(self.close_pending + HEADS[action])
             self.close_pending = ""
             return action
         if self.close_pending:
-            self.s.append_text(self.close_pending)
+            self.session.append_text(self.close_pending)
             self.close_pending = ""
         # Free-form: the model chooses, in two small grammar-constrained steps whose grammars end
         # with their stop strings: the tag (<answer> or <tool_call>), then the tool's name. The
@@ -387,20 +414,20 @@ class _Run:
             if gen.text + CHOICE_STOP == ANSWER_OPEN:
                 return "answer"
         else:
-            self.s.append_text("<tool_call>")
+            self.session.append_text("<tool_call>")
         if len(tools) == 1:
-            self.s.append_text(HEADS[tools[0]][len("<tool_call>"):])
+            self.session.append_text(HEADS[tools[0]][len("<tool_call>"):])
             return tools[0]
-        self.s.append_text(NAME_PREFIX)
+        self.session.append_text(NAME_PREFIX)
         gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=name_grammar(tools), stop=['"'])
         action = ACTION_OF_TOOL.get(gen.text) if gen.stop_reason == "stop" else None
         if action is None:
             raise ActionError("The tool call was cut off before its name was complete.")
-        self.s.append_text(head_rest(action))
+        self.session.append_text(head_rest(action))
         return action
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
-        budget = self.o.answer_max_tokens
+        budget = self.options.answer_max_tokens
         self.answer_tokens = 0
         self.answer_end = "length"
         if self.drafter is not None:
@@ -409,8 +436,8 @@ class _Run:
             # tokens (and the agent's own lead token before them) count against the answer's token
             # budget, and the drafter never puts more than the budget in: the same answer length
             # with or without SeProD.
-            v = yield from self.drafter.answer(self.s, turn=turn, image=self.current_image, question=self.question,
-                                               max_tokens=budget)
+            v = yield from self.drafter.answer(self.session, turn=turn, image=self.current_image,
+                                               question=self.question, max_tokens=budget)
             if v.accepted_text:
                 self.answer_parts.append(v.accepted_text)
             self.answer_tokens = len(v.lead) + v.accepted
@@ -431,11 +458,11 @@ class _Run:
 
         if budget > 0:  # the accepted draft may have used the whole budget
             gen = yield from self._stream(
-                lambda on_token, stop: self.s.generate(
+                lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
                     max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                    temperature=self.o.temperature,
-                    seed=self.o.seed + self.turn, on_token=on_token, cancel=stop),
+                    temperature=self.options.temperature,
+                    seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )
             self.answer_tokens += len(gen.tokens)
@@ -446,8 +473,9 @@ class _Run:
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _generate(self, *, max_tokens: int, grammar: str, stop: Sequence[str] = ()) -> Generation:
-        gen = self.s.generate(max_tokens=max_tokens, grammar=grammar, stop=stop, temperature=self.o.temperature,
-                              seed=self.o.seed + self.turn, cancel=self.cancel)
+        gen = self.session.generate(max_tokens=max_tokens, grammar=grammar, stop=stop,
+                                    temperature=self.options.temperature, seed=self.options.seed + self.turn,
+                                    cancel=self.cancel)
         self.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled":
             raise Cancelled()
@@ -505,34 +533,34 @@ class _Run:
 
     def _within_budget(self, observation: str) -> str:
         """The observation cut to ``observation_max_tokens`` tokens (0: no limit), saying so."""
-        n = self.o.observation_max_tokens
+        n = self.options.observation_max_tokens
         if n <= 0:
             return observation
-        toks = self.s.tokenize(observation, special=False)
+        toks = self.session.tokenize(observation, special=False)
         if len(toks) <= n:
             return observation
-        return self.s.detokenize(toks[:n]).rstrip() + f" [... cut to {n} tokens]"
+        return self.session.detokenize(toks[:n]).rstrip() + f" [... cut to {n} tokens]"
 
     def _close_answer(self) -> None:
         """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
         (the grammar's "<" is already in the session; an end-of-turn token is taken back first)."""
         if self.answer_end == "eos":
-            self.s.drop_last_token()
+            self.session.drop_last_token()
         rest = TAIL_REST["answer"] if self.answer_end == "stop" else ANSWER_CLOSE
-        self.s.append_text(rest + TURN_END, cancel=self.cancel)
+        self.session.append_text(rest + TURN_END, cancel=self.cancel)
 
     def _check(self) -> None:
         if self.cancel.is_set():
             raise Cancelled()
 
     def _add(self, reasoning: float, action: float, tool: float, observe: float) -> None:
-        self.t["reasoning"] += reasoning
-        self.t["action"] += action
-        self.t["tool"] += tool
-        self.t["observe"] += observe
+        self.phase_seconds["reasoning"] += reasoning
+        self.phase_seconds["action"] += action
+        self.phase_seconds["tool"] += tool
+        self.phase_seconds["observe"] += observe
 
     def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
-        totals: dict[str, float] = {k: round(v, 6) for k, v in self.t.items()}
+        totals: dict[str, float] = {k: round(v, 6) for k, v in self.phase_seconds.items()}
         totals["total"] = round(time.perf_counter() - self.t_start, 6)
         totals["turns"] = float(self.turn)
         totals["generated_tokens"] = float(self.n_generated)
@@ -541,8 +569,8 @@ class _Run:
         # context tokens it did not evaluate because they were kept in the KV cache or restored.
         evaluated = reused = n_pos = 0
         if self.opened is not None:
-            evaluated = self.s.n_evaluated - self.evaluated0
-            reused, n_pos = self.opened.tokens_reused, self.s.n_pos
+            evaluated = self.session.n_evaluated - self.evaluated0
+            reused, n_pos = self.opened.tokens_reused, self.session.n_pos
         if self.drafter is not None:
             evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
             totals.update(self.drafter.totals())

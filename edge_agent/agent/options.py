@@ -15,7 +15,7 @@ from edge_agent.agent.events import Event
 from edge_agent.agent.rationales import Library, builtin_library
 from edge_agent.runtime.types import SessionLike
 
-MODES = ("ssr", "freeform")
+REASONING_MODES = ("ssr", "freeform")  # how a turn reasons: scored rationales or written text
 
 # (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
 # that force a path (e.g. zoom in turn 1, then answer); the default allows everything available.
@@ -23,7 +23,7 @@ Policy = Callable[[int, frozenset[str]], Iterable[str]]
 
 
 class DraftOutcome(Protocol):
-    """What a SeProD hook returns (``edge_agent.agent.seprod.Verification``): what it put in the session."""
+    """What a SeProD hook returns (``edge_agent.agent.seprod_math.Verification``): what it put in the session."""
 
     accepted: int  # draft tokens now in the agent's session
     accepted_text: str
@@ -32,7 +32,7 @@ class DraftOutcome(Protocol):
     steer: str  # text for the loop to append after accepted_text ("" for none)
 
 
-class Drafter(Protocol):
+class DraftHooks(Protocol):
     """The SeProD hooks (``edge_agent.agent.seprod.Drafter``). Each hook is a generator of events
     that puts accepted draft tokens into the agent's session and returns a :class:`DraftOutcome`."""
 

@@ -1,7 +1,7 @@
 """SeProD (self-prophetic decoding): a base "prophet" model drafts tokens, the agent verifies them.
 
 What it knows (the pure parts live in ``seprod_math``: acceptance maths, values, the prophet's
-queries; and ``seprod_policy``: costs and the adaptive rule; all re-exported here):
+queries; and ``seprod_policy``: costs and the adaptive rule; import them from there):
 - what the prophet is shown: ONLY the current image (the latest crop, or the original; none for
   text-only models) and a mode query, in the shared ChatML format. The query is the user's question
   (answering) or a yes/no question about a target (grounding). The target is the zoom ``label`` the
@@ -47,42 +47,34 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from edge_agent.agent.events import AgentError, AnswerToken, DraftProposed, DraftSkipped, DraftVerified, Event
-from edge_agent.agent.seprod_math import (  # noqa: F401  (seprod.X stays the public API)
+from edge_agent.agent.seprod_math import (
     ANSWER_CUT,
     ANSWERING,
     DEFAULT_CUT,
     DEFAULT_GAMMA,
-    DEFAULT_TARGET,
     DEFAULT_TAU,
+    DRAFT_MODES,
     GROUNDING,
-    LABEL_MAX_CHARS,
-    MODES,
     STEER_ELSEWHERE,
     Draft,
     SeProDStats,
     Verification,
-    _image_key,
     accepted_length,
     answering_query,
-    clean_label,
     combined_scores,
+    draft_image_key,
     grounding_query,
-    normalised_rank,
     parse_verdict,
     search_weight,
 )
-from edge_agent.agent.seprod_policy import (  # noqa: F401  (seprod.X stays the public API)
+from edge_agent.agent.seprod_policy import (
     MAX_PROBE_GAP,
     MIN_DRAFT_LEN,
-    PRIOR_VERIFY_RATIO,
     PROBE_EVERY,
-    WINDOW,
     Adaptive,
     Costs,
     Plan,
-    _ema,
-    prophet_threads,
-    shared_threads,
+    ema,
 )
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
@@ -93,7 +85,7 @@ class _Job:
 
     def __init__(self, mode: str, query: str, image: bytes | None, plan: Plan) -> None:
         self.mode, self.query, self.image, self.plan = mode, query, image, plan
-        self.key = (mode, query, _image_key(image))
+        self.key = (mode, query, draft_image_key(image))
         self.cancel = threading.Event()
         self.future: Future[Draft] = Future()
         self.submitted = time.perf_counter()
@@ -213,7 +205,7 @@ class Drafter:
         self._pending: dict[tuple[str, str, str], _Job] = {}
         # prophet-side cache (worker thread only): the session, and a checkpoint after the image
         self._session: SessionLike | None = None
-        self._image_key: str | None = None
+        self._prefilled_image: str | None = None
         self._after_image: Checkpoint | None = None
 
     @property
@@ -274,18 +266,18 @@ class Drafter:
         """
         if not self.background:
             return
-        key = _image_key(image)
+        key = draft_image_key(image)
         self._drop(lambda job: job.key[2] != key)  # drafts for an earlier image are never asked for again
         ahead = [0.0]  # expected prophet seconds of the drafts queued before this one
-        new_image = [key != self._image_key and image is not None]
+        new_image = [key != self._prefilled_image and image is not None]
         if target is not None:
             self._submit(GROUNDING, grounding_query(target), image, ahead=ahead, new_image=new_image)
         self._submit(ANSWERING, answering_query(question), image, ahead=ahead, new_image=new_image)
 
     def draft(self, mode: str, query: str, image: bytes | None) -> Draft:
         """The prophet's greedy draft of up to L_d tokens for (image, query); blocks until ready."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
+        if mode not in DRAFT_MODES:
+            raise ValueError(f"mode must be one of {DRAFT_MODES}")
         t0 = time.perf_counter()
         job = self._take(mode, query, image) or self._submit(mode, query, image, plan=Plan(True, self.draft_len), keep=False)
         d = job.future.result()
@@ -293,13 +285,13 @@ class Drafter:
 
     def _take(self, mode: str, query: str, image: bytes | None) -> _Job | None:
         with self._lock:
-            return self._pending.pop((mode, query, _image_key(image)), None)
+            return self._pending.pop((mode, query, draft_image_key(image)), None)
 
     def _submit(self, mode: str, query: str, image: bytes | None, *, plan: Plan | None = None,
                 keep: bool = True, ahead: list[float] | None = None, new_image: list[bool] | None = None) -> _Job:
         """Queue a draft (``keep``: remembered for the hook; ``ahead``/``new_image``: prepared by
         :meth:`start`, fitted to the time before its hook). A plan that does not draft queues nothing."""
-        key = (mode, query, _image_key(image))
+        key = (mode, query, draft_image_key(image))
         with self._lock:
             if keep and key in self._pending:
                 return self._pending[key]
@@ -368,7 +360,7 @@ class Drafter:
         mode, query, image = job.mode, job.query, job.image
         key = job.key[2]
         s = self._session
-        if s is None or key != self._image_key or self._after_image is None:
+        if s is None or key != self._prefilled_image or self._after_image is None:
             job.new_image = image is not None
             if s is not None:
                 self._evaluated_before += int(getattr(s, "n_evaluated", 0))
@@ -377,7 +369,7 @@ class Drafter:
             s.append_text("<|im_start|>user\n", special=True)
             if image is not None:
                 s.append_image(image)
-            self._session, self._image_key, self._after_image = s, key, s.checkpoint()
+            self._session, self._prefilled_image, self._after_image = s, key, s.checkpoint()
         else:
             s.rollback(self._after_image)  # same image: its chunks stay in the cache
         s.append_text(query, special=False)  # the user's text never becomes control tokens
@@ -410,11 +402,11 @@ class Drafter:
         if job.started is not None and (job.first_token is not None or cancelled):
             prefill = (job.first_token or time.perf_counter()) - job.started
             if job.new_image:
-                c.prefill_new_image = _ema(c.prefill_new_image, prefill)
+                c.prefill_new_image = ema(c.prefill_new_image, prefill)
             else:
-                c.prefill_same_image = _ema(c.prefill_same_image, prefill)
+                c.prefill_same_image = ema(c.prefill_same_image, prefill)
         if job.n_tokens > 1 and job.first_token is not None and job.last_token is not None:
-            c.prophet_token = _ema(c.prophet_token, (job.last_token - job.first_token) / (job.n_tokens - 1))
+            c.prophet_token = ema(c.prophet_token, (job.last_token - job.first_token) / (job.n_tokens - 1))
 
     def _text(self, tokens: Sequence[int], *, special: bool = False) -> str:
         if not tokens:
@@ -471,7 +463,7 @@ class Drafter:
         how = self._adopt(session, cand, n + k)
         text = self._text(tokens[:k])
         seconds = time.perf_counter() - t0
-        self.costs.verify_token = _ema(self.costs.verify_token, seconds / len(cand))
+        self.costs.verify_token = ema(self.costs.verify_token, seconds / len(cand))
         if L < len(draft.tokens):
             draft = dataclasses.replace(draft, tokens=tuple(tokens), logprobs=draft.logprobs[:L],
                                         text=self._text(tokens))
@@ -505,7 +497,7 @@ class Drafter:
     def observe_decode(self, seconds: float, tokens: int) -> None:
         """The agent decoded ``tokens`` tokens in ``seconds`` (its answer): prices later drafts."""
         if tokens >= 2 and seconds > 0:
-            self.costs.agent_token = _ema(self.costs.agent_token, seconds / tokens)
+            self.costs.agent_token = ema(self.costs.agent_token, seconds / tokens)
 
     # ---- hooks for the loop (generators of events) --------------------------------------------
     def ground(
@@ -536,7 +528,7 @@ class Drafter:
         if job is None:  # not prepared by start(): plan now, draft now
             job = self._submit(mode, query, image, keep=False)
         elif job.prepared:  # how long the agent worked between preparing the draft and needing it
-            self.costs.lead[mode] = _ema(self.costs.lead.get(mode), time.perf_counter() - job.submitted)
+            self.costs.lead[mode] = ema(self.costs.lead.get(mode), time.perf_counter() - job.submitted)
         if not job.plan.use:
             reason = job.plan.reason
             if reason == "low_acceptance":

@@ -18,7 +18,7 @@ import numpy as np
 
 GROUNDING = "grounding"
 ANSWERING = "answering"
-MODES = (GROUNDING, ANSWERING)
+DRAFT_MODES = (GROUNDING, ANSWERING)
 
 # Sharpness of the rank adjustment (see combined_scores). 1.0: a_j moves linearly in log-rank.
 DEFAULT_GAMMA = 1.0
@@ -293,7 +293,8 @@ def answering_query(question: str) -> str:
     return question.strip()
 
 
-def _image_key(image: bytes | None) -> str:
+def draft_image_key(image: bytes | None) -> str:
+    """A draft's image identity: a 128-bit hash of the PNG bytes ("" for no image)."""
     return hashlib.blake2b(image, digest_size=16).hexdigest() if image is not None else ""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from edge_agent.agent.seprod_math import MODES
+from edge_agent.agent.seprod_math import DRAFT_MODES
 
 # --------------------------------------------------------------------------------------------------
 # Costs and the adaptive rule (pure logic; the drafter feeds them measurements)
@@ -30,7 +30,8 @@ MAX_PROBE_GAP = 32  # drafts that never fit in time are probed at most this rare
 MIN_DRAFT_LEN = 4
 
 
-def _ema(old: float | None, new: float) -> float:
+def ema(old: float | None, new: float) -> float:
+    """The running cost estimate after measuring ``new`` (``new`` itself for the first measurement)."""
     return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
 
 
@@ -123,8 +124,8 @@ class Adaptive:
     def __init__(self, draft_len: int, *, enabled: bool = True) -> None:
         self.draft_len = draft_len
         self.enabled = enabled
-        self.rounds: dict[str, list[tuple[int, int]]] = {m: [] for m in MODES}  # (drafted, accepted)
-        self.off_skips: dict[str, int] = dict.fromkeys(MODES, 0)
+        self.rounds: dict[str, list[tuple[int, int]]] = {m: [] for m in DRAFT_MODES}  # (drafted, accepted)
+        self.off_skips: dict[str, int] = dict.fromkeys(DRAFT_MODES, 0)
 
     def acceptance(self, mode: str) -> float:
         r = self.rounds[mode]

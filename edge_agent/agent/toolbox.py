@@ -46,6 +46,10 @@ class ToolOutcome:
 class ToolExecutor(Protocol):
     """What the loop needs from its tools."""
 
+    def offered_actions(self) -> frozenset[str]:
+        """Action types this session can ever offer (the system prompt lists their tools): the same
+        whether or not an image is attached now or a search is reachable now."""
+
     def available_actions(self) -> frozenset[str]:
         """Action types that make sense now (no zoom / image search without an image)."""
 
@@ -66,12 +70,23 @@ class SearchLike(Protocol):
 class Toolbox:
     """Tools for one question: the image store (original + crops) and the search tools."""
 
-    def __init__(self, images: ImageStore | None, search: SearchLike | None = None) -> None:
+    def __init__(self, images: ImageStore | None, search: SearchLike | None = None, *,
+                 vision: bool | None = None) -> None:
         self.images = images
         self.search = search
+        self.vision = images is not None if vision is None else vision  # the model reads images
         self._searched: dict[tuple[str, str], str] = {}  # (tool, normalised query or image index) -> what it gave
         self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
         self._repeats: dict[str, int] = {}  # tool -> identical calls refused
+
+    def offered_actions(self) -> frozenset[str]:
+        """What the system prompt offers: zoom and image search when the model reads images (attached
+        now or not), the searches whose backend is configured, and the answer. Per question
+        (:meth:`available_actions`) a tool is withdrawn from the candidates and the grammar instead, so
+        attaching, detaching or a search going down never changes the system prompt (the chat's KV
+        cache stays valid)."""
+        acts = {"zoom", "text_search", "image_search", "answer"} if self.vision else {"text_search", "answer"}
+        return frozenset(a for a in acts if a not in ("text_search", "image_search") or not self._unconfigured(a))
 
     def available_actions(self) -> frozenset[str]:
         """Action types that make sense now: no zoom / image search without an image, and none of the

@@ -3,7 +3,7 @@
 Knows: how to open a second llama.cpp context on an already loaded :class:`~edge_agent.runtime.Model`
 with ``embeddings=True`` and mean pooling, and how to turn texts into one L2-normalised vector each
 (``llama_get_embeddings_seq`` after one decode per text; the KV cache is cleared between texts).
-Does not know what the texts are (``agent/library_build.py`` clusters rationales with them) or any
+Does not know what the texts are (``edge_agent.library`` clusters rationales with them) or any
 chat format: a text is tokenized as plain text, special tokens not parsed.
 
 Why hidden states and not logits: the final-layer hidden state (after the output norm) is the
