@@ -152,8 +152,7 @@ class Engine:
         from edge_agent.agent.seprod import Drafter
         from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
-        from edge_agent.runtime._lib import physical_cores
-        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
+        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare, physical_cores
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
         # Threads: the prophet drafts while the agent decodes, so it gets the cores the agent's decoding
