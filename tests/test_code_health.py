@@ -19,10 +19,8 @@ _WHY = re.compile(r"^\s*#\s*long:\s*\S.{8,}")  # "# long: <why, in a few words a
 # Being shortened by other engineers right now (issue 21): the check skips these until they land.
 PENDING = {
     ("edge_agent/commands/eval.py", "command"),  # cluster
-    ("edge_agent/runtime/model.py", "_load"),  # core
-    ("edge_agent/runtime/session.py", "generate"),  # core
 }
-PENDING_MODULES = {"edge_agent/runtime/model.py"}  # core
+PENDING_MODULES: set[str] = set()
 
 
 def long_functions(source: str, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
@@ -90,8 +88,7 @@ def test_no_module_over_600_lines():
     assert found == []
 
 
-@pytest.mark.xfail(strict=False, reason="core (Model._load, Session.generate, runtime/model.py) and cluster "
-                                        "(eval.command) are shortening these; PENDING goes once they land")
+@pytest.mark.xfail(strict=False, reason="cluster (eval.command) is shortening it; PENDING goes once it lands")
 def test_the_pending_ones_are_done():
     texts = {_rel(p): p.read_text(encoding="utf-8") for p in _sources()}
     still = sorted((path, name) for path, text in texts.items() for name, _, _ in long_functions(text)

@@ -481,7 +481,7 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
         await settle(pilot)
         assert any(rng and rng.startswith("bytes=") and not rng.startswith("bytes=0-")
                    for _m, path, rng, _a in hub.requests if path.endswith(name) or "/cdn/" in path)
-        assert app.engine_state == "ready" and not isinstance(app.screen, FirstRunScreen)
+        assert app.host.state == "ready" and not isinstance(app.screen, FirstRunScreen)
         assert loads[-1] == "qwen3-vl-2b-instruct"
     assert Settings.load().model == "qwen3-vl-2b-instruct"
     assert Registry(Settings.load().models_dir).get("qwen3-vl-2b-instruct") is not None

@@ -104,16 +104,16 @@ class DownloadScreen(ModalScreen[str | None]):
         highlighted = ol.highlighted
         ol.clear_options()
         words = {"installed": ("installed", "green"), "partial": ("partly downloaded: resumes", "yellow")}
-        for e in self.entries:
+        for entry in self.entries:
             t = Text()
-            t.append(f"{e.name}", style="bold")
-            size = human_size(e.download_size) if e.download_size else "?"
+            t.append(f"{entry.name}", style="bold")
+            size = human_size(entry.download_size) if entry.download_size else "?"
             t.append(f"  {size}", style="cyan")
-            st = words.get(status.get(e.name, ""))
+            st = words.get(status.get(entry.name, ""))
             if st:
                 t.append(f"  {st[0]}", style=st[1])
-            t.append(f"\n  {e.description}", style="dim")
-            ol.add_option(Option(t, id=e.name))
+            t.append(f"\n  {entry.description}", style="dim")
+            ol.add_option(Option(t, id=entry.name))
         ol.highlighted = highlighted if highlighted is not None and highlighted < len(self.entries) else 0
         ol.focus()
 

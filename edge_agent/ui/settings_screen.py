@@ -133,7 +133,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         out: dict[str, object] = {}
         for name, kind in FIELDS:
             w = self.query_one(f"#f-{name}")
-            out[name] = w.value if kind != "text" else w.value.strip()
+            assert isinstance(w, Input | Select | Switch)
+            out[name] = w.value.strip() if isinstance(w, Input) and kind == "text" else w.value
         return out
 
     @on(Button.Pressed, "#save")

@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 
 from edge_agent.agent import events as ev
 from edge_agent.ui.preview import ImagePreview
@@ -72,7 +73,7 @@ class AnswerView(Vertical):
         self.final: ev.FinalAnswer | None = None
         self.answer_tokens = 0
         self.prophet_tokens = 0
-        self._stream = None
+        self._stream: MarkdownStream | None = None
         self._prophet_draft: ev.DraftVerified | None = None
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
