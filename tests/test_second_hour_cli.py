@@ -421,3 +421,16 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
     Image.open(image).convert("RGB").save(jpeg)
     r = edge("models", "verify", str(jpeg))
     assert r.returncode == 2 and "not a GGUF file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF file") == 1
+
+
+# --- item 16: HEIC photos -----------------------------------------------------------------------------
+def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
+    """An iPhone photo (HEIC, written by pillow-heif) is read and reaches the model."""
+    from tests.test_second_hour_ui import write_heic
+
+    heic = write_heic(tmp_path / "IMG_0003.HEIC")
+    r = edge("ask", str(heic), "What colour is it?", *tiny(tiny_models), "--offline", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    seen = next(row for row in rows if row["event"] == "image_evaluated" and row["source"] == "image")
+    assert seen["tokens"] > 0 and rows[0]["image"] == str(heic)
