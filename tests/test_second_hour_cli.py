@@ -15,9 +15,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from edge_agent.textclean import clean_model_text
 
@@ -380,3 +382,42 @@ async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
             assert any(says in n.message and field in n.message for n in app._notifications), field
             screen.query_one(f"#f-{field}").value = str(getattr(Settings(), field))
     assert not (edge_home / "config.toml").exists()
+
+
+# --- item 15: downloads with the network down; models verify ------------------------------------------
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
+    """Nothing listening at HF_ENDPOINT: the pull fails in under 2 s with the default retry policy (it
+    used to retry a connection that never opened for ~7 s), and the command says what to check."""
+    from edge_agent import hub
+    from edge_agent.catalog import load_catalog
+    from edge_agent.config import Settings
+    from edge_agent.errors import DownloadError
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(DownloadError):
+        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
+    assert time.monotonic() - t0 < 2.0
+    r = edge("models", "pull", "qwen3-vl-2b-instruct", env={"HF_ENDPOINT": url})
+    assert r.returncode == 2 and url.split("//")[1] in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, tiny_models, image):
+    r = edge("models", "verify", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj_mismatch"]))
+    assert r.returncode == 2 and (r.stdout + r.stderr).count("embeddings 192 wide") == 1, r.stdout + r.stderr
+    assert "x pairing" in r.stdout
+    jpeg = image.with_suffix(".jpg")
+    Image.open(image).convert("RGB").save(jpeg)
+    r = edge("models", "verify", str(jpeg))
+    assert r.returncode == 2 and "not a GGUF file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF file") == 1
