@@ -76,3 +76,13 @@ def test_no_module_over_600_lines():
              if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
     assert found == []
 
+
+
+def test_the_architecture_notes_have_a_paragraph_for_every_package():
+    """docs/ARCHITECTURE.md (linked from the README) gives each package of edge_agent/ and tools/ a
+    paragraph that starts with its folder in bold: a new package without one fails here."""
+    notes = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    packages = {p.parent.name for p in (ROOT / "edge_agent").glob("*/__init__.py")} | {"tools"}
+    missing = sorted(name for name in packages if not re.search(rf"^\*\*(?:[a-z_/ .]+ and )?{name}/", notes, re.M))
+    assert missing == []
+    assert "(docs/ARCHITECTURE.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
