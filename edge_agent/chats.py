@@ -409,7 +409,7 @@ class ChatStore:
                 return path
             files.mkdir(parents=True, exist_ok=True)
             dst = files / f"{len(copied):02d}-{src.name}"
-            shutil.copyfile(src, dst)
+            dst = _export_copy(src, dst)
             copied[path] = f"{files.name}/{dst.name}"
             return copied[path]
 
@@ -427,6 +427,25 @@ class ChatStore:
         except OSError as e:
             raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
                                  title="Export failed") from e
+
+
+_NOT_VIEWABLE = (".heic", ".heif", ".avif")  # formats few Markdown viewers and browsers show
+
+
+def _export_copy(src: Path, dst: Path) -> Path:
+    """Copy ``src`` to ``dst``; a HEIC/HEIF/AVIF photo becomes a JPEG instead (``dst`` with .jpg: Markdown
+    viewers show JPEG, not HEIC). Returns the file written."""
+    if src.suffix.lower() in _NOT_VIEWABLE:
+        from edge_agent.tools.images import jpeg_bytes, load_image
+
+        try:
+            jpeg = dst.with_suffix(".jpg")
+            jpeg.write_bytes(jpeg_bytes(load_image(src).image))
+            return jpeg
+        except EdgeAgentError:
+            pass  # it cannot be decoded here: the file as it is
+    shutil.copyfile(src, dst)
+    return dst
 
 
 def _no_chat(chat_id: int) -> ChatStoreError:

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, int] = {
     "ui": 4, "commands": 4, "cli": 4,
     # the engine and the other consumers of the agent's values (the chat store, crops, measured
-    # costs, the evaluation and the library builder) and of the tools (model downloads use
-    # tools.http's retry policy): beside the engine, below the front ends
-    "engine": 3, "chats": 3, "crops": 3, "measured": 3, "evaluation": 3, "library": 3, "hub": 3,
+    # costs, the evaluation, its Ray workers and the library builder) and of the tools (model downloads
+    # use tools.http's retry policy): beside the engine, below the front ends
+    "engine": 3, "chats": 3, "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3,
     "agent": 2, "chat_context": 2,
     "runtime": 1, "tools": 1,
 }
