@@ -20,15 +20,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import ZOOM_TOOL
 from edge_agent.errors import EdgeAgentError
 from edge_agent.tools.images import jpeg_bytes
-from edge_agent.tools.search import SearchOutcome
 from edge_agent.tools.text import query_key
 from edge_agent.tools.zoom import ImageStore, ZoomError
+
+if TYPE_CHECKING:  # tools.search imports requests: the agent package holds no network code
+    from edge_agent.tools.search import SearchOutcome
 
 
 @dataclass
