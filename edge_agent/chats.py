@@ -296,7 +296,7 @@ class ChatStore:
     def load(self, chat_id: int) -> Chat:
         row = self._exec("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
         if row is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List chats with Ctrl+O.", title="No such chat")
+            raise _no_chat(chat_id)
         chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
             msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
@@ -329,8 +329,7 @@ class ChatStore:
         rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? AND replaced=0 ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
-                                 title="No such chat")
+            raise _no_chat(chat_id)
         row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()
         out = Continuation(chat_id, models=_models(row[0] if row else ""))
         question: str | None = None
@@ -406,38 +405,71 @@ class ChatStore:
     def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
         """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
         directory = Path(directory)
-        chat = self.load(chat_id)
-        slug = "".join(c if c.isalnum() else "-" for c in chat.title.lower()).strip("-")[:40] or "chat"
-        slug = f"{chat.id:04d}-{slug}"
-        files = directory / f"{slug}_files"
+        title = self.load_title(chat_id)
+        slug = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")[:40] or "chat"
+        md_path, json_path = directory / f"{chat_id:04d}-{slug}.md", directory / f"{chat_id:04d}-{slug}.json"
+        self.export_to(chat_id, md=md_path, json_path=json_path)
+        return md_path, json_path
+
+    def export_to(self, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
+        """Write the chat as Markdown to ``md`` (its images, attached and crops, copied into
+        ``<md stem>_files`` beside it, linked relatively) and/or as JSON to ``json_path`` (``files``: the
+        copies made for the Markdown). Used by the app's export and ``edge-agent chats export``."""
+        self.load(chat_id)  # no such chat: the error, before any folder is made
         copied: dict[str, str] = {}
+        files = md.with_name(f"{md.stem}_files") if md is not None else None
 
         def image_ref(path: str) -> str:
             if path in copied:
                 return copied[path]
             src = Path(path)
-            if not src.is_file():
+            if files is None or not src.is_file():
                 copied[path] = path  # gone since: keep the original path as a reference
                 return path
             files.mkdir(parents=True, exist_ok=True)
             dst = files / f"{len(copied):02d}-{src.name}"
-            shutil.copyfile(src, dst)
+            dst = _export_copy(src, dst)
             copied[path] = f"{files.name}/{dst.name}"
             return copied[path]
 
+        target = md or json_path
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            md = self.export_markdown(chat_id, image_ref=image_ref)
-            data = self.export_json(chat_id)
-            data["files"] = copied
-            md_path = directory / f"{slug}.md"
-            json_path = directory / f"{slug}.json"
-            md_path.write_text(md, encoding="utf-8")
-            json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            if md is not None:
+                md.parent.mkdir(parents=True, exist_ok=True)
+                md.write_text(self.export_markdown(chat_id, image_ref=image_ref), encoding="utf-8")
+            if json_path is not None:
+                target = json_path
+                data = self.export_json(chat_id)
+                data["files"] = copied
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as e:
-            raise ChatStoreError(f"Cannot write the export to {directory} ({e}). Pick a writable folder.",
+            raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
                                  title="Export failed") from e
-        return md_path, json_path
+
+
+_NOT_VIEWABLE = (".heic", ".heif", ".avif")  # formats few Markdown viewers and browsers show
+
+
+def _export_copy(src: Path, dst: Path) -> Path:
+    """Copy ``src`` to ``dst``; a HEIC/HEIF/AVIF photo becomes a JPEG instead (``dst`` with .jpg: Markdown
+    viewers show JPEG, not HEIC). Returns the file written."""
+    if src.suffix.lower() in _NOT_VIEWABLE:
+        from edge_agent.tools.images import jpeg_bytes, load_image
+
+        try:
+            jpeg = dst.with_suffix(".jpg")
+            jpeg.write_bytes(jpeg_bytes(load_image(src).image))
+            return jpeg
+        except EdgeAgentError:
+            pass  # it cannot be decoded here: the file as it is
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _no_chat(chat_id: int) -> ChatStoreError:
+    return ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
+                          title="No such chat")
 
 
 def _models(text: str) -> dict[str, str]:

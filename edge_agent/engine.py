@@ -152,8 +152,7 @@ class Engine:
         from edge_agent.agent.seprod import Drafter
         from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
-        from edge_agent.runtime._lib import physical_cores
-        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
+        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare, physical_cores
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
         # Threads: the prophet drafts while the agent decodes, so it gets the cores the agent's decoding
@@ -190,6 +189,19 @@ class Engine:
         per_turn = max(settings.crop_max_tokens, 0) + max(settings.observation_max_tokens, 64) + 96
         reserve = settings.max_turns * per_turn + settings.answer_max_tokens + 64
         return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2), image_tokens=settings.image_max_tokens)
+
+    def model_files(self) -> dict[str, str]:
+        """The files loaded, by role: {"model": path, "mmproj": path, "prophet": ..., "prophet_mmproj": ...}
+        (roles without a file left out); what an eval report names."""
+        out: dict[str, str] = {}
+        for role, m in (("model", self.model), ("prophet", self.prophet)):
+            if m is None:
+                continue
+            out[role] = str(m.path)
+            mm = getattr(m, "mmproj_path", None)
+            if mm is not None:
+                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(mm)
+        return out
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Take new settings without loading anything (the app calls this between questions, on the UI
@@ -228,6 +240,7 @@ class Engine:
         seprod: bool | None = None,
         options: AgentOptions | None = None,
         context: str | None = None,
+        seed: int | None = None,
     ) -> Iterator[Event]:
         """Answer one question (optionally about an image file). Yields the agent's events, ending
         with FinalAnswer, or AgentError(fatal=True) for a problem the user can fix (a bad image, an
@@ -236,7 +249,8 @@ class Engine:
         last answer was saved under (``FinalAnswer.context``): the question continues that context
         (live in the KV cache, or restored from disk) and evaluates only its own user turn.
         ``seprod``: None -> on when a prophet is loaded and the setting is on. ``options`` (tests,
-        benchmarks): replaces the options built from the settings."""
+        benchmarks): replaces the options built from the settings. ``seed``: this question's random
+        seed (the eval derives one per question id); None: the options' seed."""
         mode = mode or (options.mode if options else self.settings.mode)
         if isinstance(image, str) and not image.strip():
             image = None  # "" from a form field means no image
@@ -267,6 +281,8 @@ class Engine:
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
+            if seed is not None and seed != opts.seed:
+                opts = _replace(opts, seed=seed)
             if not opts.model_name:
                 opts = _replace(opts, model_name=self.model_name)
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None

@@ -250,7 +250,7 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
     opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=policy, answer_max_tokens=answer_tokens,
                                       library=engine.library)
     models = [m for m in (engine.model, engine.prophet) if m is not None]
-    cores = engine.model.cores
+    cores = engine.model.handle.cores
     pauses0 = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
 
     def ask(q, on):

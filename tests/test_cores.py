@@ -238,12 +238,12 @@ def test_a_foreground_pass_uses_the_threads_it_is_given(smol_two):
     try:
         with share.background(1):  # e.g. the prophet encoding an image
             agent.session().append_text("one two three four five")
-            assert agent._threads_now == (1, 1)
+            assert agent.handle.threads_now == (1, 1)
         agent.session().append_text("one two three four five")
-        assert agent._threads_now == (1, 2)
+        assert agent.handle.threads_now == (1, 2)
     finally:
         agent.share_cores(None)
-    assert agent._threads_now == (agent.n_threads, agent.n_threads_batch)
+    assert agent.handle.threads_now == (agent.n_threads, agent.n_threads_batch)
 
 
 class PreemptAtStart(CoreShare):

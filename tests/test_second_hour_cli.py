@@ -15,9 +15,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from edge_agent.textclean import clean_model_text
 
@@ -273,3 +275,163 @@ def test_app_options_work_without_tui(edge_home, app_runs):
     assert edge("--version").stdout.startswith("edge-agent")
     r = edge("--mode", "nosuch")
     assert r.returncode == 2 and "Invalid value for '--mode'" in r.stderr
+
+
+# --- item 12: chats show / export on the command line ---------------------------------------------------
+def test_chats_show_and_export(env, tiny_models, image, tmp_path):
+    """`chats show ID` prints the exchange; `chats export ID` writes what the app's export writes:
+    Markdown with the image copied beside it, or JSON with every event; stdout without -o."""
+    r = edge("ask", str(image), "What colour is it?", *tiny(tiny_models), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    answer = r.stdout.strip()
+    r = edge("chats", "show", "1")
+    assert r.returncode == 0, r.stderr
+    assert "chat 1: What colour is it?" in r.stdout and "You: What colour is it?" in r.stdout
+    assert f"image: {image}" in r.stdout and answer in r.stdout and "model tiny-qwen3vl-f32.gguf" in r.stdout
+    out = tmp_path / "out" / "chat.md"
+    r = edge("chats", "export", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    md = out.read_text()
+    assert md.startswith("# What colour is it?") and "## edge-agent" in md and "chat_files/00-" in md
+    assert (out.parent / "chat_files").is_dir() and len(list((out.parent / "chat_files").iterdir())) == 1
+    r = edge("chats", "export", "1", "--format", "json")
+    data = json.loads(r.stdout)
+    assert data["format"] == "edge-agent-chat" and data["messages"][1]["events"][0]["event"] == "run_started"
+    edge("chats", "export", "1", "-o", str(tmp_path / "c.json"))
+    assert json.loads((tmp_path / "c.json").read_text())["id"] == 1
+    r = edge("chats", "export", "7")
+    assert r.returncode == 2 and "There is no chat 7" in r.stderr and "edge-agent chats" in r.stderr
+    r = edge("chats", "--json")
+    assert json.loads(r.stdout)["id"] == 1
+
+
+# --- item 9: every setting validated, with its range ---------------------------------------------------
+@pytest.mark.parametrize("key, value, says", [
+    ("n_ctx", "100", "n_ctx must be at least"),  # the number needed (see the next test)
+    ("seprod_tau", "2", "seprod_tau must be between 0 and 1"),
+    ("temperature", "-1", "temperature must be between 0 and 5"),
+    ("searxng_url", "notaurl", "searxng_url must be an http:// or https:// URL"),
+    ("theme", "nosuchtheme", "theme must be empty (the default) or one of ansi-dark"),
+    ("state_cache_mb", "-5", "Setting state_cache_mb must be at least 0, not -5"),
+    ("max_turns", "500", "max_turns must be between 1 and 50"),
+    ("search_timeout", "0", "search_timeout must be greater than 0 and at most 600"),
+    ("mmproj", "/no/such/mmproj.gguf", "mmproj: no file"),
+])
+def test_config_set_refuses_values_that_cannot_work(edge_home, key, value, says):
+    """Refused with the setting's own name and valid range; nothing saved."""
+    r = edge("config", "set", key, value)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "observation_max_tokens" not in r.stderr
+    assert not (edge_home / "config.toml").exists()
+
+
+def test_n_ctx_floor_is_what_the_system_prompt_needs(edge_home):
+    """The n_ctx floor grows with the user's own instructions; a value at the floor is accepted."""
+    from edge_agent.config import Settings
+
+    need = Settings().min_n_ctx()
+    r = edge("config", "set", "n_ctx", str(need - 1))
+    assert r.returncode == 2 and f"at least {need}, not {need - 1}" in r.stderr
+    assert edge("config", "set", "n_ctx", str(need)).returncode == 0
+    r = edge("config", "set", "system_prompt", "Answer in one word. " * 200)
+    assert r.returncode == 2 and "n_ctx must be at least" in r.stderr
+
+
+def test_a_bad_value_in_the_file_is_refused_when_read(edge_home):
+    """A file edited by hand: the command says which setting and its range (and `config set` fixes it)."""
+    (edge_home / "config.toml").write_text('theme = "nosuchtheme"\nseprod_tau = 3.0\n')
+    r = edge("config", "show")
+    assert r.returncode == 2 and "theme must be empty" in r.stderr
+    assert edge("config", "set", "theme", "nord").returncode == 2  # seprod_tau is still bad: named
+    r = edge("config", "set", "seprod_tau", "0.1")
+    assert r.returncode == 2 and "theme" in r.stderr
+
+
+def test_themes_are_textuals():
+    """config.THEMES (config cannot import Textual) is Textual's list of built-in themes."""
+    from textual.theme import BUILTIN_THEMES
+
+    from edge_agent.config import THEMES
+
+    assert THEMES == set(BUILTIN_THEMES)
+
+
+def test_config_file_header_points_to_config_explain(edge_home):
+    assert edge("config", "set", "mode", "freeform").returncode == 0
+    header = (edge_home / "config.toml").read_text().splitlines()[0]
+    assert header.startswith("#") and "edge-agent config explain" in header
+
+
+@pytest.mark.asyncio
+async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
+    """The app's settings screen applies the same validation, range in the message; nothing saved."""
+    from edge_agent.config import Settings
+    from edge_agent.ui.settings_screen import SettingsScreen
+    from tests.test_library_ui import _Host
+
+    app = _Host(Settings.load())
+    async with app.run_test(size=(120, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        for field, bad, says in [("temperature", "-1", "between 0 and 5"), ("seprod_tau", "2", "between 0 and 1"),
+                                 ("searxng_url", "notaurl", "http:// or https://")]:
+            screen.query_one(f"#f-{field}").value = bad
+            screen.action_save()
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen) and not app.result
+            assert any(says in n.message and field in n.message for n in app._notifications), field
+            screen.query_one(f"#f-{field}").value = str(getattr(Settings(), field))
+    assert not (edge_home / "config.toml").exists()
+
+
+# --- item 15: downloads with the network down; models verify ------------------------------------------
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
+    """Nothing listening at HF_ENDPOINT: the pull fails in under 2 s with the default retry policy (it
+    used to retry a connection that never opened for ~7 s), and the command says what to check."""
+    from edge_agent import hub
+    from edge_agent.catalog import load_catalog
+    from edge_agent.config import Settings
+    from edge_agent.errors import DownloadError
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(DownloadError):
+        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
+    assert time.monotonic() - t0 < 2.0
+    r = edge("models", "pull", "qwen3-vl-2b-instruct", env={"HF_ENDPOINT": url})
+    assert r.returncode == 2 and url.split("//")[1] in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, tiny_models, image):
+    r = edge("models", "verify", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj_mismatch"]))
+    assert r.returncode == 2 and (r.stdout + r.stderr).count("embeddings 192 wide") == 1, r.stdout + r.stderr
+    assert "x pairing" in r.stdout
+    jpeg = image.with_suffix(".jpg")
+    Image.open(image).convert("RGB").save(jpeg)
+    r = edge("models", "verify", str(jpeg))
+    assert r.returncode == 2 and "not a GGUF file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF file") == 1
+
+
+# --- item 16: HEIC photos -----------------------------------------------------------------------------
+def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
+    """An iPhone photo (HEIC, written by pillow-heif) is read and reaches the model."""
+    from tests.test_second_hour_ui import write_heic
+
+    heic = write_heic(tmp_path / "IMG_0003.HEIC")
+    r = edge("ask", str(heic), "What colour is it?", *tiny(tiny_models), "--offline", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    seen = next(row for row in rows if row["event"] == "image_evaluated" and row["source"] == "image")
+    assert seen["tokens"] > 0 and rows[0]["image"] == str(heic)

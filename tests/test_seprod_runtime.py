@@ -586,7 +586,7 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
     """thread counts per model chosen for the machine: the prophet gets seprod_policy.prophet_threads(...)."""
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
-    from edge_agent.runtime._lib import physical_cores
+    from edge_agent.runtime.cores import physical_cores
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
                               "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
@@ -598,9 +598,9 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
         assert engine.prophet.n_threads + engine.model.n_threads <= max(2, physical_cores())
         assert engine.drafter.adaptive.enabled and engine.drafter.tau == settings.seprod_tau
         # the two compute within one share of the machine's cores: the agent in front (runtime.cores)
-        assert engine.model.cores is engine.prophet.cores is not None
-        assert engine.model.cores.cores == physical_cores()
-        assert (engine.model.role, engine.prophet.role) == ("foreground", "background")
+        assert engine.model.handle.cores is engine.prophet.handle.cores is not None
+        assert engine.model.handle.cores.cores == physical_cores()
+        assert (engine.model.handle.role, engine.prophet.handle.role) == ("foreground", "background")
     finally:
         engine.close()
 

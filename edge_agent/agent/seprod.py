@@ -6,9 +6,9 @@ queries; and ``seprod_policy``: costs and the adaptive rule; import them from th
   text-only models) and a mode query, in the shared ChatML format. The query is the user's question
   (answering) or a yes/no question about a target (grounding). The target is the zoom ``label`` the
   agent wrote (as in the paper, the search model decides what to look for): that label is the ONLY
-  agent text the prophet ever sees, and it is treated as untrusted model output (:func:`clean_label`:
-  printable, at most ``LABEL_MAX_CHARS``, dropped when empty or garbage; tokenized with special
-  tokens not parsed). Never the agent's reasoning or history;
+  agent text the prophet ever sees, and it is treated as untrusted model output
+  (:func:`seprod_math.clean_label`: printable, at most ``LABEL_MAX_CHARS``, dropped when empty or
+  garbage; tokenized with special tokens not parsed). Never the agent's reasoning or history;
 - how a draft is verified: one batched teacher-forced ``score`` call on the agent's session
   (log p_s and ranks of every draft token in one decode), then the accepted prefix is put into the
   agent's KV cache exactly as if the agent had generated it (adopted from the scoring pass, no
@@ -24,13 +24,14 @@ queries; and ``seprod_policy``: costs and the adaptive rule; import them from th
   when nothing useful would be ready: the prophet then takes no CPU from the agent). Per chat and
   mode, acceptance decides whether a mode drafts at all (off below break-even, probed again now and
   then) and how long its drafts are (L_d shortened to about twice the recent accepted length);
-- the grounding verdict (yes/no first, :func:`parse_verdict`; an accepted "no" adds :data:`STEER_ELSEWHERE`);
+- the grounding verdict (yes/no first, :func:`seprod_math.parse_verdict`; an accepted "no" adds
+  :data:`seprod_math.STEER_ELSEWHERE`);
 - its events: DraftProposed, DraftVerified, DraftSkipped, AnswerToken(from_prophet), AgentError (no draft).
 
 What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
 zoom, an answering draft is the start of the answer), grammars, the UI, thread counts (the engine
-picks them; :func:`shared_threads` is its rule; ``runtime.cores`` keeps the two
+picks them; :func:`seprod_policy.shared_threads` is its rule; ``runtime.cores`` keeps the two
 models' threads within the cores while they compute). The prophet model is used from one worker
 thread only (so drafts can be prepared while the agent works; see ``Drafter.start``).
 """
@@ -504,7 +505,7 @@ class Drafter:
         self, session: SessionLike, *, turn: int, image: bytes | None, target: str
     ) -> Generator[Event, None, Verification]:
         """Grounding round after a zoom: call right after the think block opens. ``target``: the zoom
-        label the agent wrote (or the question), cleaned by :func:`clean_label`. The returned value
+        label the agent wrote (or the question), cleaned by :func:`seprod_math.clean_label`. The returned value
         carries the prophet's verdict; after an accepted "no", ``steer`` is text for the loop to append."""
         return (yield from self._round(session, turn=turn, mode=GROUNDING, query=grounding_query(target), image=image))
 

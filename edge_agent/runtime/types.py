@@ -17,7 +17,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from edge_agent.runtime.cores import CoreShare
-    from edge_agent.runtime.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,30 @@ class Generation:
     logprobs: list[float] = field(default_factory=list)  # log p of each sampled token under the model (before grammar/temperature)
     n_eval: int = 0  # tokens evaluated into the KV cache by this call
     seconds: float = 0.0
+
+
+@dataclass
+class SessionState:
+    """Everything needed to continue a session in a fresh context of the same model."""
+
+    identity: dict[str, Any]
+    key: str
+    history: list[int]
+    images: list[ImageChunk]
+    n_pos: int
+    n_cells: int
+    logits: np.ndarray  # (V,) float32 next-token logits
+    kv: np.ndarray  # (bytes,) uint8 from llama_state_seq_get_data(seq 0)
+    label: str = ""  # what it is, for people: "system prompt", "chat"
+    extra: dict[str, Any] = field(default_factory=dict)  # the caller's notes (JSON values)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes + self.logits.nbytes + 4 * len(self.history))
+
+
+class StateError(Exception):
+    """A state file that cannot be used (the caller evaluates instead)."""
 
 
 TokenCallback = Callable[[str, int], None]  # (text piece, token id)
@@ -165,15 +188,25 @@ class SessionLike(Protocol):
 class ModelLike(Protocol):
     """A loaded model (text GGUF + optional mmproj). ``edge_agent.runtime.Model`` implements it.
 
-    ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8,
-    extra_buffers="auto", seed=0)`` validates the files in Python first (edge_agent.modelfile) and
-    raises ModelFileError instead of letting llama.cpp abort the process.
+    ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8, ...)``
+    validates the files in Python first (edge_agent.modelfile) and raises ModelFileError instead of
+    letting llama.cpp abort the process.
     """
 
-    has_vision: bool
-    n_vocab: int
-    n_ctx: int
-    n_threads: int  # threads for token-by-token decoding
+    @property
+    def has_vision(self) -> bool: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_threads(self) -> int:
+        """Threads for token-by-token decoding."""
+        ...
+
     path: Path  # the text GGUF
     identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown

@@ -151,8 +151,9 @@ class DownloadScreen(ModalScreen[str | None]):
             self.app.call_from_thread(self.show_note, msg)
 
         try:
-            m = hub.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say)
-        except DownloadCancelled:
+            m = hub.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say,
+                         cancel=cancel)  # Esc stops a stalled read or a retry's wait at once too
+        except (DownloadCancelled, hub.DownloadCancelled):
             self.app.call_from_thread(self.finished, entry.name, "cancelled", "")
         except EdgeAgentError as e:
             self.app.call_from_thread(self.finished, entry.name, "failed", f"{e.title}: {e.message}")
