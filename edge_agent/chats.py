@@ -9,8 +9,9 @@ thread and reads from the UI thread through one connection guarded by a lock.
 
 Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's
 last answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none); ``messages(id, chat_id, role, text, image, status,
-created)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
-run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``events(message_id, seq, kind,
+created, context, replaced)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
+run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``replaced`` 1: a /retry or /edit
+took this exchange's place (shown, not continued: never part of the model's context again); ``events(message_id, seq, kind,
 data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
 was cut off by a crash and reads as ``interrupted``.
 """
@@ -35,8 +36,9 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
 
-# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files)
-SCHEMA_VERSION = 3
+# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
+# 4: messages.replaced (an exchange a /retry or /edit replaced)
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -54,7 +56,8 @@ CREATE TABLE IF NOT EXISTS messages (
     image TEXT,
     status TEXT NOT NULL DEFAULT 'done',
     created REAL NOT NULL,
-    context TEXT NOT NULL DEFAULT ''
+    context TEXT NOT NULL DEFAULT '',
+    replaced INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS events (
@@ -70,6 +73,7 @@ _TABLES = ("chats", "messages", "events")
 _MIGRATIONS = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
     "ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",
 )
 
 
@@ -95,6 +99,7 @@ class Message:
     status: str
     created: float
     events: list[ev.Event] = field(default_factory=list)
+    replaced: bool = False  # a /retry or /edit took this exchange's place
 
 
 @dataclass
@@ -131,10 +136,6 @@ class Continuation:
     @property
     def history(self) -> list[tuple[str, str]]:
         return [(q, a) for q, a, _ in self.exchanges if a]
-
-    def without_last(self) -> Continuation:
-        """The chat as it was before its last exchange (regenerate, edit and resend)."""
-        return Continuation(self.chat_id, self.exchanges[:-1], self.image, self.models)
 
 
 class ChatStoreError(EdgeAgentError):
@@ -263,8 +264,14 @@ class ChatStore:
         self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
 
     # --- messages ---
-    def add_user_message(self, chat_id: int, text: str, image: str | None = None) -> int:
+    def add_user_message(self, chat_id: int, text: str, image: str | None = None, *,
+                         replace_last: bool = False) -> int:
+        """A question of the chat. ``replace_last`` (a /retry or an edited question): it takes the place of
+        the chat's last exchange, which stays in the chat, marked replaced, but is no longer continued."""
         with self._lock:
+            if replace_last:
+                self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM messages "
+                           "WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
             cur = self._exec(
                 "INSERT INTO messages(chat_id, role, text, image, status, created) VALUES (?, 'user', ?, ?, 'done', ?)",
                 (chat_id, text, image, time.time()),
@@ -333,7 +340,8 @@ class ChatStore:
             raise _no_chat(chat_id)
         chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"])
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
+                          replaced=bool(m["replaced"]))
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:
@@ -346,6 +354,8 @@ class ChatStore:
         out: list[dict[str, Any]] = []
         pending: dict[str, Any] | None = None
         for m in self.load(chat_id).messages:
+            if m.replaced:
+                continue
             if m.role == "user":
                 pending = {"question": m.text, "image": m.image, "answer": ""}
             elif pending is not None:
@@ -357,7 +367,7 @@ class ChatStore:
 
     def continuation(self, chat_id: int) -> Continuation:
         """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
-        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
+        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? AND replaced=0 ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
             raise _no_chat(chat_id)
@@ -372,6 +382,12 @@ class ChatStore:
                 out.exchanges.append((question, r["text"], r["context"]))
                 question = None
         return out
+
+    def last_question(self, chat_id: int) -> tuple[str, str | None] | None:
+        """The chat's last question that was not replaced, and its image (what /retry asks again)."""
+        row = self._exec("SELECT text, image FROM messages WHERE chat_id=? AND role='user' AND replaced=0 "
+                         "ORDER BY id DESC LIMIT 1", (chat_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def latest_chat(self) -> int | None:
         """The chat with the most recent activity (``ask --continue``), or None when there is none."""
@@ -395,6 +411,7 @@ class ChatStore:
                     "text": m.text,
                     "image": m.image,
                     "status": m.status,
+                    "replaced": m.replaced,
                     "created": m.created,
                     "events": [redact_tree(e.to_json(), self._secrets) for e in m.events],
                 }
@@ -420,7 +437,9 @@ class ChatStore:
                 continue
             lines += ["## edge-agent", ""]
             lines += _events_markdown(m.events, ref)
-            lines += ["**Answer**" + ("" if m.status in ("answered", "done") else f" ({m.status})"), ""]
+            status = "" if m.status in ("answered", "done") else m.status
+            status = ", ".join(s for s in (status, "replaced by a later answer" if m.replaced else "") if s)
+            lines += ["**Answer**" + (f" ({status})" if status else ""), ""]
             lines += [redact_tree(m.text, self._secrets) or "_(no answer)_", ""]
         return "\n".join(lines).rstrip() + "\n"
 

@@ -199,7 +199,8 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
     cid = store.new_chat()
     store.close()
     db = sqlite3.connect(path)
-    db.executescript("ALTER TABLE chats DROP COLUMN models; PRAGMA user_version=2;")
+    db.executescript("ALTER TABLE chats DROP COLUMN models; ALTER TABLE messages DROP COLUMN replaced; "
+                     "PRAGMA user_version=2;")
     db.close()
     store = ChatStore(path)
     try:
