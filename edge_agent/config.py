@@ -223,11 +223,7 @@ class Settings:
         if "EDGE_AGENT_HOME" in env:
             s.home = Path(env["EDGE_AGENT_HOME"]).expanduser()
         if s.config_path.exists():
-            try:
-                data = tomllib.loads(s.config_path.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{s.config_path} is not valid TOML ({e}). Fix or delete the file.") from e
-            s = s.updated(data, source=str(s.config_path))
+            s = s.updated(_read_config(s.config_path), source=str(s.config_path))
         from_env = {
             f.name: env[ENV_PREFIX + f.name.upper()]
             for f in fields(cls)
@@ -321,6 +317,23 @@ class Settings:
     def secrets(self) -> list[str]:
         """The secret values in use (for scrubbing text before it is logged or stored)."""
         return [getattr(self, n) for n in SECRET_FIELDS if getattr(self, n)]
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """The settings in ``path``. A file that is not TOML (or not UTF-8) is set aside, kept, and the
+    defaults are used; the person is told once (``edge_agent.recovery.notice``)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        from edge_agent import recovery
+
+        try:
+            aside = recovery.set_aside(path)
+        except FileNotFoundError:  # another process set it aside just now
+            return {}
+        recovery.notice(f"The settings file {path} could not be read ({e}). It is kept as {aside}; edge-agent "
+                        "runs on the default settings until you set them again (`edge-agent config set`).")
+        return {}
 
 
 def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:

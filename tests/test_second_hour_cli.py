@@ -436,3 +436,95 @@ def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     seen = next(row for row in rows if row["event"] == "image_evaluated" and row["source"] == "image")
     assert seen["tokens"] > 0 and rows[0]["image"] == str(heic)
+
+
+# --- item 11: damaged history is recovered ---------------------------------------------------------------
+def chats_file(home: Path, n: int = 40) -> Path:
+    """A chat history of ``n`` chats (a question, an answer with ~2 kB of events each: ~40 pages)."""
+    from edge_agent.agent import events as ev
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(home / "chats.sqlite3")
+    for i in range(n):
+        cid = store.new_chat()
+        store.add_user_message(cid, f"Question {i}?")
+        mid = store.start_answer(cid)
+        store.add_event(mid, ev.ReasoningDone(turn=1, text=f"thinking {i} " * 150, n_tokens=300, seconds=0.1))
+        store.add_event(mid, ev.FinalAnswer(answer=f"Answer {i}.", turns=1, stop_reason="answered"))
+    store.close()  # the last connection: the WAL is checkpointed into the file
+    return home / "chats.sqlite3"
+
+
+def damage(path: Path, how: str) -> bytes:
+    """Damage the file in place; returns the damaged bytes (what must be kept aside)."""
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) * 6 // 10]
+    elif how == "zeroed header":
+        data[:100] = bytes(100)
+    else:  # a damaged page in the middle
+        page = len(data) // 4096 // 2
+        data[page * 4096:(page + 1) * 4096] = bytes(range(256)) * 16
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("how, at_least", [("truncated", 15), ("zeroed header", 40), ("page in the middle", 30)])
+def test_a_damaged_chat_history_is_set_aside_and_salvaged(edge_home, how, at_least):
+    """`edge-agent chats` on a damaged file: the file is kept aside byte for byte, the readable chats
+    are listed from a new file, and what happened is said once (the next run says nothing)."""
+    path = chats_file(edge_home)
+    damaged = damage(path, how)
+    r = edge("chats", "--limit", "100")
+    assert r.returncode == 0, r.stderr
+    listed = [line for line in r.stdout.splitlines() if "Question" in line]
+    assert len(listed) >= at_least, (how, len(listed), r.stderr)
+    asides = list(edge_home.glob("chats.sqlite3.damaged-*"))
+    assert len(asides) == 1 and asides[0].read_bytes() == damaged
+    assert r.stderr.count("was damaged") == 1 and f"kept as {asides[0]}" in r.stderr
+    assert "Recovered" in r.stderr
+    again = edge("chats", "--limit", "100")
+    assert again.returncode == 0 and "damaged" not in again.stderr and again.stdout == r.stdout
+    shown = edge("chats", "show", listed[0].split()[0])
+    assert shown.returncode == 0 and "Answer" in shown.stdout
+
+
+def test_ask_continues_after_the_history_was_recovered(env, tiny_models, image):
+    """`ask` on a damaged history starts (saying so once) and saves its chat in the new file."""
+    damage(chats_file(env, 10), "zeroed header")
+    r = edge("ask", str(image), "What colour?", *tiny(tiny_models), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    assert r.stderr.count("was damaged") == 1
+    listed = edge("chats", "--limit", "100").stdout.splitlines()
+    assert len(listed) == 11 and "What colour?" in listed[0]
+
+
+def test_a_damaged_config_file_is_set_aside_and_defaults_used(edge_home):
+    """config.toml that is not TOML: commands run on the defaults, say so once, keep the file."""
+    (edge_home / "config.toml").write_text('mode = "freeform"\nthis is not toml [\n')
+    r = edge("config", "show", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mode"] == "ssr"
+    asides = list(edge_home.glob("config.toml.damaged-*"))
+    assert len(asides) == 1 and "not toml" in asides[0].read_text()
+    assert r.stderr.count("could not be read") == 1 and str(asides[0]) in r.stderr and "default" in r.stderr
+    assert not (edge_home / "config.toml").exists()
+    assert edge("config", "set", "mode", "freeform").returncode == 0
+    r = edge("config", "show", "--json")
+    assert json.loads(r.stdout)["mode"] == "freeform" and r.stderr == ""
+
+
+def test_a_damaged_search_cache_is_set_aside_and_salvaged(edge_home):
+    """The search cache with a damaged page: `cache stats` works on what was salvaged, says so, keeps it."""
+    from edge_agent.tools.cache import CacheEntry, SearchCache
+
+    cache = SearchCache(edge_home / "search-cache.sqlite3")
+    for i in range(60):
+        cache.put(CacheEntry(tool="text_search", backend="wikipedia", query=f"q{i}", image_sha256="", params={},
+                             results=[{"title": "t" * 500, "url": "https://e.org", "snippet": "s" * 500}]))
+    damaged = damage(edge_home / "search-cache.sqlite3", "page in the middle")
+    r = edge("cache", "stats", "--json")
+    assert r.returncode == 0, r.stderr
+    assert 40 <= json.loads(r.stdout)["entries"] < 60
+    asides = list(edge_home.glob("search-cache.sqlite3.damaged-*"))
+    assert len(asides) == 1 and asides[0].read_bytes() == damaged and r.stderr.count("was damaged") == 1
