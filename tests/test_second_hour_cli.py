@@ -330,9 +330,10 @@ def test_config_set_refuses_values_that_cannot_work(edge_home, setting, says):
 
 def test_n_ctx_floor_is_what_the_system_prompt_needs(edge_home):
     """The n_ctx floor grows with the user's own instructions; a value at the floor is accepted."""
+    from edge_agent.agent.prompts import min_n_ctx
     from edge_agent.config import Settings
 
-    need = Settings().min_n_ctx()
+    need = min_n_ctx(Settings())
     r = edge("config", "set", "n_ctx", str(need - 1))
     assert r.returncode == 2 and f"at least {need}, not {need - 1}" in r.stderr
     assert edge("config", "set", "n_ctx", str(need)).returncode == 0
