@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from edge_agent import sqlitedb
+from edge_agent import recovery, sqlitedb
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
@@ -153,28 +153,69 @@ class ChatStore:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlitedb.connect(self.path, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
+            try:
+                self._db = self._open()
+            except sqlite3.DatabaseError as e:
+                if not recovery.is_damage(e):
+                    raise
+                self._db = self._recover(recovery.Damaged(str(e)).reason)  # set aside, salvaged, said once
+            # Answers still 'running' were cut off when the app last died.
+            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise ChatStoreError(
+                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
+            ) from e
+
+    def _open(self) -> sqlite3.Connection:
+        """The file opened, created or migrated to this schema, and checked (``PRAGMA quick_check``).
+        Raises sqlite3.DatabaseError (``recovery.is_damage``: a damaged file), ChatStoreError for a newer one."""
+        db = sqlitedb.connect(self.path, check_same_thread=False)
+        try:
+            db.row_factory = sqlite3.Row
             statements = [s for s in _SCHEMA.split(";") if s.strip()]
-            version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
+            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, statements, tables=_TABLES)
             if 0 < version < SCHEMA_VERSION:  # older files: add the columns, nothing else changed
-                with sqlitedb.transaction(self._db):
-                    version = sqlitedb.user_version(self._db)  # another process may have migrated it since
+                with sqlitedb.transaction(db):
+                    version = sqlitedb.user_version(db)  # another process may have migrated it since
                     for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
-                        self._db.execute(sql)
-                    self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                        db.execute(sql)
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
                 raise ChatStoreError(
                     f"{self.path} was written by a newer edge-agent (schema {version}). "
                     "Upgrade edge-agent, or move the file away to start a fresh history."
                 )
-            # Answers still 'running' were cut off when the app last died.
-            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
-        except sqlite3.DatabaseError as e:
-            raise ChatStoreError(
-                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
-            ) from e
+            recovery.check(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _recover(self, reason: str) -> sqlite3.Connection:
+        """Move the damaged file aside, open a new one and copy into it every chat, message and event
+        still readable; messages whose chat was lost get a chat of their own ("Recovered chat")."""
+        try:
+            aside: Path | None = recovery.set_aside(self.path)
+        except FileNotFoundError:  # another process set it aside first (and salvages it)
+            aside = None
+        db = self._open()
+        if aside is None:
+            return db
+        db.execute("PRAGMA foreign_keys=OFF")  # rows arrive table by table; orphans are mended below
+        counts = recovery.salvage(aside, db, _TABLES)
+        with sqlitedb.transaction(db):
+            db.execute("INSERT INTO chats(id, title, created, updated) SELECT chat_id, 'Recovered chat', "
+                       "MIN(created), MAX(created) FROM messages WHERE chat_id NOT IN (SELECT id FROM chats) "
+                       "GROUP BY chat_id")
+            db.execute("DELETE FROM events WHERE message_id NOT IN (SELECT id FROM messages)")
+        db.execute("PRAGMA foreign_keys=ON")
+        n_chats = db.execute("SELECT COUNT(*) FROM chats").fetchone()[0]
+        recovery.notice(
+            f"The chat history {self.path} was damaged ({reason}). Recovered {n_chats} chats, "
+            f"{counts['messages']} messages and {counts['events']} answer events into a new file; the damaged "
+            f"file is kept as {aside}.")
+        return db
 
     def close(self) -> None:
         with self._lock:

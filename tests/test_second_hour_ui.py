@@ -147,3 +147,31 @@ async def test_heic_in_the_picker_preview_and_asked_in_the_app(edge_home, tiny_m
         assert any(isinstance(e, ev.ImageEvaluated) and e.source == "image" for e in events), \
             [n.message for n in app._notifications]
         assert next(e for e in events if isinstance(e, ev.RunStarted)).image == str(heic.resolve())
+
+
+# --- item 11: the app starts on recovered files -------------------------------------------------------
+@pytest.mark.asyncio
+async def test_the_app_starts_on_a_recovered_history_and_says_so_once(edge_home, tmp_path):
+    """A damaged chats.sqlite3, config.toml and search cache: the app opens, lists the salvaged chats,
+    and says once for each what was recovered and where the original is kept."""
+    from edge_agent.recovery import take_notices
+    from tests.test_second_hour_cli import chats_file, damage
+    from tests.ui_fakes import scripted_app, settle
+
+    take_notices()  # nothing left over from another test in this process
+    damage(chats_file(edge_home, 12), "page in the middle")
+    (edge_home / "config.toml").write_text("mode = [\n")
+    (edge_home / "search-cache.sqlite3").write_bytes(b"\x00garbage" * 500)
+    app, _ = scripted_app(Settings.load(), tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot_wait_until(pilot, lambda: sum("damaged" in n.message or "could not be read" in n.message
+                                                  for n in app._notifications) == 3, what="three notices")
+        said = [n.message for n in app._notifications if n.title == "Recovered a damaged file"]
+        assert len(said) == 3
+        chats = next(m for m in said if "chat history" in m)
+        assert "Recovered 12 chats" in chats and f"kept as {next(edge_home.glob('chats.sqlite3.damaged-*'))}" in chats
+        assert len(app.store.list_chats()) == 12
+        await pilot.pause(0.2)
+        assert len([n for n in app._notifications if n.title == "Recovered a damaged file"]) == 3  # once each
+    assert take_notices() == []
