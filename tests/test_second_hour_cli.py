@@ -306,20 +306,23 @@ def test_chats_show_and_export(env, tiny_models, image, tmp_path):
 
 
 # --- item 9: every setting validated, with its range ---------------------------------------------------
-@pytest.mark.parametrize("key, value, says", [
-    ("n_ctx", "100", "n_ctx must be at least"),  # the number needed (see the next test)
-    ("seprod_tau", "2", "seprod_tau must be between 0 and 1"),
-    ("temperature", "-1", "temperature must be between 0 and 5"),
-    ("searxng_url", "notaurl", "searxng_url must be an http:// or https:// URL"),
-    ("theme", "nosuchtheme", "theme must be empty (the default) or one of ansi-dark"),
-    ("state_cache_mb", "-5", "Setting state_cache_mb must be at least 0, not -5"),
-    ("max_turns", "500", "max_turns must be between 1 and 50"),
-    ("search_timeout", "0", "search_timeout must be greater than 0 and at most 600"),
-    ("mmproj", "/no/such/mmproj.gguf", "mmproj: no file"),
-])
-def test_config_set_refuses_values_that_cannot_work(edge_home, key, value, says):
+REFUSED = {  # "key value": what the refusal says
+    "n_ctx 100": "n_ctx must be at least",  # the number needed (see the next test)
+    "seprod_tau 2": "seprod_tau must be between 0 and 1",
+    "temperature -1": "temperature must be between 0 and 5",
+    "searxng_url notaurl": "searxng_url must be an http:// or https:// URL",
+    "theme nosuchtheme": "theme must be empty (the default) or one of ansi-dark",
+    "state_cache_mb -5": "Setting state_cache_mb must be at least 0, not -5",
+    "max_turns 500": "max_turns must be between 1 and 50",
+    "search_timeout 0": "search_timeout must be greater than 0 and at most 600",
+    "mmproj /no/such/mmproj.gguf": "mmproj: no file",
+}
+
+
+@pytest.mark.parametrize("setting, says", REFUSED.items())
+def test_config_set_refuses_values_that_cannot_work(edge_home, setting, says):
     """Refused with the setting's own name and valid range; nothing saved."""
-    r = edge("config", "set", key, value)
+    r = edge("config", "set", *setting.split(" ", 1))
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "observation_max_tokens" not in r.stderr
     assert not (edge_home / "config.toml").exists()
@@ -528,3 +531,21 @@ def test_a_damaged_search_cache_is_set_aside_and_salvaged(edge_home):
     assert 40 <= json.loads(r.stdout)["entries"] < 60
     asides = list(edge_home.glob("search-cache.sqlite3.damaged-*"))
     assert len(asides) == 1 and asides[0].read_bytes() == damaged and r.stderr.count("was damaged") == 1
+
+
+def test_eval_predictions_carry_no_control_characters(edge_home, tiny_models, tmp_path):
+    """`eval` with the tiny model sampled hot: the stored predictions and the report are clean (item 8)."""
+    from scripts.make_synthetic_vqa import make_dataset
+
+    data = make_dataset(tmp_path / "svqa", n=4, seed=0, size=(200, 150))
+    out = tmp_path / "out"
+    hot = {**{f"EDGE_AGENT_{k}": v for k, v in SMALL.items()}, "EDGE_AGENT_TEMPERATURE": "1.5"}
+    r = edge("eval", str(data), "--modes", "ssr", "--out", str(out), "--offline", *tiny(tiny_models), env=hot,
+             timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".md", ".txt")]
+    assert written
+    rows = [json.loads(line) for line in next(out.glob("*.jsonl")).read_text().splitlines()]
+    assert rows and any(row["prediction"] for row in rows)
+    for p in written:
+        assert not CONTROLS.search(p.read_text(encoding="utf-8").replace("\n", "")), p
