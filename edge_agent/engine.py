@@ -200,9 +200,8 @@ class Engine:
             if m is None:
                 continue
             out[role] = str(m.path)
-            mm = getattr(m, "mmproj_path", None)
-            if mm is not None:
-                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(mm)
+            if m.mmproj_path is not None:
+                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(m.mmproj_path)
         return out
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
