@@ -146,6 +146,26 @@ def test_tiny_model_cluster_run_equals_local(cluster, tiny_models, tiny_set, tin
 
 
 @pytest.mark.slow
+def test_compared_libraries_and_tau_run_on_the_cluster_as_locally(cluster, tiny_models, tiny_set, edge_home, tmp_path,
+                                                                   monkeypatch):
+    """`--rationales builtin,mine.json` (each SSR mode once per library) and another ssr_tau: the libraries
+    travel to the workers, and every column's records equal the local run's."""
+    _setenv(monkeypatch, {**TINY_ENV, "EDGE_AGENT_SSR_TAU": "0.5"})
+    lib = json.loads((ROOT / "edge_agent" / "data" / "rationales.json").read_text())
+    lib["rationales"] = [{**r, "text": r["text"].replace("I should", "Best to")} for r in lib["rationales"]]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(lib))
+    outs = {"local": tmp_path / "local", "cluster": tmp_path / "cl"}
+    for name, out in outs.items():
+        extra = ["--cluster", f"ray:{cluster}", "--workers", "2"] if name == "cluster" else []
+        res = _eval(*_tiny_args(tiny_set, out, tiny_models, "ssr,ssr+seprod"), "--rationales", f"builtin,{mine}", *extra)
+        assert res.exit_code == 0, res.output
+    local, remote = _records(outs["local"]), _records(outs["cluster"])
+    assert {r["mode"] for r in remote} == {"ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]", "ssr+seprod[mine]"}
+    assert len(remote) == 16 and _by_key(remote) == _by_key(local)
+
+
+@pytest.mark.slow
 def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
         cluster, tiny_models, tiny_set, tiny_local, edge_home, tmp_path, monkeypatch):
     """SIGKILL a worker process while it runs a question: Ray restarts it and retries the question; the run
