@@ -9,8 +9,9 @@ thread and reads from the UI thread through one connection guarded by a lock.
 
 Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's
 last answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none); ``messages(id, chat_id, role, text, image, status,
-created)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
-run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``events(message_id, seq, kind,
+created, context, replaced)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
+run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``replaced`` 1: a /retry or /edit
+took this exchange's place (shown, not continued: never part of the model's context again); ``events(message_id, seq, kind,
 data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
 was cut off by a crash and reads as ``interrupted``.
 """
@@ -28,15 +29,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from edge_agent import sqlitedb
+from edge_agent import recovery, sqlitedb
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
 
-# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files)
-SCHEMA_VERSION = 3
+# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
+# 4: messages.replaced (an exchange a /retry or /edit replaced)
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -54,7 +56,8 @@ CREATE TABLE IF NOT EXISTS messages (
     image TEXT,
     status TEXT NOT NULL DEFAULT 'done',
     created REAL NOT NULL,
-    context TEXT NOT NULL DEFAULT ''
+    context TEXT NOT NULL DEFAULT '',
+    replaced INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS events (
@@ -70,6 +73,7 @@ _TABLES = ("chats", "messages", "events")
 _MIGRATIONS = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
     "ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",
 )
 
 
@@ -95,6 +99,7 @@ class Message:
     status: str
     created: float
     events: list[ev.Event] = field(default_factory=list)
+    replaced: bool = False  # a /retry or /edit took this exchange's place
 
 
 @dataclass
@@ -132,10 +137,6 @@ class Continuation:
     def history(self) -> list[tuple[str, str]]:
         return [(q, a) for q, a, _ in self.exchanges if a]
 
-    def without_last(self) -> Continuation:
-        """The chat as it was before its last exchange (regenerate, edit and resend)."""
-        return Continuation(self.chat_id, self.exchanges[:-1], self.image, self.models)
-
 
 class ChatStoreError(EdgeAgentError):
     title = "Chat history problem"
@@ -152,28 +153,69 @@ class ChatStore:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlitedb.connect(self.path, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
+            try:
+                self._db = self._open()
+            except sqlite3.DatabaseError as e:
+                if not recovery.is_damage(e):
+                    raise
+                self._db = self._recover(recovery.Damaged(str(e)).reason)  # set aside, salvaged, said once
+            # Answers still 'running' were cut off when the app last died.
+            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise ChatStoreError(
+                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
+            ) from e
+
+    def _open(self) -> sqlite3.Connection:
+        """The file opened, created or migrated to this schema, and checked (``PRAGMA quick_check``).
+        Raises sqlite3.DatabaseError (``recovery.is_damage``: a damaged file), ChatStoreError for a newer one."""
+        db = sqlitedb.connect(self.path, check_same_thread=False)
+        try:
+            db.row_factory = sqlite3.Row
             statements = [s for s in _SCHEMA.split(";") if s.strip()]
-            version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
+            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, statements, tables=_TABLES)
             if 0 < version < SCHEMA_VERSION:  # older files: add the columns, nothing else changed
-                with sqlitedb.transaction(self._db):
-                    version = sqlitedb.user_version(self._db)  # another process may have migrated it since
+                with sqlitedb.transaction(db):
+                    version = sqlitedb.user_version(db)  # another process may have migrated it since
                     for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
-                        self._db.execute(sql)
-                    self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                        db.execute(sql)
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
                 raise ChatStoreError(
                     f"{self.path} was written by a newer edge-agent (schema {version}). "
                     "Upgrade edge-agent, or move the file away to start a fresh history."
                 )
-            # Answers still 'running' were cut off when the app last died.
-            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
-        except sqlite3.DatabaseError as e:
-            raise ChatStoreError(
-                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
-            ) from e
+            recovery.check(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _recover(self, reason: str) -> sqlite3.Connection:
+        """Move the damaged file aside, open a new one and copy into it every chat, message and event
+        still readable; messages whose chat was lost get a chat of their own ("Recovered chat")."""
+        try:
+            aside: Path | None = recovery.set_aside(self.path)
+        except FileNotFoundError:  # another process set it aside first (and salvages it)
+            aside = None
+        db = self._open()
+        if aside is None:
+            return db
+        db.execute("PRAGMA foreign_keys=OFF")  # rows arrive table by table; orphans are mended below
+        counts = recovery.salvage(aside, db, _TABLES)
+        with sqlitedb.transaction(db):
+            db.execute("INSERT INTO chats(id, title, created, updated) SELECT chat_id, 'Recovered chat', "
+                       "MIN(created), MAX(created) FROM messages WHERE chat_id NOT IN (SELECT id FROM chats) "
+                       "GROUP BY chat_id")
+            db.execute("DELETE FROM events WHERE message_id NOT IN (SELECT id FROM messages)")
+        db.execute("PRAGMA foreign_keys=ON")
+        n_chats = db.execute("SELECT COUNT(*) FROM chats").fetchone()[0]
+        recovery.notice(
+            f"The chat history {self.path} was damaged ({reason}). Recovered {n_chats} chats, "
+            f"{counts['messages']} messages and {counts['events']} answer events into a new file; the damaged "
+            f"file is kept as {aside}.")
+        return db
 
     def close(self) -> None:
         with self._lock:
@@ -222,8 +264,14 @@ class ChatStore:
         self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
 
     # --- messages ---
-    def add_user_message(self, chat_id: int, text: str, image: str | None = None) -> int:
+    def add_user_message(self, chat_id: int, text: str, image: str | None = None, *,
+                         replace_last: bool = False) -> int:
+        """A question of the chat. ``replace_last`` (a /retry or an edited question): it takes the place of
+        the chat's last exchange, which stays in the chat, marked replaced, but is no longer continued."""
         with self._lock:
+            if replace_last:
+                self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM messages "
+                           "WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
             cur = self._exec(
                 "INSERT INTO messages(chat_id, role, text, image, status, created) VALUES (?, 'user', ?, ?, 'done', ?)",
                 (chat_id, text, image, time.time()),
@@ -292,7 +340,8 @@ class ChatStore:
             raise _no_chat(chat_id)
         chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"])
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
+                          replaced=bool(m["replaced"]))
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:
@@ -305,6 +354,8 @@ class ChatStore:
         out: list[dict[str, Any]] = []
         pending: dict[str, Any] | None = None
         for m in self.load(chat_id).messages:
+            if m.replaced:
+                continue
             if m.role == "user":
                 pending = {"question": m.text, "image": m.image, "answer": ""}
             elif pending is not None:
@@ -316,7 +367,7 @@ class ChatStore:
 
     def continuation(self, chat_id: int) -> Continuation:
         """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
-        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
+        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? AND replaced=0 ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
             raise _no_chat(chat_id)
@@ -331,6 +382,12 @@ class ChatStore:
                 out.exchanges.append((question, r["text"], r["context"]))
                 question = None
         return out
+
+    def last_question(self, chat_id: int) -> tuple[str, str | None] | None:
+        """The chat's last question that was not replaced, and its image (what /retry asks again)."""
+        row = self._exec("SELECT text, image FROM messages WHERE chat_id=? AND role='user' AND replaced=0 "
+                         "ORDER BY id DESC LIMIT 1", (chat_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def latest_chat(self) -> int | None:
         """The chat with the most recent activity (``ask --continue``), or None when there is none."""
@@ -354,6 +411,7 @@ class ChatStore:
                     "text": m.text,
                     "image": m.image,
                     "status": m.status,
+                    "replaced": m.replaced,
                     "created": m.created,
                     "events": [redact_tree(e.to_json(), self._secrets) for e in m.events],
                 }
@@ -379,7 +437,9 @@ class ChatStore:
                 continue
             lines += ["## edge-agent", ""]
             lines += _events_markdown(m.events, ref)
-            lines += ["**Answer**" + ("" if m.status in ("answered", "done") else f" ({m.status})"), ""]
+            status = "" if m.status in ("answered", "done") else m.status
+            status = ", ".join(s for s in (status, "replaced by a later answer" if m.replaced else "") if s)
+            lines += ["**Answer**" + (f" ({status})" if status else ""), ""]
             lines += [redact_tree(m.text, self._secrets) or "_(no answer)_", ""]
         return "\n".join(lines).rstrip() + "\n"
 
@@ -409,7 +469,7 @@ class ChatStore:
                 return path
             files.mkdir(parents=True, exist_ok=True)
             dst = files / f"{len(copied):02d}-{src.name}"
-            shutil.copyfile(src, dst)
+            dst = _export_copy(src, dst)
             copied[path] = f"{files.name}/{dst.name}"
             return copied[path]
 
@@ -427,6 +487,25 @@ class ChatStore:
         except OSError as e:
             raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
                                  title="Export failed") from e
+
+
+_NOT_VIEWABLE = (".heic", ".heif", ".avif")  # formats few Markdown viewers and browsers show
+
+
+def _export_copy(src: Path, dst: Path) -> Path:
+    """Copy ``src`` to ``dst``; a HEIC/HEIF/AVIF photo becomes a JPEG instead (``dst`` with .jpg: Markdown
+    viewers show JPEG, not HEIC). Returns the file written."""
+    if src.suffix.lower() in _NOT_VIEWABLE:
+        from edge_agent.tools.images import jpeg_bytes, load_image
+
+        try:
+            jpeg = dst.with_suffix(".jpg")
+            jpeg.write_bytes(jpeg_bytes(load_image(src).image))
+            return jpeg
+        except EdgeAgentError:
+            pass  # it cannot be decoded here: the file as it is
+    shutil.copyfile(src, dst)
+    return dst
 
 
 def _no_chat(chat_id: int) -> ChatStoreError:

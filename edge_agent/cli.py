@@ -13,6 +13,7 @@ import sys
 import click
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.recovery import take_notices
 
 # name -> short help (shown without importing the module)
 COMMANDS = {
@@ -61,6 +62,9 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"Error: {e}", err=True)
             ctx.exit(2)
+        finally:  # a damaged file recovered on the way (chats, config, search cache): said once, here
+            for message in take_notices():
+                click.echo(f"Note: {message}", err=True)
 
 
 @click.group(cls=LazyGroup, invoke_without_command=True)

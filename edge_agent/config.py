@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import tomli_w
 
-from edge_agent.errors import ConfigError, EdgeAgentError
+from edge_agent.errors import ConfigError
 
 ENV_PREFIX = "EDGE_AGENT_"
 
@@ -71,7 +72,6 @@ HINTS = {
 }
 URL_FIELDS = ("wikipedia_url", "searxng_url", "brave_url", "gcv_url", "serpapi_url", "public_image_url_prefix")
 URL_EXAMPLES = {"searxng_url": "http://localhost:8888"}
-QUESTION_TOKENS = 128  # a short question and answer, beyond the system prompt (for min_n_ctx)
 # Textual's built-in themes (the app registers none of its own); tests/test_second_hour_cli.py keeps
 # this equal to textual.theme.BUILTIN_THEMES (config must not import Textual).
 THEMES = frozenset({
@@ -214,18 +214,16 @@ class Settings:
 
     # --- loading and saving -------------------------------------------------------------------
     @classmethod
-    def load(cls, overrides: dict[str, Any] | None = None, *, env: dict[str, str] | None = None) -> Settings:
-        """Defaults < config file < environment < ``overrides`` (None values in overrides are ignored)."""
+    def load(cls, overrides: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
+             check: Callable[[Settings], None] | None = None) -> Settings:
+        """Defaults < config file < environment < ``overrides`` (None values in overrides are ignored).
+        ``check``: passed to :meth:`validate`."""
         env = dict(os.environ) if env is None else env
         s = cls()
         if "EDGE_AGENT_HOME" in env:
             s.home = Path(env["EDGE_AGENT_HOME"]).expanduser()
         if s.config_path.exists():
-            try:
-                data = tomllib.loads(s.config_path.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{s.config_path} is not valid TOML ({e}). Fix or delete the file.") from e
-            s = s.updated(data, source=str(s.config_path))
+            s = s.updated(_read_config(s.config_path), source=str(s.config_path))
         from_env = {
             f.name: env[ENV_PREFIX + f.name.upper()]
             for f in fields(cls)
@@ -234,7 +232,7 @@ class Settings:
         s = s.updated(from_env, source="environment")
         if overrides:
             s = s.updated({k: v for k, v in overrides.items() if v is not None}, source="command line")
-        s.validate()
+        s.validate(check=check)
         return s
 
     def updated(self, values: dict[str, Any], source: str = "settings") -> Settings:
@@ -248,21 +246,20 @@ class Settings:
             changes[key] = _convert(key, raw, hints[key], source)
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> None:
-        """Raise ConfigError for the first setting whose value cannot work, naming it and its valid range."""
+    def validate(self, *, check: Callable[[Settings], None] | None = None) -> None:
+        """Raise ConfigError for the first setting whose value cannot work, naming it and its valid range.
+
+        ``check``: a further check by a layer that knows more than the settings (``agent.prompts.check_n_ctx``:
+        n_ctx against the system prompt these settings make), run before the ranges: a too small n_ctx is
+        best named by the number the prompt needs."""
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}.")
         if self.theme and self.theme not in THEMES:
             raise ConfigError(f"Setting theme must be empty (the default) or one of {', '.join(sorted(THEMES))}, "
                               f"not {self.theme!r}.")
-        if self.n_ctx < 4096:  # (checked only when small: building the prompt imports the agent, ~0.1 s)
-            need = self.min_n_ctx()
-            if self.n_ctx < need:
-                raise ConfigError(
-                    f"Setting n_ctx must be at least {need}, not {self.n_ctx}: the system prompt of these settings "
-                    f"alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer need "
-                    f"{QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx {max(need, 2048)}`.")
+        if check is not None:
+            check(self)
         for name, (lo, hi, lo_open) in RANGES.items():
             value = getattr(self, name)
             if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
@@ -292,22 +289,6 @@ class Settings:
                 raise ConfigError(f"Setting {name} must be at most half of n_ctx ({self.n_ctx // 2}), "
                                   f"not {getattr(self, name)}.")
 
-    def min_n_ctx(self) -> int:
-        """The least ``n_ctx`` that can work with these settings: the longest system prompt they can make
-        (every tool, an image, the user's instructions, the index-only plans) at 2.5 bytes per token (the
-        densest of the tokenizers we ship: the tiny test models' 2.7; Qwen3's and SmolLM2's ~3.5), plus
-        ``QUESTION_TOKENS`` for a question and a short answer."""
-        from edge_agent.agent.prompts import system_prompt
-        from edge_agent.agent.rationales import load_library
-
-        try:
-            library = load_library(self.rationales) if self.ssr_index_only else None
-        except EdgeAgentError:
-            library = None  # a bad library is reported when it is loaded
-        text = system_prompt(("zoom", "text_search", "image_search"), has_image=True, library=library,
-                             extra=self.system_prompt)
-        return -(-len(text.encode()) * 2 // 5) + QUESTION_TOKENS
-
     def save(self, keys: list[str] | None = None) -> Path:
         """Write the settings that differ from the defaults (or ``keys``) to ``config_path``."""
         default = Settings(home=self.home)
@@ -336,6 +317,23 @@ class Settings:
     def secrets(self) -> list[str]:
         """The secret values in use (for scrubbing text before it is logged or stored)."""
         return [getattr(self, n) for n in SECRET_FIELDS if getattr(self, n)]
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """The settings in ``path``. A file that is not TOML (or not UTF-8) is set aside, kept, and the
+    defaults are used; the person is told once (``edge_agent.recovery.notice``)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        from edge_agent import recovery
+
+        try:
+            aside = recovery.set_aside(path)
+        except FileNotFoundError:  # another process set it aside just now
+            return {}
+        recovery.notice(f"The settings file {path} could not be read ({e}). It is kept as {aside}; edge-agent "
+                        "runs on the default settings until you set them again (`edge-agent config set`).")
+        return {}
 
 
 def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:

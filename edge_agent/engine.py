@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import run_agent
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import ChatContexts
@@ -102,6 +103,7 @@ class Engine:
         from edge_agent.runtime import Model
 
         say = progress or (lambda msg, frac: None)
+        check_n_ctx(settings)  # a config file edited by hand: n_ctx too small for the system prompt
         say("Finding the model", 0.0)
         library = load_library(settings.rationales)  # a bad library fails before minutes of loading
         resolved = resolve(settings)
@@ -383,10 +385,13 @@ class Engine:
 
     def close(self) -> None:
         self.contexts.flush()  # saved states still being written
-        for part in (self.drafter, self.tools, self.prophet, self.model):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        if self.drafter is not None:
+            self.drafter.close()
+        if self.tools is not None:
+            self.tools.close()
+        if self.prophet is not None:
+            self.prophet.close()
+        self.model.close()
         self.contexts.live = None
 
     def __enter__(self) -> Engine:

@@ -199,7 +199,8 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
     cid = store.new_chat()
     store.close()
     db = sqlite3.connect(path)
-    db.executescript("ALTER TABLE chats DROP COLUMN models; PRAGMA user_version=2;")
+    db.executescript("ALTER TABLE chats DROP COLUMN models; ALTER TABLE messages DROP COLUMN replaced; "
+                     "PRAGMA user_version=2;")
     db.close()
     store = ChatStore(path)
     try:
@@ -305,20 +306,23 @@ def test_chats_show_and_export(env, tiny_models, image, tmp_path):
 
 
 # --- item 9: every setting validated, with its range ---------------------------------------------------
-@pytest.mark.parametrize("key, value, says", [
-    ("n_ctx", "100", "n_ctx must be at least"),  # the number needed (see the next test)
-    ("seprod_tau", "2", "seprod_tau must be between 0 and 1"),
-    ("temperature", "-1", "temperature must be between 0 and 5"),
-    ("searxng_url", "notaurl", "searxng_url must be an http:// or https:// URL"),
-    ("theme", "nosuchtheme", "theme must be empty (the default) or one of ansi-dark"),
-    ("state_cache_mb", "-5", "Setting state_cache_mb must be at least 0, not -5"),
-    ("max_turns", "500", "max_turns must be between 1 and 50"),
-    ("search_timeout", "0", "search_timeout must be greater than 0 and at most 600"),
-    ("mmproj", "/no/such/mmproj.gguf", "mmproj: no file"),
-])
-def test_config_set_refuses_values_that_cannot_work(edge_home, key, value, says):
+REFUSED = {  # "key value": what the refusal says
+    "n_ctx 100": "n_ctx must be at least",  # the number needed (see the next test)
+    "seprod_tau 2": "seprod_tau must be between 0 and 1",
+    "temperature -1": "temperature must be between 0 and 5",
+    "searxng_url notaurl": "searxng_url must be an http:// or https:// URL",
+    "theme nosuchtheme": "theme must be empty (the default) or one of ansi-dark",
+    "state_cache_mb -5": "Setting state_cache_mb must be at least 0, not -5",
+    "max_turns 500": "max_turns must be between 1 and 50",
+    "search_timeout 0": "search_timeout must be greater than 0 and at most 600",
+    "mmproj /no/such/mmproj.gguf": "mmproj: no file",
+}
+
+
+@pytest.mark.parametrize("setting, says", REFUSED.items())
+def test_config_set_refuses_values_that_cannot_work(edge_home, setting, says):
     """Refused with the setting's own name and valid range; nothing saved."""
-    r = edge("config", "set", key, value)
+    r = edge("config", "set", *setting.split(" ", 1))
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "observation_max_tokens" not in r.stderr
     assert not (edge_home / "config.toml").exists()
@@ -326,9 +330,10 @@ def test_config_set_refuses_values_that_cannot_work(edge_home, key, value, says)
 
 def test_n_ctx_floor_is_what_the_system_prompt_needs(edge_home):
     """The n_ctx floor grows with the user's own instructions; a value at the floor is accepted."""
+    from edge_agent.agent.prompts import min_n_ctx
     from edge_agent.config import Settings
 
-    need = Settings().min_n_ctx()
+    need = min_n_ctx(Settings())
     r = edge("config", "set", "n_ctx", str(need - 1))
     assert r.returncode == 2 and f"at least {need}, not {need - 1}" in r.stderr
     assert edge("config", "set", "n_ctx", str(need)).returncode == 0
@@ -421,3 +426,126 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
     Image.open(image).convert("RGB").save(jpeg)
     r = edge("models", "verify", str(jpeg))
     assert r.returncode == 2 and "not a GGUF file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF file") == 1
+
+
+# --- item 16: HEIC photos -----------------------------------------------------------------------------
+def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
+    """An iPhone photo (HEIC, written by pillow-heif) is read and reaches the model."""
+    from tests.test_second_hour_ui import write_heic
+
+    heic = write_heic(tmp_path / "IMG_0003.HEIC")
+    r = edge("ask", str(heic), "What colour is it?", *tiny(tiny_models), "--offline", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    seen = next(row for row in rows if row["event"] == "image_evaluated" and row["source"] == "image")
+    assert seen["tokens"] > 0 and rows[0]["image"] == str(heic)
+
+
+# --- item 11: damaged history is recovered ---------------------------------------------------------------
+def chats_file(home: Path, n: int = 40) -> Path:
+    """A chat history of ``n`` chats (a question, an answer with ~2 kB of events each: ~40 pages)."""
+    from edge_agent.agent import events as ev
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(home / "chats.sqlite3")
+    for i in range(n):
+        cid = store.new_chat()
+        store.add_user_message(cid, f"Question {i}?")
+        mid = store.start_answer(cid)
+        store.add_event(mid, ev.ReasoningDone(turn=1, text=f"thinking {i} " * 150, n_tokens=300, seconds=0.1))
+        store.add_event(mid, ev.FinalAnswer(answer=f"Answer {i}.", turns=1, stop_reason="answered"))
+    store.close()  # the last connection: the WAL is checkpointed into the file
+    return home / "chats.sqlite3"
+
+
+def damage(path: Path, how: str) -> bytes:
+    """Damage the file in place; returns the damaged bytes (what must be kept aside)."""
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) * 6 // 10]
+    elif how == "zeroed header":
+        data[:100] = bytes(100)
+    else:  # a damaged page in the middle
+        page = len(data) // 4096 // 2
+        data[page * 4096:(page + 1) * 4096] = bytes(range(256)) * 16
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("how, at_least", [("truncated", 15), ("zeroed header", 40), ("page in the middle", 30)])
+def test_a_damaged_chat_history_is_set_aside_and_salvaged(edge_home, how, at_least):
+    """`edge-agent chats` on a damaged file: the file is kept aside byte for byte, the readable chats
+    are listed from a new file, and what happened is said once (the next run says nothing)."""
+    path = chats_file(edge_home)
+    damaged = damage(path, how)
+    r = edge("chats", "--limit", "100")
+    assert r.returncode == 0, r.stderr
+    listed = [line for line in r.stdout.splitlines() if "Question" in line]
+    assert len(listed) >= at_least, (how, len(listed), r.stderr)
+    asides = list(edge_home.glob("chats.sqlite3.damaged-*"))
+    assert len(asides) == 1 and asides[0].read_bytes() == damaged
+    assert r.stderr.count("was damaged") == 1 and f"kept as {asides[0]}" in r.stderr
+    assert "Recovered" in r.stderr
+    again = edge("chats", "--limit", "100")
+    assert again.returncode == 0 and "damaged" not in again.stderr and again.stdout == r.stdout
+    shown = edge("chats", "show", listed[0].split()[0])
+    assert shown.returncode == 0 and "Answer" in shown.stdout
+
+
+def test_ask_continues_after_the_history_was_recovered(env, tiny_models, image):
+    """`ask` on a damaged history starts (saying so once) and saves its chat in the new file."""
+    damage(chats_file(env, 10), "zeroed header")
+    r = edge("ask", str(image), "What colour?", *tiny(tiny_models), "--offline")
+    assert r.returncode in (0, 1), r.stderr
+    assert r.stderr.count("was damaged") == 1
+    listed = edge("chats", "--limit", "100").stdout.splitlines()
+    assert len(listed) == 11 and "What colour?" in listed[0]
+
+
+def test_a_damaged_config_file_is_set_aside_and_defaults_used(edge_home):
+    """config.toml that is not TOML: commands run on the defaults, say so once, keep the file."""
+    (edge_home / "config.toml").write_text('mode = "freeform"\nthis is not toml [\n')
+    r = edge("config", "show", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mode"] == "ssr"
+    asides = list(edge_home.glob("config.toml.damaged-*"))
+    assert len(asides) == 1 and "not toml" in asides[0].read_text()
+    assert r.stderr.count("could not be read") == 1 and str(asides[0]) in r.stderr and "default" in r.stderr
+    assert not (edge_home / "config.toml").exists()
+    assert edge("config", "set", "mode", "freeform").returncode == 0
+    r = edge("config", "show", "--json")
+    assert json.loads(r.stdout)["mode"] == "freeform" and r.stderr == ""
+
+
+def test_a_damaged_search_cache_is_set_aside_and_salvaged(edge_home):
+    """The search cache with a damaged page: `cache stats` works on what was salvaged, says so, keeps it."""
+    from edge_agent.tools.cache import CacheEntry, SearchCache
+
+    cache = SearchCache(edge_home / "search-cache.sqlite3")
+    for i in range(60):
+        cache.put(CacheEntry(tool="text_search", backend="wikipedia", query=f"q{i}", image_sha256="", params={},
+                             results=[{"title": "t" * 500, "url": "https://e.org", "snippet": "s" * 500}]))
+    damaged = damage(edge_home / "search-cache.sqlite3", "page in the middle")
+    r = edge("cache", "stats", "--json")
+    assert r.returncode == 0, r.stderr
+    assert 40 <= json.loads(r.stdout)["entries"] < 60
+    asides = list(edge_home.glob("search-cache.sqlite3.damaged-*"))
+    assert len(asides) == 1 and asides[0].read_bytes() == damaged and r.stderr.count("was damaged") == 1
+
+
+def test_eval_predictions_carry_no_control_characters(edge_home, tiny_models, tmp_path):
+    """`eval` with the tiny model sampled hot: the stored predictions and the report are clean (item 8)."""
+    from scripts.make_synthetic_vqa import make_dataset
+
+    data = make_dataset(tmp_path / "svqa", n=4, seed=0, size=(200, 150))
+    out = tmp_path / "out"
+    hot = {**{f"EDGE_AGENT_{k}": v for k, v in SMALL.items()}, "EDGE_AGENT_TEMPERATURE": "1.5"}
+    r = edge("eval", str(data), "--modes", "ssr", "--out", str(out), "--offline", *tiny(tiny_models), env=hot,
+             timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".md", ".txt")]
+    assert written
+    rows = [json.loads(line) for line in next(out.glob("*.jsonl")).read_text().splitlines()]
+    assert rows and any(row["prediction"] for row in rows)
+    for p in written:
+        assert not CONTROLS.search(p.read_text(encoding="utf-8").replace("\n", "")), p

@@ -17,6 +17,7 @@ from edge_agent.errors import ConfigError
 from edge_agent.runtime.types import Generation
 from tests.fake_sessions import PairSession as FakeSession
 from tests.fake_sessions import ProphetModel as FakeModel
+from tests.fake_sessions import SlowModel
 
 V = 151_936
 
@@ -438,32 +439,6 @@ def test_stats_count_used_skipped_and_waited_rounds():
 # --------------------------------------------------------------------------------------------------
 # Drafts never block longer than they save (a prophet that takes real time per token)
 # --------------------------------------------------------------------------------------------------
-
-
-class SlowSession(FakeSession):
-    def generate(self, *, max_tokens, on_token=None, cancel=None, **kw):
-        toks = []
-        for c in self.model.script[:max_tokens]:
-            if cancel is not None and cancel.is_set():
-                self.log.append(("cancelled", len(toks)))
-                return Generation("".join(map(chr, toks)), toks, "cancelled", [self.model.logprob] * len(toks))
-            time.sleep(self.model.per_token)
-            toks.append(ord(c))
-            if on_token is not None:
-                on_token(c, ord(c))
-        self.log.append(("generate", max_tokens))
-        return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
-
-
-class SlowModel(FakeModel):
-    def __init__(self, script, per_token):
-        super().__init__(script)
-        self.per_token = per_token
-
-    def session(self):
-        s = SlowSession(self)
-        self.sessions.append(s)
-        return s
 
 
 def slow_drafter(per_token, **costs):

@@ -28,7 +28,7 @@ queries; and ``seprod_policy``: costs and the adaptive rule; import them from th
   :data:`seprod_math.STEER_ELSEWHERE`);
 - its events: DraftProposed, DraftVerified, DraftSkipped, AnswerToken(from_prophet), AgentError (no draft).
 
-What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
+What it does not know: llama.cpp (it talks to ``runtime.types.DraftModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
 zoom, an answering draft is the start of the answer), grammars, the UI, thread counts (the engine
 picks them; :func:`seprod_policy.shared_threads` is its rule; ``runtime.cores`` keeps the two
@@ -78,7 +78,7 @@ from edge_agent.agent.seprod_policy import (
     ema,
 )
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
-from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+from edge_agent.runtime.types import Checkpoint, DraftModelLike, SessionLike
 
 
 class _Job:
@@ -128,7 +128,7 @@ class _Job:
 class Drafter:
     """Drafts with the prophet model and verifies drafts on the agent's session.
 
-    ``prophet``: a loaded ModelLike sharing the agent's tokenizer (checked by whoever loads it).
+    ``prophet``: a loaded DraftModelLike sharing the agent's tokenizer (checked by whoever loads it).
     ``agent_vocab``: V of the agent's logits (for normalising ranks).
     ``draft_len`` (L_d), ``tau``, ``a0``: the SeProD settings; ``gamma``: see :func:`search_weight`.
     ``adaptive``: per-mode acceptance switches modes off and shortens L_d (:class:`Adaptive`); False
@@ -162,7 +162,7 @@ class Drafter:
 
     def __init__(
         self,
-        prophet: ModelLike,
+        prophet: DraftModelLike,
         *,
         agent_vocab: int,
         draft_len: int = 16,
@@ -235,7 +235,7 @@ class Drafter:
     def tokens_evaluated(self) -> int:
         """Prompt tokens the prophet has evaluated so far (its images in embeddings), all questions."""
         s = self._session
-        return self._evaluated_before + int(getattr(s, "n_evaluated", 0))  # a fake session has no counter
+        return self._evaluated_before + (s.n_evaluated if s is not None else 0)
 
     def totals(self) -> dict[str, float]:
         """This question's SeProD counters, for ``FinalAnswer.totals``."""
@@ -364,7 +364,7 @@ class Drafter:
         if s is None or key != self._prefilled_image or self._after_image is None:
             job.new_image = image is not None
             if s is not None:
-                self._evaluated_before += int(getattr(s, "n_evaluated", 0))
+                self._evaluated_before += s.n_evaluated
             self._session = None  # until the image is in: a failure here leaves no half-built session
             s = self.prophet.session()  # clears the prophet's KV cache
             s.append_text("<|im_start|>user\n", special=True)
@@ -412,12 +412,7 @@ class Drafter:
     def _text(self, tokens: Sequence[int], *, special: bool = False) -> str:
         if not tokens:
             return ""
-        if special:  # render control tokens too (runtime.Model takes ``special``; the protocol does not)
-            try:
-                return self.prophet.detokenize(list(tokens), special=True)  # type: ignore[call-arg]
-            except TypeError:
-                pass
-        return self.prophet.detokenize(list(tokens))
+        return self.prophet.detokenize(list(tokens), special=special)
 
     def _cut_length(self, tokens: list[int], cut: Sequence[str]) -> int:
         """Tokens whose text ends before the first marker of ``cut``. O(L) detokenizes of <= L tokens."""

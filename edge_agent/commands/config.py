@@ -39,7 +39,9 @@ def show(as_json: bool) -> None:
 def set_(key: str, value: str) -> None:
     """Set KEY to VALUE in the config file, e.g. `edge-agent config set mode freeform`."""
     # The new value is applied before validation, so a file holding a bad value can be fixed here.
-    s = Settings.load({key: value})
+    from edge_agent.agent.prompts import check_n_ctx
+
+    s = Settings.load({key: value}, check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
     _check_files(s, key)
     path = s.save()
     shown = "***" if key in SECRET_FIELDS else getattr(s, key)
@@ -68,6 +70,7 @@ def _check_files(s: Settings, key: str) -> None:
 @command.command("explain")
 def explain() -> None:
     """Describe every setting."""
+    from edge_agent.agent.prompts import min_n_ctx
     from edge_agent.config import CHOICES, RANGES, URL_FIELDS
 
     for f in fields(Settings):
@@ -76,7 +79,7 @@ def explain() -> None:
             click.echo(f"    valid: {', '.join(CHOICES[f.name])}")
         elif f.name in RANGES:
             lo, hi, lo_open = RANGES[f.name]
-            lo = Settings().min_n_ctx() if f.name == "n_ctx" else lo  # what the default system prompt needs
+            lo = min_n_ctx(Settings()) if f.name == "n_ctx" else lo  # what the default system prompt needs
             click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None else ""))
         elif f.name in URL_FIELDS:
             click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url", "public_image_url_prefix") else ""))

@@ -161,11 +161,6 @@ class Model:
         """Threads for token-by-token decoding (``share_cores`` may lower it)."""
         return self.handle.n_threads
 
-    @property
-    def vision_encodes(self) -> int:
-        """Images this model's projector encoded (reused embeddings not counted)."""
-        return self.handle.vision_encodes
-
     # ------------------------------------------------------------------------------ tokens
     # the vocabulary itself: :attr:`tokenizer` (pieces, end-of-generation tokens, special texts)
     def tokenize(self, text: str, *, special: bool) -> list[int]:
@@ -221,6 +216,11 @@ class Model:
                         digest = image_digest(bytes(image))
                         return not vision.embedding(self.handle, part.chunk, digest, self.mmproj_identity)[1]
         return False
+
+    @property
+    def vision_encodes(self) -> int:
+        """Images this model's projector encoded (reused embeddings not counted)."""
+        return self.handle.vision_encodes
 
     def share_cores(self, cores: CoreShare | None, role: str = FOREGROUND, *, n_threads: int = 0) -> None:
         """Compute within ``cores`` from now on, as the ``role`` (``runtime.cores``); None: alone.

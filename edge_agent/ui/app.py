@@ -52,8 +52,10 @@ class EdgeAgentApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         chat = ChatScreen(self.host, self.store.recent_questions())
         await self.push_screen(chat)
+        self.say_recovered()
         self.start_loading()
         self.prune_crops()
+        self.check_search_cache()
         if self.open_chat is not None:
             try:
                 await chat.open_chat(self.store.load(self.open_chat))
@@ -72,6 +74,25 @@ class EdgeAgentApp(App[None]):
             return
         if n:
             log.info("deleted %d old crop folders", n)
+
+    @work(thread=True, group="cache-check", exit_on_error=False)
+    def check_search_cache(self) -> None:
+        """Worker thread: open the search cache now, so a damaged one is set aside and salvaged (and said)
+        at start, not in the middle of an answer's search."""
+        from edge_agent.tools.cache import SearchCache
+
+        try:
+            SearchCache(self.settings.cache_path).stats()
+        except EdgeAgentError as e:  # the search itself reports it, with the fix
+            log.warning("search cache check: %s", e)
+        self.call_from_thread(self.say_recovered)
+
+    def say_recovered(self) -> None:
+        """A damaged settings file, chat history or search cache was set aside and salvaged: say so, once."""
+        from edge_agent.recovery import take_notices
+
+        for message in take_notices():
+            self.notify(message, title="Recovered a damaged file", severity="warning", timeout=30)
 
     def _theme_changed(self, theme: Theme) -> None:
         if theme.name != self.settings.theme:
@@ -96,6 +117,7 @@ class EdgeAgentApp(App[None]):
             self.pop_screen()
         self._tell_chat()
         self.notify(f"{self.host.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
+        self.say_recovered()  # the search cache is first opened while the model loads
 
     def on_engine_failed(self, m: EngineFailed) -> None:
         if not self.host.failed(m):

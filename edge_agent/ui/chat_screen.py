@@ -51,6 +51,8 @@ EMPTY_HINT_TEXT_ONLY = (
     "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. Ctrl+P: all commands."
 )
 
+TEXT_ONLY_IMAGE = ("The loaded model is text only (no mmproj): it cannot look at images. Choose a vision model in "
+                   "the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`, or ask without an image.")
 
 OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
 
@@ -133,6 +135,7 @@ class ChatScreen(Screen):
         self._prompt_history = history
         self._t0 = 0.0
         self._tokens = 0
+        self.reasoning_open = False  # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
         self.text_only = False  # the loaded model reads no images
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
         self._older: list[tuple[Message, str | None]] = []  # a long chat's messages not mounted yet
@@ -166,6 +169,10 @@ class ChatScreen(Screen):
     def set_text_only(self, text_only: bool) -> None:
         """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
         self.text_only = text_only
+        if text_only and self.image is not None:  # attached while the model loaded
+            self.notify(f"{Path(self.image).name} detached: {TEXT_ONLY_IMAGE}", title="Model cannot see images",
+                        severity="warning", timeout=8)
+            self.image = None
         self.query_one(PromptInput).placeholder = PLACEHOLDER_TEXT if text_only else PLACEHOLDER_VISION
         bar = self.query_one(AttachmentBar)
         bar.text_only = text_only
@@ -208,6 +215,11 @@ class ChatScreen(Screen):
 
     # --- images ---
     def attach(self, path: str | Path) -> bool:
+        """Attach an image for the next questions; False (and says why) when it cannot be: not an image,
+        or a loaded model that reads text only."""
+        if not self.host.sees_images:
+            self.notify(TEXT_ONLY_IMAGE, title="Model cannot see images", severity="error", timeout=8)
+            return False
         try:
             open_image(path)  # decodes once: a broken file fails here, not inside the model
         except EdgeAgentError as e:
@@ -218,13 +230,8 @@ class ChatScreen(Screen):
         if p not in self.images:
             self.images.append(p)
         self._show_images()
-        if not self.host.sees_images:
-            self.notify("The loaded model is text only (no mmproj): it cannot look at this image. Choose a vision "
-                        "model in the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`.",
-                        title="Model cannot see images", severity="warning", timeout=8)
-        else:
-            self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
-            self.host.prepare_image(p)  # the vision encode while the question is typed
+        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+        self.host.prepare_image(p)  # the vision encode while the question is typed
         return True
 
     def _show_images(self) -> None:
@@ -256,24 +263,27 @@ class ChatScreen(Screen):
     # --- the prompt ---
     @on(Input.Submitted, "#prompt")
     async def submitted(self, event: Input.Submitted) -> None:
+        """Enter: a command, a path to attach, or a question. The prompt is emptied only when its text is
+        used: refused (busy, no model, not an image), it stays as it was, to send again or fix."""
         text = event.value.strip()
         prompt = self.query_one(PromptInput)
         if not text:
             return
-        prompt.value = ""
         slash = parse_slash(text)
         if slash is not None:
+            if slash.name in ("retry", "regenerate", "edit") and self._say_busy():
+                return
+            prompt.value = ""
             await self.run_slash(slash.name, slash.arg)
             return
-        pasted = looks_like_image_path(text)
-        if pasted is not None:
-            self.attach(pasted)
-            return
-        path = path_like(text)
+        path = looks_like_image_path(text) or path_like(text)
         if path is not None:  # a path is never a question: attach it, or say why it cannot be
-            if not self.attach(path):
-                prompt.value = text  # kept, to fix a typo
+            if self.attach(path):
+                prompt.value = ""
             return
+        if not self._can_ask():
+            return
+        prompt.value = ""
         prompt.remember(text)
         await self.ask(text, self.image)
 
@@ -312,14 +322,30 @@ class ChatScreen(Screen):
 
     def _last_question(self) -> tuple[str, str | None] | None:
         """The chat's last question and the image it was about (None: nothing asked yet)."""
-        if self.chat_id is None:
-            return None
-        last = next((m for m in reversed(self.store.load(self.chat_id).messages) if m.role == "user"), None)
-        return (last.text, last.image) if last is not None else None
+        return self.store.last_question(self.chat_id) if self.chat_id is not None else None
+
+    def _say_busy(self) -> bool:
+        """True (and says so) while an answer runs."""
+        if self.running is None:
+            return False
+        self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
+        return True
+
+    def _can_ask(self) -> bool:
+        """True when a question can go to the model now; else says why."""
+        if self.host.engine is None:
+            if self.host.state == "loading":
+                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
+                            severity="warning")
+            else:
+                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
+                            severity="error")
+            return False
+        return not self._say_busy()
 
     async def action_retry(self) -> None:
         """Answer the last question again (a new answer; also after a stopped or failed one), with
-        the context the first answer had."""
+        the context the first answer had: the new exchange takes the last one's place."""
         last = self._last_question()
         if last is None:
             self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry", timeout=4)
@@ -328,6 +354,8 @@ class ChatScreen(Screen):
 
     def action_edit_last(self) -> None:
         """Put the last question back in the prompt; sent, it replaces the last exchange in the context."""
+        if self._say_busy():
+            return
         last = self._last_question()
         if last is None:
             self.notify("Nothing to edit yet: ask a question first.", title="Nothing to edit", timeout=4)
@@ -342,50 +370,38 @@ class ChatScreen(Screen):
     async def ask(self, question: str, image: str | None, *, replace_last: bool = False) -> None:
         """Ask in this chat about ``image`` (None: no image). ``replace_last``: the model does not see
         the chat's last exchange (a retry or an edited question takes its place)."""
-        replace_last = replace_last or self._replace_last
+        if not self._can_ask():
+            return
+        engine = self.host.engine
+        assert engine is not None
+        replace_last = (replace_last or self._replace_last) and self.chat_id is not None
         self._replace_last = False
-        host = self.host
-        if host.engine is None or self.running is not None:
-            self.query_one(PromptInput).value = question  # not asked: keep it to send again
-        if host.engine is None:
-            if host.state == "loading":
-                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
-                            severity="warning")
-            else:
-                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
-                            severity="error")
-            return
-        if self.running is not None:
-            self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
-            return
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
-        # The chat continues from the model's kept context of its last answer (or, failing that, its
-        # earlier exchanges as text); a retry or an edited question continues from the one before.
+        # The chat continues from the model's kept context of its last answer that was not replaced (or,
+        # failing that, its exchanges as text): a retry or an edited question continues from the one before.
+        self.store.add_user_message(self.chat_id, question, image, replace_last=replace_last)
         cont = self.store.continuation(self.chat_id)
-        last = self._last_question() if replace_last else None
-        if last is not None and cont.exchanges and cont.exchanges[-1][0] == last[0]:
-            cont = cont.without_last()
-        self.store.add_user_message(self.chat_id, question, image)
-        message_id = self.store.start_answer(self.chat_id, models=host.engine.files)
+        message_id = self.store.start_answer(self.chat_id, models=engine.files)
         self.sub_title = self.store.load_title(self.chat_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()
-        view = AnswerView(message_id, image)
+        if replace_last:
+            self.transcript.mark_last_replaced()
+        view = AnswerView(message_id, image, collapse_when_done=not self.reasoning_open)
         await self.transcript.mount_all([UserMessage(question, image), view])
         self.transcript.scroll_end(animate=False)
         self.running = message_id
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        host.ask(Question(message_id, question, image, cont.history, cont.context), self)
+        self.host.ask(Question(message_id, question, image, cont.history, cont.context), self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)
         if view is None or view.status != "running":
             return  # cancelled from the UI already: late events are stored, not shown
-        follow = self.transcript.is_vertical_scroll_end or self.transcript.max_scroll_y == 0
-        await view.apply(m.event)
+        await view.apply(m.event)  # the transcript is anchored: it follows the end unless scrolled up
         if isinstance(m.event, ev.ToolFinished) and m.event.name in ("text_search", "image_search"):
             if m.event.status == "unreachable":
                 self.status.network_down = True
@@ -403,8 +419,6 @@ class ChatScreen(Screen):
             tps = view.tokens_per_second()
             if tps:
                 self.status.tokens_per_second = tps
-        if follow:
-            self.transcript.scroll_end(animate=False)
 
     async def on_ask_finished(self, m: AskFinished) -> None:
         view = self.transcript.answer(m.message_id)
@@ -430,12 +444,13 @@ class ChatScreen(Screen):
 
     # --- reasoning, mode, settings ---
     def action_toggle_reasoning(self) -> None:
+        """Open every answer's reasoning, new answers' too (or close them all)."""
         answers = self.transcript.answers()
-        if not answers:
-            return
-        last = answers[-1]
-        expand = any(t.collapsed for t in last.turns.values())
-        last.set_expanded(expand)
+        self.reasoning_open = any(t.collapsed for a in answers for t in a.turns.values()) or (
+            not self.reasoning_open and not any(a.turns for a in answers))
+        for a in answers:
+            a.collapse_when_done = not self.reasoning_open
+            a.set_expanded(self.reasoning_open)
 
     def action_toggle_mode(self) -> None:
         self.post_message(SettingsRequested({"mode": "freeform" if self.host.settings.mode == "ssr" else "ssr"}))
@@ -468,6 +483,7 @@ class ChatScreen(Screen):
             await self.action_cancel()
         self.chat_id, self.image, self.images = None, None, []
         self._replace_last, self._older = False, []
+        self.transcript.restart()
         await self.transcript.remove_children()
         await self.transcript.mount(Static(self.empty_hint(), classes="empty-hint"))
         self.sub_title = "new chat"
@@ -482,6 +498,7 @@ class ChatScreen(Screen):
         length opens at once."""
         if self.running is not None:
             await self.action_cancel()
+        self.transcript.restart()
         await self.transcript.remove_children()
         self.chat_id = chat.id
         self._replace_last = False
@@ -504,7 +521,7 @@ class ChatScreen(Screen):
         for p in chat.images:
             if p not in self.images:
                 self.images.append(p)
-        self.image = image
+        self.image = None if self.text_only else image
         self._show_images()
         self.transcript.scroll_end(animate=False)
         # The chat's context is restored, not read again; its photo matters only to the prophet, which
@@ -512,13 +529,14 @@ class ChatScreen(Screen):
         if image is not None and self.host.drafting:
             self.host.prepare_image(image)
 
-    @staticmethod
-    async def _message_widget(m: Message, image: str | None) -> UserMessage | AnswerView:
+    async def _message_widget(self, m: Message, image: str | None) -> UserMessage | AnswerView:
         """One stored message as its widget, built unmounted (mounted in one go with its page)."""
         if m.role == "user":
-            return UserMessage(m.text, m.image)
-        view = AnswerView(m.id, image)
+            return UserMessage(m.text, m.image, replaced=m.replaced)
+        view = AnswerView(m.id, image, collapse_when_done=not self.reasoning_open, replaced=m.replaced)
         await view.replay(m.events, m.status, m.text)
+        if self.reasoning_open:
+            view.set_expanded(True)
         return view
 
     async def show_earlier(self) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from textual.message_pump import MessagePump
 
 from edge_agent.agent import events as ev
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.chats import ChatStore
 from edge_agent.config import Settings
 from edge_agent.errors import Cancelled, EdgeAgentError
@@ -212,7 +213,7 @@ class EngineHost:
         loaded for them). Applied to the loaded engine when it can take them, else a new engine is loaded.
         Model files are saved once a load with them succeeds. Raises ConfigError for a bad value."""
         new = self.settings.updated(changes, source="the app")
-        new.validate()
+        new.validate(check=check_n_ctx)
         changed = {f.name for f in dataclasses.fields(Settings) if getattr(new, f.name) != getattr(self.settings, f.name)}
         self.settings = new
         if not changed:

@@ -19,6 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import load_library
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError
@@ -141,7 +142,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def action_save(self) -> None:
         try:
             new = self.settings.updated(self.values(), source="the settings screen")
-            new.validate()
+            new.validate(check=check_n_ctx)
             if new.rationales != self.settings.rationales:
                 load_library(new.rationales)  # a bad library file is refused here, not at the next question
         except ConfigError as e:
