@@ -197,6 +197,21 @@ async def test_a_long_chat_opens_at_its_end_home_loads_more_and_resizing_keeps_t
         await pilot_wait_until(pilot, lambda: len(tr.query(UserMessage)) > shown, what="Home to load more")
 
 
+async def test_answers_that_close_their_turns_keep_the_end_in_view(settings, tmp_path):
+    """Each answer closes its reasoning blocks when done: the transcript stays at its end (a closing
+    block does not scroll itself into view)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        tr = app.chat_screen.transcript
+        for q in ("one?", "two?", "three?"):
+            await type_and_enter(pilot, q)
+            await settle(pilot)
+            await pilot.pause(0.2)  # the blocks' own scrolling runs after a refresh
+            assert tr.is_vertical_scroll_end, (q, tr.scroll_y, tr.max_scroll_y)
+        assert tr.max_scroll_y > 0
+
+
 # --- item 8 (rendering): model text stays readable ---------------------------------------------------
 def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
     assert readable_markdown(">" * 20) == "\\" + ">" * 20

@@ -11,10 +11,10 @@ exchange a /retry or /edit replaced stays in view, dimmed and marked.
 from __future__ import annotations
 
 from rich.text import Text
-from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
@@ -283,13 +283,18 @@ class Transcript(VerticalScroll):
         self.anchor(False)
         self._anchor_when_full = True
 
-    def on_resize(self, event: events.Resize) -> None:
+    def watch_virtual_size(self, size: Size) -> None:
         # Anchored, the end stays in view as answers stream, pages are built and the terminal resizes,
         # until the user scrolls up (scrolling back to the end anchors it again). Not before the chat
-        # fills the view: an anchored short chat would sit at the bottom.
-        if self._anchor_when_full and event.virtual_size.height > self.scrollable_content_region.height:
+        # fills the view: an anchored short chat would sit at the bottom (as one would whose open
+        # reasoning blocks filled the view while it ran, then closed).
+        full = size.height > self.scrollable_content_region.height
+        if full and self._anchor_when_full:
             self._anchor_when_full = False
             self.anchor()
+        elif not full and not self._anchor_when_full:
+            self.restart()
+            self.scroll_home(animate=False, immediate=True)
 
     def action_top(self) -> None:
         """Home: to the top; already there, a long chat's earlier messages are asked for."""
