@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from edge_agent.agent.context import Opened, append_segments
 from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
 from edge_agent.runtime.state import KeyHasher, SessionState, StateError, StateStore, image_digest
-from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+from edge_agent.runtime.types import ChatModelLike, ChatSessionLike, Checkpoint, SessionLike
 
 
 @dataclass
@@ -42,12 +42,12 @@ class ChatContexts:
     ``image_tokens``: what one attached image is expected to cost (for that estimate).
     """
 
-    def __init__(self, model: ModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
+    def __init__(self, model: ChatModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
         self.model = model
         self.store = store
         self.reserve = reserve
         self.image_tokens = image_tokens
-        self.live: SessionLike | None = None
+        self.live: ChatSessionLike | None = None
         self.boundaries: list[_Boundary] = []  # clean points of the live session, oldest first
         self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
 
@@ -57,7 +57,9 @@ class ChatContexts:
         return QuestionContext(self, continue_from, list(history))
 
     # ---- the live session's boundaries ------------------------------------------------------------
-    def _live_at(self, key: str) -> tuple[SessionLike, _Boundary] | None:
+    def live_at(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
+        """The live session rolled back to its boundary ``key`` (later boundaries forgotten); None when
+        the live session never passed it."""
         for i, b in enumerate(self.boundaries):
             if b.key == key and self.live is not None:
                 self.live.rollback(b.cp)
@@ -65,7 +67,9 @@ class ChatContexts:
                 return self.live, b
         return None
 
-    def _restored(self, key: str) -> tuple[SessionLike, _Boundary] | None:
+    def restore_saved(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
+        """The state saved under ``key`` restored into a new live session; None when there is none or it
+        does not fit (a state that does not fit is removed)."""
         if self.store is None:
             return None
         st = self.store.get(key, self.model.identity)
@@ -81,7 +85,7 @@ class ChatContexts:
         self.live, self.boundaries = s, [b]
         return s, b
 
-    def mark(self, s: SessionLike, system_key: str, label: str) -> str:
+    def mark(self, s: ChatSessionLike, system_key: str, label: str) -> str:
         """Record the session's current point as a clean boundary (and save it); returns its key.
         ``system_key``: the key of the system prompt this context starts with ('' when it is this point)."""
         key = s.key()
@@ -100,13 +104,13 @@ class ChatContexts:
             key = self._system_keys[system] = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
         return key
 
-    def system_session(self, system: str) -> tuple[SessionLike, str, str]:
+    def system_session(self, system: str) -> tuple[ChatSessionLike, str, str]:
         """A session holding exactly ``system``: (session, its key, "live" | "restored" | "evaluated")."""
         key = self.system_key(system)
-        found = self._live_at(key)
+        found = self.live_at(key)
         if found is not None:
             return found[0], key, "live"
-        found = self._restored(key)
+        found = self.restore_saved(key)
         if found is not None:
             return found[0], key, "restored"
         s = self.model.session()
@@ -125,23 +129,24 @@ class QuestionContext:
     """``agent.context.ChatContext`` for one question of one chat."""
 
     def __init__(self, owner: ChatContexts, continue_from: str, history: list[tuple[str, str]]) -> None:
-        self.o = owner
+        self.owner = owner
         self.continue_from = continue_from
         self.history = history
         self.base: _Boundary | None = None  # where this question started (rolled back to on abandon)
         self.system_key = ""
+        self.session: ChatSessionLike | None = None  # the session open() handed the loop
 
     def open(self, system: str, question: str, image: bytes | None, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
-        o = self.o
+        o = self.owner
         sys_key = o.system_key(system)
         reason = ""
         if self.continue_from:
-            found = o._live_at(self.continue_from)
+            found = o.live_at(self.continue_from)
             source = "live"
             if found is None:
-                found, source = o._restored(self.continue_from), "restored"
+                found, source = o.restore_saved(self.continue_from), "restored"
             if found is None:
                 reason = "no saved state"
             elif found[1].system_key != sys_key:
@@ -154,6 +159,7 @@ class QuestionContext:
                     self.base, self.system_key = b, sys_key
                     reused, n0 = s.n_cells, s.n_evaluated
                     images = append_segments(s, segs, cancel=cancel)
+                    self.session = s
                     return Opened(s, source, tokens_reused=reused, tokens_evaluated=s.n_evaluated - n0,
                                   images=images, seconds=time.perf_counter() - t0)
                 reason = "the context is full: earlier answers kept as text"
@@ -164,6 +170,7 @@ class QuestionContext:
         pairs = self._fit(s, question, image)
         segs = [*history_segments(pairs), *question_segments(question, image)]
         images = append_segments(s, segs, cancel=cancel)
+        self.session = s
         source = "rebuilt" if (self.continue_from or pairs) else "new"
         if source == "rebuilt" and not reason:
             reason = "history as text"
@@ -175,14 +182,14 @@ class QuestionContext:
         n = 0
         for seg in segs:
             if isinstance(seg, Img):
-                n += self.o.image_tokens
+                n += self.owner.image_tokens
             elif isinstance(seg, Text):
                 n += len(s.tokenize(seg.text, special=seg.special))
         return n
 
     def _fit(self, s: SessionLike, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
-        room = self.o.model.n_ctx - s.n_cells - self.o.reserve - self._estimate(s, question_segments(question, image))
+        room = self.owner.model.n_ctx - s.n_cells - self.owner.reserve - self._estimate(s, question_segments(question, image))
         out: list[tuple[str, str]] = []
         for q, a in reversed(self.history):
             need = self._estimate(s, history_segments([(q, a)]))
@@ -193,14 +200,16 @@ class QuestionContext:
         return out[::-1]
 
     def answered(self, session: SessionLike) -> str:
-        o = self.o
-        key = o.mark(session, self.system_key, "chat")
+        o = self.owner
+        if self.session is None or session is not self.session:
+            raise ValueError("answered() takes the session this question's open() handed out")
+        key = o.mark(self.session, self.system_key, "chat")
         if o.store is not None and self.continue_from and self.continue_from != key:
             o.store.discard(self.continue_from)  # the chat goes on from here: its older state is superseded
         return key
 
     def abandon(self) -> None:
-        o = self.o
+        o = self.owner
         if self.base is None or o.live is None:
             return
         for i, b in enumerate(o.boundaries):

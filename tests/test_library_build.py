@@ -390,7 +390,7 @@ def test_library_ask_hands_each_column_its_library(edge_home):
         settings = Settings.load()
         calls: list = []
 
-        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None):
+        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None, seed=None):
             self.calls.append((mode, seprod, options.library if options else None))
             return iter(())
 
