@@ -136,18 +136,19 @@ def raw_prefill(model: Any, cores: int) -> dict[str, Any]:
     from edge_agent.runtime.cores import FOREGROUND
 
     toks = _filler(model, PREFILL_TOKENS)
-    threads0, batch0 = model.n_threads, model.n_threads_batch
+    h = model.handle  # the runtime's llama.cpp handle: its batch thread count is not a public setting
+    threads0, batch0 = h.n_threads, h.n_threads_batch
     out: dict[str, float] = {}
     try:
         for n in sorted({1, cores}):
-            model.n_threads_batch = n
+            h.n_threads_batch = n
             model.share_cores(None, FOREGROUND, n_threads=threads0)  # applies (decode, batch) threads
             s = model.session()
             t0 = time.perf_counter()
             s.append_tokens(toks)
             out[str(n)] = round(len(toks) / (time.perf_counter() - t0), 2)
     finally:
-        model.n_threads_batch = batch0
+        h.n_threads_batch = batch0
         model.share_cores(None, FOREGROUND, n_threads=threads0)
         model.session()  # leave an empty context behind
     return out
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     shape, files = resolve_files(args, ap)
-    from edge_agent.runtime._lib import physical_cores
+    from edge_agent.runtime.cores import physical_cores
 
     cores = physical_cores()
     with tempfile.TemporaryDirectory(prefix="bench-question-") as tmp:
