@@ -165,11 +165,12 @@ class ChatContexts:
         return n
 
     # ---- read-ahead ---------------------------------------------------------------------------------
-    def read_ahead(self, system: str, continue_from: str, image: bytes | None, text: str, *,
+    def read_ahead(self, system: str, continue_from: str, image: bytes | None, text: str, *, closed: bool = False,
                    cancel: threading.Event | None = None) -> AheadState | None:
         """Read what the person has given so far (``image``: the attached photo's model PNG; ``text``: the
-        question's stable prefix) into the pending user turn after the chat ``continue_from`` ('' a new
-        chat: after the system prompt, evaluated or restored here if need be). Keeps what was read
+        question's stable prefix; ``closed``: it is the whole question, the turn's end is read too) into
+        the pending user turn after the chat ``continue_from`` ('' a new chat: after the system prompt,
+        evaluated or restored here if need be). Keeps what was read
         already as far as it still matches. ``cancel`` stops a text step (raises ``Cancelled``); an
         image is always finished (it is never decoded twice). None: nothing can be read ahead (the
         question will rebuild the chat, or the context is too full)."""
@@ -182,7 +183,7 @@ class ChatContexts:
         else:
             s = self.system_session(system)[0]
             b = self.boundaries[-1]
-        segs = question_segments(text, self.unless_held(s, b, image), closed=False)
+        segs = question_segments(text, self.unless_held(s, b, image), closed=closed)
         if not self.fits(s, b, [*segs, Text("x" * 16)]):
             return None
         self.pending.extend(s, b.cp, elements(s, segs), cancel=cancel)

@@ -267,12 +267,16 @@ class Engine:
         the ``type_ahead`` setting is off). Returns at once (the app calls it on attach, detach and every
         change of the prompt). The question then keeps what still matches and evaluates only the rest;
         nothing read ahead is ever saved as part of the chat."""
-        words = stable_prefix(text) if self.settings.type_ahead else ""
-        self._reader.want(Target(context or "", str(image) if image is not None else None, words))
+        words, closed = stable_prefix(text) if self.settings.type_ahead else ("", False)
+        self._reader.want(Target(context or "", str(image) if image is not None else None, words, closed))
 
     def read_ahead_idle(self, timeout: float = 10.0) -> bool:
         """Wait until what was asked for is read ahead (tests, benchmarks); False on timeout."""
         return self._reader.idle(timeout)
+
+    def stop_read_ahead(self) -> None:
+        """Stop the read-ahead worker for good (``close`` does it too; benchmarks that keep the model)."""
+        self._reader.close()
 
     def drop_read_ahead(self) -> None:
         """Roll back whatever was read ahead (a new chat, leaving a chat): the chat's context as it was."""
@@ -293,7 +297,7 @@ class Engine:
             png = self._fitted_png(target.image, loaded)
         options = AgentOptions.from_settings(self.settings, mode=self.settings.mode, library=self.library)
         system = system_for(Toolbox(None, self.tools, vision=self.model.has_vision), options)
-        return self.contexts.read_ahead(system, target.context, png, target.text, cancel=stop)
+        return self.contexts.read_ahead(system, target.context, png, target.text, closed=target.closed, cancel=stop)
 
     def _ahead_read(self, state: AheadState | None) -> None:
         if self.on_read_ahead is not None:

@@ -2,11 +2,12 @@
 attached photo, the whole words typed) into the chat's pending user turn while they type.
 
 Knows: the latest thing asked for (a :class:`Target`: which chat, which image, which words), how often
-to act on it (an image at once; words after a short quiet ``debounce``, so a paste followed by edits is
-read once), and the one rule that makes it background work: the question is the foreground. When the
-question is sent, :meth:`Reader.paused` stops a text step in flight (its partial cells are removed; the
-question evaluates those words itself), waits for an image step to finish (an image is never decoded
-twice) and holds the context until the answer is done. Does not know models, chats or prompts: the
+to act on it (an image and a finished-looking question at once; other words after a short quiet
+``debounce``, so a paste followed by edits is read once), and the one rule that makes it background
+work: the question is the foreground. Nothing is read while a question runs; when one is sent,
+:meth:`Reader.paused` lets a step in flight finish (it is the question's own image or words: an image
+is never decoded twice, and words read are words the question need not read), takes the context and
+holds it until the answer is done; targets taken before it are dropped. Does not know models, chats or prompts: the
 engine hands it the step to run (``Engine._read_ahead_step`` -> ``ChatContexts.read_ahead``).
 """
 
@@ -33,19 +34,29 @@ class Target:
     context: str
     image: str | None
     text: str
+    closed: bool = False  # ``text`` is the whole question: the end of the user turn is read too
 
 
-def stable_prefix(text: str) -> str:
-    """The whole words of a question being typed: everything up to the last space (the last word may
-    still change), with the outer spaces the question will lose when it is sent."""
+ENDS = ("?", "!", ".")  # a question ending in one of these is taken as finished (until more is typed)
+
+
+def stable_prefix(text: str) -> tuple[str, bool]:
+    """The whole words of a question being typed, and whether it looks finished: everything up to the
+    last space (the last word may still change), with the outer spaces the question will lose when it
+    is sent; a question whose last character is ``?``, ``!`` or ``.`` is whole (``True``), so its last
+    word and the end of the turn are read too and Enter leaves nothing to read (typing on rolls that
+    end back, as any edit does)."""
+    t = text.strip()
+    if t.endswith(ENDS) and text == text.rstrip():
+        return t, True
     t = text.lstrip()
     cut = max(t.rfind(" "), t.rfind("\n"), t.rfind("\t"))
-    return t[:cut].rstrip() if cut > 0 else ""
+    return (t[:cut].rstrip() if cut > 0 else ""), False
 
 
 class Reader(Generic[State]):
     """The read-ahead worker of one engine. ``step(target, stop)`` reads ``target`` into the context
-    (``stop`` set: stop a text step now, raising ``Cancelled``) and returns what is read ahead;
+    (``stop`` set, on close: stop a text step now, raising ``Cancelled``) and returns what is read ahead;
     ``on_state`` is called (in the worker thread) after each step."""
 
     def __init__(self, step: Callable[[Target, threading.Event], State | None], *, debounce: float = DEBOUNCE,
@@ -90,16 +101,14 @@ class Reader(Generic[State]):
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """The question: stop a text step, wait for an image step, hold the context until the block ends.
+        """The question: wait for a step in flight, then hold the context until the block ends.
         Afterwards the context holds the answered chat: the next target is read afresh."""
         with self._cv:
             self._paused += 1
             self._epoch += 1
             self._target = None
-            self._stop.set()
             self._cv.notify_all()
         self._context.acquire()
-        self._stop.clear()
         try:
             if self.error is not None:
                 raise self.error
@@ -112,7 +121,7 @@ class Reader(Generic[State]):
                 self._cv.notify_all()
 
     def close(self) -> None:
-        """Stop the worker (a step in flight is stopped as by a question) and join it."""
+        """Stop the worker (a text step in flight is stopped: its partial cells are removed) and join it."""
         with self._cv:
             self._closed = True
             self._stop.set()
@@ -134,7 +143,7 @@ class Reader(Generic[State]):
                     continue
                 d = self._done
                 left = self._changed + self.debounce - time.monotonic()
-                if d is not None and (d.context, d.image) == (t.context, t.image) and left > 0:
+                if d is not None and (d.context, d.image) == (t.context, t.image) and not t.closed and left > 0:
                     self._cv.wait(left)  # only the words changed: wait for a quiet moment
                     continue
                 self._busy = True

@@ -91,11 +91,11 @@ def opened(events):
     return next(e for e in events if e.kind == "context_opened")
 
 
-SCENARIOS = ["typed", "edited", "reattached", "rolled_back_then_text"]
+SCENARIOS = ["typed", "typed_on", "edited", "reattached", "rolled_back_then_text"]
 
 
-@pytest.mark.parametrize("kind,scenario", [("tiny", s) for s in SCENARIOS] + [("smol", "typed"), ("smol", "edited"),
-                                                                              ("smol", "rolled_back_then_text")])
+@pytest.mark.parametrize("kind,scenario", [("tiny", s) for s in SCENARIOS] + [
+    ("smol", s) for s in ("typed", "typed_on", "edited", "rolled_back_then_text")])
 def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_models, smollm2_gguf, settings,
                                                            photo, photo2):
     """Two questions of one chat (the first about a photo on the vision model): read ahead vs read at Enter."""
@@ -116,6 +116,11 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
         q2, image2 = "What colour is the small sign?", img
         if scenario == "typed":
             type_slowly(ea, q2, img, ka)
+        elif scenario == "typed_on":  # a finished-looking question (read whole, with its turn's end) typed on
+            type_slowly(ea, "What colour is it?", img, ka)
+            assert ea.ahead is not None and ea.ahead.question_tokens > 0
+            q2 = "What colour is it? And the small sign"
+            type_slowly(ea, q2, img, ka, start="What colour is it?")
         elif scenario == "edited":  # typed, read ahead, then the last words changed
             typed = "What colour is the big red door under it"
             type_slowly(ea, typed, img, ka)
@@ -137,8 +142,10 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
         ra, rb = list(ea.ask(q2, image2, options=opts, context=ka)), list(eb.ask(q2, image2, options=opts, context=kb))
         assert_same(ra, rb)
         assert opened(ra).source == opened(rb).source == "live"
-        if scenario in ("typed", "edited", "reattached"):
+        if scenario in ("typed", "typed_on", "edited", "reattached"):
             assert opened(ra).question_tokens_read_ahead > 0
+        if scenario == "typed":  # ends in "?": read whole, nothing left for Enter
+            assert opened(ra).tokens_evaluated == 0
         assert a.active_session.history == b.active_session.history  # token for token the same context
     finally:
         ea.close()
