@@ -348,12 +348,12 @@ def _looks_like_path(value: str) -> bool:
     return value.lower().endswith(".gguf") or os.sep in value or "/" in value or value.startswith(("~", "."))
 
 
-def mmproj_next_to(model_path: Path) -> Path | None:
+def mmproj_next_to(model_path: Path, flag: str = "--mmproj") -> Path | None:
     """The mmproj beside a model file (LM Studio and hub layouts), if exactly one fits.
 
     Several candidates: keep those whose name holds the model's name without its quantization suffix
     (``mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf`` for ``Qwen3VL-2B-Instruct-Q4_K_M.gguf``); still ambiguous ->
-    ModelFileError asking for --mmproj rather than a silent guess.
+    ModelFileError asking for ``flag`` (--mmproj, or --prophet-mmproj for the prophet) rather than a silent guess.
     """
     folder = model_path.parent
     cands = sorted(p for p in folder.glob("*.gguf") if "mmproj" in p.name.lower() and p != model_path)
@@ -366,8 +366,8 @@ def mmproj_next_to(model_path: Path) -> Path | None:
     if len(named) == 1:
         return named[0]
     names = ", ".join(p.name for p in (named or cands))
-    raise ModelFileError(f"Several mmproj files next to {model_path}: {names}. Choose one with --mmproj PATH "
-                         "(or the mmproj setting).")
+    raise ModelFileError(f"Several mmproj files next to {model_path}: {names}. Choose one with {flag} PATH "
+                         f"(or the {flag.removeprefix('--').replace('-', '_')} setting).")
 
 
 def _explicit_mmproj(mmproj: str) -> Path:
@@ -378,12 +378,12 @@ def _explicit_mmproj(mmproj: str) -> Path:
     return p
 
 
-def _from_path(value: str, mmproj: str, detect_mmproj: bool = True) -> ResolvedModel:
+def _from_path(value: str, mmproj: str, detect_mmproj: bool = True, flag: str = "--mmproj") -> ResolvedModel:
     p = Path(value).expanduser()
     if not p.is_file():
         raise ModelFileError(f"Model file not found: {p}. Pass the path of a .gguf file, a model name from "
                              f"`edge-agent models list`, or run `{PULL_HINT}`.")
-    mm = _explicit_mmproj(mmproj) if mmproj else (mmproj_next_to(p) if detect_mmproj else None)
+    mm = _explicit_mmproj(mmproj) if mmproj else (mmproj_next_to(p, flag) if detect_mmproj else None)
     return ResolvedModel(name=p.stem, model_path=p, mmproj_path=mm, source="path")
 
 
@@ -407,11 +407,13 @@ def _from_demo(entry: CatalogEntry, mmproj: str) -> ResolvedModel:
                          entry.tokenizer, entry.roles)
 
 
-def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmproj: bool = True) -> ResolvedModel:
+def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmproj: bool = True,
+               mmproj_flag: str = "--mmproj") -> ResolvedModel:
     """One model from a name (installed, catalog or demo) or a GGUF path. Raises ModelFileError with the fix.
 
     For a path without ``mmproj``, an mmproj next to the file is used when exactly one fits
-    (``detect_mmproj=False``: never; for checks that only need the text model)."""
+    (``detect_mmproj=False``: never; for checks that only need the text model); ``mmproj_flag`` is the
+    option an ambiguous choice names (``--prophet-mmproj`` for the prophet)."""
     value = value.strip()
     registry = Registry(settings.models_dir)
     installed = registry.get(value)
@@ -433,7 +435,7 @@ def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmpro
         known = registry.by_path(p) if p.is_file() else None
         if known is not None and not mmproj:
             return dataclasses.replace(_from_installed(known, ""), source="path")
-        return _from_path(value, mmproj, detect_mmproj)
+        return _from_path(value, mmproj, detect_mmproj, mmproj_flag)
     names = [m.name for m in registry.models] + catalog.names()
     raise ModelFileError(f"Unknown model {value!r}.{suggest(value, names)} See `edge-agent models list`, "
                          "or pass the path of a .gguf file.", title="Unknown model")
@@ -465,7 +467,7 @@ def resolve(settings: Settings) -> ResolvedModel:
     """
     agent = find_model(settings, settings.model, settings.mmproj) if settings.model else default_model(settings)
     if settings.prophet:
-        prophet = find_model(settings, settings.prophet, settings.prophet_mmproj)
+        prophet = find_model(settings, settings.prophet, settings.prophet_mmproj, mmproj_flag="--prophet-mmproj")
         agent = dataclasses.replace(agent, prophet=prophet)
     return agent
 

@@ -25,7 +25,7 @@ from edge_agent.agent.context import Opened, append_segments
 from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
 from edge_agent.pending_turn import PendingTurn, elements
 from edge_agent.runtime.state import KeyHasher, SessionState, StateError, StateStore, image_digest
-from edge_agent.runtime.types import Checkpoint, ImageChunk, ModelLike, SessionLike
+from edge_agent.runtime.types import ChatModelLike, ChatSessionLike, Checkpoint, ImageChunk, SessionLike
 
 
 @dataclass
@@ -52,12 +52,12 @@ class ChatContexts:
     ``image_tokens``: what one attached image is expected to cost (for that estimate).
     """
 
-    def __init__(self, model: ModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
+    def __init__(self, model: ChatModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
         self.model = model
         self.store = store
         self.reserve = reserve
         self.image_tokens = image_tokens
-        self.live: SessionLike | None = None
+        self.live: ChatSessionLike | None = None
         self.boundaries: list[_Boundary] = []  # clean points of the live session, oldest first
         self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
         # the next question's user turn as far as it is known, after the last boundary; never saved
@@ -69,9 +69,10 @@ class ChatContexts:
         return QuestionContext(self, continue_from, list(history))
 
     # ---- the live session's boundaries ------------------------------------------------------------
-    def _live_at(self, key: str) -> tuple[SessionLike, _Boundary] | None:
-        """The live session at boundary ``key`` (what came after it rolled back, except a pending turn
-        read ahead from exactly there: the question decides what of it to keep)."""
+    def live_at(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
+        """The live session rolled back to its boundary ``key`` (later boundaries forgotten), except a
+        pending turn read ahead from exactly there (the question decides what of it to keep); None when
+        the live session never passed it."""
         for i, b in enumerate(self.boundaries):
             if b.key == key and self.live is not None:
                 if not self.pending.on(self.live, b.cp):
@@ -81,7 +82,9 @@ class ChatContexts:
                 return self.live, b
         return None
 
-    def _restored(self, key: str) -> tuple[SessionLike, _Boundary] | None:
+    def restore_saved(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
+        """The state saved under ``key`` restored into a new live session; None when there is none or it
+        does not fit (a state that does not fit is removed)."""
         if self.store is None:
             return None
         st = self.store.get(key, self.model.identity)
@@ -98,7 +101,7 @@ class ChatContexts:
         self.pending.forget()
         return s, b
 
-    def mark(self, s: SessionLike, system_key: str, label: str) -> str:
+    def mark(self, s: ChatSessionLike, system_key: str, label: str) -> str:
         """Record the session's current point as a clean boundary (and save it); returns its key.
         ``system_key``: the key of the system prompt this context starts with ('' when it is this point)."""
         key = s.key()
@@ -117,13 +120,13 @@ class ChatContexts:
             key = self._system_keys[system] = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
         return key
 
-    def system_session(self, system: str) -> tuple[SessionLike, str, str]:
+    def system_session(self, system: str) -> tuple[ChatSessionLike, str, str]:
         """A session holding exactly ``system``: (session, its key, "live" | "restored" | "evaluated")."""
         key = self.system_key(system)
-        found = self._live_at(key)
+        found = self.live_at(key)
         if found is not None:
             return found[0], key, "live"
-        found = self._restored(key)
+        found = self.restore_saved(key)
         if found is not None:
             return found[0], key, "restored"
         s = self.model.session()
@@ -134,19 +137,19 @@ class ChatContexts:
         key = self._system_keys[system] = self.mark(s, "", "system prompt")
         return s, key, "evaluated"
 
-    def continuing(self, key: str, sys_key: str) -> tuple[tuple[SessionLike, _Boundary] | None, str, str]:
+    def continuing(self, key: str, sys_key: str) -> tuple[tuple[ChatSessionLike, _Boundary] | None, str, str]:
         """The chat saved as ``key``: ((session, boundary) or None, "live" | "restored", why not)."""
-        found = self._live_at(key)
+        found = self.live_at(key)
         source = "live"
         if found is None:
-            found, source = self._restored(key), "restored"
+            found, source = self.restore_saved(key), "restored"
         if found is None:
             return None, source, "no saved state"
         if found[1].system_key != sys_key:
             return None, source, "the settings changed the system prompt"
         return found, source, ""
 
-    def unless_held(self, s: SessionLike, b: _Boundary, image: bytes | None) -> bytes | None:
+    def unless_held(self, s: ChatSessionLike, b: _Boundary, image: bytes | None) -> bytes | None:
         """``image`` unless the chat up to ``b`` holds it already (then the question refers to it)."""
         if image is None or image_digest(image) in {i.digest for i in s.images[: b.cp.n_images]}:
             return None
@@ -170,10 +173,10 @@ class ChatContexts:
         """Read what the person has given so far (``image``: the attached photo's model PNG; ``text``: the
         question's stable prefix; ``closed``: it is the whole question, the turn's end is read too) into
         the pending user turn after the chat ``continue_from`` ('' a new chat: after the system prompt,
-        evaluated or restored here if need be). Keeps what was read
-        already as far as it still matches. ``cancel`` stops a text step (raises ``Cancelled``); an
-        image is always finished (it is never decoded twice). None: nothing can be read ahead (the
-        question will rebuild the chat, or the context is too full)."""
+        evaluated or restored here if need be). Keeps what was read already as far as it still matches.
+        ``cancel`` stops a text step (raises ``Cancelled``); an image is always finished (it is never
+        decoded twice). None: nothing can be read ahead (the question will rebuild the chat, or the
+        context is too full)."""
         sys_key = self.system_key(system)
         if continue_from:
             found = self.continuing(continue_from, sys_key)[0]
@@ -198,8 +201,7 @@ class ChatContexts:
         return AheadState(images[-1] if images else None, p.question_tokens(), cells)
 
     def drop_ahead(self) -> None:
-        """Roll back what was read ahead (detach, another image, an edited question that no longer
-        matches is handled by the next read-ahead itself): the chat's context as it was."""
+        """Roll back what was read ahead (a new chat, leaving a chat): the chat's context as it was."""
         self.pending.drop()
 
     def flush(self) -> None:
@@ -211,16 +213,17 @@ class QuestionContext:
     """``agent.context.ChatContext`` for one question of one chat."""
 
     def __init__(self, owner: ChatContexts, continue_from: str, history: list[tuple[str, str]]) -> None:
-        self.o = owner
+        self.owner = owner
         self.continue_from = continue_from
         self.history = history
         self.base: _Boundary | None = None  # where this question started (rolled back to on abandon)
         self.system_key = ""
+        self.session: ChatSessionLike | None = None  # the session open() handed the loop
 
     def open(self, system: str, question: str, image: bytes | None, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
-        o = self.o
+        o = self.owner
         sys_key = o.system_key(system)
         reason = ""
         if self.continue_from:
@@ -242,20 +245,21 @@ class QuestionContext:
         n0 = s.n_evaluated - (s.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
         segs = [*history_segments(pairs), *question_segments(question, image)]
         images = append_segments(s, segs, cancel=cancel)
+        self.session = s
         if not reason:
             reason = "history as text"
         return Opened(s, "rebuilt", reason=reason, tokens_reused=reused,
                       tokens_evaluated=s.n_evaluated - n0,
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
-    def _extend(self, s: SessionLike, b: _Boundary, sys_key: str, source: str, how: str, segs: list[Segment],
-                cancel: threading.Event | None, t0: float) -> Opened:
+    def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
+                segs: list[Segment], cancel: threading.Event | None, t0: float) -> Opened:
         """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
         the rest evaluated now (``how``: how the system prompt was found, for a new chat)."""
-        self.base, self.system_key = b, sys_key
+        self.base, self.system_key, self.session = b, sys_key, s
         n0 = s.n_evaluated - (b.cp.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
-        ext = self.o.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
-        self.o.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
+        ext = self.owner.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
+        self.owner.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
         return Opened(s, source, tokens_reused=b.cp.n_cells if how != "evaluated" else 0,
                       tokens_evaluated=s.n_evaluated - n0, system_restored=how == "restored", images=ext.images,
                       tokens_read_ahead=ext.kept_cells, question_read_ahead=ext.kept_question,
@@ -263,7 +267,7 @@ class QuestionContext:
 
     def _fit(self, s: SessionLike, b: _Boundary, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
-        o = self.o
+        o = self.owner
         room = o.model.n_ctx - b.cp.n_cells - o.reserve - o.estimate(s, question_segments(question, image))
         out: list[tuple[str, str]] = []
         for q, a in reversed(self.history):
@@ -275,14 +279,16 @@ class QuestionContext:
         return out[::-1]
 
     def answered(self, session: SessionLike) -> str:
-        o = self.o
-        key = o.mark(session, self.system_key, "chat")
+        o = self.owner
+        if self.session is None or session is not self.session:
+            raise ValueError("answered() takes the session this question's open() handed out")
+        key = o.mark(self.session, self.system_key, "chat")
         if o.store is not None and self.continue_from and self.continue_from != key:
             o.store.discard(self.continue_from)  # the chat goes on from here: its older state is superseded
         return key
 
     def abandon(self) -> None:
-        o = self.o
+        o = self.owner
         o.pending.forget()
         if self.base is None or o.live is None:
             return

@@ -7,9 +7,11 @@ a chat to Markdown and JSON (tool calls, crops, rationale scores included).
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 
-Layout: ``chats(id, title, created, updated)``; ``messages(id, chat_id, role, text, image, status,
-created)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
-run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``events(message_id, seq, kind,
+Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's
+last answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none); ``messages(id, chat_id, role, text, image, status,
+created, context, replaced)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
+run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``replaced`` 1: a /retry or /edit
+took this exchange's place (shown, not continued: never part of the model's context again); ``events(message_id, seq, kind,
 data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
 was cut off by a crash and reads as ``interrupted``.
 """
@@ -27,21 +29,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from edge_agent import sqlitedb
+from edge_agent import recovery, sqlitedb
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
 
-SCHEMA_VERSION = 2  # 2: messages.context (the saved context state at the end of an answer)
+# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
+# 4: messages.replaced (an exchange a /retry or /edit replaced)
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    models TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -51,7 +56,8 @@ CREATE TABLE IF NOT EXISTS messages (
     image TEXT,
     status TEXT NOT NULL DEFAULT 'done',
     created REAL NOT NULL,
-    context TEXT NOT NULL DEFAULT ''
+    context TEXT NOT NULL DEFAULT '',
+    replaced INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS events (
@@ -64,6 +70,11 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
 """
 _TABLES = ("chats", "messages", "events")
+_MIGRATIONS = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
+    "ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class Message:
     status: str
     created: float
     events: list[ev.Event] = field(default_factory=list)
+    replaced: bool = False  # a /retry or /edit took this exchange's place
 
 
 @dataclass
@@ -97,6 +109,7 @@ class Chat:
     created: float
     updated: float
     messages: list[Message] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)  # the model files of its last answer ({}: unknown)
 
     @property
     def images(self) -> list[str]:
@@ -112,6 +125,7 @@ class Continuation:
     chat_id: int
     exchanges: list[tuple[str, str, str]] = field(default_factory=list)  # (question, answer, context key)
     image: str | None = None
+    models: dict[str, str] = field(default_factory=dict)  # the files of its last answer ({}: not recorded)
 
     @property
     def context(self) -> str:
@@ -122,10 +136,6 @@ class Continuation:
     @property
     def history(self) -> list[tuple[str, str]]:
         return [(q, a) for q, a, _ in self.exchanges if a]
-
-    def without_last(self) -> Continuation:
-        """The chat as it was before its last exchange (regenerate, edit and resend)."""
-        return Continuation(self.chat_id, self.exchanges[:-1], self.image)
 
 
 class ChatStoreError(EdgeAgentError):
@@ -143,26 +153,69 @@ class ChatStore:
         self._lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlitedb.connect(self.path, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
+            try:
+                self._db = self._open()
+            except sqlite3.DatabaseError as e:
+                if not recovery.is_damage(e):
+                    raise
+                self._db = self._recover(recovery.Damaged(str(e)).reason)  # set aside, salvaged, said once
+            # Answers still 'running' were cut off when the app last died.
+            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise ChatStoreError(
+                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
+            ) from e
+
+    def _open(self) -> sqlite3.Connection:
+        """The file opened, created or migrated to this schema, and checked (``PRAGMA quick_check``).
+        Raises sqlite3.DatabaseError (``recovery.is_damage``: a damaged file), ChatStoreError for a newer one."""
+        db = sqlitedb.connect(self.path, check_same_thread=False)
+        try:
+            db.row_factory = sqlite3.Row
             statements = [s for s in _SCHEMA.split(";") if s.strip()]
-            version = sqlitedb.ensure_schema(self._db, SCHEMA_VERSION, statements, tables=_TABLES)
-            if version == 1:  # before saved context states: add the column, nothing else changed
-                with sqlitedb.transaction(self._db):
-                    self._db.execute("ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''")
-                    self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, statements, tables=_TABLES)
+            if 0 < version < SCHEMA_VERSION:  # older files: add the columns, nothing else changed
+                with sqlitedb.transaction(db):
+                    version = sqlitedb.user_version(db)  # another process may have migrated it since
+                    for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                        db.execute(sql)
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
                 raise ChatStoreError(
                     f"{self.path} was written by a newer edge-agent (schema {version}). "
                     "Upgrade edge-agent, or move the file away to start a fresh history."
                 )
-            # Answers still 'running' were cut off when the app last died.
-            self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
-        except sqlite3.DatabaseError as e:
-            raise ChatStoreError(
-                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
-            ) from e
+            recovery.check(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _recover(self, reason: str) -> sqlite3.Connection:
+        """Move the damaged file aside, open a new one and copy into it every chat, message and event
+        still readable; messages whose chat was lost get a chat of their own ("Recovered chat")."""
+        try:
+            aside: Path | None = recovery.set_aside(self.path)
+        except FileNotFoundError:  # another process set it aside first (and salvages it)
+            aside = None
+        db = self._open()
+        if aside is None:
+            return db
+        db.execute("PRAGMA foreign_keys=OFF")  # rows arrive table by table; orphans are mended below
+        counts = recovery.salvage(aside, db, _TABLES)
+        with sqlitedb.transaction(db):
+            db.execute("INSERT INTO chats(id, title, created, updated) SELECT chat_id, 'Recovered chat', "
+                       "MIN(created), MAX(created) FROM messages WHERE chat_id NOT IN (SELECT id FROM chats) "
+                       "GROUP BY chat_id")
+            db.execute("DELETE FROM events WHERE message_id NOT IN (SELECT id FROM messages)")
+        db.execute("PRAGMA foreign_keys=ON")
+        n_chats = db.execute("SELECT COUNT(*) FROM chats").fetchone()[0]
+        recovery.notice(
+            f"The chat history {self.path} was damaged ({reason}). Recovered {n_chats} chats, "
+            f"{counts['messages']} messages and {counts['events']} answer events into a new file; the damaged "
+            f"file is kept as {aside}.")
+        return db
 
     def close(self) -> None:
         with self._lock:
@@ -203,12 +256,22 @@ class ChatStore:
     def delete(self, chat_id: int) -> None:
         self._exec("DELETE FROM chats WHERE id=?", (chat_id,))
 
+    def set_models(self, chat_id: int, files: dict[str, str]) -> None:
+        """Record the model files a chat's answer is made with (``Engine.files``); ``continuation`` reads them."""
+        self._exec("UPDATE chats SET models=? WHERE id=?", (json.dumps(files, sort_keys=True), chat_id))
+
     def _touch(self, chat_id: int) -> None:
         self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
 
     # --- messages ---
-    def add_user_message(self, chat_id: int, text: str, image: str | None = None) -> int:
+    def add_user_message(self, chat_id: int, text: str, image: str | None = None, *,
+                         replace_last: bool = False) -> int:
+        """A question of the chat. ``replace_last`` (a /retry or an edited question): it takes the place of
+        the chat's last exchange, which stays in the chat, marked replaced, but is no longer continued."""
         with self._lock:
+            if replace_last:
+                self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM messages "
+                           "WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
             cur = self._exec(
                 "INSERT INTO messages(chat_id, role, text, image, status, created) VALUES (?, 'user', ?, ?, 'done', ?)",
                 (chat_id, text, image, time.time()),
@@ -221,7 +284,11 @@ class ChatStore:
             self._touch(chat_id)
             return int(cur.lastrowid)
 
-    def start_answer(self, chat_id: int) -> int:
+    def start_answer(self, chat_id: int, models: dict[str, str] | None = None) -> int:
+        """A new (running) answer in the chat; ``models``: the files it is made with (``Engine.files``),
+        recorded as the chat's models (what ``ask --continue`` continues with)."""
+        if models:
+            self.set_models(chat_id, models)
         cur = self._exec(
             "INSERT INTO messages(chat_id, role, text, status, created) VALUES (?, 'assistant', '', 'running', ?)",
             (chat_id, time.time()),
@@ -270,10 +337,11 @@ class ChatStore:
     def load(self, chat_id: int) -> Chat:
         row = self._exec("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
         if row is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List chats with Ctrl+O.", title="No such chat")
-        chat = Chat(row["id"], row["title"], row["created"], row["updated"])
+            raise _no_chat(chat_id)
+        chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"])
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
+                          replaced=bool(m["replaced"]))
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:
@@ -286,6 +354,8 @@ class ChatStore:
         out: list[dict[str, Any]] = []
         pending: dict[str, Any] | None = None
         for m in self.load(chat_id).messages:
+            if m.replaced:
+                continue
             if m.role == "user":
                 pending = {"question": m.text, "image": m.image, "answer": ""}
             elif pending is not None:
@@ -297,12 +367,12 @@ class ChatStore:
 
     def continuation(self, chat_id: int) -> Continuation:
         """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
-        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? ORDER BY id",
+        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? AND replaced=0 ORDER BY id",
                           (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
-            raise ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
-                                 title="No such chat")
-        out = Continuation(chat_id)
+            raise _no_chat(chat_id)
+        row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()
+        out = Continuation(chat_id, models=_models(row[0] if row else ""))
         question: str | None = None
         for r in rows:
             if r["role"] == "user":
@@ -312,6 +382,12 @@ class ChatStore:
                 out.exchanges.append((question, r["text"], r["context"]))
                 question = None
         return out
+
+    def last_question(self, chat_id: int) -> tuple[str, str | None] | None:
+        """The chat's last question that was not replaced, and its image (what /retry asks again)."""
+        row = self._exec("SELECT text, image FROM messages WHERE chat_id=? AND role='user' AND replaced=0 "
+                         "ORDER BY id DESC LIMIT 1", (chat_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def latest_chat(self) -> int | None:
         """The chat with the most recent activity (``ask --continue``), or None when there is none."""
@@ -328,12 +404,14 @@ class ChatStore:
             "title": chat.title,
             "created": chat.created,
             "updated": chat.updated,
+            "models": chat.models,
             "messages": [
                 {
                     "role": m.role,
                     "text": m.text,
                     "image": m.image,
                     "status": m.status,
+                    "replaced": m.replaced,
                     "created": m.created,
                     "events": [redact_tree(e.to_json(), self._secrets) for e in m.events],
                 }
@@ -359,45 +437,89 @@ class ChatStore:
                 continue
             lines += ["## edge-agent", ""]
             lines += _events_markdown(m.events, ref)
-            lines += ["**Answer**" + ("" if m.status in ("answered", "done") else f" ({m.status})"), ""]
+            status = "" if m.status in ("answered", "done") else m.status
+            status = ", ".join(s for s in (status, "replaced by a later answer" if m.replaced else "") if s)
+            lines += ["**Answer**" + (f" ({status})" if status else ""), ""]
             lines += [redact_tree(m.text, self._secrets) or "_(no answer)_", ""]
         return "\n".join(lines).rstrip() + "\n"
 
     def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
         """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
         directory = Path(directory)
-        chat = self.load(chat_id)
-        slug = "".join(c if c.isalnum() else "-" for c in chat.title.lower()).strip("-")[:40] or "chat"
-        slug = f"{chat.id:04d}-{slug}"
-        files = directory / f"{slug}_files"
+        title = self.load_title(chat_id)
+        slug = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")[:40] or "chat"
+        md_path, json_path = directory / f"{chat_id:04d}-{slug}.md", directory / f"{chat_id:04d}-{slug}.json"
+        self.export_to(chat_id, md=md_path, json_path=json_path)
+        return md_path, json_path
+
+    def export_to(self, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
+        """Write the chat as Markdown to ``md`` (its images, attached and crops, copied into
+        ``<md stem>_files`` beside it, linked relatively) and/or as JSON to ``json_path`` (``files``: the
+        copies made for the Markdown). Used by the app's export and ``edge-agent chats export``."""
+        self.load(chat_id)  # no such chat: the error, before any folder is made
         copied: dict[str, str] = {}
+        files = md.with_name(f"{md.stem}_files") if md is not None else None
 
         def image_ref(path: str) -> str:
             if path in copied:
                 return copied[path]
             src = Path(path)
-            if not src.is_file():
+            if files is None or not src.is_file():
                 copied[path] = path  # gone since: keep the original path as a reference
                 return path
             files.mkdir(parents=True, exist_ok=True)
             dst = files / f"{len(copied):02d}-{src.name}"
-            shutil.copyfile(src, dst)
+            dst = _export_copy(src, dst)
             copied[path] = f"{files.name}/{dst.name}"
             return copied[path]
 
+        target = md or json_path
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            md = self.export_markdown(chat_id, image_ref=image_ref)
-            data = self.export_json(chat_id)
-            data["files"] = copied
-            md_path = directory / f"{slug}.md"
-            json_path = directory / f"{slug}.json"
-            md_path.write_text(md, encoding="utf-8")
-            json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            if md is not None:
+                md.parent.mkdir(parents=True, exist_ok=True)
+                md.write_text(self.export_markdown(chat_id, image_ref=image_ref), encoding="utf-8")
+            if json_path is not None:
+                target = json_path
+                data = self.export_json(chat_id)
+                data["files"] = copied
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as e:
-            raise ChatStoreError(f"Cannot write the export to {directory} ({e}). Pick a writable folder.",
+            raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
                                  title="Export failed") from e
-        return md_path, json_path
+
+
+_NOT_VIEWABLE = (".heic", ".heif", ".avif")  # formats few Markdown viewers and browsers show
+
+
+def _export_copy(src: Path, dst: Path) -> Path:
+    """Copy ``src`` to ``dst``; a HEIC/HEIF/AVIF photo becomes a JPEG instead (``dst`` with .jpg: Markdown
+    viewers show JPEG, not HEIC). Returns the file written."""
+    if src.suffix.lower() in _NOT_VIEWABLE:
+        from edge_agent.tools.images import jpeg_bytes, load_image
+
+        try:
+            jpeg = dst.with_suffix(".jpg")
+            jpeg.write_bytes(jpeg_bytes(load_image(src).image))
+            return jpeg
+        except EdgeAgentError:
+            pass  # it cannot be decoded here: the file as it is
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _no_chat(chat_id: int) -> ChatStoreError:
+    return ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
+                          title="No such chat")
+
+
+def _models(text: str) -> dict[str, str]:
+    """The stored ``chats.models`` JSON as a dict ({} when not recorded or unreadable)."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def answer_text(events: Iterable[ev.Event]) -> str:

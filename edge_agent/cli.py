@@ -13,6 +13,7 @@ import sys
 import click
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.recovery import take_notices
 
 # name -> short help (shown without importing the module)
 COMMANDS = {
@@ -42,6 +43,13 @@ class LazyGroup(click.Group):
             raise
         return module.command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The app is the default command, options included (as llm and posting do): `edge-agent --model X`
+        # and `edge-agent --chat 3` mean `edge-agent tui --model X` ...; the group's own options stay its own.
+        if args and args[0].startswith("-") and args[0].split("=")[0] not in (*ctx.help_option_names, "--version"):
+            args = ["tui", *args]
+        return super().parse_args(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl(list(COMMANDS.items()))
@@ -54,6 +62,9 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"Error: {e}", err=True)
             ctx.exit(2)
+        finally:  # a damaged file recovered on the way (chats, config, search cache): said once, here
+            for message in take_notices():
+                click.echo(f"Note: {message}", err=True)
 
 
 @click.group(cls=LazyGroup, invoke_without_command=True)
@@ -65,6 +76,7 @@ def cli(ctx: click.Context) -> None:
     \b
     Examples:
       edge-agent                                  open the app
+      edge-agent --model MODEL.gguf --chat 12     the app's options work without `tui`
       edge-agent models pull qwen3-vl-2b-instruct  download a model (GGUF + mmproj)
       edge-agent ask photo.jpg "What does the small sign say?"
       edge-agent ask photo.jpg "Where is this?" --offline --json

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -34,6 +35,61 @@ def default_home() -> Path:
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
     return base / "edge-agent"
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": ("ssr", "freeform"),
+    "text_search": ("wikipedia", "searxng", "brave"),
+    "image_search": ("none", "gcv", "serpapi"),
+    "extra_buffers": ("auto", "on", "off"),
+}
+# name -> (low, high or None, low excluded): the values that can work
+RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "n_ctx": (256, 262144, False),  # llama.cpp's least; Qwen3-VL's longest context
+    "max_turns": (1, 50, False),
+    "ssr_tau": (0, 100, True),
+    "freeform_max_tokens": (1, 8192, False),
+    "answer_max_tokens": (1, 8192, False),
+    "temperature": (0, 5, False),
+    "seprod_draft_len": (1, 128, False),
+    "seprod_tau": (0, 1, False),  # s_j, a weighted geometric mean of probabilities, is in [0, 1]
+    "seprod_a0": (0, 1, False),  # a weight
+    "image_max_tokens": (16, 16384, False),
+    "crop_max_tokens": (16, 16384, False),
+    "observation_max_tokens": (0, None, False),
+    "state_cache_mb": (0, None, False),
+    "search_top_k": (1, 50, False),
+    "search_timeout": (0, 600, True),
+    "search_cache_days": (0, None, False),
+}
+HINTS = {
+    "seprod_tau": " It is a threshold on s_j, which is between 0 and 1 (0.05 accepts about half of SmolLM2's drafts).",
+    "temperature": " 0 is greedy; 0.7-1 samples.",
+    "image_max_tokens": " 576 is a 768x768 image.",
+    "crop_max_tokens": " 256 is a 512x512 crop.",
+    "observation_max_tokens": " 0: no limit.",
+    "state_cache_mb": " 0 saves no context states.",
+}
+URL_FIELDS = ("wikipedia_url", "searxng_url", "brave_url", "gcv_url", "serpapi_url", "public_image_url_prefix")
+URL_EXAMPLES = {"searxng_url": "http://localhost:8888"}
+# Textual's built-in themes (the app registers none of its own); tests/test_second_hour_cli.py keeps
+# this equal to textual.theme.BUILTIN_THEMES (config must not import Textual).
+THEMES = frozenset({
+    "ansi-dark", "ansi-light", "atom-one-dark", "atom-one-light", "catppuccin-frappe", "catppuccin-latte",
+    "catppuccin-macchiato", "catppuccin-mocha", "dracula", "flexoki", "gruvbox", "monokai", "nord", "rose-pine",
+    "rose-pine-dawn", "rose-pine-moon", "solarized-dark", "solarized-light", "textual-dark", "textual-light",
+    "tokyo-night",
+})
+
+
+def _is_url(value: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _doc(text: str, **kw: Any) -> Any:
@@ -163,18 +219,16 @@ class Settings:
 
     # --- loading and saving -------------------------------------------------------------------
     @classmethod
-    def load(cls, overrides: dict[str, Any] | None = None, *, env: dict[str, str] | None = None) -> Settings:
-        """Defaults < config file < environment < ``overrides`` (None values in overrides are ignored)."""
+    def load(cls, overrides: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
+             check: Callable[[Settings], None] | None = None) -> Settings:
+        """Defaults < config file < environment < ``overrides`` (None values in overrides are ignored).
+        ``check``: passed to :meth:`validate`."""
         env = dict(os.environ) if env is None else env
         s = cls()
         if "EDGE_AGENT_HOME" in env:
             s.home = Path(env["EDGE_AGENT_HOME"]).expanduser()
         if s.config_path.exists():
-            try:
-                data = tomllib.loads(s.config_path.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{s.config_path} is not valid TOML ({e}). Fix or delete the file.") from e
-            s = s.updated(data, source=str(s.config_path))
+            s = s.updated(_read_config(s.config_path), source=str(s.config_path))
         from_env = {
             f.name: env[ENV_PREFIX + f.name.upper()]
             for f in fields(cls)
@@ -183,7 +237,7 @@ class Settings:
         s = s.updated(from_env, source="environment")
         if overrides:
             s = s.updated({k: v for k, v in overrides.items() if v is not None}, source="command line")
-        s.validate()
+        s.validate(check=check)
         return s
 
     def updated(self, values: dict[str, Any], source: str = "settings") -> Settings:
@@ -197,28 +251,36 @@ class Settings:
             changes[key] = _convert(key, raw, hints[key], source)
         return dataclasses.replace(self, **changes)
 
-    def validate(self) -> None:
-        choices = {
-            "mode": ("ssr", "freeform"),
-            "text_search": ("wikipedia", "searxng", "brave"),
-            "image_search": ("none", "gcv", "serpapi"),
-            "extra_buffers": ("auto", "on", "off"),
-        }
-        for name, allowed in choices.items():
+    def validate(self, *, check: Callable[[Settings], None] | None = None) -> None:
+        """Raise ConfigError for the first setting whose value cannot work, naming it and its valid range.
+
+        ``check``: a further check by a layer that knows more than the settings (``agent.prompts.check_n_ctx``:
+        n_ctx against the system prompt these settings make), run before the ranges: a too small n_ctx is
+        best named by the number the prompt needs."""
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}.")
-        for name in ("n_ctx", "max_turns", "seprod_draft_len", "search_top_k", "freeform_max_tokens", "answer_max_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"Setting {name} must be at least 1.")
-        if self.search_cache_days < 0 or self.search_timeout <= 0:
-            raise ConfigError("Settings search_cache_days must be at least 0 and search_timeout greater than 0.")
-        if self.ssr_tau <= 0:
-            raise ConfigError("Setting ssr_tau must be greater than 0.")
-        for name in ("image_max_tokens", "crop_max_tokens"):
-            if not 16 <= getattr(self, name) <= 16384:
-                raise ConfigError(f"Setting {name} must be between 16 and 16384 tokens (576 is a 768x768 image).")
-        if self.observation_max_tokens < 0 or self.state_cache_mb < 0:
-            raise ConfigError("Settings observation_max_tokens and state_cache_mb must be at least 0 (0: no limit / none).")
+        if self.theme and self.theme not in THEMES:
+            raise ConfigError(f"Setting theme must be empty (the default) or one of {', '.join(sorted(THEMES))}, "
+                              f"not {self.theme!r}.")
+        if check is not None:
+            check(self)
+        for name, (lo, hi, lo_open) in RANGES.items():
+            value = getattr(self, name)
+            if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+                low = f"greater than {lo}" if lo_open else f"at least {lo}"
+                if hi is None:
+                    bounds = low
+                elif lo_open:
+                    bounds = f"{low} and at most {hi}"
+                else:
+                    bounds = f"between {lo} and {hi}"
+                raise ConfigError(f"Setting {name} must be {bounds}, not {value!r}.{HINTS.get(name, '')}")
+        for name in URL_FIELDS:
+            value = getattr(self, name)
+            if value and not _is_url(value):
+                raise ConfigError(f"Setting {name} must be an http:// or https:// URL with a host "
+                                  f"(e.g. {URL_EXAMPLES.get(name, 'https://example.org')}), not {value!r}.")
         cpus = os.cpu_count() or 1
         for name in ("n_threads", "n_threads_batch"):
             n = getattr(self, name)
@@ -227,6 +289,10 @@ class Settings:
                     f"Setting {name} must be between 0 and {cpus} (this machine has {cpus} CPU threads; "
                     f"more threads than that only slow llama.cpp down), not {n}. 0 picks one per physical core: "
                     f"`edge-agent config set {name} 0`.")
+        for name in ("freeform_max_tokens", "answer_max_tokens"):
+            if getattr(self, name) > self.n_ctx // 2:
+                raise ConfigError(f"Setting {name} must be at most half of n_ctx ({self.n_ctx // 2}), "
+                                  f"not {getattr(self, name)}.")
 
     def save(self, keys: list[str] | None = None) -> Path:
         """Write the settings that differ from the defaults (or ``keys``) to ``config_path``."""
@@ -258,6 +324,23 @@ class Settings:
         return [getattr(self, n) for n in SECRET_FIELDS if getattr(self, n)]
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    """The settings in ``path``. A file that is not TOML (or not UTF-8) is set aside, kept, and the
+    defaults are used; the person is told once (``edge_agent.recovery.notice``)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        from edge_agent import recovery
+
+        try:
+            aside = recovery.set_aside(path)
+        except FileNotFoundError:  # another process set it aside just now
+            return {}
+        recovery.notice(f"The settings file {path} could not be read ({e}). It is kept as {aside}; edge-agent "
+                        "runs on the default settings until you set them again (`edge-agent config set`).")
+        return {}
+
+
 def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
     try:
         if typ is bool:
@@ -285,4 +368,4 @@ def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
 def _dump_toml(values: dict[str, Any]) -> str:
     """The config file: a comment, then one ``key = value`` per setting (tomli-w quotes and escapes)."""
     plain = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in values.items()}
-    return "# edge-agent settings. Every key is documented in `edge-agent config --help`.\n" + tomli_w.dumps(plain)
+    return "# edge-agent settings. Every key, its meaning and its valid values: `edge-agent config explain`.\n" + tomli_w.dumps(plain)

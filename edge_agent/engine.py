@@ -21,17 +21,19 @@ machine (its state is saved under ``home/states``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import run_agent, system_for
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.chat_context import AheadState, ChatContexts
@@ -50,6 +52,21 @@ from edge_agent.tools.zoom import ImageStore
 
 Progress = Callable[[str, float], None]
 
+# Settings that take new model files or a new llama context (or tools built at load): a new engine.
+RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
+                           "extra_buffers", "rationales", "text_search", "image_search"})
+
+
+def model_files(resolved: ResolvedModel) -> dict[str, str]:
+    """The files of a resolved agent (and prophet) as a chat records them: absolute paths, "" for none."""
+    def path(p: Path | None) -> str:
+        return str(p.expanduser().resolve()) if p is not None else ""
+
+    prophet = resolved.prophet
+    return {"model": path(resolved.model_path), "mmproj": path(resolved.mmproj_path),
+            "prophet": path(prophet.model_path if prophet else None),
+            "prophet_mmproj": path(prophet.mmproj_path if prophet else None)}
+
 
 class Engine:
     """A loaded agent model with its tools. ``Engine(model, settings, tools=...)`` for tests."""
@@ -64,6 +81,7 @@ class Engine:
         library: Library | None = None,
         model_name: str = "",
         prophet: ModelLike | None = None,
+        files: dict[str, str] | None = None,
         measured: MeasuredCosts | None = None,
     ) -> None:
         self.model, self.prophet, self.settings = model, prophet, settings
@@ -71,6 +89,8 @@ class Engine:
         self.measured = measured  # SeProD's measured costs, saved after each question for the next process
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
+        # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
+        self.files = dict(files) if files is not None else {"model": str(model.path)}
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
@@ -88,6 +108,7 @@ class Engine:
         from edge_agent.runtime import Model
 
         say = progress or (lambda msg, frac: None)
+        check_n_ctx(settings)  # a config file edited by hand: n_ctx too small for the system prompt
         say("Finding the model", 0.0)
         library = load_library(settings.rationales)  # a bad library fails before minutes of loading
         resolved = resolve(settings)
@@ -112,7 +133,8 @@ class Engine:
             measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
         return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet, measured=measured)
+                   prophet=prophet, measured=measured,
+                   files=model_files(resolved if prophet is not None else dataclasses.replace(resolved, prophet=None)))
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -137,8 +159,7 @@ class Engine:
         from edge_agent.agent.seprod import Drafter
         from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
-        from edge_agent.runtime._lib import physical_cores
-        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare
+        from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare, physical_cores
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
         # Threads: the prophet drafts while the agent decodes, so it gets the cores the agent's decoding
@@ -176,6 +197,36 @@ class Engine:
         reserve = settings.max_turns * per_turn + settings.answer_max_tokens + 64
         return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2), image_tokens=settings.image_max_tokens)
 
+    def model_files(self) -> dict[str, str]:
+        """The files loaded, by role: {"model": path, "mmproj": path, "prophet": ..., "prophet_mmproj": ...}
+        (roles without a file left out); what an eval report names."""
+        out: dict[str, str] = {}
+        for role, m in (("model", self.model), ("prophet", self.prophet)):
+            if m is None:
+                continue
+            out[role] = str(m.path)
+            if m.mmproj_path is not None:
+                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(m.mmproj_path)
+        return out
+
+    def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
+        """Take new settings without loading anything (the app calls this between questions, on the UI
+        thread): the next question's options come from ``new``; the search tools' ``offline`` and the
+        SeProD drafter's tau and L_d follow. False, with nothing changed, when ``changed`` needs a new
+        engine (``RELOAD_FIELDS``, or SeProD switched on while no prophet is loaded)."""
+        if RELOAD_FIELDS.intersection(changed) or ("seprod" in changed and new.seprod and new.prophet
+                                                   and self.drafter is None):
+            return False
+        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+        from edge_agent.tools.search import SearchTools
+
+        self.settings = new
+        if isinstance(self.tools, SearchTools):
+            self.tools.offline = new.offline
+        if isinstance(self.drafter, SeProDDrafter):
+            self.drafter.tau, self.drafter.draft_len = new.seprod_tau, new.seprod_draft_len
+        return True
+
     def memory(self) -> dict[str, dict[str, int]]:
         """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
         out = {"agent": dict(self.model.memory_bytes)}
@@ -195,6 +246,7 @@ class Engine:
         seprod: bool | None = None,
         options: AgentOptions | None = None,
         context: str | None = None,
+        seed: int | None = None,
     ) -> Iterator[Event]:
         """Answer one question (optionally about an image file). Yields the agent's events, ending
         with FinalAnswer, or AgentError(fatal=True) for a problem the user can fix (a bad image, an
@@ -203,7 +255,8 @@ class Engine:
         last answer was saved under (``FinalAnswer.context``): the question continues that context
         (live in the KV cache, or restored from disk) and evaluates only its own user turn.
         ``seprod``: None -> on when a prophet is loaded and the setting is on. ``options`` (tests,
-        benchmarks): replaces the options built from the settings."""
+        benchmarks): replaces the options built from the settings. ``seed``: this question's random
+        seed (the eval derives one per question id); None: the options' seed."""
         mode = mode or (options.mode if options else self.settings.mode)
         if isinstance(image, str) and not image.strip():
             image = None  # "" from a form field means no image
@@ -236,6 +289,8 @@ class Engine:
             opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
             if opts.mode != mode:
                 opts = _replace(opts, mode=mode)
+            if seed is not None and seed != opts.seed:
+                opts = _replace(opts, seed=seed)
             if not opts.model_name:
                 opts = _replace(opts, model_name=self.model_name)
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
@@ -382,10 +437,13 @@ class Engine:
     def close(self) -> None:
         self._reader.close()  # nothing read ahead is saved: the pending turn dies with the context
         self.contexts.flush()  # saved states still being written
-        for part in (self.drafter, self.tools, self.prophet, self.model):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        if self.drafter is not None:
+            self.drafter.close()
+        if self.tools is not None:
+            self.tools.close()
+        if self.prophet is not None:
+            self.prophet.close()
+        self.model.close()
         self.contexts.live = None
 
     def __enter__(self) -> Engine:

@@ -26,6 +26,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -97,12 +100,21 @@ class _Interrupted(Exception):
     """The server closed the connection before the whole file arrived."""
 
 
+class DownloadCancelled(DownloadError):
+    """The person cancelled the download (``HubClient.cancel`` was set); the ``.part`` file stays."""
+
+    title = "Download cancelled"
+
+
 class HubClient:
     """A few calls against the hub API. ``endpoint`` defaults to ``$HF_ENDPOINT`` or huggingface.co."""
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, *, timeout: float = 30.0,
-                 retries: int = 3, backoff: float = 1.0, session: requests.Session | None = None) -> None:
+                 retries: int = 3, backoff: float = 1.0, session: requests.Session | None = None,
+                 cancel: threading.Event | None = None) -> None:
         self.endpoint = (endpoint or hub_endpoint()).rstrip("/")
+        # set from another thread: the transfer stops at once (a stalled read too), no retry waits it out
+        self.cancel = cancel
         self.token = token if token is not None else hub_token()
         self.timeout = timeout
         # a transfer is retried while it makes progress; waits double from `backoff` up to 30 s
@@ -141,9 +153,13 @@ class HubClient:
         """One metadata GET, retried (like a search request) on a dropped connection, 429 and 5xx."""
 
         def attempt(_n: int) -> requests.Response:
+            self._check_cancel()
             try:
                 r = self.session.get(url, timeout=self.timeout, **kw)
             except (requests.ConnectionError, requests.Timeout) as e:
+                self._check_cancel()
+                if _never_connected(e):  # no network, no such host, nothing listening: retrying cannot help
+                    raise DownloadError(_unreachable(self.endpoint, e)) from e
                 raise TryAgain(DownloadError(_unreachable(self.endpoint, e))) from e
             except requests.RequestException as e:
                 raise DownloadError(_unreachable(self.endpoint, e)) from e
@@ -154,7 +170,19 @@ class HubClient:
             _raise_for_status(r, what)
             return r
 
-        return with_retries(attempt, self.policy)
+        return with_retries(attempt, self.policy, sleep=self._sleep)
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise DownloadCancelled("The download was cancelled. The part already downloaded is kept: download "
+                                    "the same model again to resume.")
+
+    def _sleep(self, seconds: float) -> None:
+        """A wait between attempts that a cancel cuts short."""
+        if self.cancel is None:
+            time.sleep(seconds)
+        elif self.cancel.wait(seconds):
+            self._check_cancel()
 
     # -- transfer -------------------------------------------------------------------------------
     def download(self, f: RemoteFile, dest: Path, progress: Progress | None = None) -> Path:
@@ -179,12 +207,16 @@ class HubClient:
         def attempt(_n: int) -> None:
             nonlocal have
             before = have
+            self._check_cancel()
             try:
                 have = self._transfer(url, f, part, have, hasher, progress)
                 if have < f.size:
                     raise _Interrupted()
             except (_Interrupted, requests.ConnectionError, requests.Timeout,
                     requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as e:
+                self._check_cancel()  # the cancel cut the connection: say so, not "stopped at"
+                if isinstance(e, requests.ConnectionError) and _never_connected(e):
+                    raise DownloadError(_unreachable(self.endpoint, e)) from e
                 # the bytes written before the cut are in the .part and in the hasher (write, then hash)
                 have = part.stat().st_size if part.exists() else 0
                 error = DownloadError(
@@ -194,7 +226,7 @@ class HubClient:
 
         try:
             if have < f.size:
-                with_retries(attempt, self.policy)
+                with_retries(attempt, self.policy, sleep=self._sleep)
         finally:
             progress.finish()
         got = hasher.hexdigest()
@@ -213,7 +245,8 @@ class HubClient:
                   progress: Progress) -> int:
         """One GET from ``have`` on; appends to ``part``; returns the new byte count."""
         headers = {"Range": f"bytes={have}-"} if have else {}
-        with self.session.get(url, headers=headers, stream=True, timeout=self.timeout) as r:
+        with self.session.get(url, headers=headers, stream=True, timeout=self.timeout) as r, \
+                _cut_on_cancel(self.cancel, r):
             if r.status_code == 416:  # nothing after 'have': the .part is stale; start over
                 part.unlink(missing_ok=True)
                 hasher.reset()
@@ -226,6 +259,7 @@ class HubClient:
                 hasher.reset()
             with open(part, "ab" if have else "wb") as fh:
                 for chunk in _chunks(r):
+                    self._check_cancel()
                     if have + len(chunk) > f.size:
                         raise DownloadError(f"The server sent more than the {f.size} bytes the hub lists for "
                                             f"{f.name}. The repository may have changed: run the command again.")
@@ -234,6 +268,45 @@ class HubClient:
                     have += len(chunk)
                     progress.advance(have)
         return have
+
+
+@contextmanager
+def _cut_on_cancel(cancel: threading.Event | None, r: requests.Response) -> Iterator[None]:
+    """While the body of ``r`` is read: once ``cancel`` is set, shut its socket down, so a read that
+    waits on a stalled server returns now instead of after the read timeout (a watcher thread, ended
+    when the block ends)."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                sock = getattr(getattr(r.raw, "_connection", None), "sock", None)
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass  # closed already: the read has ended anyway
+                return
+
+    watcher = threading.Thread(target=watch, name="download-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _never_connected(e: requests.RequestException) -> bool:
+    """The request never reached a server (no route, no such host, connection refused or not answered):
+    the network is down or the address wrong, and a retry a second later would only make the person wait."""
+    if isinstance(e, requests.ConnectTimeout):
+        return True
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError)
 
 
 @contextmanager
@@ -291,7 +364,7 @@ class _Hasher:
     """sha256 for LFS files; git blob sha1 for small files the hub only lists by git oid."""
 
     def __init__(self, f: RemoteFile) -> None:
-        self.f = f
+        self.remote = f
         if f.sha256:
             self.kind, self.expected = "sha256", f.sha256.lower()
         elif f.git_oid:
@@ -303,13 +376,13 @@ class _Hasher:
 
     def reset(self) -> None:
         if self.kind == "sha256":
-            self.h = hashlib.sha256()
+            self.digest = hashlib.sha256()
         else:
-            self.h = hashlib.sha1(usedforsecurity=False)
-            self.h.update(f"blob {self.f.size}\0".encode())
+            self.digest = hashlib.sha1(usedforsecurity=False)
+            self.digest.update(f"blob {self.remote.size}\0".encode())
 
     def update(self, b: bytes) -> None:
-        self.h.update(b)
+        self.digest.update(b)
 
     def feed_file(self, path: Path, n: int) -> None:
         with open(path, "rb") as fh:
@@ -317,11 +390,11 @@ class _Hasher:
                 b = fh.read(min(4 * CHUNK, n))
                 if not b:
                     break
-                self.h.update(b)
+                self.digest.update(b)
                 n -= len(b)
 
     def hexdigest(self) -> str:
-        return self.h.hexdigest()
+        return self.digest.hexdigest()
 
 
 def _unreachable(endpoint: str, e: Exception) -> str:
@@ -390,13 +463,13 @@ def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient)
 
 def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = None,
          progress: Progress | None = None, notify: Callable[[str], None] | None = None,
-         force: bool = False, check: bool = True) -> InstalledModel:
+         force: bool = False, check: bool = True, cancel: threading.Event | None = None) -> InstalledModel:
     """Download ``entry``'s GGUF and mmproj into ``settings.models_dir`` and register the model.
 
     Steps: hub metadata (sizes, sha256) -> free-disk check for what is still missing -> each file through
     a resumable ``.part`` -> sha256 check -> atomic rename -> GGUF header checks (``check``: the model loads
     as a text model and the mmproj fits it) -> registry entry. Already-complete files are kept (a second
-    quantization of the same repo reuses the mmproj).
+    quantization of the same repo reuses the mmproj). ``cancel`` set: DownloadCancelled at once.
     """
     notify = notify or (lambda _msg: None)
     if entry.is_demo:
@@ -411,6 +484,8 @@ def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = 
         notify(f"{entry.name} is already installed ({existing.path}).")
         return existing
     client = client or HubClient()
+    if cancel is not None:
+        client.cancel = cancel
     plan = planned_download(entry, settings, client)
     for remote, _dest in plan:
         want = entry.file if remote.name == entry.file.name else entry.mmproj

@@ -116,11 +116,12 @@ def smollm2_path() -> Path | None:
     return find_demo_gguf()
 
 
-def _floor(s, trie, n_pos: int, *, inner_only: bool = False) -> float:
+def _floor(m, trie, n_pos: int, scratch: np.ndarray, *, inner_only: bool = False) -> float:
     """One-sequence prefill of the trie's tokens (all, or only the inner nodes the batched scorer
-    evaluates) in seq 0 with logits at the same rows + row LSE; then undone."""
-    m = s.model
-    b = m._batch
+    evaluates) in seq 0 with logits at the same rows + row LSE; then undone. Decodes through the
+    model's low-level handle (``runtime.handle``): this is not something a session offers."""
+    h = m.handle
+    b = h.batch
     nodes = [trie.nodes[i] for i in trie.batch] if inner_only else trie.nodes
     t0 = time.perf_counter()
     done = 0
@@ -132,15 +133,13 @@ def _floor(s, trie, n_pos: int, *, inner_only: bool = False) -> float:
         b.nseq[:k] = 1
         b.seq[:k, 0] = 0
         b.out[:k] = [nd.row >= 0 for nd in nodes[done : done + k]]
-        s._decode(k)
+        h.decode(k)
         n_out = int(b.out[:k].sum())
         if n_out:
-            row_logsumexp(s._logits_rows(n_out), s._scratch_for())
+            row_logsumexp(h.logits_rows(n_out), scratch)
         done += k
     dt = time.perf_counter() - t0
-    from edge_agent.runtime._lib import C  # the bench undoes its raw decode (runtime internals)
-
-    C.llama_memory_seq_rm(s._mem, 0, n_pos, -1)
+    h.seq_rm(0, n_pos, -1)
     return dt
 
 
@@ -168,11 +167,13 @@ def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: s
                 s.score([c])
             return time.perf_counter() - t
 
+        scratch = np.empty((8, m.n_vocab), dtype=np.float32)  # as the session's own row-LSE scratch
+
         def floor() -> float:
-            return _floor(s, trie, s.n_pos)
+            return _floor(m, trie, s.n_pos, scratch)
 
         def floor_inner() -> float:
-            return _floor(s, trie, s.n_pos, inner_only=True)
+            return _floor(m, trie, s.n_pos, scratch, inner_only=True)
 
         def freeform() -> float:
             t = time.perf_counter()

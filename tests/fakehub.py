@@ -11,7 +11,8 @@ Serves the shapes edge_agent.hub relies on (and that huggingface_hub uses too):
 Faults for tests: ``cut_after[name] = n`` sends the full Content-Length but only n bytes, then drops the
 connection (once per entry in ``cut_times[name]``, default once); ``corrupt.add(name)`` serves the file
 with one byte flipped (the metadata keeps the true sha256); ``ignore_range = True`` answers 200 with the
-whole file to a Range request; ``gated.add(repo)`` answers 401 without a token. ``requests`` records
+whole file to a Range request; ``gated.add(repo)`` answers 401 without a token; ``stall_after[name] = n``
+sends n bytes and then nothing (the connection stays open) until :meth:`stop`, once. ``requests`` records
 (method, path, Range header, Authorization header) for assertions.
 """
 
@@ -50,6 +51,8 @@ class FakeHub:
         self.corrupt: set[str] = set()
         self.gated: set[str] = set()
         self.ignore_range = False
+        self.stall_after: dict[str, int] = {}
+        self.released = threading.Event()  # set by stop(): stalled handlers end
         self.api_busy = 0  # the next N file-list requests answer 503 with Retry-After: 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -96,6 +99,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -229,6 +233,13 @@ class _Handler(BaseHTTPRequestHandler):
                     fake.cut_times.pop(name, None)
                 else:
                     fake.cut_times[name] = left
+            stall = fake.stall_after.pop(name, None)
+        if stall is not None:
+            self.wfile.write(body[:stall])
+            self.wfile.flush()
+            fake.released.wait(30)
+            self.close_connection = True
+            return
         if cut is not None and cut < len(body):
             self.wfile.write(body[:cut])
             self.wfile.flush()

@@ -23,37 +23,7 @@ from edge_agent.config import Settings
 from edge_agent.engine import Engine
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
-
-
-class SpySession:
-    """Passes every call to the real session; records images (chunk, n_pos before/after)."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.images: list[tuple[object, int, int]] = []
-
-    def append_image(self, image, **kw):
-        before = self._inner.n_pos
-        chunk = self._inner.append_image(image, **kw)
-        self.images.append((chunk, before, self._inner.n_pos))
-        return chunk
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-class SpyModel:
-    def __init__(self, inner):
-        self._inner = inner
-        self.sessions: list[SpySession] = []
-
-    def session(self):
-        s = SpySession(self._inner.session())
-        self.sessions.append(s)
-        return s
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+from tests.spies import SpyModel
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +76,21 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     assert done.ok and done.image_index == 1 and Path(done.image_path).exists()
     # two images in the context: the question's and the crop; each advanced positions by max(nx, ny)
     s = spy.sessions[-1]
-    assert len(s.images) == 2
-    for chunk, before, after in s.images:
+    assert len(s.appended) == 2
+    for chunk, before, after in ((a.chunk, a.n_pos_before, a.n_pos_after) for a in s.appended):
         assert chunk.n_pos == max(chunk.nx, chunk.ny) and chunk.n_tokens == chunk.nx * chunk.ny
         assert after - before == chunk.n_pos + 2  # + <|vision_start|> and <|vision_end|>
     # the action in the context is the tool call the tool received: head, tail, fixed rest once
     # (the label is random bytes that text() renders per token, so it is left out of the comparison)
     a = called.arguments
-    text = s.text()
+    text = s.inner.text()
     assert f'<tool_call>\n{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": {json.dumps(a["bbox_2d"])}, "label": "' in text
     assert f'", "img_idx": {a["img_idx"]}}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n' in text
     assert text.count("</tool_call><|im_end|>") == 2  # the system prompt's format example + this call
-    crop_chunk = s.images[1][0]  # each within its own token budget
-    assert s.images[0][0].n_tokens <= settings.image_max_tokens and crop_chunk.n_tokens <= settings.crop_max_tokens
+    crop_chunk = s.appended[1].chunk  # each within its own token budget
+    assert s.appended[0].chunk.n_tokens <= settings.image_max_tokens and crop_chunk.n_tokens <= settings.crop_max_tokens
     shown = [e for e in events if e.kind == "image_evaluated"]
-    assert [(e.source, e.tokens) for e in shown] == [("image", s.images[0][0].n_tokens), ("crop", crop_chunk.n_tokens)]
+    assert [(e.source, e.tokens) for e in shown] == [("image", s.appended[0].chunk.n_tokens), ("crop", crop_chunk.n_tokens)]
     final = events[-1]
     assert final.stop_reason == "answered" and final.turns == 2
     assert final.totals["n_pos"] == s.n_pos and final.totals["tool"] > 0
@@ -250,7 +220,7 @@ def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
     scored = next(e for e in events if e.kind == "rationale_scored")
     assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 3
     chosen = scored.candidates[scored.chosen].text
-    text = spy.sessions[-1].text()
+    text = spy.sessions[-1].inner.text()
     assert "[1] I should search the web with the image" in text  # the numbered plans in the system prompt
     assert f"<think>\n{chosen}\n</think>\n\n<answer>" in text and events[-1].kind == "final_answer"
 

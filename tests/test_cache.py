@@ -82,13 +82,12 @@ def test_stats_and_clear(tmp_path):
     assert c.stats()["entries"] == 0
 
 
-def test_corrupt_file_gives_a_clear_error_and_clear_repairs_it(tmp_path):
+def test_a_corrupt_file_is_set_aside_and_a_new_cache_started(tmp_path):
+    """Issue 23: a damaged cache is kept aside (tests/test_second_hour_cli.py salvages a damaged page)."""
     path = tmp_path / "c.sqlite3"
     path.write_bytes(b"this is not sqlite at all" * 100)
     c = SearchCache(path)
-    with pytest.raises(CacheError, match="edge-agent cache clear"):
-        c.get("k")
-    assert c.clear() == 0 and not path.exists()
+    assert c.get("k") is None and len(list(tmp_path.glob("c.sqlite3.damaged-*"))) == 1
     c.put(entry())
     assert c.get(entry().key) is not None
 
@@ -124,12 +123,12 @@ def test_cache_written_before_the_user_version_convention_is_read(tmp_path):
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
 
 
-def test_corrupt_cache_raises_from_the_search_tool(tmp_path):
-    """A damaged cache is not a tool failure the model should see: it raises CacheError with the fix."""
+def test_a_corrupt_cache_under_the_search_tool_is_replaced(tmp_path):
+    """A damaged cache is not a tool failure the model should see: it is set aside and the search goes on."""
     (tmp_path / "search-cache.sqlite3").write_bytes(b"garbage" * 1000)
     t = SearchTools.from_settings(Settings(home=tmp_path, offline=True), policy=FAST)
-    with pytest.raises(CacheError, match="edge-agent cache clear"):
-        t.text_search("q")
+    assert t.text_search("q").status == "offline"
+    assert list(tmp_path.glob("search-cache.sqlite3.damaged-*"))
 
 
 _WRITER = r"""
@@ -339,9 +338,9 @@ def test_cli_stats_export_import_clear(home, tmp_path, monkeypatch):
 def test_cli_on_a_corrupt_cache(home):
     (home / "search-cache.sqlite3").write_bytes(b"\x00garbage" * 500)
     r = CliRunner().invoke(cli, ["cache", "stats"])
-    assert r.exit_code == 2 and "edge-agent cache clear" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 0 and "was damaged" in r.output and "Traceback" not in r.output
     assert run("cache", "clear", "--yes").exit_code == 0
-    assert json.loads(run("cache", "stats", "--json").output)["exists"] is False
+    assert json.loads(run("cache", "stats", "--json").output)["entries"] == 0
 
 
 def test_export_after_a_keyed_search_has_no_key(home, tmp_path, fake, monkeypatch):

@@ -29,6 +29,7 @@ from edge_agent.engine import Engine
 from edge_agent.runtime import Model
 from edge_agent.runtime.state import IMAGE, KeyHasher, SessionState, StateStore, dumps, sequence_key
 from edge_agent.runtime.types import ImageChunk
+from tests.spies import SpyModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,33 +66,6 @@ def answer_only(turn, allowed):
 
 def zoom_then_answer(turn, allowed):
     return {"zoom"} if turn == 1 else {"answer"}
-
-
-class Recorder:
-    """Wraps a Model: every session's images (PNG bytes, in order) are recorded for a replay."""
-
-    def __init__(self, inner: Model) -> None:
-        self.inner = inner
-        self.pngs: list[bytes] = []
-
-    def _wrap(self, s):
-        real = s.append_image
-
-        def append_image(png, **kw):
-            self.pngs.append(png)
-            return real(png, **kw)
-
-        s.append_image = append_image
-        return s
-
-    def session(self):
-        return self._wrap(self.inner.session())
-
-    def restore(self, state):
-        return self._wrap(self.inner.restore(state))
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def replay(model: Model, history: list[int], pngs: list[bytes]):
@@ -162,8 +136,8 @@ def test_detach_and_reattach_keep_the_context(model, settings, photo):
 
 def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_models, settings, photo):
     """Greedy: the follow-up answered in the kept KV cache == the whole transcript evaluated anew."""
-    m = Recorder(load(tiny_models))
-    engine = Engine(m, settings)  # type: ignore[arg-type]
+    m = SpyModel(load(tiny_models))  # records every image appended, for the replay
+    engine = Engine(m, settings)
     opts = AgentOptions.from_settings(settings, policy=zoom_then_answer)
     first = list(engine.ask("What does the sign say?", photo, options=opts))
     transcript, pngs = list(m.inner.active_session.history), list(m.pngs)

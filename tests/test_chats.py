@@ -175,11 +175,18 @@ def test_newer_schema_is_refused_with_a_fix(tmp_path):
         ChatStore(db)
 
 
-def test_corrupt_file_is_a_clear_error(tmp_path):
+def test_a_file_that_is_not_sqlite_is_set_aside(tmp_path):
+    """Issue 23: a damaged history is kept aside and a new one started (tests/test_second_hour_cli.py
+    salvages truncated and damaged files); a file with nothing readable recovers no chats."""
+    from edge_agent.recovery import take_notices
+
     db = tmp_path / "c.sqlite3"
     db.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(ChatStoreError, match="Move the file away"):
-        ChatStore(db)
+    store = ChatStore(db)
+    assert store.list_chats() == []
+    store.close()
+    assert [p.read_bytes() for p in tmp_path.glob("c.sqlite3.damaged-*")] == [b"this is not sqlite" * 100]
+    assert any("Recovered 0 chats" in n for n in take_notices())
 
 
 def test_a_version_1_chat_file_gains_the_context_column(tmp_path):

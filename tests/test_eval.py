@@ -93,7 +93,7 @@ class ScriptedEngine:
         self.fail = fail
         self.closed = False
 
-    def ask(self, question, image=None, *, cancel=None, mode=None, seprod=False, history=None):
+    def ask(self, question, image=None, *, cancel=None, mode=None, seprod=False, history=None, seed=None):
         name = "ssr+seprod" if seprod else mode
         qid = question.split(":")[0]
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:

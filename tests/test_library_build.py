@@ -16,8 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from edge_agent.agent import events as ev
-from edge_agent.agent import library_build as LB
 from edge_agent.agent.rationales import load_library
+from edge_agent.library.build import build_library
+from edge_agent.library.cluster import cluster, lexical_vectors, normalise
+from edge_agent.library.generalise import decision_sentence, generalise
+from edge_agent.library.readers import LibraryBuildError, Read, Turn, read_sources
+from edge_agent.library.write import write_library
 
 # Three moves, each written several ways with question-specific details; the structure the build
 # must recover: zoom x6 (two phrasings), text_search x4, answer x6 (two phrasings), one stray.
@@ -42,70 +46,70 @@ def _fill(t: str, i: int) -> str:
     return t.format(w=WORDS[i % len(WORDS)], n=3 + i, name=NAMES[i % len(NAMES)])
 
 
-def _turns() -> list[LB.Turn]:
+def _turns() -> list[Turn]:
     out = []
     q = 0
     for texts, action in ((ZOOM_A, "zoom"), (ZOOM_B, "zoom"), (SEARCH, "text_search"), (ANSWER_A, "answer"),
                           (ANSWER_B, "answer")):
         for t in texts:
-            out.append(LB.Turn(trace=f"set:q{q}", turn=1, text=_fill(t, q), action=action, correct=True))
+            out.append(Turn(trace=f"set:q{q}", turn=1, text=_fill(t, q), action=action, correct=True))
             q += 1
-    out.append(LB.Turn(trace="set:q99", turn=1, text="Hmm, maybe the colour of the dog matters", action="zoom",
+    out.append(Turn(trace="set:q99", turn=1, text="Hmm, maybe the colour of the dog matters", action="zoom",
                        correct=True))
     return out
 
 
-def _read(turns: list[LB.Turn]) -> LB.Read:
-    return LB.Read(turns=turns, traces=len({t.trace for t in turns}))
+def _read(turns: list[Turn]) -> Read:
+    return Read(turns=turns, traces=len({t.trace for t in turns}))
 
 
 # --- generalising one turn ---------------------------------------------------------------------
 
 def test_generalise_keeps_the_decision_sentence_and_drops_specifics():
     """Quoted strings, numbers, boxes and names go; the sentence that says what to do stays."""
-    m = LB.generalise('The question is about the Old Town Hall in Prague. It has 3 towers. '
+    m = generalise('The question is about the Old Town Hall in Prague. It has 3 towers. '
                       'I should search for "astronomical clock 1410" to find out.')
     assert m is not None and m.text == "I should search for it to find out" and m.placeholders == 1
-    m = LB.generalise("Let me zoom into [120, 40, 380, 260] to read the tag.")
+    m = generalise("Let me zoom into [120, 40, 380, 260] to read the tag.")
     assert m is not None and m.text == "Let me zoom into it to read the tag"
-    m = LB.generalise("The answer is 42 and I can answer from the evidence now.")
+    m = generalise("The answer is 42 and I can answer from the evidence now.")
     assert m is not None and not re.search(r"\d", m.text)
-    m = LB.generalise("I should answer that Marie Curie discovered it, as Wikipedia says.")
+    m = generalise("I should answer that Marie Curie discovered it, as Wikipedia says.")
     assert m is not None and "Marie" not in m.text and "Curie" not in m.text
 
 
 def test_generalise_removes_chat_markup_and_rejects_garbage():
     """Nothing that breaks the chat format survives; text without a generic move gives None."""
-    m = LB.generalise("<|im_start|>assistant <think> I will answer now </think><tool_call>")
+    m = generalise("<|im_start|>assistant <think> I will answer now </think><tool_call>")
     assert m is not None and m.text == "I will answer now"
     assert all(f not in m.text for f in ("<|", "<think>", "<tool_call>"))
-    assert LB.generalise("") is None
-    assert LB.generalise("%% 12 ## <|im_end|> $$ 7 ~~") is None
-    assert LB.generalise("ok then") is None  # under three words
-    assert LB.generalise("You have no tool calls left. Give your final answer now.") is None  # the prompt's words
-    assert LB.generalise("You can't search for something new.") is None  # a tool's note to the model
+    assert generalise("") is None
+    assert generalise("%% 12 ## <|im_end|> $$ 7 ~~") is None
+    assert generalise("ok then") is None  # under three words
+    assert generalise("You have no tool calls left. Give your final answer now.") is None  # the prompt's words
+    assert generalise("You can't search for something new.") is None  # a tool's note to the model
 
 
 def test_decision_sentence_skips_a_sentence_cut_off_by_the_token_limit():
-    assert LB.decision_sentence("The sky is blue.\n\nThe sky is blue.\n\nThe") == "The sky is blue."
-    assert LB.decision_sentence("I should zoom in on the sign") == "I should zoom in on the sign"
-    assert LB.decision_sentence("I will search the web. Then the") == "I will search the web."
-    assert LB.decision_sentence("I know it. I should search the web for it") == "I should search the web for it"
+    assert decision_sentence("The sky is blue.\n\nThe sky is blue.\n\nThe") == "The sky is blue."
+    assert decision_sentence("I should zoom in on the sign") == "I should zoom in on the sign"
+    assert decision_sentence("I will search the web. Then the") == "I will search the web."
+    assert decision_sentence("I know it. I should search the web for it") == "I should search the web for it"
 
 
 def test_a_text_under_two_actions_is_kept_once_for_answering():
     """When the same words led to a search and to an answer, the answer keeps them: a library needs
     an answer move, and two identical candidates would score alike."""
     same = "The capital of the country is a city"
-    turns = [LB.Turn(f"s:q{i}", 1, same, "text_search", True) for i in range(5)]
-    turns += [LB.Turn(f"s:q{i}", 2, same, "answer", True) for i in range(2)]
-    b = LB.build_library(_read(turns))
+    turns = [Turn(f"s:q{i}", 1, same, "text_search", True) for i in range(5)]
+    turns += [Turn(f"s:q{i}", 2, same, "answer", True) for i in range(2)]
+    b = build_library(_read(turns))
     assert [(e.action, e.size) for e in b.entries] == [("answer", 2)]
     assert any("leads to answer" in d for d in b.dropped)
 
 
 def test_generalise_cuts_long_text_at_a_word_boundary():
-    m = LB.generalise("I should " + "zoom in very carefully and " * 20 + "read the sign", max_chars=60)
+    m = generalise("I should " + "zoom in very carefully and " * 20 + "read the sign", max_chars=60)
     assert m is not None and len(m.text) <= 60 and not m.text.endswith(" ") and m.text.startswith("I should zoom")
 
 
@@ -120,20 +124,20 @@ def test_cluster_recovers_planted_groups_largest_first():
         for _ in range(n):
             rows.append(centres[k] + 0.1 * rng.standard_normal(3))
             labels.append(k)
-    v = LB._normalise(np.array(rows))
-    clusters = LB.cluster(v, [1] * len(rows), threshold=0.5)
+    v = normalise(np.array(rows))
+    clusters = cluster(v, [1] * len(rows), threshold=0.5)
     assert [sorted({labels[i] for i in c}) for c in clusters] == [[1], [0], [2]]
     assert sorted(len(c) for c in clusters) == [2, 3, 5]
     # weights count turns: one row standing for 10 turns outranks five single rows
     weights = [1] * len(rows)
     weights[-1] = 10
-    assert {labels[i] for i in LB.cluster(v, weights, threshold=0.5)[0]} == {2}
+    assert {labels[i] for i in cluster(v, weights, threshold=0.5)[0]} == {2}
 
 
 def test_cluster_threshold_one_keeps_distinct_texts_apart():
-    v = LB.lexical_vectors(["I should zoom in", "I should search the web", "I should zoom in"])
-    assert len(LB.cluster(v, [1, 1, 1], threshold=1.01)) == 3
-    assert len(LB.cluster(v, [1, 1, 1], threshold=0.99)) == 2  # the identical pair merges
+    v = lexical_vectors(["I should zoom in", "I should search the web", "I should zoom in"])
+    assert len(cluster(v, [1, 1, 1], threshold=1.01)) == 3
+    assert len(cluster(v, [1, 1, 1], threshold=0.99)) == 2  # the identical pair merges
 
 
 # --- the build ----------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def test_cluster_threshold_one_keeps_distinct_texts_apart():
 def test_build_finds_the_recurring_moves_per_action():
     """Hand-made traces with two zoom moves, one search move and two answer moves: the library has
     exactly those, generic, each with its cluster's provenance; the stray turn is left out."""
-    b = LB.build_library(_read(_turns()))
+    b = build_library(_read(_turns()))
     got = {(e.action, e.size) for e in b.entries}
     assert got == {("zoom", 3), ("text_search", 4), ("answer", 3)} or sorted(e.size for e in b.entries) == [3, 3, 3, 3, 4]
     assert [e.action for e in b.entries].count("zoom") == 2 and [e.action for e in b.entries].count("answer") == 2
@@ -164,44 +168,44 @@ def test_build_finds_the_recurring_moves_per_action():
 
 def test_build_caps_per_action_and_in_all(tmp_path):
     """--per-action and the global cap (never above the runtime's 15) hold; the biggest answer stays."""
-    b = LB.build_library(_read(_turns()), per_action=1)
+    b = build_library(_read(_turns()), per_action=1)
     assert sorted(e.action for e in b.entries) == ["answer", "text_search", "zoom"]
     assert any("--per-action 1" in d for d in b.dropped)
-    b = LB.build_library(_read(_turns()), max_total=1)
+    b = build_library(_read(_turns()), max_total=1)
     assert [e.action for e in b.entries] == ["answer"]
-    many = [LB.Turn(f"s:q{i}-{j}", 1, f"I should zoom in on the {w} part of it", "zoom", True)
+    many = [Turn(f"s:q{i}-{j}", 1, f"I should zoom in on the {w} part of it", "zoom", True)
             for i, w in enumerate(["left", "right", "upper", "lower", "middle", "far", "near", "inner", "outer",
                                    "red", "blue", "green", "dark", "bright", "small", "large", "odd", "top"])
             for j in range(2)]
-    many += [LB.Turn("s:a", 1, "I can answer now", "answer", True), LB.Turn("s:b", 1, "I can answer now", "answer", True)]
-    b = LB.build_library(_read(many), per_action=20, max_total=99, similarity=1.01)
+    many += [Turn("s:a", 1, "I can answer now", "answer", True), Turn("s:b", 1, "I can answer now", "answer", True)]
+    b = build_library(_read(many), per_action=20, max_total=99, similarity=1.01)
     assert len(b.entries) == 15 and sum(e.action == "answer" for e in b.entries) == 1
-    out = LB.write_library(b, tmp_path / "lib.json")
+    out = write_library(b, tmp_path / "lib.json")
     assert len(load_library(out)) == 15
 
 
 def test_build_uses_only_correct_turns_unless_all():
     turns = _turns()
-    wrong = [LB.Turn("set:bad", 1, "I should search the image on the web now", "image_search", False),
-             LB.Turn("set:bad", 2, "I should search the image on the web now", "image_search", False)]
-    b = LB.build_library(_read(turns + wrong))
+    wrong = [Turn("set:bad", 1, "I should search the image on the web now", "image_search", False),
+             Turn("set:bad", 2, "I should search the image on the web now", "image_search", False)]
+    b = build_library(_read(turns + wrong))
     assert b.skipped_failed == 2 and all(e.action != "image_search" for e in b.entries)
-    b = LB.build_library(_read(turns + wrong), take_all=True)
+    b = build_library(_read(turns + wrong), take_all=True)
     assert any(e.action == "image_search" for e in b.entries)
 
 
 def test_build_errors_say_what_to_do():
-    failed = [LB.Turn(f"s:q{i}", 1, "I can answer from the image now", "answer", False) for i in range(3)]
-    with pytest.raises(LB.LibraryBuildError, match="--all"):
-        LB.build_library(_read(failed))
-    with pytest.raises(LB.LibraryBuildError, match="freeform"):
-        LB.build_library(LB.Read(traces=2, scored_turns=4))
-    garbage = [LB.Turn(f"s:q{i}", 1, "## 12 %% <|im_end|>", "answer", True) for i in range(3)]
-    with pytest.raises(LB.LibraryBuildError, match="generic move"):
-        LB.build_library(_read(garbage))
-    no_answer = [LB.Turn(f"s:q{i}", 1, "I should zoom in on the sign", "zoom", True) for i in range(3)]
-    with pytest.raises(LB.LibraryBuildError, match="answer"):
-        LB.build_library(_read(no_answer))
+    failed = [Turn(f"s:q{i}", 1, "I can answer from the image now", "answer", False) for i in range(3)]
+    with pytest.raises(LibraryBuildError, match="--all"):
+        build_library(_read(failed))
+    with pytest.raises(LibraryBuildError, match="freeform"):
+        build_library(Read(traces=2, scored_turns=4))
+    garbage = [Turn(f"s:q{i}", 1, "## 12 %% <|im_end|>", "answer", True) for i in range(3)]
+    with pytest.raises(LibraryBuildError, match="generic move"):
+        build_library(_read(garbage))
+    no_answer = [Turn(f"s:q{i}", 1, "I should zoom in on the sign", "zoom", True) for i in range(3)]
+    with pytest.raises(LibraryBuildError, match="answer"):
+        build_library(_read(no_answer))
 
 
 def test_build_with_an_embedder_uses_its_vectors():
@@ -211,7 +215,7 @@ def test_build_with_an_embedder_uses_its_vectors():
         return np.array([[1.0, 0.0, 0.0] if "zoom" in t.lower() else [0.0, 1.0, 0.0] if "search" in t.lower()
                          else [0.0, 0.0, 1.0] for t in texts])
 
-    b = LB.build_library(_read(_turns()), embed=embed, method="fake")
+    b = build_library(_read(_turns()), embed=embed, method="fake")
     assert b.method == "fake"
     assert [e.size for e in b.entries if e.action == "zoom"] == [6]  # both phrasings in one cluster
 
@@ -243,20 +247,20 @@ def test_reads_eval_results_folder_json_and_jsonl(tmp_path):
     (tmp_path / "run" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "results.json").write_text(json.dumps({"records": recs, "metrics": {}}))
     for src in (tmp_path / "run", tmp_path / "run" / "results.jsonl", tmp_path / "results.json"):
-        r = LB.read_sources([src])
+        r = read_sources([src])
         assert r.traces == 3 and r.scored_turns == 2
         assert [(t.trace.split(":")[1], t.turn, t.action, t.correct) for t in r.turns] == [
             ("q1", 1, "zoom", True), ("q1", 2, "answer", True), ("q2", 1, "zoom", False), ("q2", 2, "answer", False)]
 
 
-def test_reads_eval_records_made_by_the_eval_itself():
+def test_reads_eval_records_made_by_the_eval_itself(tmp_path):
     """The eval's own record (make_record from real events) carries the reasoning text per turn."""
     from edge_agent import evaluation as E
 
     q = E.Question("q1", "q?", ("x",), None)
     rec = E.make_record(q, E.MODES["freeform"], _events(TRACE))
-    r = LB.Read()
-    LB._read_records([json.loads(json.dumps(rec))], "run", Path("results.jsonl"), r)
+    (tmp_path / "results.jsonl").write_text(json.dumps(rec) + "\n")
+    r = read_sources([tmp_path])
     assert [(t.text, t.action, t.correct) for t in r.turns] == [(TRACE[0][0], "zoom", True), (TRACE[1][0], "answer", True)]
 
 
@@ -272,14 +276,14 @@ def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
             chats.add_event(mid, e)
         chats.finish_answer(mid, status, "x")
     _, jpath = chats.export(cid, tmp_path / "export")
-    r = LB.read_sources([jpath])
+    r = read_sources([jpath])
     assert r.traces == 2 and [t.correct for t in r.turns] == [None, None, False, False]
     assert {t.action for t in r.turns} == {"zoom", "answer"}
 
     log = tmp_path / "ask.jsonl"
     lines = [json.dumps(e.to_json()) for e in _events(TRACE) + _events(TRACE[1:])]
     log.write_text("\n".join(lines) + "\n")
-    r = LB.read_sources([log])
+    r = read_sources([log])
     assert r.traces == 2 and [(t.trace, t.turn) for t in r.turns] == [("ask:run1", 1), ("ask:run1", 2), ("ask:run2", 1)]
     assert all(t.correct is None for t in r.turns)
 
@@ -294,15 +298,15 @@ def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
 def test_garbage_sources_get_a_clear_message(tmp_path, content, match):
     p = tmp_path / "src.json"
     p.write_bytes(content)
-    with pytest.raises(LB.LibraryBuildError, match=match):
-        LB.read_sources([p])
+    with pytest.raises(LibraryBuildError, match=match):
+        read_sources([p])
 
 
 def test_missing_source_and_folder_without_results(tmp_path):
-    with pytest.raises(LB.LibraryBuildError, match="not found"):
-        LB.read_sources([tmp_path / "nope.json"])
-    with pytest.raises(LB.LibraryBuildError, match="without results"):
-        LB.read_sources([tmp_path])
+    with pytest.raises(LibraryBuildError, match="not found"):
+        read_sources([tmp_path / "nope.json"])
+    with pytest.raises(LibraryBuildError, match="without results"):
+        read_sources([tmp_path])
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -350,6 +354,20 @@ def test_cli_build_all_failed_and_garbage(tmp_path, edge_home):
     assert res.exit_code == 2 and "Error:" in res.output and "SOURCES are" in res.output
 
 
+
+def test_cli_build_all_does_not_suggest_all(tmp_path, edge_home):
+    """With --all already given, a build that finds no answering move suggests what is left to change."""
+    from edge_agent.cli import cli
+
+    recs = [_record(f"q{i}", [("I should zoom in on the sign", "zoom")], correct=False) for i in range(3)]
+    src = tmp_path / "results.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = CliRunner().invoke(cli, ["library", "build", str(src), "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "--all" in res.output  # without it, --all is the first thing to try
+    res = CliRunner().invoke(cli, ["library", "build", str(src), "--all", "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "No answering move" in res.output, res.output
+    assert "--all" not in res.output and "--min-support 1" in res.output
+
 # --- eval --rationales --------------------------------------------------------------------------
 
 def test_with_libraries_gives_one_column_per_library_for_each_ssr_mode():
@@ -372,7 +390,7 @@ def test_library_ask_hands_each_column_its_library(edge_home):
         settings = Settings.load()
         calls: list = []
 
-        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None):
+        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None, seed=None):
             self.calls.append((mode, seprod, options.library if options else None))
             return iter(())
 
@@ -404,7 +422,7 @@ def test_building_without_a_model_imports_no_llama_cpp():
     import subprocess
     import sys
 
-    code = ("import sys, edge_agent.agent.library_build, edge_agent.commands.library, edge_agent.evaluation; "
+    code = ("import sys, edge_agent.library.build, edge_agent.library.write, edge_agent.commands.library, edge_agent.evaluation; "
             "print([m for m in ('llama_cpp', 'textual') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

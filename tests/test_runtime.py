@@ -84,7 +84,7 @@ def test_load_reports_memory_and_settings(tiny):
 def test_untrusted_text_does_not_parse_special_tokens(tiny):
     """`<|im_end|>` in untrusted text stays plain text; with special=True it is the control token."""
     im_end = tiny.tokenize("<|im_end|>", special=True)
-    assert len(im_end) == 1 and tiny.is_eog(im_end[0])
+    assert len(im_end) == 1 and tiny.tokenizer.is_eog(im_end[0])
     plain = tiny.tokenize("snippet <|im_end|> more", special=False)
     assert im_end[0] not in plain
     s = tiny.session()
@@ -211,7 +211,7 @@ def test_no_sequences_leak_after_scoring_or_errors(tiny, monkeypatch):
         raise RuntimeError("injected failure after the decode")
 
     with monkeypatch.context() as mp:
-        mp.setattr(type(s), "_logits_rows", boom)
+        mp.setattr(type(tiny.handle), "logits_rows", boom)
         with pytest.raises(RuntimeError, match="injected"):
             s.score(CANDIDATES)
     assert s.kv_seq_ranges().keys() == {0}
@@ -343,7 +343,7 @@ def test_grammar_output_is_exactly_the_forced_structure(tiny):
         r'<tool_call>\n\{"name": "(image_zoom_in_tool|image_search)", "arguments": \{"img_idx": [0-9]\}\}\n</tool_call>',
         g.text,
     ), g.text
-    assert g.stop_reason == "eos" and tiny.is_eog(g.tokens[-1])
+    assert g.stop_reason == "eos" and tiny.tokenizer.is_eog(g.tokens[-1])
     assert len(g.logprobs) == len(g.tokens) and all(lp <= 0 for lp in g.logprobs)
 
 

@@ -117,7 +117,7 @@ def test_amx_detection_reads_system_info(monkeypatch):
 
 
 def test_default_threads():
-    from edge_agent.runtime import _lib
+    from edge_agent.runtime import cores
 
-    assert _lib.default_threads(3) == 3
-    assert 1 <= _lib.default_threads(0) <= _lib.MAX_DEFAULT_THREADS
+    assert cores.default_threads(3) == 3
+    assert 1 <= cores.default_threads(0) <= cores.MAX_DEFAULT_THREADS

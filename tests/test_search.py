@@ -17,6 +17,7 @@ from edge_agent.redaction import redact
 from edge_agent.tools.http import HttpPolicy, retry_after_seconds
 from edge_agent.tools.observations import MAX_OBSERVATION_CHARS
 from edge_agent.tools.search import SearchTools, load_image_for_search
+from tests.fake_tools import FakeSearch
 
 FAST = HttpPolicy(timeout=0.5, retries=2, backoff=0.01, max_wait=1.0, max_bytes=200_000)
 KEY = "sk-TEST-0123456789abcdef"  # a fake API key; must never be stored or logged
@@ -80,17 +81,9 @@ def test_the_toolbox_and_the_cache_agree_on_what_the_same_search_is(tmp_path, fa
     wiki = fake("wikipedia")
     t = tools_for(tmp_path, wikipedia_url=wiki.url)
     variant = "  ｅｉｆｆｅｌ\u200b   TOWER\x07"
-    sent: list[str] = []
-
-    class Recorder:
-        def text_search(self, query):
-            sent.append(query)
-            return t.text_search(query)
-
-        def image_search(self, image_bytes, mime="image/jpeg"):
-            raise AssertionError("no image search here")
-
-    box = Toolbox(None, Recorder())
+    recorder = FakeSearch(text=t.text_search)  # the real tools, each query recorded
+    box = Toolbox(None, recorder)
+    sent = recorder.queries
     assert box.run(ToolCall("text_search", {"query": "Eiffel Tower"})).ok
     assert not box.run(ToolCall("text_search", {"query": variant})).ok
     assert sent == ["Eiffel Tower"]
@@ -239,17 +232,9 @@ def test_load_image_for_search_sends_what_the_agent_sends(tmp_path):
 
     p = tmp_path / "b.tiff"
     Image.new("RGB", (40, 30), (200, 10, 10)).save(p, "TIFF")
-    sent = []
-
-    class Recorder:
-        def text_search(self, query):
-            raise AssertionError
-
-        def image_search(self, image_bytes, mime="image/jpeg"):
-            sent.append((image_bytes, mime))
-            return tools_for(tmp_path, offline=True).image_search(image_bytes, mime)
-
-    Toolbox(ImageStore(load_image(p).image), Recorder()).run(ToolCall("image_search", {"img_idx": 0}))
+    recorder = FakeSearch(image=tools_for(tmp_path, offline=True).image_search)
+    Toolbox(ImageStore(load_image(p).image), recorder).run(ToolCall("image_search", {"img_idx": 0}))
+    sent = recorder.images
     data, mime = load_image_for_search(p)
     assert sent == [(data, mime)] and mime == "image/jpeg" and data[:3] == b"\xff\xd8\xff"
     assert load_image_for_search(p) == (data, mime)  # deterministic

@@ -489,7 +489,7 @@ def test_a_draft_not_ready_is_skipped_and_the_prophet_stops(smol_pair):
         assert time.perf_counter() - t0 < 0.2
         assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
         assert v.accepted == 0 and s.n_pos == n0
-        d._pool.submit(lambda: None).result(timeout=30)  # the worker is free: the draft was cancelled
+        d.wait_idle(timeout=30)  # the worker is free: the draft was cancelled
         assert d.stats.totals()["seprod_skipped_not_ready"] == 1
         again = d.draft(seprod_math.ANSWERING, q, None)  # the prophet's session is still usable
         assert again.tokens == ref.tokens
@@ -504,7 +504,8 @@ def test_a_ready_draft_is_used_without_waiting(smol_pair):
     try:
         d.draft(seprod_math.ANSWERING, "Hello?", None)  # a prophet's first draft is not measured (cold)
         d.start(image=None, question=q)
-        d._pending[(seprod_math.ANSWERING, q, "")].future.result(timeout=60)
+        d.wait_idle(timeout=60)  # the prepared draft is drafted (and stays prepared for its hook)
+        assert (seprod_math.ANSWERING, q, "") in d.prepared()
         s = agent.session()
         ssr_answer_context(s, q)
         events, v = run_hook(d.answer(s, turn=1, image=None, question=q))
@@ -586,7 +587,7 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
     """thread counts per model chosen for the machine: the prophet gets seprod_policy.prophet_threads(...)."""
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
-    from edge_agent.runtime._lib import physical_cores
+    from edge_agent.runtime.cores import physical_cores
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
                               "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
@@ -598,9 +599,9 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
         assert engine.prophet.n_threads + engine.model.n_threads <= max(2, physical_cores())
         assert engine.drafter.adaptive.enabled and engine.drafter.tau == settings.seprod_tau
         # the two compute within one share of the machine's cores: the agent in front (runtime.cores)
-        assert engine.model.cores is engine.prophet.cores is not None
-        assert engine.model.cores.cores == physical_cores()
-        assert (engine.model.role, engine.prophet.role) == ("foreground", "background")
+        assert engine.model.handle.cores is engine.prophet.handle.cores is not None
+        assert engine.model.handle.cores.cores == physical_cores()
+        assert (engine.model.handle.role, engine.prophet.handle.role) == ("foreground", "background")
     finally:
         engine.close()
 

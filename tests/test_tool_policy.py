@@ -23,6 +23,7 @@ from edge_agent.config import Settings
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools
 from edge_agent.tools.zoom import ImageStore
+from tests.fake_tools import FakeSearch, outcome
 from tests.fakeservers import FakeBackend
 
 
@@ -112,24 +113,15 @@ def test_a_repeated_call_is_refused_and_withdrawn(edge_home):
 
 
 def test_image_search_leaves_once_every_image_was_searched(edge_home, tmp_path):
-    class Search:
-        image_backend = text_backend = None
-        calls = 0
-
-        def text_search(self, query):
-            raise AssertionError("not called")
-
-        def image_search(self, data, mime="image/jpeg"):
-            Search.calls += 1
-            return type("O", (), {"results": (), "status": "live", "ok": True, "observation": "none"})()
+    search = FakeSearch(image=lambda b, mime: outcome("image_search", "live", "none"))
 
     store = image_store(tmp_path, n_crops=1)
-    tb = Toolbox(store, Search())
+    tb = Toolbox(store, search)
     assert "image_search" in tb.available_actions()
     tb.run(ToolCall("image_search", {"img_idx": 0}))
     assert "image_search" in tb.available_actions()  # the crop is still unsearched
     tb.run(ToolCall("image_search", {"img_idx": 1}))
-    assert "image_search" not in tb.available_actions() and Search.calls == 2
+    assert "image_search" not in tb.available_actions() and len(search.images) == 2
 
 
 def test_echoed_instructions_are_not_answers():

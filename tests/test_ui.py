@@ -94,7 +94,7 @@ async def test_attach_ask_and_see_reasoning(settings, tmp_path, image):
     app, engines = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        assert app.engine_state == "ready"
+        assert app.host.state == "ready"
         await type_and_enter(pilot, f"/image {image}")
         assert app.chat_screen.image == str(image.resolve())
         await settle(pilot)
@@ -172,7 +172,7 @@ async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
         await pilot.pause()
         assert view.status == "cancelled" and app.chat_screen.running is None
         await settle(pilot)
-        assert app.chat_screen.cancel_event.is_set()
+        assert not app.host.lock.locked()  # the held answer saw the cancel and let go of the engine
         engines[0].hold = False
         await type_and_enter(pilot, "second question")
         await settle(pilot)
@@ -335,7 +335,7 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
         await pilot.click("#use-demo")
         await settle(pilot)
         assert calls == ["", "smollm2-135m-demo"]
-        assert not isinstance(app.screen, FirstRunScreen) and app.engine_state == "ready"
+        assert not isinstance(app.screen, FirstRunScreen) and app.host.state == "ready"
     assert Settings.load().model == "smollm2-135m-demo"
 
 
@@ -359,7 +359,7 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
                                what="the loading progress")
         assert screen.query_one("#loading").has_class("-visible")
         assert screen.query_one("#loading-bar").progress == pytest.approx(0.4)
-        assert app.engine_state == "loading"
+        assert app.host.state == "loading"
         await type_and_enter(pilot, f"/image {image}")
         assert screen.image == str(image.resolve())
         await type_and_enter(pilot, "too early?")
@@ -367,7 +367,30 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
         assert screen.query_one(PromptInput).value == "too early?"  # kept, to send again
         release.set()
         await settle(pilot)
-        assert app.engine_state == "ready" and not screen.query_one("#loading").has_class("-visible")
+        assert app.host.state == "ready" and not screen.query_one("#loading").has_class("-visible")
+
+
+@pytest.mark.asyncio
+async def test_settings_changed_while_the_model_loads_reach_the_loaded_engine(settings, tmp_path):
+    """A setting the engine takes live (tau), changed while the model loads, is the loaded engine's
+    setting once it is ready (the load started with the old one); the model loads once."""
+    import threading
+
+    release, made = threading.Event(), []
+
+    def factory(s, *, progress=None):
+        release.wait(30)
+        made.append(ScriptedEngine(s, tmp_path))
+        return made[-1]
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_wait_until(pilot, lambda: app.host.state == "loading", what="the load to start")
+        app.change_settings({"ssr_tau": 0.25})
+        release.set()
+        await settle(pilot)
+        assert app.host.state == "ready" and len(made) == 1
+        assert made[0].settings.ssr_tau == 0.25
 
 
 @pytest.mark.asyncio
@@ -517,10 +540,10 @@ async def test_changing_the_model_closes_the_old_engine_and_loads_the_new(settin
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         app.change_settings({"model": "other-model.gguf"})
-        assert app.engine is None and app.engine_state == "loading"
+        assert app.host.engine is None and app.host.state == "loading"
         await settle(pilot)
         assert len(engines) == 2 and engines[0].closed and not engines[1].closed
-        assert app.engine is engines[1] and engines[1].settings.model == "other-model.gguf"
+        assert app.host.engine is engines[1] and engines[1].settings.model == "other-model.gguf"
     assert engines[1].closed  # closed at exit
     assert 'model = "other-model.gguf"' in (edge_home / "config.toml").read_text()
 
@@ -567,7 +590,7 @@ s = Settings.load()
 app = EdgeAgentApp(s, engine_factory=lambda st, progress=None: ScriptedEngine(st, hold=True))
 
 async def pilot(p):
-    while app.engine is None:
+    while app.host.engine is None:
         await p.pause(0.05)
     prompt = app.screen.query_one("#prompt")
     prompt.value = "a question before the crash"

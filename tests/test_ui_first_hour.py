@@ -269,9 +269,10 @@ async def test_retry_and_edit_last_question(settings, tmp_path, image):
         assert prompt.value == "second, edited"
         await pilot.press("enter")
         await settle(pilot)
-        # the edited question takes the place of the last exchange (the retried "second")
+        # the edited question takes the place of the last exchange (the retried "second", which took the
+        # first "second"'s place): neither is part of what it continues (issue 23 item 1)
         assert e.asked[-1][0] == "second, edited"
-        assert [q for q, _ in e.histories[-1]] == ["first", "second"]
+        assert [q for q, _ in e.histories[-1]] == ["first"]
 
 
 @pytest.mark.asyncio
@@ -462,7 +463,7 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert isinstance(app.screen, FirstRunScreen)
-        await pilot.press("d")
+        await pilot.click("#download")
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, DownloadScreen)
@@ -481,7 +482,7 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
         await settle(pilot)
         assert any(rng and rng.startswith("bytes=") and not rng.startswith("bytes=0-")
                    for _m, path, rng, _a in hub.requests if path.endswith(name) or "/cdn/" in path)
-        assert app.engine_state == "ready" and not isinstance(app.screen, FirstRunScreen)
+        assert app.host.state == "ready" and not isinstance(app.screen, FirstRunScreen)
         assert loads[-1] == "qwen3-vl-2b-instruct"
     assert Settings.load().model == "qwen3-vl-2b-instruct"
     assert Registry(Settings.load().models_dir).get("qwen3-vl-2b-instruct") is not None

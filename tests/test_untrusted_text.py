@@ -24,7 +24,8 @@ def model(request, tiny_models):
 
 
 def special_ids(m: Model) -> set[int]:
-    return {t for t in range(m.n_vocab) if m._special_texts() and m._special_texts().fullmatch(m.token_text(t))}
+    tok = m.tokenizer
+    return {t for t in range(m.n_vocab) if tok.special_texts() and tok.special_texts().fullmatch(tok.token_text(t))}
 
 
 def test_untrusted_text_has_no_special_token_and_round_trips(model):
@@ -39,7 +40,7 @@ def test_untrusted_text_has_no_special_token_and_round_trips(model):
 
 def test_plain_text_tokenizes_as_before(model):
     text = "A plain sentence with <angle> brackets, JSON {\"a\": 1} and no tags."
-    assert model.tokenize(text, special=False) == model._tokenize(text, False)
+    assert model.tokenize(text, special=False) == model.handle.tokenize(text, False)  # llama.cpp's own, unguarded
 
 
 def test_session_keeps_untrusted_observation_as_data(model):

@@ -92,8 +92,16 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
     ]
 
 
+class _Vision:
+    has_vision = True
+
+
 class ScriptedEngine:
-    """Engine-shaped: ``ask`` yields the script; ``hold`` makes it wait mid-answer until cancelled."""
+    """Engine-shaped (``ui.host.EngineLike``): ``ask`` yields the script; ``hold`` makes it wait
+    mid-answer until cancelled."""
+
+    model = _Vision()
+    drafter: object | None = None
 
     def __init__(self, settings, crop_dir: Path | None = None, hold: bool = False, contexts: bool = False) -> None:
         self.settings = settings
@@ -105,6 +113,7 @@ class ScriptedEngine:
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
+        self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
     def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
             context=None) -> Iterator[ev.Event]:
@@ -133,6 +142,15 @@ class ScriptedEngine:
                 yield ev.FinalAnswer(answer="", turns=1, stop_reason="cancelled", totals={})
                 return
             yield e
+
+    def update_settings(self, new, changed) -> bool:
+        """Like ``Engine.update_settings``: model files and the llama context need a new engine."""
+        from edge_agent.engine import RELOAD_FIELDS
+
+        if RELOAD_FIELDS.intersection(changed):
+            return False
+        self.settings = new
+        return True
 
     def prepare_image(self, image) -> bool:
         self.prepared.append(str(image))

@@ -130,18 +130,56 @@ class SearchCache:
         except OSError as e:
             raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its permissions.") from None
         try:
-            conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
+            conn = self._open()
         except sqlite3.Error as e:
             raise self._error(e) from None
         try:
-            if not self._ready:
-                self._init(conn)
             yield conn
         except sqlite3.Error as e:
             self._ready = False  # the file may have been replaced under us: check the schema again next time
             raise self._error(e) from None
         finally:
             conn.close()
+
+    def _open(self) -> sqlite3.Connection:
+        """A connection; on the first use in this process the file is also checked, and a damaged one is
+        set aside (kept) and what is readable of it salvaged into a new file (said once:
+        ``edge_agent.recovery``)."""
+        from edge_agent import recovery
+
+        try:
+            conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
+            if not self._ready:
+                try:
+                    recovery.check(conn)
+                    self._init(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+        except sqlite3.DatabaseError as e:
+            if self._ready or not recovery.is_damage(e):
+                raise
+            return self._recover(recovery.Damaged(str(e)).reason)
+        return conn
+
+    def _recover(self, reason: str) -> sqlite3.Connection:
+        from edge_agent import recovery
+
+        try:
+            aside: Path | None = recovery.set_aside(self.path)
+        except FileNotFoundError:  # another process set it aside first
+            aside = None
+        conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
+        try:
+            self._init(conn)
+            if aside is not None:
+                n = recovery.salvage(aside, conn, ["entries"])["entries"]
+                recovery.notice(f"The search cache {self.path} was damaged ({reason}). {n} cached searches were "
+                                f"recovered into a new file; the damaged file is kept as {aside}.")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _init(self, conn: sqlite3.Connection) -> None:
         try:

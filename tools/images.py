@@ -1,4 +1,4 @@
-"""Loading and normalising images for the agent (pillow only).
+"""Loading and normalising images for the agent (pillow, and pillow-heif for phone photos).
 
 Knows: how to turn whatever file a user attaches (JPEG with an EXIF rotation, PNG with alpha, a
 palette GIF, a CMYK JPEG, a 16-bit TIFF/PNG, an animated GIF/WebP, a huge scan, a 3x3 icon) into a
@@ -10,6 +10,8 @@ Every failure a user can cause becomes an :class:`ImageError` that says what to 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import io
 import warnings
 from dataclasses import dataclass
@@ -34,7 +36,32 @@ MODEL_MAX_PIXELS = 768 * 768
 # Below this side length the vision encoder has less than two 32 px blocks to look at: upscale.
 MODEL_MIN_SIDE = 64
 
-SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+def _heif_available() -> bool:
+    return importlib.util.find_spec("pillow_heif") is not None
+
+
+def _avif_available() -> bool:
+    from PIL import features
+
+    try:
+        return bool(features.check_module("avif"))
+    except ValueError:  # a Pillow without the AVIF plugin (before 11.2)
+        return False
+
+
+# What the picker offers and a pasted path may be: only formats this installation opens. HEIC/HEIF
+# (iPhone photos) through pillow-heif's plugin, AVIF where Pillow was built with it.
+SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff") + (
+    (".heic", ".heif") if _heif_available() else ()) + ((".avif",) if _avif_available() else ())
+
+
+@functools.cache
+def _register_heif() -> None:
+    """Teach Pillow HEIC/HEIF (once, on the first image: the import takes ~70 ms)."""
+    if _heif_available():
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
 
 
 @dataclass
@@ -69,6 +96,7 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
     """Decode and normalise image bytes (same rules as :func:`load_image`)."""
     if not data:
         raise ImageError(f"{source} is empty (0 bytes). Attach a real image file.")
+    _register_heif()
     try:
         with warnings.catch_warnings():
             # We apply our own pixel limit below; PIL's warning would only be noise.
@@ -101,7 +129,8 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
         raise ImageError(
-            f"{source} is not an image pillow can read ({type(e).__name__}). Attach a JPEG, PNG, GIF or WebP file."
+            f"{source} is not an image pillow can read ({type(e).__name__}). Attach a JPEG, PNG, HEIC, GIF or WebP "
+            "file."
         ) from e
     except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated or corrupt data
         raise ImageError(f"{source} looks damaged and cannot be decoded ({e}). Re-export or re-download it.") from e

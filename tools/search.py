@@ -191,6 +191,11 @@ class SearchTools:
         if self._session is not None:
             self._session.close()
 
+    def unconfigured(self, tool: str) -> str | None:
+        """Why ``tool`` (text_search | image_search) cannot work at all in this session: the setting its
+        backend misses, written for a person; None when it may work."""
+        return (self.text_backend if tool == "text_search" else self.image_backend).missing()
+
     # --- the two tools --------------------------------------------------------------------------
     def text_search(self, query: str, *, refresh: bool = False) -> SearchOutcome:
         """Search the web (the configured text backend) for ``query``. ``refresh``: skip a fresh cache hit."""

@@ -44,6 +44,7 @@ from edge_agent.agent.actions import (
     TAIL_REST,
     TAIL_STOP,
     ActionError,
+    ToolCall,
     head_rest,
     name_grammar,
     parse_action,
@@ -220,22 +221,11 @@ class _Run:
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
+        """One turn: reasoning, action, then the answer (True) or a tool and its observation (False)."""
         yield TurnStarted(turn=turn)
         # ---- reasoning ----
         t0 = time.perf_counter()
-        if self.drafter is not None and self.ground_target is not None:
-            # SeProD hook 1: after a zoom the accepted grounding draft opens the think block, so the
-            # rationale scoring (SSR) or the model's own reasoning (free-form) conditions on it.
-            # The target is the zoom label the agent wrote (the drafter cleans it: untrusted output).
-            v = yield from self.drafter.ground(self.session, turn=turn, image=self.current_image,
-                                               target=self.ground_target)
-            opened = v.accepted_text
-            if v.steer:  # the prophet said "no" and the agent accepted it: look elsewhere
-                self.session.append_text(v.steer, special=False)
-                opened += v.steer
-            if self.options.mode == "ssr" and opened and not opened.endswith("\n"):
-                self.session.append_text("\n")  # the rationale starts on its own line
-        self.ground_target = None
+        yield from self._ground(turn)
         scored = None
         if self.options.mode == "ssr":
             action, scored = self._ssr_reason(turn, allowed)
@@ -254,33 +244,9 @@ class _Run:
         try:
             action = self._head(action, allowed)
             if action == "answer":
-                answer = yield from self._answer(turn)
-                action_s = time.perf_counter() - t0
-                self._add(reasoning_s, action_s, 0.0, 0.0)
-                yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
-                                   tool_seconds=0.0)
-                self._close_answer()
-                key = self.context.answered(self.session)  # a follow-up continues from here
-                if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
-                    yield AgentError(turn=turn, title="No answer found", fatal=False,
-                                     message=f"The model repeated its instructions instead of answering ({answer!r}).")
-                    yield self._final("no_answer", "", context=key)
-                    return True
-                yield self._final("turn_limit" if final else "answered", answer, context=key)
+                yield from self._answer_turn(turn, final, reasoning_s, t0)
                 return True
-            # Decode only up to the end of the last free value (the grammar ends with the stop string,
-            # so the session holds exactly head + text + stop); the fixed rest is prefilled.
-            stop = TAIL_STOP[action]
-            gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop],
-                                 grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
-            text = HEADS[action] + gen.text
-            if gen.stop_reason == "stop":
-                self.session.append_text(TAIL_REST[action])
-                text += stop + TAIL_REST[action]
-            parsed = parse_action(text)
-            if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
-                raise ActionError(f"Expected a {action} action.")
-            call = parsed.call
+            call = self._tool_call(action)
         except ActionError as e:
             error = str(e)
         action_s = time.perf_counter() - t0
@@ -302,14 +268,11 @@ class _Run:
 
         # ---- observation: back into the context (a crop as a new image) ----
         t0 = time.perf_counter()
-        note = TURN_LIMIT_NOTE if turn >= self.options.max_turns else ""
-        observation = self._within_budget(out.observation)
-        segments = observation_segments(observation, out.image, note=note)
-        crops = append_segments(self.session, segments, cancel=self.cancel)
+        crops = self._observe(turn, out)
         observe_s = time.perf_counter() - t0
         for img in crops:
             yield self._image_event(turn, "crop", img)
-        if out.image is not None:
+        if out.image is not None:  # the prophet looks at the crop from now on
             self.current_image = out.image
             self.ground_target = out.label or self.question
             if self.drafter is not None:
@@ -319,6 +282,60 @@ class _Run:
                            reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
         return False
+
+    def _ground(self, turn: int) -> Generator[Event, None, None]:
+        """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
+        block, so the rationale scoring (SSR) or the model's own reasoning (free-form) conditions
+        on it. The target is the zoom label the agent wrote (the drafter cleans it: untrusted output)."""
+        if self.drafter is not None and self.ground_target is not None:
+            v = yield from self.drafter.ground(self.session, turn=turn, image=self.current_image,
+                                               target=self.ground_target)
+            opened = v.accepted_text
+            if v.steer:  # the prophet said "no" and the agent accepted it: look elsewhere
+                self.session.append_text(v.steer, special=False)
+                opened += v.steer
+            if self.options.mode == "ssr" and opened and not opened.endswith("\n"):
+                self.session.append_text("\n")  # the rationale starts on its own line
+        self.ground_target = None
+
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None, None]:
+        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
+        answer = yield from self._answer(turn)
+        action_s = time.perf_counter() - t0
+        self._add(reasoning_s, action_s, 0.0, 0.0)
+        yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
+                           tool_seconds=0.0)
+        self._close_answer()
+        key = self.context.answered(self.session)  # a follow-up continues from here
+        if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
+            yield AgentError(turn=turn, title="No answer found", fatal=False,
+                             message=f"The model repeated its instructions instead of answering ({answer!r}).")
+            yield self._final("no_answer", "", context=key)
+            return
+        yield self._final("turn_limit" if final else "answered", answer, context=key)
+
+    def _tool_call(self, action: str) -> ToolCall:
+        """The rest of a tool call whose head is in the session, under the tool's grammar."""
+        # Decode only up to the end of the last free value (the grammar ends with the stop string,
+        # so the session holds exactly head + text + stop); the fixed rest is prefilled.
+        stop = TAIL_STOP[action]
+        gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop],
+                             grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
+        text = HEADS[action] + gen.text
+        if gen.stop_reason == "stop":
+            self.session.append_text(TAIL_REST[action])
+            text += stop + TAIL_REST[action]
+        parsed = parse_action(text)
+        if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
+            raise ActionError(f"Expected a {action} action.")
+        return parsed.call
+
+    def _observe(self, turn: int, out: ToolOutcome) -> list[ImageChunk]:
+        """A tool's outcome back into the context (a crop as a new image); returns the crops evaluated."""
+        note = TURN_LIMIT_NOTE if turn >= self.options.max_turns else ""
+        observation = self._within_budget(out.observation)
+        segments = observation_segments(observation, out.image, note=note)
+        return append_segments(self.session, segments, cancel=self.cancel)
 
     # ---- reasoning ------------------------------------------------------------------------------
     def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored]:

@@ -20,8 +20,12 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edge_agent.agent.rationales import Library, index_label
+
+if TYPE_CHECKING:
+    from edge_agent.config import Settings
 
 ZOOM_TOOL = "image_zoom_in_tool"
 TOOL_NAMES = {"zoom": ZOOM_TOOL, "text_search": "text_search", "image_search": "image_search"}
@@ -201,3 +205,39 @@ def observation_segments(observation: str, image: bytes | None = None, *, note: 
         out.append(Text("\n" + note))
     out.append(Text(TURN_END + THINK_OPEN))
     return out
+
+
+QUESTION_TOKENS = 128  # a short question and answer, beyond the system prompt (for min_n_ctx)
+
+
+def min_n_ctx(settings: Settings) -> int:
+    """The least ``n_ctx`` that can work with these settings: the longest system prompt they can make
+    (every tool, an image, the user's instructions, the index-only plans) at 2.5 bytes per token (the
+    densest of the tokenizers we ship: the tiny test models' 2.7; Qwen3's and SmolLM2's ~3.5), plus
+    ``QUESTION_TOKENS`` for a question and a short answer."""
+    from edge_agent.agent.rationales import load_library
+    from edge_agent.errors import EdgeAgentError
+
+    try:
+        library = load_library(settings.rationales) if settings.ssr_index_only else None
+    except EdgeAgentError:
+        library = None  # a bad library is reported when it is loaded
+    text = system_prompt(("zoom", "text_search", "image_search"), has_image=True, library=library,
+                         extra=settings.system_prompt)
+    return -(-len(text.encode()) * 2 // 5) + QUESTION_TOKENS
+
+
+def check_n_ctx(settings: Settings) -> None:
+    """Raise ConfigError when ``n_ctx`` cannot hold the system prompt of these settings and a question
+    (``Settings.validate`` checks every range; this needs the prompt, so the layers that know the agent
+    call it: ``config set``, the settings screen, loading an engine)."""
+    from edge_agent.errors import ConfigError
+
+    if settings.n_ctx >= 4096:  # (checked only when small: building the prompt costs ~0.1 s)
+        return
+    need = min_n_ctx(settings)
+    if settings.n_ctx < need:
+        raise ConfigError(
+            f"Setting n_ctx must be at least {need}, not {settings.n_ctx}: the system prompt of these settings "
+            f"alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer need "
+            f"{QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx {max(need, 2048)}`.")

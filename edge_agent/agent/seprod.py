@@ -6,9 +6,9 @@ queries; and ``seprod_policy``: costs and the adaptive rule; import them from th
   text-only models) and a mode query, in the shared ChatML format. The query is the user's question
   (answering) or a yes/no question about a target (grounding). The target is the zoom ``label`` the
   agent wrote (as in the paper, the search model decides what to look for): that label is the ONLY
-  agent text the prophet ever sees, and it is treated as untrusted model output (:func:`clean_label`:
-  printable, at most ``LABEL_MAX_CHARS``, dropped when empty or garbage; tokenized with special
-  tokens not parsed). Never the agent's reasoning or history;
+  agent text the prophet ever sees, and it is treated as untrusted model output
+  (:func:`seprod_math.clean_label`: printable, at most ``LABEL_MAX_CHARS``, dropped when empty or
+  garbage; tokenized with special tokens not parsed). Never the agent's reasoning or history;
 - how a draft is verified: one batched teacher-forced ``score`` call on the agent's session
   (log p_s and ranks of every draft token in one decode), then the accepted prefix is put into the
   agent's KV cache exactly as if the agent had generated it (adopted from the scoring pass, no
@@ -24,13 +24,14 @@ queries; and ``seprod_policy``: costs and the adaptive rule; import them from th
   when nothing useful would be ready: the prophet then takes no CPU from the agent). Per chat and
   mode, acceptance decides whether a mode drafts at all (off below break-even, probed again now and
   then) and how long its drafts are (L_d shortened to about twice the recent accepted length);
-- the grounding verdict (yes/no first, :func:`parse_verdict`; an accepted "no" adds :data:`STEER_ELSEWHERE`);
+- the grounding verdict (yes/no first, :func:`seprod_math.parse_verdict`; an accepted "no" adds
+  :data:`seprod_math.STEER_ELSEWHERE`);
 - its events: DraftProposed, DraftVerified, DraftSkipped, AnswerToken(from_prophet), AgentError (no draft).
 
-What it does not know: llama.cpp (it talks to ``runtime.types.ModelLike`` / ``SessionLike``), where in
+What it does not know: llama.cpp (it talks to ``runtime.types.DraftModelLike`` / ``SessionLike``), where in
 the agent's turn a draft goes (the loop decides: a grounding draft opens the think block after a
 zoom, an answering draft is the start of the answer), grammars, the UI, thread counts (the engine
-picks them; :func:`shared_threads` is its rule; ``runtime.cores`` keeps the two
+picks them; :func:`seprod_policy.shared_threads` is its rule; ``runtime.cores`` keeps the two
 models' threads within the cores while they compute). The prophet model is used from one worker
 thread only (so drafts can be prepared while the agent works; see ``Drafter.start``).
 """
@@ -62,22 +63,14 @@ from edge_agent.agent.seprod_math import (
     accepted_length,
     answering_query,
     combined_scores,
+    draft_image_key,
     grounding_query,
-    image_digest,
     parse_verdict,
     search_weight,
 )
-from edge_agent.agent.seprod_policy import (
-    MAX_PROBE_GAP,
-    MIN_DRAFT_LEN,
-    PROBE_EVERY,
-    Adaptive,
-    Costs,
-    Plan,
-    ema,
-)
+from edge_agent.agent.seprod_policy import Adaptive, Costs, Fitter, Plan, ema
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
-from edge_agent.runtime.types import Checkpoint, ModelLike, SessionLike
+from edge_agent.runtime.types import Checkpoint, DraftModelLike, SessionLike
 
 
 class _Job:
@@ -85,7 +78,7 @@ class _Job:
 
     def __init__(self, mode: str, query: str, image: bytes | None, plan: Plan) -> None:
         self.mode, self.query, self.image, self.plan = mode, query, image, plan
-        self.key = (mode, query, image_digest(image))
+        self.key = (mode, query, draft_image_key(image))
         self.cancel = threading.Event()
         self.future: Future[Draft] = Future()
         self.submitted = time.perf_counter()
@@ -127,7 +120,7 @@ class _Job:
 class Drafter:
     """Drafts with the prophet model and verifies drafts on the agent's session.
 
-    ``prophet``: a loaded ModelLike sharing the agent's tokenizer (checked by whoever loads it).
+    ``prophet``: a loaded DraftModelLike sharing the agent's tokenizer (checked by whoever loads it).
     ``agent_vocab``: V of the agent's logits (for normalising ranks).
     ``draft_len`` (L_d), ``tau``, ``a0``: the SeProD settings; ``gamma``: see :func:`search_weight`.
     ``adaptive``: per-mode acceptance switches modes off and shortens L_d (:class:`Adaptive`); False
@@ -161,7 +154,7 @@ class Drafter:
 
     def __init__(
         self,
-        prophet: ModelLike,
+        prophet: DraftModelLike,
         *,
         agent_vocab: int,
         draft_len: int = 16,
@@ -196,9 +189,7 @@ class Drafter:
         self._evaluated_before = 0  # prophet tokens evaluated by sessions already replaced
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
-        self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
-        # mode -> skips before the next probe (doubles while probes are not ready in time or accept nothing)
-        self._probe_gap: dict[str, int] = {}
+        self.fitter = Fitter()  # prepared drafts fitted to the time before their hook; the probe back-off
         self._warm = False  # the prophet has drafted once (its first draft is not measured)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -234,7 +225,7 @@ class Drafter:
     def tokens_evaluated(self) -> int:
         """Prompt tokens the prophet has evaluated so far (its images in embeddings), all questions."""
         s = self._session
-        return self._evaluated_before + int(getattr(s, "n_evaluated", 0))  # a fake session has no counter
+        return self._evaluated_before + (s.n_evaluated if s is not None else 0)
 
     def totals(self) -> dict[str, float]:
         """This question's SeProD counters, for ``FinalAnswer.totals``."""
@@ -266,7 +257,7 @@ class Drafter:
         """
         if not self.background:
             return
-        key = image_digest(image)
+        key = draft_image_key(image)
         self._drop(lambda job: job.key[2] != key)  # drafts for an earlier image are never asked for again
         ahead = [0.0]  # expected prophet seconds of the drafts queued before this one
         new_image = [key != self._prefilled_image and image is not None]
@@ -285,13 +276,13 @@ class Drafter:
 
     def _take(self, mode: str, query: str, image: bytes | None) -> _Job | None:
         with self._lock:
-            return self._pending.pop((mode, query, image_digest(image)), None)
+            return self._pending.pop((mode, query, draft_image_key(image)), None)
 
     def _submit(self, mode: str, query: str, image: bytes | None, *, plan: Plan | None = None,
                 keep: bool = True, ahead: list[float] | None = None, new_image: list[bool] | None = None) -> _Job:
         """Queue a draft (``keep``: remembered for the hook; ``ahead``/``new_image``: prepared by
         :meth:`start`, fitted to the time before its hook). A plan that does not draft queues nothing."""
-        key = (mode, query, image_digest(image))
+        key = (mode, query, draft_image_key(image))
         with self._lock:
             if keep and key in self._pending:
                 return self._pending[key]
@@ -307,41 +298,26 @@ class Drafter:
             return job
 
     def _fit(self, mode: str, plan: Plan, ahead: list[float], new_image: list[bool]) -> Plan:
-        """A prepared draft fitted to the time before its hook: the measured lead time plus the wait its
-        saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work) when
-        fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except for a short probe after
-        ``PROBE_EVERY`` such skips (costs change: the machine may be less busy), the gap doubling up to
-        ``MAX_PROBE_GAP`` while no draft is used and accepted. Updates ``ahead`` (the worker runs one draft at a time)."""
-        c = self.costs
+        """A prepared draft fitted to the time before its hook (:class:`~edge_agent.agent.seprod_policy.Fitter`).
+        Updates ``ahead`` (the worker runs one draft at a time) and ``new_image`` (only the first reads it)."""
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
-        lead, per_tok = c.lead.get(mode), c.prophet_seconds()
-        full = c.draft_seconds(plan.draft_len, new_image=new_image[0])
-        if lead is None or per_tok is None or full is None or per_tok <= 0:
-            return plan  # nothing measured yet: draft, and measure
-        wait = max(0.0, c.saving(self.adaptive.acceptance(mode), plan.draft_len) or 0.0)
-        prompt = full - plan.draft_len * per_tok
-        fits = int((lead + wait - ahead[0] - prompt) / per_tok)
-        if fits < min(MIN_DRAFT_LEN, plan.draft_len):
-            self._late[mode] = self._late.get(mode, 0) + 1
-            gap = self._probe_gap.get(mode, PROBE_EVERY)
-            if self._late[mode] < gap:
-                return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
-                            f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready")
-            # a short probe; the next one comes twice as late unless a draft is used meanwhile
-            self._probe_gap[mode] = min(2 * gap, MAX_PROBE_GAP)
-            fits, note = min(MIN_DRAFT_LEN, plan.draft_len), f"probing whether a {mode} draft is ready in time"
-        else:
-            note = plan.note
-        self._late[mode] = 0
-        if fits < plan.draft_len:
-            plan = Plan(True, fits, (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
-                        f"in the ~{lead * 1e3:.0f} ms before the agent needs it")
-        elif note != plan.note:
-            plan = Plan(True, plan.draft_len, note)
-        ahead[0] += (c.draft_seconds(plan.draft_len, new_image=new_image[0]) or 0.0)
-        new_image[0] = False
+        plan, queued = self.fitter.fit(mode, plan, self.costs, self.adaptive.acceptance(mode), ahead=ahead[0],
+                                       new_image=new_image[0])
+        if queued is not None:
+            ahead[0] += queued
+            new_image[0] = False
         return plan
+
+    # ---- what is prepared (the hooks take it; tests look at it) --------------------------------
+    def prepared(self) -> dict[tuple[str, str, str], Plan]:
+        """The drafts prepared and not taken yet: {(mode, query, draft_image_key(image)): plan}."""
+        with self._lock:
+            return {k: job.plan for k, job in self._pending.items()}
+
+    def wait_idle(self, timeout: float) -> None:
+        """Wait until the prophet's worker has ended every draft given to it so far (cancelled ones too)."""
+        self._pool.submit(lambda: None).result(timeout=timeout)
 
     def _run(self, job: _Job) -> None:
         """Worker thread: run one job, its result or error into its future."""
@@ -363,7 +339,7 @@ class Drafter:
         if s is None or key != self._prefilled_image or self._after_image is None:
             job.new_image = image is not None
             if s is not None:
-                self._evaluated_before += int(getattr(s, "n_evaluated", 0))
+                self._evaluated_before += s.n_evaluated
             self._session = None  # until the image is in: a failure here leaves no half-built session
             s = self.prophet.session()  # clears the prophet's KV cache
             s.append_text("<|im_start|>user\n", special=True)
@@ -411,12 +387,7 @@ class Drafter:
     def _text(self, tokens: Sequence[int], *, special: bool = False) -> str:
         if not tokens:
             return ""
-        if special:  # render control tokens too (runtime.Model takes ``special``; the protocol does not)
-            try:
-                return self.prophet.detokenize(list(tokens), special=True)  # type: ignore[call-arg]
-            except TypeError:
-                pass
-        return self.prophet.detokenize(list(tokens))
+        return self.prophet.detokenize(list(tokens), special=special)
 
     def _cut_length(self, tokens: list[int], cut: Sequence[str]) -> int:
         """Tokens whose text ends before the first marker of ``cut``. O(L) detokenizes of <= L tokens."""
@@ -504,7 +475,7 @@ class Drafter:
         self, session: SessionLike, *, turn: int, image: bytes | None, target: str
     ) -> Generator[Event, None, Verification]:
         """Grounding round after a zoom: call right after the think block opens. ``target``: the zoom
-        label the agent wrote (or the question), cleaned by :func:`clean_label`. The returned value
+        label the agent wrote (or the question), cleaned by :func:`seprod_math.clean_label`. The returned value
         carries the prophet's verdict; after an accepted "no", ``steer`` is text for the loop to append."""
         return (yield from self._round(session, turn=turn, mode=GROUNDING, query=grounding_query(target), image=image))
 
@@ -567,7 +538,7 @@ class Drafter:
         self.stats.add(v)
         self.adaptive.record(mode, len(v.draft.tokens), v.accepted)
         if v.accepted:  # a draft that was ready and accepted: probe at the normal rate again
-            self._probe_gap.pop(mode, None)
+            self.fitter.accepted(mode)
         yield DraftVerified(
             turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens), accepted_text=v.accepted_text,
             scores=tuple(float(x) for x in v.scores), seconds=v.seconds, lead=len(v.lead), verdict=v.verdict,

@@ -293,7 +293,7 @@ def answering_query(question: str) -> str:
     return question.strip()
 
 
-def image_digest(image: bytes | None) -> str:
+def draft_image_key(image: bytes | None) -> str:
     """A draft's image identity: a 128-bit hash of the PNG bytes ("" for no image)."""
     return hashlib.blake2b(image, digest_size=16).hexdigest() if image is not None else ""
 

@@ -11,8 +11,8 @@ follow it): a search whose backend is unconfigured is never offered; a search fo
 exactly is refused (a second time: the model is looping, the tool is withdrawn); image search is withdrawn once
 every image has been searched. The observation of a failed call says what failed and what is still
 possible.
-Does not know: the network (the search object is handed in; ``edge_agent.tools.search.SearchTools`` in the app,
-anything with ``text_search(query)`` / ``image_search(bytes, mime)`` in tests), models, the loop.
+Does not know: the network (the search object is handed in: :class:`SearchLike`, which
+``edge_agent.tools.search.SearchTools`` implements and the tests' fakes too), models, the loop.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import ZOOM_TOOL
@@ -28,6 +28,9 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.tools.images import jpeg_bytes
 from edge_agent.tools.text import query_key
 from edge_agent.tools.zoom import ImageStore, ZoomError
+
+if TYPE_CHECKING:  # tools.search imports requests: the agent package holds no network code
+    from edge_agent.tools.search import SearchOutcome
 
 
 @dataclass
@@ -62,9 +65,17 @@ class ToolExecutor(Protocol):
 
 
 class SearchLike(Protocol):
-    def text_search(self, query: str) -> Any: ...
+    """What the toolbox (and the engine) use of the search tools: ``edge_agent.tools.search.SearchTools``."""
 
-    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg") -> Any: ...
+    def text_search(self, query: str) -> SearchOutcome: ...
+
+    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg") -> SearchOutcome: ...
+
+    def unconfigured(self, tool: str) -> str | None:
+        """Why ``tool`` (text_search | image_search) cannot work at all (a missing setting); None: it may."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Toolbox:
@@ -104,9 +115,7 @@ class Toolbox:
         """Why ``action``'s backend cannot work at all in this session (None: it may)."""
         if self.search is None:
             return f"{action} is not available in this session"
-        backend = getattr(self.search, "text_backend" if action == "text_search" else "image_backend", None)
-        missing = getattr(backend, "missing", None)
-        return missing() if missing is not None else None
+        return self.search.unconfigured(action)
 
     def still_possible(self) -> str:
         """One sentence for the model: what it can still do in this question."""
@@ -157,7 +166,8 @@ class Toolbox:
         key = query_key(query)  # the search cache's notion of "the same query"
         if (repeat := self._repeat("text_search", key, t0)) is not None:
             return repeat
-        return self._from_search("text_search", key, self.search.text_search(query), t0)  # type: ignore[union-attr]
+        assert self.search is not None  # without one the tool is withdrawn: _refused answered above
+        return self._from_search("text_search", key, self.search.text_search(query), t0)
 
     def _refused(self, action: str, t0: float) -> ToolOutcome | None:
         """A call of a withdrawn tool (a policy or a model that ignores the grammar): not run."""
@@ -193,16 +203,17 @@ class Toolbox:
             return out
         if (repeat := self._repeat("image_search", str(idx), t0)) is not None:
             return repeat
-        o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")  # type: ignore[union-attr]
+        assert self.search is not None  # without one the tool is withdrawn: _refused answered above
+        o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")
         return self._from_search("image_search", str(idx), o, t0)
 
-    def _from_search(self, tool: str, key: str, o: Any, t0: float) -> ToolOutcome:
-        results = tuple(r.to_json() if hasattr(r, "to_json") else dict(r) for r in getattr(o, "results", ()))
-        ok = bool(getattr(o, "ok", o.status in ("live", "cached", "stale")))
+    def _from_search(self, tool: str, key: str, o: SearchOutcome, t0: float) -> ToolOutcome:
+        results = o.results_json()
+        ok = o.ok
         status, observation = o.status, o.observation
         if ok:
             self._searched[(tool, key)] = "its results are above" if results else "it found nothing"
-        elif unreachable(o):
+        elif o.unreachable:  # the network, not the service: DNS, refused, timeout
             status = "unreachable"
             self.withdrawn[tool] = "the search service cannot be reached (no network?)"
             self._searched[(tool, key)] = "that search failed"
@@ -215,15 +226,3 @@ class Toolbox:
             else:
                 observation = f"{observation}\n{self.still_possible()}"
         return ToolOutcome(ok, observation, time.perf_counter() - t0, status, results=results)
-
-
-def unreachable(outcome: Any) -> bool:
-    """True when a search failed because the network (not the service) is down: DNS, refused, timeout.
-
-    ``SearchOutcome.unreachable`` says it; older outcomes without it are read from their error line.
-    """
-    flag = getattr(outcome, "unreachable", None)
-    if flag is not None:
-        return bool(flag)
-    error = str(getattr(outcome, "error", "") or "")
-    return outcome.status == "error" and error.startswith(("cannot connect", "no answer within", "request failed"))

@@ -24,11 +24,13 @@ from edge_agent.config import Settings
 from edge_agent.crops import prune_crops, remove_run_crops
 from edge_agent.errors import EdgeAgentError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff"}
 
-
-def _looks_like_image(arg: str) -> bool:
-    return Path(arg).suffix.lower() in IMAGE_SUFFIXES or Path(arg).expanduser().is_file()
+def _is_file(arg: str) -> bool:
+    """An existing file; False for any text that cannot be one (longer than a file name may be, a NUL)."""
+    try:
+        return Path(arg).expanduser().is_file()
+    except (OSError, ValueError):  # ENAMETOOLONG: a question of a few hundred words
+        return False
 
 
 @click.command("ask")
@@ -70,38 +72,39 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     """
     if len(args) == 1:
         image, question = None, args[0]
-        if _looks_like_image(question) and Path(question).expanduser().is_file():
+        if _is_file(question):  # any text that is not an existing file is a question
             raise click.UsageError(f"{question} is a file: give a question too, e.g. edge-agent ask {question} \"What is this?\"")
     elif len(args) == 2:
         image, question = args
     else:
         raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
 
-    settings = Settings.load({"model": model, "mmproj": mmproj, "mode": mode, "max_turns": max_turns,
-                              "seed": seed, "offline": True if offline else None,
-                              "prophet": prophet, "prophet_mmproj": prophet_mmproj})
+    flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
+    settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
+                              "offline": True if offline else None})
     from edge_agent.chats import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     try:
-        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image, save=not no_save)
-    except BaseException:
-        store.close()
-        raise
-    try:
+        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image)
+        settings = _chat_models(settings, chat, flags, say=None if as_json else _note)
         _ask(settings, store if not no_save else None, chat, question, image, as_json=as_json, mode=mode)
     finally:
         store.close()
 
 
-def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None,
-              save: bool = True) -> tuple[Any, str | None]:
+def _note(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None) -> tuple[Any, str | None]:
     """(Continuation of the chat to ask in, the image to ask about): the chat's own image for a
-    follow-up without one; a new chat otherwise (none is created when not ``save``: chat id 0)."""
+    follow-up without one; for a new question an empty chat id 0 (the chat is created only once the
+    question reaches the model: see :class:`_ChatWriter`)."""
     from edge_agent.chats import Continuation
 
     if not follow_up:
-        return Continuation(store.new_chat() if save else 0), image
+        return Continuation(0), image
     if chat_id is None:
         chat_id = store.latest_chat()
         if chat_id is None:
@@ -114,6 +117,74 @@ def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | Non
                 f'edge-agent ask --chat {chat_id} IMAGE "question"', title="Image not found")
         image = cont.image
     return cont, image
+
+
+def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], say: Any) -> Settings:
+    """The settings a follow-up runs with: a chat continues with the model files it was made with
+    (``Continuation.models``) unless --model (agent, mmproj) or --prophet (prophet, its mmproj) says
+    otherwise; ``say`` (None: quiet) is told when that differs from the current setting, and how to
+    choose. Raises when the chat's model file is gone (and names the flag that picks another)."""
+    from edge_agent.catalog import resolve
+    from edge_agent.engine import model_files
+
+    files = chat.models
+    if not files.get("model"):
+        return settings  # a new chat, or one saved before chats recorded their models
+    use: dict[str, str] = {}
+    if flags["model"] is None and flags["mmproj"] is None:
+        if not Path(files["model"]).is_file() or (files.get("mmproj") and not Path(files["mmproj"]).is_file()):
+            gone = files["model"] if not Path(files["model"]).is_file() else files["mmproj"]
+            raise EdgeAgentError(
+                f"Chat {chat.chat_id} was made with {files['model']}, but {gone} is gone. Continue it with another "
+                f'model: edge-agent ask --chat {chat.chat_id} --model NAME_OR_PATH "question" (see `edge-agent '
+                "models list`).", title="Chat's model not found")
+        use |= {"model": files["model"], "mmproj": files.get("mmproj", "")}
+    if flags["prophet"] is None and flags["prophet_mmproj"] is None and files.get("prophet") \
+            and Path(files["prophet"]).is_file():
+        use |= {"prophet": files["prophet"], "prophet_mmproj": files.get("prophet_mmproj", "")}
+    if not use:
+        return settings
+    try:
+        current = model_files(resolve(settings))
+    except EdgeAgentError:
+        current = {}
+    differ = [k for k in ("model", "prophet") if k in use and use[k] != current.get(k, "")]
+    if differ and say is not None:
+        say(f"chat {chat.chat_id} continues with the model{'s' if len(differ) > 1 else ''} it was made with: "
+            + ", ".join(f"{k} {Path(use[k]).name}" for k in differ)
+            + f" (the current setting is {', '.join(Path(current.get(k) or 'none').name for k in differ)}; "
+            "pass --model / --prophet to choose)")
+    return settings.updated(use, source=f"chat {chat.chat_id}")
+
+
+class _ChatWriter:
+    """Saves one question and its answer as a chat exchange, but only once the question reached the
+    model: a question refused before that (a bad image, an image for a text-only model, a busy engine)
+    adds nothing, not even a new empty chat. An answer that fails midway is kept, marked ``error``."""
+
+    def __init__(self, store: Any | None, chat: Any, question: str, image: str | None, files: dict[str, str]):
+        self.store, self.chat_id, self.question, self.image, self.files = store, chat.chat_id, question, image, files
+        self.message_id: int | None = None
+        self._held: list[ev.Event] = []
+
+    def add(self, e: ev.Event) -> None:
+        if self.store is None:
+            return
+        if self.message_id is None:
+            if isinstance(e, ev.RunStarted) or (isinstance(e, ev.AgentError) and e.fatal):
+                self._held.append(e)  # not yet: the run may stop here without the model reading anything
+                return
+            if not self.chat_id:
+                self.chat_id = self.store.new_chat()
+            self.store.add_user_message(self.chat_id, self.question, self.image)
+            self.message_id = self.store.start_answer(self.chat_id, models=self.files)
+            for held in self._held:
+                self.store.add_event(self.message_id, held)
+        self.store.add_event(self.message_id, e)
+
+    def finish(self, status: str) -> None:
+        if self.store is not None and self.message_id is not None:
+            self.store.finish_answer(self.message_id, status)
 
 
 def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image: str | None, *, as_json: bool,
@@ -137,16 +208,12 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
     shown = str(Path(image).expanduser().resolve()) if image else None
-    message_id = None
-    if store is not None:
-        store.add_user_message(chat.chat_id, question, shown)
-        message_id = store.start_answer(chat.chat_id)
+    writer = _ChatWriter(store, chat, question, shown, engine.files)
     status = "error"
     try:
         for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.history):
             events.append(e)
-            if store is not None:
-                store.add_event(message_id, e)
+            writer.add(e)
             if isinstance(e, ev.FinalAnswer):
                 status = e.stop_reason
             if as_json:
@@ -162,8 +229,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
         click.echo("Cancelled.", err=True)
         sys.exit(130)
     finally:
-        if store is not None:
-            store.finish_answer(message_id, status)
+        writer.finish(status)
         engine.close()
         if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
             remove_run_crops(events, settings.crops_dir)
@@ -179,7 +245,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
             click.echo(last.answer)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
-            click.echo(f"chat {chat.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
+            click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
         else:
             click.echo("not saved as a chat (--no-save)", err=True)
     if last.stop_reason == "cancelled":

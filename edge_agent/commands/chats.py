@@ -1,4 +1,5 @@
-"""`edge-agent chats`: the saved chats, newest first, with the ids `ask --chat ID` takes.
+"""`edge-agent chats`: the saved chats, newest first, with the ids `ask --chat ID` takes; `chats show ID`
+prints one; `chats export ID` writes it as Markdown or JSON (what the app's export writes).
 
 Reads the one chat store the app and `ask` write (edge_agent.chats). Knows nothing of models.
 """
@@ -7,35 +8,51 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import click
 
 from edge_agent.config import Settings
 
 
-@click.command("chats")
+@contextmanager
+def _store(settings: Settings) -> Iterator[Any]:
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(settings.chats_path, secrets=settings.secrets())
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@click.group("chats", invoke_without_command=True)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Most chats to list.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per chat per line.")
-def command(limit: int, as_json: bool) -> None:
+@click.pass_context
+def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     """List saved chats: id, last activity, messages, title.
 
     \b
     Examples:
       edge-agent chats
+      edge-agent chats show 12
+      edge-agent chats export 12 -o chat.md
+      edge-agent chats export 12 --format json > chat.json
       edge-agent ask --chat 12 "And the door?"
     """
-    from edge_agent.chats import ChatStore
-
+    if ctx.invoked_subcommand is not None:
+        return
     settings = Settings.load()
     if not settings.chats_path.exists():
         if not as_json:
             click.echo("No chats yet. Ask a question: edge-agent ask photo.jpg \"What is this?\"")
         return
-    store = ChatStore(settings.chats_path, secrets=settings.secrets())
-    try:
+    with _store(settings) as store:
         chats = store.list_chats()[:limit]
-    finally:
-        store.close()
     for c in chats:
         if as_json:
             click.echo(json.dumps({"id": c.id, "title": c.title, "updated": c.updated, "messages": c.n_messages},
@@ -45,3 +62,43 @@ def command(limit: int, as_json: bool) -> None:
             click.echo(f"{c.id:>5}  {when}  {c.n_messages:>3} msgs  {c.title}")
     if not chats and not as_json:
         click.echo("No chats yet.")
+
+
+@command.command("show")
+@click.argument("chat_id", type=int, metavar="ID")
+def show(chat_id: int) -> None:
+    """Print chat ID: its questions, images and answers (an answer that did not finish says how it ended)."""
+    with _store(Settings.load()) as store:
+        chat = store.load(chat_id)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
+    click.echo(f"chat {chat.id}: {chat.title}  ({len(chat.messages)} messages, {when})")
+    if chat.models.get("model"):
+        click.echo("models: " + ", ".join(f"{k} {Path(chat.models[k]).name}"
+                                          for k in ("model", "mmproj", "prophet", "prophet_mmproj") if chat.models.get(k)))
+    for m in chat.messages:
+        if m.role == "user":
+            click.echo(f"\nYou: {m.text}" + (f"\n  image: {m.image}" if m.image else ""))
+        else:
+            ended = "" if m.status in ("answered", "done") else f" ({m.status})"
+            click.echo(f"edge-agent{ended}: {m.text or '(no answer)'}")
+    click.echo(f"\nContinue it: edge-agent ask --chat {chat.id} \"question\"", err=True)
+
+
+@command.command("export")
+@click.argument("chat_id", type=int, metavar="ID")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File to write (Markdown: its images are copied into FILE_files/ beside it). Default: stdout.")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default=None,
+              help="md (default) or json; with -o, taken from the file's suffix when not given.")
+def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
+    """Write chat ID as Markdown (tool calls, crops, rationale scores) or JSON (every event)."""
+    if fmt is None:
+        fmt = "json" if output is not None and output.suffix.lower() == ".json" else "md"
+    with _store(Settings.load()) as store:
+        if output is None:
+            text = store.export_markdown(chat_id) if fmt == "md" else json.dumps(
+                store.export_json(chat_id), indent=2, ensure_ascii=False)
+            click.echo(text.rstrip("\n"))
+            return
+        store.export_to(chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
+    click.echo(f"chat {chat_id} written to {output}", err=True)

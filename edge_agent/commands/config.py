@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import click
 
 from edge_agent.config import SECRET_FIELDS, Settings
+from edge_agent.errors import ConfigError
 
 
 @click.group("config")
@@ -37,17 +39,50 @@ def show(as_json: bool) -> None:
 def set_(key: str, value: str) -> None:
     """Set KEY to VALUE in the config file, e.g. `edge-agent config set mode freeform`."""
     # The new value is applied before validation, so a file holding a bad value can be fixed here.
-    s = Settings.load({key: value})
+    from edge_agent.agent.prompts import check_n_ctx
+
+    s = Settings.load({key: value}, check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
+    _check_files(s, key)
     path = s.save()
     shown = "***" if key in SECRET_FIELDS else getattr(s, key)
     click.echo(f"{key} = {shown}  (saved to {path})")
 
 
+def _check_files(s: Settings, key: str) -> None:
+    """A model, mmproj or rationale library that cannot be found is refused when set (reading the file
+    later does not check them: a model may be pulled after it is named, and `ask` says what is missing)."""
+    value = getattr(s, key)
+    if not value:
+        return
+    if key in ("model", "prophet"):
+        from edge_agent.catalog import find_model
+
+        find_model(s, value, detect_mmproj=False)
+    elif key in ("mmproj", "prophet_mmproj") and not Path(value).expanduser().is_file():
+        raise ConfigError(f"Setting {key}: no file {value}. Give the path of the vision projector GGUF (its name "
+                          "usually starts with 'mmproj'), or an empty value for none.")
+    elif key == "rationales":
+        from edge_agent.agent.rationales import load_library
+
+        load_library(value)
+
+
 @command.command("explain")
 def explain() -> None:
     """Describe every setting."""
+    from edge_agent.agent.prompts import min_n_ctx
+    from edge_agent.config import CHOICES, RANGES, URL_FIELDS
+
     for f in fields(Settings):
         click.echo(f"{f.name}\n    {f.metadata.get('doc', '')}")
+        if f.name in CHOICES:
+            click.echo(f"    valid: {', '.join(CHOICES[f.name])}")
+        elif f.name in RANGES:
+            lo, hi, lo_open = RANGES[f.name]
+            lo = min_n_ctx(Settings()) if f.name == "n_ctx" else lo  # what the default system prompt needs
+            click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None else ""))
+        elif f.name in URL_FIELDS:
+            click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url", "public_image_url_prefix") else ""))
 
 
 @command.command("path")

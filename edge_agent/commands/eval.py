@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from edge_agent import evaluation as E
+from edge_agent.commands.progress import EvalProgress
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError
 
@@ -62,16 +63,26 @@ def engine_factory(settings: Settings, *, on_status=None):
 @click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path.")
 @click.option("--prophet-mmproj", default=None, help="mmproj GGUF for the prophet.")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
-@click.option("--seed", type=int, default=None, help="Random seed.")
+@click.option("--seed", type=int, default=None, help="Random seed (each question adds a number made from its id).")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON instead of a summary.")
 @click.option("--rationales", "libraries", default=None, metavar="LIST",
               help="Compare rationale libraries: comma-separated JSON files, `builtin` for the built-in one. "
                    "Each SSR mode runs once per library, one column each (ssr[builtin], ssr[mine]).")
+@click.option("--cluster", default=None, metavar="ray[:ADDRESS]",
+              help="Run the questions on a Ray cluster: `ray` (RAY_ADDRESS, else a local cluster sized to this "
+                   "machine) or `ray:ADDRESS`. Needs the cluster extra.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --cluster: worker processes, each with its own loaded models (default: as many as fit).")
+@click.option("--threads-per-worker", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --cluster: CPUs Ray reserves for each worker, and llama.cpp's threads there.")
+@click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=0.0,
+              help="With --cluster: GPUs Ray reserves for each worker (a llama.cpp built with GPU support).")
 def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | None, offline: bool | None,
             model: str | None, mmproj: str | None, prophet: str | None, prophet_mmproj: str | None,
             max_turns: int | None, seed: int | None, no_plot: bool, as_json: bool,
-            libraries: str | None = None) -> None:
+            libraries: str | None = None, cluster: str | None = None, workers: int | None = None,
+            threads_per_worker: int = 1, gpus_per_worker: float = 0.0) -> None:
     """Evaluate answer quality and latency on a JSONL question set.
 
     Each line of DATA is {"id", "image", "question", "answers": [...]}, image paths relative to
@@ -85,74 +96,67 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
       edge-agent eval svqa/DATA.jsonl --modes ssr,ssr+seprod --prophet base.gguf --limit 5
       edge-agent eval svqa/DATA.jsonl --offline          answer from the search cache only
       edge-agent eval svqa/DATA.jsonl --modes ssr --rationales builtin,mine.json
+      edge-agent eval svqa/DATA.jsonl --cluster ray --workers 2   on a Ray cluster (README)
     """
     settings = Settings.load({
         "model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj,
         "offline": offline, "max_turns": max_turns, "seed": seed,
     })
-    if modes is None:
-        modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
-    specs = E.parse_modes(modes)
-    libs = compared_libraries(libraries) if libraries else {}
-    specs = E.with_libraries(specs, list(libs))
-    want_seprod = any(m.seprod for m in specs)
-    if want_seprod and not settings.prophet:
-        raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's base model) "
-                          "or set `prophet` with `edge-agent config`, or leave ssr+seprod out of --modes.")
+    specs, libs, run_settings = _plan(settings, modes, libraries)
     out_dir = out_dir or Path(f"eval-{E.dataset_name(data)}")
     fp = fingerprint(settings, data)
     if libs:  # what each column scored: an edited library file is a different configuration
         fp["rationales_compared"] = {name: library_digest(lib) for name, lib in libs.items()}
+    ask = E.library_ask(libs) if libs else E.default_ask
+    pool = None
+    if not cluster and (workers or threads_per_worker != 1 or gpus_per_worker):
+        raise click.UsageError("--workers, --threads-per-worker and --gpus-per-worker go with --cluster ray[:ADDRESS].")
+    if cluster:
+        from edge_agent.cluster import RayWorkers, parse_cluster
+
+        pool = RayWorkers(run_settings, address=parse_cluster(cluster), workers=workers, threads=threads_per_worker,
+                          gpus=gpus_per_worker, ask=ask)
+    progress = EvalProgress(out_dir / E.RESULTS_FILE, workers=(lambda: pool.info()["per_worker"]) if pool else None)
+    try:
+        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=progress.status), limit=limit,
+                         fingerprint=fp, on_progress=progress, ask=ask, workers=pool,
+                         on_question=lambda q, m: progress.status(f"{q.id} {m.name} ..."))
+    except KeyboardInterrupt:
+        progress.close()
+        saved = len(E.ResultsStore(out_dir).open().records)
+        click.echo(f"\nInterrupted. {saved} results are saved in {out_dir / E.RESULTS_FILE}; "
+                   "run the same command again to continue.", err=True)
+        sys.exit(130)
+    progress.close()
+    _finish(run, no_plot=no_plot, as_json=as_json)
+
+
+def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple[list[E.ModeSpec], dict[str, Any], Settings]:
+    """The modes to run (one column per compared library), the libraries, and the settings the models load with."""
+    if modes is None:
+        modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
+    libs = compared_libraries(libraries) if libraries else {}
+    specs = E.with_libraries(E.parse_modes(modes), list(libs))
+    want_seprod = any(m.seprod for m in specs)
+    if want_seprod and not settings.prophet:
+        raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's base model) "
+                          "or set `prophet` with `edge-agent config`, or leave ssr+seprod out of --modes.")
     # Load the prophet only when a mode uses it; SeProD is switched per question, not per load.
     run_settings = settings.updated({"seprod": want_seprod} if want_seprod else {"prophet": "", "prophet_mmproj": "", "seprod": False})
     if libs:  # the model is loaded with a scoring sequence per rationale of the largest library
         largest = max(libs.values(), key=len)
         run_settings = run_settings.updated({"rationales": "" if largest.source == "built-in" else largest.source})
+    return specs, libs, run_settings
 
-    bar_holder: dict[str, Any] = {}
-    status = {"last": ""}
 
-    def on_status(text: str) -> None:
-        status["last"] = text
-        bar = bar_holder.get("bar")
-        if bar is not None:
-            bar.render_progress()
-
-    def on_progress(done: int, total_: int, rec: dict[str, Any] | None) -> None:
-        bar = bar_holder.get("bar")
-        if rec is not None:
-            mark = "ok" if rec["exact"] else ("~" if rec["contains"] else "x")
-            status["last"] = f"{rec['id']} {rec['mode']} {mark}"
-        if bar is None:
-            if done and done < total_:
-                click.echo(f"Resuming: {done} of {total_} results already in {out_dir / E.RESULTS_FILE}.", err=True)
-            bar = click.progressbar(length=total_, label="eval", show_pos=True, file=sys.stderr,
-                                    item_show_func=lambda _: status["last"])
-            bar.__enter__()
-            bar_holder["bar"] = bar
-            bar.update(done)
-        else:
-            bar.update(1)
-
-    try:
-        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=on_status), limit=limit,
-                         fingerprint=fp, on_progress=on_progress, ask=E.library_ask(libs) if libs else E.default_ask, on_question=lambda q, m: on_status(f"{q.id} {m.name} ..."))
-    except KeyboardInterrupt:
-        bar = bar_holder.get("bar")
-        if bar is not None:
-            bar.__exit__(None, None, None)
-        saved = len(E.ResultsStore(out_dir).open().records)
-        click.echo(f"\nInterrupted. {saved} results are saved in {out_dir / E.RESULTS_FILE}; "
-                   "run the same command again to continue.", err=True)
-        sys.exit(130)
-    bar = bar_holder.get("bar")
-    if bar is not None:
-        bar.__exit__(None, None, None)
+def _finish(run: E.EvalRun, *, no_plot: bool, as_json: bool) -> None:
+    """Write the outputs and print the summary (or the JSON); every question failing alike is an error."""
     paths = E.write_outputs(run, plot=not no_plot)
     failed = all_failed(run.records)
     if as_json:
-        click.echo(json.dumps({"out": str(out_dir), "metrics": run.metrics,
-                               "files": {k: str(v) if v else None for k, v in paths.items()}}, indent=2))
+        click.echo(json.dumps({"out": str(run.out_dir), "metrics": run.metrics, "model_files": run.model_files,
+                               "cluster": run.cluster, "files": {k: str(v) if v else None for k, v in paths.items()}},
+                              indent=2))
     else:
         click.echo(_summary(run))
         click.echo(f"\nReport: {paths['report']}\nResults: {paths['json']}")
@@ -162,7 +166,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
             click.echo(f"Plot skipped: {plot_skipped_reason(failed)}")
     if failed:
         raise EdgeAgentError(f"Every question failed with the same error: {failed} Fix that and run the same "
-                             f"command again (the results folder {out_dir} resumes).", title="Evaluation failed")
+                             f"command again (the results folder {run.out_dir} resumes).", title="Evaluation failed")
 
 
 def all_failed(records: list[dict[str, Any]]) -> str | None:

@@ -1,7 +1,7 @@
 """`edge-agent library build|show|check`: make an SSR rationale library from your own traces, see
 what it costs on your model, and validate it as the app's loader does.
 
-The logic lives in :mod:`edge_agent.agent.library_build` (reading traces, generalising, clustering)
+The logic lives in :mod:`edge_agent.library` (reading traces, generalising, clustering, writing)
 and :mod:`edge_agent.agent.rationales` (the loader); this module parses flags, loads the model when
 one is needed (embeddings for ``build --model``, token counts and the measured scoring cost for
 ``show``) and prints.
@@ -17,9 +17,17 @@ from typing import Any
 
 import click
 
-from edge_agent.agent import library_build as LB
 from edge_agent.agent.rationales import ACTIONS, MAX_RATIONALES, Library, load_library
 from edge_agent.config import Settings
+from edge_agent.library.build import (
+    DEFAULT_MIN_SUPPORT,
+    DEFAULT_PER_ACTION,
+    DEFAULT_SIMILARITY,
+    build_library,
+)
+from edge_agent.library.generalise import DEFAULT_MAX_CHARS
+from edge_agent.library.readers import read_sources
+from edge_agent.library.write import write_library
 
 
 @click.group("library")
@@ -55,15 +63,15 @@ def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
               help="The library file to write (JSON).")
 @click.option("--all", "take_all", is_flag=True,
               help="Use every turn, not only those of questions answered correctly (where the source knows).")
-@click.option("--per-action", type=click.IntRange(min=1), default=LB.DEFAULT_PER_ACTION, show_default=True,
+@click.option("--per-action", type=click.IntRange(min=1), default=DEFAULT_PER_ACTION, show_default=True,
               help="Most rationales per action.")
 @click.option("--max-total", type=click.IntRange(min=1, max=MAX_RATIONALES), default=MAX_RATIONALES,
               show_default=True, help="Most rationales in all (the runtime scores at most 15).")
-@click.option("--max-chars", type=click.IntRange(min=20, max=400), default=LB.DEFAULT_MAX_CHARS, show_default=True,
+@click.option("--max-chars", type=click.IntRange(min=20, max=400), default=DEFAULT_MAX_CHARS, show_default=True,
               help="Longest rationale (every scored token costs time on every turn).")
-@click.option("--similarity", type=click.FloatRange(min=-1.0, max=1.0), default=LB.DEFAULT_SIMILARITY,
+@click.option("--similarity", type=click.FloatRange(min=-1.0, max=1.0), default=DEFAULT_SIMILARITY,
               show_default=True, help="Average cosine similarity at which two clusters merge.")
-@click.option("--min-support", type=click.IntRange(min=1), default=LB.DEFAULT_MIN_SUPPORT, show_default=True,
+@click.option("--min-support", type=click.IntRange(min=1), default=DEFAULT_MIN_SUPPORT, show_default=True,
               help="Fewest turns a move must cover to enter the library.")
 @click.option("--model", default=None,
               help="Cluster with this model's embeddings (catalog name or GGUF path; mean-pooled hidden "
@@ -79,7 +87,7 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
     fewest specifics, then the shortest. Provenance (cluster size, share of turns, example trace
     ids) is kept in each entry's "provenance" field, which the loader ignores.
     """
-    read = LB.read_sources(sources)
+    read = read_sources(sources)
     embed = None
     method = ""
     closers: list[Any] = []
@@ -93,13 +101,13 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
             closers.insert(0, emb)
             embed = emb.embed
             method = f"{name} embeddings (mean-pooled last hidden layer, centred, cosine)"
-        result = LB.build_library(read, take_all=take_all, per_action=per_action, max_total=max_total,
-                                  max_chars=max_chars, similarity=similarity, min_support=min_support,
-                                  embed=embed, method=method)
+        result = build_library(read, take_all=take_all, per_action=per_action, max_total=max_total,
+                               max_chars=max_chars, similarity=similarity, min_support=min_support,
+                               embed=embed, method=method)
     finally:
         for c in closers:
             c.close()
-    path = LB.write_library(result, out, sources=[str(s) for s in sources])
+    path = write_library(result, out, sources=[str(s) for s in sources])
     if as_json:
         click.echo(json.dumps({"out": str(path), "turns": result.used, "traces": read.traces,
                                "skipped_failed": result.skipped_failed, "skipped_garbage": result.skipped_garbage,

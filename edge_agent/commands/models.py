@@ -406,11 +406,12 @@ def _text_line(i) -> str:
 
 
 def _step(label: str, fn, describe):
-    """Run one check; print a ✓ line, or a ✗ line and re-raise its ModelFileError (exit status 2)."""
+    """Run one check; print a ✓ line, or a ✗ line (its title: the message itself is the error line that
+    follows, printed once) and re-raise its ModelFileError (exit status 2)."""
     try:
         out = fn()
     except ModelFileError as e:
-        click.echo(f"  x {label:<9} {e.message}")
+        click.echo(f"  x {label:<9} {e.title} (below)")
         raise
     click.echo(f"  ✓ {label:<9} {describe(out)}")
     return out

@@ -13,10 +13,11 @@ import click
 @click.option("--model", default=None, help="Agent model: a catalog name or a GGUF path (this run only).")
 @click.option("--mmproj", default=None, help="Vision projector GGUF for --model.")
 @click.option("--prophet", default=None, help="SeProD prophet model: a catalog name or a GGUF path.")
+@click.option("--prophet-mmproj", default=None, help="Vision projector GGUF for --prophet.")
 @click.option("--mode", type=click.Choice(["ssr", "freeform"]), default=None, help="Reasoning mode.")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--chat", "chat_id", type=int, default=None, help="Open this chat (see the chat list, Ctrl+O).")
-def command(model, mmproj, prophet, mode, offline, chat_id) -> None:
+def command(model, mmproj, prophet, prophet_mmproj, mode, offline, chat_id) -> None:
     """Open the app: attach an image, ask, watch the reasoning.
 
     \b
@@ -26,8 +27,8 @@ def command(model, mmproj, prophet, mode, offline, chat_id) -> None:
     from edge_agent.config import Settings
     from edge_agent.ui.preview import enable_graphics
 
-    settings = Settings.load({"model": model, "mmproj": mmproj, "prophet": prophet, "mode": mode,
-                              "offline": offline})
+    settings = Settings.load({"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj,
+                              "mode": mode, "offline": offline})
     enable_graphics()  # queries the terminal: must happen before Textual takes it over
 
     from edge_agent.ui.app import EdgeAgentApp

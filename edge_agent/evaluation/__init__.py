@@ -23,7 +23,8 @@ Modules, in the order data flows through them:
 - ``summary``   one question's events -> a record (``summarize_events``, ``make_record``)
 - ``matching``  ``normalize_answer``, ``match_answer``
 - ``store``     ``ResultsStore``: ``results.jsonl`` + ``run.json``
-- ``runner``    ``run_eval`` -> ``EvalRun``
+- ``runner``    ``run_eval`` -> ``EvalRun``; ``run_question`` (one question in its modes: the code path
+                of a local run and of a cluster worker, ``edge_agent.cluster``); ``question_seed``
 - ``metrics``   ``compute_metrics``, ``mode_metrics``
 - ``report``    ``write_outputs``: ``results.json`` + ``report.md`` (+ ``plot.write_plot``)
 
@@ -52,9 +53,13 @@ from edge_agent.evaluation.runner import (
     EngineLike,
     EvalRun,
     ProgressFn,
+    Work,
+    Workers,
     default_ask,
     library_ask,
+    question_seed,
     run_eval,
+    run_question,
 )
 from edge_agent.evaluation.store import RESULTS_FILE, RUN_FILE, ResultsStore
 from edge_agent.evaluation.summary import make_record, summarize_events
@@ -76,6 +81,8 @@ __all__ = [
     "EvalRun",
     "ModeSpec",
     "ProgressFn",
+    "Work",
+    "Workers",
     "Question",
     "ResultsStore",
     "compute_metrics",
@@ -90,8 +97,10 @@ __all__ = [
     "normalize_answer",
     "parse_modes",
     "percentile",
+    "question_seed",
     "render_report",
     "run_eval",
+    "run_question",
     "summarize_events",
     "with_libraries",
     "write_outputs",

@@ -41,6 +41,8 @@ def write_outputs(run: EvalRun, *, plot: bool = True) -> dict[str, Path | None]:
         "modes": [m.name for m in run.modes],
         "questions": len(run.questions),
         "fingerprint": run.fingerprint,
+        "model_files": run.model_files,
+        "cluster": run.cluster,
         "metrics": run.metrics,
         "records": run.records,
     }
@@ -104,24 +106,22 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def cluster_line(c: dict[str, Any]) -> str:
+    """``Ran on Ray (local): 2 workers x 1 thread on 1 node (host (ip)); per worker: w1 5, w2 3 (1 restart).``"""
+    nodes = c.get("nodes") or []
+    per = ", ".join(f"w{k} {w['done']}" + (f" ({w['restarts']} restarted)" if w["restarts"] else "")
+                    for k, w in enumerate(c.get("per_worker") or [], 1))
+    gpus = f" + {c['gpus_per_worker']:g} GPU" if c.get("gpus_per_worker") else ""
+    return (f"Ran on Ray ({c.get('address')}): {c.get('workers')} workers x {c.get('threads_per_worker')} thread(s){gpus} "
+            f"on {len(nodes)} node(s) ({', '.join(nodes)})" + (f"; results per worker this run: {per}." if per else "."))
+
+
 def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str = "") -> str:
     """The Markdown report: a side-by-side summary, one table per mode, rationale mix, plot, per-question answers."""
     modes = [m.name for m in run.modes]
     M = run.metrics
-    fp = run.fingerprint
     name = dataset_name(run.dataset)
-    lines = [f"# Evaluation: {name} (`{run.dataset.name}`)", ""]
-    lines.append(f"{len(run.questions)} questions x {len(modes)} modes ({', '.join(modes)}), "
-                 f"{len(run.records)} results in `{RESULTS_FILE}`.")
-    if fp:
-        shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search", "seed") if k in fp}
-        lines.append("Settings: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ".")
-    if len(modes) > 1:
-        lines.append("For each question the modes run in this order on the same search cache, so a search an "
-                     "earlier mode made live can be a cache hit for a later one.")
-    missing = len(run.questions) * len(modes) - len(run.records)
-    if missing:
-        lines.append(f"**Incomplete:** {missing} (question, mode) pairs have no result yet; rerun the same command to finish.")
+    lines = _header(run, modes, name)
     lines += ["", "## Summary", ""]
     lines.append("| | " + " | ".join(modes) + " |")
     lines.append("|---|" + "---|" * len(modes))
@@ -167,6 +167,38 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     else:
         lines.append(plot_note)
 
+    lines += _answers(run, modes)
+    lines += ["", "✓ exact match, ≈ contains an answer, ✗ neither (case, punctuation and articles ignored).", ""]
+    return "\n".join(lines)
+
+
+def _header(run: EvalRun, modes: list[str], name: str) -> list[str]:
+    """The report's title and what ran: questions, modes, settings, model files, cluster, gaps."""
+    fp = run.fingerprint
+    lines = [f"# Evaluation: {name} (`{run.dataset.name}`)", ""]
+    lines.append(f"{len(run.questions)} questions x {len(modes)} modes ({', '.join(modes)}), "
+                 f"{len(run.records)} results in `{RESULTS_FILE}`.")
+    if fp:
+        shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search", "seed") if k in fp}
+        lines.append("Settings: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ".")
+    if run.model_files:
+        order = ("model", "mmproj", "prophet", "prophet_mmproj")
+        files = sorted(run.model_files.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        lines.append("Model files: " + ", ".join(f"{k} `{v}`" for k, v in files) + ".")
+    if run.cluster:
+        lines.append(cluster_line(run.cluster))
+    if len(modes) > 1:
+        lines.append("For each question the modes run in this order on the same search cache, so a search an "
+                     "earlier mode made live can be a cache hit for a later one.")
+    missing = len(run.questions) * len(modes) - len(run.records)
+    if missing:
+        lines.append(f"**Incomplete:** {missing} (question, mode) pairs have no result yet; rerun the same command to finish.")
+    return lines
+
+
+def _answers(run: EvalRun, modes: list[str]) -> list[str]:
+    """The per-question table: each mode's answer, marked exact / contains / neither."""
+    lines: list[str] = []
     lines += ["", "## Answers", ""]
     lines.append("| id | question | answers | " + " | ".join(modes) + " |")
     lines.append("|---|---|---|" + "---|" * len(modes))
@@ -182,6 +214,5 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
             text = r["prediction"] if not r["error"] else f"error: {r['error']}"
             cells.append(f"{mark} {_cell(text, 40)}")
         lines.append(f"| {_cell(q.id, 30)} | {_cell(q.question, 50)} | {_cell(' / '.join(q.answers), 30)} | " + " | ".join(cells) + " |")
-    lines += ["", "✓ exact match, ≈ contains an answer, ✗ neither (case, punctuation and articles ignored).", ""]
-    return "\n".join(lines)
+    return lines
 

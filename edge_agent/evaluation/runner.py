@@ -8,6 +8,7 @@ per run, lazily, by an injected factory. Does not know: models, llama.cpp, repor
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,10 +34,21 @@ class EngineLike(Protocol):
 AskFn = Callable[[Any, ModeSpec, Question, "threading.Event | None"], Iterable[ev.Event]]
 
 
+def question_seed(base: int, qid: str) -> int:
+    """The random seed question ``qid`` runs with: ``base`` (the ``seed`` setting) plus a number made from
+    the id. It does not depend on which questions ran before or where, so a question sampled on a cluster
+    worker draws what it draws in a local run."""
+    return (base + int(hashlib.sha256(qid.encode("utf-8")).hexdigest()[:8], 16)) % 2**31
+
+
+def _seed(engine: Any, q: Question) -> int:
+    return question_seed(getattr(getattr(engine, "settings", None), "seed", 0), q.id)
+
+
 def default_ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
     """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded."""
     image = str(q.image) if q.image is not None else None
-    return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod)
+    return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, seed=_seed(engine, q))
 
 
 def library_ask(libraries: dict[str, Any]) -> AskFn:
@@ -47,7 +59,8 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
     def ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
         if not mode.library:
             return default_ask(engine, mode, q, cancel)
-        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library])
+        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library],
+                                          seed=_seed(engine, q))
         image = str(q.image) if q.image is not None else None
         return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, options=opts)
 
@@ -66,9 +79,47 @@ class EvalRun:
     metrics: dict[str, dict[str, Any]]
     ran: int  # (question, mode) pairs run now; the rest came from results.jsonl
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    model_files: dict[str, str] = field(default_factory=dict)  # role -> the file loaded (run.json keeps them)
+    cluster: dict[str, Any] | None = None  # a cluster run: workers, threads, nodes (edge_agent.cluster.RayWorkers.info)
 
 
 ProgressFn = Callable[[int, int, dict[str, Any] | None], None]  # (done, total, record just finished)
+Work = list[tuple[Question, list[ModeSpec]]]  # each pending question with the modes it still needs
+
+
+class Workers(Protocol):
+    """Runs pending work somewhere else (``edge_agent.cluster.RayWorkers``): yields each question's
+    records as they arrive, in any order; ``model_files`` and ``info`` describe what ran them."""
+
+    model_files: dict[str, str]
+
+    def run(self, work: Work, cancel: threading.Event | None) -> Iterator[list[dict[str, Any]]]: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+def run_question(engine: Any, q: Question, modes: Sequence[ModeSpec], ask: AskFn = default_ask,
+                 cancel: threading.Event | None = None,
+                 on_question: Callable[[Question, ModeSpec], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Question ``q`` in each of ``modes``, in order: one record per mode as it finishes. The one code
+    path of a local eval and a cluster worker. An ``EdgeAgentError`` (a bad image, a context overflow) is
+    the record's error; anything else is a bug and propagates. A cancelled question yields nothing."""
+    for m in modes:
+        if cancel is not None and cancel.is_set():
+            return
+        if on_question:
+            on_question(q, m)
+        started = time.perf_counter()
+        collected: list[ev.Event] = []
+        error = None
+        try:
+            for e in ask(engine, m, q, cancel):
+                collected.append(e)
+        except EdgeAgentError as e:
+            error = str(e)
+        if cancel is not None and cancel.is_set():
+            return  # a cancelled question is not a result; it reruns next time
+        yield make_record(q, m, collected, wall_seconds=time.perf_counter() - started, error=error)
 
 
 def run_eval(
@@ -83,56 +134,71 @@ def run_eval(
     on_progress: ProgressFn | None = None,
     on_question: Callable[[Question, ModeSpec], None] | None = None,
     cancel: threading.Event | None = None,
+    workers: Workers | None = None,
 ) -> EvalRun:
     """Run every pending (question, mode) and return all records + metrics.
 
     Order: question by question, every mode for a question before the next question (so an
     interrupted run has compared the modes on the same questions). The engine is created once,
-    lazily: a fully resumed run loads no model. Per question, an ``EdgeAgentError`` from the
-    engine (a bad image, a context overflow) is recorded as that question's error; anything else
-    is a bug and propagates. KeyboardInterrupt propagates too: what finished is already saved.
+    lazily: a fully resumed run loads no model. ``workers`` (a cluster): the questions run there
+    instead, each on one worker, and their records are stored as they come back. Per question, an
+    ``EdgeAgentError`` from the engine is recorded as that question's error; anything else is a bug
+    and propagates. KeyboardInterrupt propagates too: what finished is already saved.
     """
     dataset = Path(dataset)
     specs = parse_modes(modes) if isinstance(modes, str) else list(modes)
     questions = load_dataset(dataset, limit=limit)
     store = ResultsStore(out_dir).open(fingerprint)
-    pending = [(q, m) for q in questions for m in specs if not store.has(m.name, q.id)]
+    work = [(q, todo) for q in questions if (todo := [m for m in specs if not store.has(m.name, q.id)])]
     total = len(questions) * len(specs)
-    done = total - len(pending)
+    pending = sum(len(todo) for _, todo in work)
+    done = total - pending
     if on_progress:
         on_progress(done, total, None)
-    engine = None
+    local = _Local(engine_factory, ask, on_question)
+    source = workers.run(work, cancel) if workers is not None else local.run(work, cancel)
     try:
-        for q, m in pending:
-            if cancel is not None and cancel.is_set():
-                break
-            if engine is None:
-                engine = engine_factory()
-            if on_question:
-                on_question(q, m)
-            started = time.perf_counter()
-            collected: list[ev.Event] = []
-            error = None
-            try:
-                for e in ask(engine, m, q, cancel):
-                    collected.append(e)
-            except EdgeAgentError as e:
-                error = str(e)
-            if cancel is not None and cancel.is_set():
-                break  # a cancelled question is not a result; it reruns next time
-            rec = make_record(q, m, collected, wall_seconds=time.perf_counter() - started, error=error)
-            store.append(rec)
-            done += 1
-            if on_progress:
-                on_progress(done, total, rec)
+        for recs in source:
+            for rec in recs:
+                store.append(rec)
+                done += 1
+                if on_progress:
+                    on_progress(done, total, rec)
     finally:
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
+        getattr(source, "close", lambda: None)()  # stops the workers / closes the engine, also on Ctrl+C
+        files = (workers or local).model_files
+        if files:
+            store.note("model_files", files)
     # Re-score with the answers as they are now (a corrected answer key needs no rerun).
     records = [_rescored(store.records[(m.name, q.id)], q) for q in questions for m in specs if store.has(m.name, q.id)]
     return EvalRun(dataset, questions, specs, Path(out_dir), records, compute_metrics(records, specs),
-                   ran=len(pending), fingerprint=fingerprint or {})
+                   ran=pending, fingerprint=fingerprint or {}, model_files=store.noted("model_files") or {},
+                   cluster=workers.info() if workers is not None else None)
+
+
+class _Local:
+    """The questions in this process, on one engine made by ``factory`` when the first one starts."""
+
+    def __init__(self, factory: Callable[[], Any], ask: AskFn,
+                 on_question: Callable[[Question, ModeSpec], None] | None) -> None:
+        self.factory, self.ask, self.on_question = factory, ask, on_question
+        self.model_files: dict[str, str] = {}
+
+    def run(self, work: Work, cancel: threading.Event | None) -> Iterator[list[dict[str, Any]]]:
+        engine = None
+        try:
+            for q, todo in work:
+                if cancel is not None and cancel.is_set():
+                    break
+                if engine is None:
+                    engine = self.factory()
+                    self.model_files = dict(getattr(engine, "model_files", dict)())
+                for rec in run_question(engine, q, todo, self.ask, cancel, self.on_question):
+                    yield [rec]
+        finally:
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
 
 
 def _rescored(rec: dict[str, Any], q: Question) -> dict[str, Any]:

@@ -64,12 +64,10 @@ class ResultsStore:
             return
         run = self.out_dir / RUN_FILE
         fp = json.loads(json.dumps(fingerprint))  # normalise (tuples -> lists, paths -> str)
-        if run.exists():
-            try:
-                old = json.loads(run.read_text(encoding="utf-8")).get("fingerprint", {})
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                old = None
-            if old is None:
+        data = self._run_json()
+        if "fingerprint" in data:  # (a run.json without one holds only notes: nothing to compare)
+            old = data["fingerprint"]
+            if not isinstance(old, dict):
                 raise EdgeAgentError(f"{run} is not valid JSON. Delete {self.out_dir} (or use another --out) to start over.",
                                      title="Bad results folder")
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
@@ -79,7 +77,29 @@ class ResultsStore:
                     f"{self.out_dir} holds results made with other settings ({changes}). "
                     "Rerun with the same settings to resume, or pass another --out to start a new run."
                 )
-        atomic_write(run, json.dumps({"fingerprint": fp}, indent=2, sort_keys=True) + "\n")
+        self._write_run({**self._run_json(), "fingerprint": fp})
+
+    def _run_json(self) -> dict[str, Any]:
+        """``run.json`` as a dict ({} when absent; {"fingerprint": None} when unreadable)."""
+        run = self.out_dir / RUN_FILE
+        if not run.exists():
+            return {}
+        try:
+            data = json.loads(run.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return {"fingerprint": None}
+        return data if isinstance(data, dict) else {"fingerprint": None}
+
+    def _write_run(self, data: dict[str, Any]) -> None:
+        atomic_write(self.out_dir / RUN_FILE, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+    def note(self, key: str, value: Any) -> None:
+        """Keep ``value`` in ``run.json`` beside the fingerprint (e.g. the model files a run loaded:
+        a resumed run that loads nothing still reports them)."""
+        self._write_run({**self._run_json(), key: value})
+
+    def noted(self, key: str) -> Any:
+        return self._run_json().get(key)
 
     def has(self, mode: str, qid: str) -> bool:
         return (mode, qid) in self.records

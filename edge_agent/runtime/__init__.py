@@ -11,6 +11,17 @@ nothing heavy.
     s.append_text("What is this?<|im_end|>\\n<|im_start|>assistant\\n")
     scores = s.score(["I should zoom in.", "I can answer now."])
     g = s.generate(max_tokens=64, stop=["</answer>"])
+
+Layout, bottom up (each module imports only modules above it in this list; no circles):
+- ``types``, ``cores``, ``scoring``, ``textstream``, ``state``: pure (no llama_cpp): the plain values
+  and protocols, the CPU-core share, candidate tries, stop strings, saved-state files.
+- ``_lib``: the binding, process-wide set-up, the abort flag.
+- ``handle``: one loaded model's llama.cpp pointers and every call on them (decode, KV memory, logits,
+  vocabulary, lock, abort, core share, batch buffers, token-data buffer).
+- ``tokenizer``, ``vision``, ``sampling``, ``batch``: text <-> tokens, images through mtmd, choosing
+  the next token, batched scoring; each through the handle, returning values.
+- ``session``: one sequence's state (history, positions, pending tokens, logits), applying them.
+- ``model``: files, tokenizer, identity; hands out sessions. ``embed``, ``quantize``: tools on top.
 """
 
 from __future__ import annotations

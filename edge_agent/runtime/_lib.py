@@ -1,4 +1,4 @@
-"""Process-wide llama.cpp set-up: import, backend init, quiet logs, CPU facts, thread defaults.
+"""Process-wide llama.cpp set-up: import, backend init, quiet logs, CPU facts, the abort flag.
 
 The only place that imports ``llama_cpp`` at module level (everything else in the runtime gets it
 from here, lazily, so ``import edge_agent.runtime`` stays cheap). Knows nothing of models or
@@ -126,49 +126,6 @@ def extra_buffers_enabled(setting: str) -> bool:
     if setting == "off":
         return False
     return not built_with_amx()
-
-
-@lru_cache(maxsize=1)
-def physical_cores() -> int:
-    """Physical cores this process may use (hyper-threads do not help llama.cpp's matmuls)."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        usable = os.cpu_count() or 1
-    cores: set[tuple[str, str]] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            phys = core = ""
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":", 1)[1].strip()
-                elif line.startswith("core id"):
-                    core = line.split(":", 1)[1].strip()
-                    cores.add((phys, core))
-    except OSError:
-        pass
-    n = len(cores) if cores else max(1, (os.cpu_count() or 2) // 2)
-    return max(1, min(n, usable))
-
-
-# Decoding is memory-bound: past ~8 threads it gets no faster and steals cores from the UI.
-MAX_DEFAULT_THREADS = 8
-
-
-def default_threads(requested: int, *, decode: bool = False) -> int:
-    """``requested`` if > 0, else physical cores capped at MAX_DEFAULT_THREADS.
-
-    ``decode=True`` (token-by-token threads) leaves one core free on machines with 2-4 cores:
-    decoding is memory-bound and OpenMP threads spin-wait, so one busy neighbour (the UI, another
-    process) stalls every step. Measured on a loaded 2-core VM, SmolLM2 decode: 22 ms/token with 1
-    thread, 107-135 ms/token with 2 (prefill: 12 vs 14-25 ms/token).
-    """
-    if requested > 0:
-        return requested
-    n = min(physical_cores(), MAX_DEFAULT_THREADS)
-    if decode and 2 <= n <= 4:
-        n -= 1
-    return max(1, n)
 
 
 class AbortFlag:

@@ -3,7 +3,7 @@
 Knows: how to open a second llama.cpp context on an already loaded :class:`~edge_agent.runtime.Model`
 with ``embeddings=True`` and mean pooling, and how to turn texts into one L2-normalised vector each
 (``llama_get_embeddings_seq`` after one decode per text; the KV cache is cleared between texts).
-Does not know what the texts are (``agent/library_build.py`` clusters rationales with them) or any
+Does not know what the texts are (``edge_agent.library`` clusters rationales with them) or any
 chat format: a text is tokenized as plain text, special tokens not parsed.
 
 Why hidden states and not logits: the final-layer hidden state (after the output norm) is the
@@ -34,7 +34,7 @@ class Embedder:
     def __init__(self, model: Model, *, n_ctx: int = 512) -> None:
         from edge_agent.runtime import _lib
 
-        model._check_open()
+        model.handle.check_open()
         self.model = model
         self._C: Any = _lib.C
         C = self._C
@@ -49,13 +49,13 @@ class Embedder:
         cp.pooling_type = C.LLAMA_POOLING_TYPE_MEAN
         cp.no_perf = True
         _lib.clear_errors()
-        self._ctx = C.llama_init_from_model(model._model, cp)
+        self._ctx = C.llama_init_from_model(model.handle.llama_model, cp)
         if not self._ctx:
             raise ModelRuntimeError(
                 f"llama.cpp could not create an embedding context for {model.path.name} "
                 f"({_lib.recent_errors() or 'no details'}). Free memory or build the library without --model.")
         self.n_ctx = int(C.llama_n_ctx(self._ctx))
-        self.n_embd = int(C.llama_model_n_embd(model._model))
+        self.n_embd = int(C.llama_model_n_embd(model.handle.llama_model))
         self._batch = C.llama_batch_init(self.n_ctx, 0, 1)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -66,12 +66,13 @@ class Embedder:
         out = np.zeros((len(texts), self.n_embd), dtype=np.float32)
         b = self._batch
         mem = C.llama_get_memory(self._ctx)
-        with self.model.lock:  # llama.cpp calls on one model, one thread at a time
+        with self.model.handle.lock:  # llama.cpp calls on one model, one thread at a time
             for i, text in enumerate(texts):
-                toks = self.model.tokenize(text, special=False)
-                if self.model.add_bos and self.model.bos >= 0:
-                    toks = [self.model.bos] + toks
-                toks = toks[: self.n_ctx] or [max(self.model.bos, 0)]
+                tok = self.model.tokenizer
+                toks = tok.tokenize(text, special=False)
+                if tok.add_bos and tok.bos >= 0:
+                    toks = [tok.bos] + toks
+                toks = toks[: self.n_ctx] or [max(tok.bos, 0)]
                 for j, t in enumerate(toks):
                     b.token[j] = t
                     b.pos[j] = j

@@ -14,6 +14,7 @@ from pathlib import Path
 from edge_agent.errors import ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C
+from edge_agent.runtime.cores import default_threads
 
 FILE_TYPES = {
     "F16": C.LLAMA_FTYPE_MOSTLY_F16,
@@ -34,7 +35,7 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], file_type
         raise ModelFileError(f"Model file not found: {src}.")
     _lib.ensure_init()
     params = C.llama_model_quantize_default_params()
-    params.nthread = _lib.default_threads(threads)
+    params.nthread = default_threads(threads)
     params.ftype = FILE_TYPES[file_type]
     params.allow_requantize = True
     rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), params)

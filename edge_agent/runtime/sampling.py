@@ -1,8 +1,10 @@
 """Choosing the next token: greedy or seeded temperature sampling, under an optional GBNF grammar.
 
-Knows: llama.cpp's grammar sampler (init, apply to a token-data array, accept, free) and how to draw
-from a logits row with numpy. Does not know sessions, the KV cache, stop strings or what the tokens
-mean: ``Session.generate`` feeds it one logits row per step.
+Knows: llama.cpp's grammar sampler (init, apply to a token-data array, accept, free), how to draw
+from a logits row with numpy, and what one generate call produced so far (:class:`Run`: tokens,
+log-probs, the text streamed through ``textstream.StopStream``, why it ended). Does not know sessions,
+the KV cache or what the tokens mean: ``Session.generate`` feeds it one logits row per step. Reaches llama.cpp through the
+:class:`~edge_agent.runtime.handle.Handle` (its vocabulary pointer and token-data buffer).
 
 Cost: the fast path checks only the drawn token against the grammar (one-entry array); only a
 rejected draw pays for masking the whole vocabulary (~V entries through llama.cpp's grammar).
@@ -11,18 +13,15 @@ rejected draw pays for masking the whole vocabulary (~V entries through llama.cp
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from edge_agent.errors import ModelRuntimeError
 from edge_agent.runtime._lib import C, captured_stderr, clear_errors, recent_errors
-
-if TYPE_CHECKING:
-    from edge_agent.runtime.model import Model
-
-# llama_token_data {int32 id; float logit; float p} as a numpy record (12 bytes, no padding).
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+from edge_agent.runtime.handle import TOKEN_DATA, Handle
+from edge_agent.runtime.textstream import StopStream
+from edge_agent.runtime.types import TokenCallback
 
 
 def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
@@ -38,15 +37,15 @@ def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator | None
 class Sampler:
     """The sampling state of one ``generate`` call. Use as a context manager (frees the grammar)."""
 
-    def __init__(self, model: Model, *, grammar: str | None, temperature: float, seed: int) -> None:
-        self.model = model
+    def __init__(self, handle: Handle, *, grammar: str | None, temperature: float, seed: int) -> None:
+        self._h = handle
         self.temperature = temperature
         self.rng = np.random.default_rng(seed) if temperature > 0 else None
         self.gram = None
         if grammar is not None:
             clear_errors()
             with captured_stderr() as printed:
-                self.gram = C.llama_sampler_init_grammar(model._vocab, grammar.encode("utf-8"), b"root")
+                self.gram = C.llama_sampler_init_grammar(handle.vocab, grammar.encode("utf-8"), b"root")
             if not self.gram:
                 detail = " ".join(printed[0].split()) or recent_errors() or "parse error"
                 raise ModelRuntimeError(f"The grammar is not valid GBNF: {detail[:400]}", title="Bad grammar")
@@ -91,10 +90,44 @@ class Sampler:
         return bool(np.isfinite(one["logit"][0]))
 
     def _mask(self, logits: np.ndarray) -> np.ndarray:
-        data = self.model.token_data()
+        data = self._h.token_data()
         data["logit"] = logits
         self._apply(data)
         masked = data["logit"].copy()
         if not np.isfinite(masked).any():
             raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this vocabulary).")
         return masked
+
+
+@dataclass
+class Run:
+    """One ``generate`` call's output so far; ``reason``: length (default), eos, stop, cancelled."""
+
+    stream: StopStream
+    on_token: TokenCallback | None
+    tokens: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    reason: str = "length"
+
+    def add(self, token: int, logprob: float, piece: bytes | None, *, last: bool) -> None:
+        """Record a sampled token and stream its text (``piece`` None: an end-of-generation token, which
+        releases held-back text; ``last``: the final token allowed, which does too)."""
+        self.tokens.append(token)
+        self.lps.append(logprob)
+        if piece is None:
+            self.reason = "eos"
+            text = self.stream.flush()
+        else:
+            text = self.stream.feed(piece)
+            if self.stream.stopped:
+                self.reason = "stop"
+            elif last:
+                text += self.stream.flush()
+        if self.on_token is not None:
+            self.on_token(text, token)
+
+    def release_held(self) -> None:
+        """After a cancel: held-back text in one last callback with token id -1."""
+        rest = self.stream.flush()
+        if rest and self.on_token is not None:
+            self.on_token(rest, -1)

@@ -17,10 +17,15 @@ State (all kept by us, never re-derived from llama.cpp):
 - ``_logits``: (V,) float32 copy of the next-token logits, valid when nothing is pending. Copied right
   after each decode because the next decode overwrites llama.cpp's buffer.
 
-Thread safety: every public method holds the model's lock, so two threads never interleave llama.cpp
+Thread safety: every public method holds the handle's lock, so two threads never interleave llama.cpp
 calls; one session is meant to be driven by one thread (the TUI's worker). ``cancel`` events may be set
 from any thread: ``generate`` checks them per token, and every call that takes one also aborts a running
-llama_decode through the model's C-level abort flag (``Model.interrupt()`` does the same).
+llama_decode through the handle's C-level abort flag (``Model.interrupt()`` does the same).
+
+Layers: a session reaches llama.cpp only through its :class:`~edge_agent.runtime.handle.Handle`, text
+through the model's :class:`~edge_agent.runtime.tokenizer.Tokenizer`; it does not import ``model``
+(``Model.session()`` / ``Model.restore()`` call :meth:`Session.open` with what the model knows).
+Batched scoring (``batch``) and sampling (``sampling``) return values that the session applies.
 
 Costs (SmolLM2-135M, 1 thread of a shared 2-core VM, ~600-token context): scoring the built-in six
 rationales (41 tokens, 23 distinct prefixes, 17 inner trie nodes evaluated) takes the time of ~7-10
@@ -29,38 +34,45 @@ decoded tokens; see scripts/bench_runtime.py.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import batch, vision
 from edge_agent.runtime import state as state_mod
-from edge_agent.runtime._lib import C, clear_errors, recent_errors
-from edge_agent.runtime.sampling import Sampler
+from edge_agent.runtime._lib import recent_errors
+from edge_agent.runtime.handle import ContextFull, Handle
+from edge_agent.runtime.sampling import Run, Sampler
 from edge_agent.runtime.scoring import row_logsumexp
 from edge_agent.runtime.textstream import StopStream
+from edge_agent.runtime.tokenizer import Tokenizer
 from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk, TokenCallback
 
-if TYPE_CHECKING:
-    from edge_agent.runtime.model import Model
-
 IMAGE = state_mod.IMAGE  # history placeholder for one image
-_U8P = ctypes.POINTER(ctypes.c_uint8)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a session knows of its model beyond the handle and the tokenizer (``Model`` makes it)."""
+
+    name: str  # the text GGUF's file name (for messages)
+    identity: dict[str, Any]  # everything that changes the context's numbers (saved-state keys)
+    mmproj_identity: str = ""  # the projector file's identity (embedding cache keys)
+    image_px_per_token: int = 0  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
 
 
 class Session:
-    """Seq 0 of a model's KV cache. Get one from ``Model.session()``."""
+    """Seq 0 of a model's KV cache. Get one from ``Model.session()`` or ``Model.restore()``."""
 
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self._ctx = model._ctx
-        self._mem = C.llama_get_memory(self._ctx)
+    def __init__(self, handle: Handle, tokenizer: Tokenizer, facts: ModelFacts) -> None:  # use open()
+        self._h = handle
+        self._tok = tokenizer
+        self._facts = facts
         self.history: list[int] = []
         self.images: list[ImageChunk] = []
         self._pending: list[int] = []
@@ -68,18 +80,35 @@ class Session:
         self.n_cells = 0
         self.n_evaluated = 0  # tokens (text + image embeddings) decoded into seq 0 by this session
         self.n_scored = 0  # candidate tokens decoded by score()
-        self.n_decodes = 0  # llama_decode calls (image chunks count as one)
+        self._decodes0 = handle.decodes
         self._logits: np.ndarray | None = None
         self._kept: batch.Kept | None = None
-        self._serial = 0
         self._scratch: np.ndarray | None = None
         self.last_timing: dict[str, float] = {}  # seconds of the last score(): decode / post (numpy)
 
+    @classmethod
+    def open(cls, handle: Handle, tokenizer: Tokenizer, facts: ModelFacts,
+             state: state_mod.SessionState | None = None) -> Session:
+        """A new session owning the handle's context (its KV cache cleared; an earlier session is
+        retired), holding ``state`` when given (saved by :meth:`save_state` from a model of the same
+        identity). Raises ``StateError`` when the state does not fit; the KV cache is then empty."""
+        with handle.lock:
+            s = cls(handle, tokenizer, facts)
+            handle.claim(s)
+            if state is not None:
+                try:
+                    s._load_state(state)
+                except state_mod.StateError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any failure here means: evaluate instead
+                    handle.clear_memory()
+                    raise state_mod.StateError(f"restoring failed ({e})") from e
+            return s
+
     # ------------------------------------------------------------------------------ helpers
     def _check(self) -> None:
-        if self.model.closed:
-            raise ModelRuntimeError("The model of this session was closed. Load it again.")
-        if self.model.active_session is not self:
+        self._h.check_open("The model of this session was closed. Load it again.")
+        if self._h.owner is not self:
             raise ModelRuntimeError("This session was replaced: Model.session() started a new one and cleared the KV cache.")
 
     @property
@@ -87,21 +116,26 @@ class Session:
         return len(self._pending)
 
     @property
+    def n_decodes(self) -> int:
+        """llama_decode calls on the context since this session began (an image chunk counts as one)."""
+        return self._h.decodes - self._decodes0
+
+    @property
     def max_candidates(self) -> int:
         """Most candidates one ``score(keep=True)`` takes (seqs 1..n_seq_max-1)."""
-        return self.model.n_seq_max - 1
+        return self._h.n_seq_max - 1
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """Token ids of ``text`` as ``append_text`` evaluates them (no BOS)."""
-        return self.model.tokenize(text, special=special)
+        return self._tok.tokenize(text, special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.model.detokenize(tokens)
+        return self._tok.detokenize(tokens)
 
     def drop_last_token(self) -> bool:
         """Take back the last generated token while it is still pending (``generate`` leaves its last
         token undecoded): only the history shrinks, nothing was evaluated. False when nothing is pending."""
-        with self.model.lock:
+        with self._h.lock:
             self._check()
             self._drop_kept()
             if not self._pending:
@@ -113,72 +147,26 @@ class Session:
                 # the logits after the remaining history are the ones of the last decode only if that
                 # decode ended right there; re-evaluate the last token lazily to be exact
                 self._logits = None
-                if self.history and self.history[-1] != IMAGE:
-                    C.llama_memory_seq_rm(self._mem, 0, self.n_pos - 1, -1)
-                    self.n_cells -= 1
-                    self._pending = [self.history[-1]]
+                self._requeue_last()
             return True
 
+    def _requeue_last(self) -> None:
+        """With nothing pending and no logits: take the last text token out of the KV cache and make it
+        pending again, so the next call that needs logits evaluates it."""
+        if self.history and self.history[-1] != IMAGE:
+            self._h.seq_rm(0, self.n_pos - 1, -1)
+            self.n_cells -= 1
+            self._pending = [self.history[-1]]
+
     def _free_cells(self) -> int:
-        return self.model.n_ctx - self.n_cells
+        return self._h.n_ctx - self.n_cells
 
     def _context_full(self, need: int) -> ModelRuntimeError:
         return ModelRuntimeError(
-            f"The context is full: {self.n_cells} of {self.model.n_ctx} tokens used, {need} more needed. "
+            f"The context is full: {self.n_cells} of {self._h.n_ctx} tokens used, {need} more needed. "
             "Start a new chat, or raise n_ctx in the settings.",
             title="Context full",
         )
-
-    @contextlib.contextmanager
-    def _cancellable(self, cancel: threading.Event | None, *, raise_if_set: bool = True) -> Iterator[None]:
-        """Run a public call so that ``cancel`` (or ``Model.interrupt()``) aborts a running llama_decode.
-
-        A watcher thread mirrors the Event into the model's C-level abort flag (llama.cpp polls it
-        between graph nodes); an aborted decode raises ``Cancelled`` after its partial KV is removed.
-        """
-        flag = self.model.abort
-        if raise_if_set and cancel is not None and cancel.is_set():
-            raise Cancelled()
-        self.model.interrupted = False
-        if flag is not None:
-            flag.clear()
-        if cancel is None or flag is None or not flag.available:
-            try:
-                yield
-            finally:
-                if flag is not None:
-                    flag.clear()
-            return
-        try:
-            with flag.watching(cancel):
-                yield
-        finally:
-            flag.clear()
-
-    def _decode(self, n: int) -> None:
-        b = self.model._batch
-        assert b is not None and n <= b.cap
-        b.struct.n_tokens = n
-        while True:
-            clear_errors()
-            with self.model.computing(n) as step:
-                rc = C.llama_decode(self._ctx, b.struct)
-            # preempted by the foreground model: llama.cpp removed the aborted ubatch's cells; again
-            if not (rc == 2 and self.model.resume_after(step)):
-                break
-        self._serial += 1
-        self.n_decodes += 1
-        if rc != 0:
-            if rc == 1:
-                raise self._context_full(n)
-            if rc == 2:  # aborted through the abort flag: processed ubatches stay; callers remove them
-                raise Cancelled()
-            raise ModelRuntimeError(f"llama_decode failed with code {rc} ({recent_errors() or 'no details'}).")
-
-    def _logits_rows(self, n_rows: int) -> np.ndarray:
-        """Zero-copy (n_rows, V) float32 view of llama.cpp's logits buffer (valid until the next decode)."""
-        ptr = C.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
 
     def _flush(self) -> int:
         """Evaluate pending tokens into seq 0 (n_batch at a time); keep the last token's logits."""
@@ -187,45 +175,40 @@ class Session:
             return 0
         if len(toks) > self._free_cells():
             raise self._context_full(len(toks))
-        b = self.model._batch
+        b = self._h.batch
         assert b is not None
         p0 = self.n_pos - len(toks)
         done = 0
         try:
             while done < len(toks):
-                m = min(b.cap, len(toks) - done)
-                b.tok[:m] = toks[done : done + m]
-                b.pos[:m] = np.arange(p0 + done, p0 + done + m, dtype=np.int32)
-                b.nseq[:m] = 1
-                b.seq[:m, 0] = 0
-                b.out[:m] = 0
-                if done + m == len(toks):
-                    b.out[m - 1] = 1
-                self._decode(m)
+                m = b.fill_run(toks[done : done + b.cap], p0 + done, last_logits=done + b.cap >= len(toks))
+                self._h.decode(m)
                 done += m
                 self.n_cells += m
                 self.n_evaluated += m
+        except ContextFull:
+            self._h.seq_rm(0, p0, -1)  # undo the part of this flush that reached the KV cache
+            self.n_cells -= done
+            raise self._context_full(len(toks) - done) from None
         except BaseException:
             # Undo the part of this flush that reached the KV cache; the tokens stay pending.
-            C.llama_memory_seq_rm(self._mem, 0, p0, -1)
+            self._h.seq_rm(0, p0, -1)
             self.n_cells -= done
             raise
-        last = C.llama_get_logits_ith(self._ctx, -1)
-        self._logits = np.ctypeslib.as_array(last, shape=(self.model.n_vocab,)).copy()
+        self._logits = self._h.last_logits()
         self._pending = []
         return done
 
     def _drop_kept(self) -> None:
         if self._kept is not None:
-            for k in range(len(self._kept.tokens)):
-                C.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
+            batch.release(self._h, self._kept)
             self._kept = None
 
     def _append(self, toks: list[int], *, bos: bool = True) -> int:
         """Add tokens to the history and evaluate them (with anything pending) in one pass."""
         n_hist, n_pending = len(self.history), len(self._pending)
-        if bos and not self.history and self.model.add_bos and (not toks or toks[0] != self.model.bos):
-            toks = [self.model.bos, *toks]
+        if bos and not self.history:
+            toks = self._tok.with_bos(toks)
         self.history.extend(toks)
         self._pending.extend(toks)
         self.n_pos += len(toks)
@@ -245,20 +228,20 @@ class Session:
         Returns the number of tokens added (a BOS is prepended to the first input when the model wants one).
         ``cancel`` set during the evaluation aborts it: ``Cancelled`` is raised and nothing is appended.
         """
-        with self.model.lock, self._cancellable(cancel):
+        with self._h.lock, self._h.cancellable(cancel):
             self._check()
             self._drop_kept()
-            return self._append(self.model.tokenize(text, special=special))
+            return self._append(self._tok.tokenize(text, special=special))
 
     def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int:
         """Evaluate token ids (no BOS handling); returns how many were added. ``cancel``: as append_text."""
-        with self.model.lock, self._cancellable(cancel):
+        with self._h.lock, self._h.cancellable(cancel):
             self._check()
             self._drop_kept()
             toks = [int(t) for t in tokens]
-            bad = [t for t in toks if not 0 <= t < self.model.n_vocab]
+            bad = [t for t in toks if not 0 <= t < self._tok.n_vocab]
             if bad:
-                raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
+                raise ValueError(f"token ids out of range [0, {self._tok.n_vocab}): {bad[:5]}")
             return self._append(toks, bos=False)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
@@ -268,13 +251,12 @@ class Session:
         takes max(nx, ny) positions and nx*ny KV cells (M-RoPE); the text after it continues there.
         ``cancel`` aborts the decode of the image tokens (not the projector's encoding): ``Cancelled``.
         """
-        with self.model.lock, self._cancellable(cancel):
+        with self._h.lock, self._h.cancellable(cancel):
             self._check()
             self._drop_kept()
-            mt = self.model._mtmd
-            if not mt:
+            if not self._h.has_vision:
                 raise ModelFileError(
-                    f"{self.model.path.name} was loaded without a vision projector, so it cannot read images. "
+                    f"{self._facts.name} was loaded without a vision projector, so it cannot read images. "
                     "Pass the model's mmproj file (--mmproj) or pick a vision model.",
                     title="No vision",
                 )
@@ -283,7 +265,7 @@ class Session:
             image = bytes(image)
             cp = self._checkpoint()
             try:
-                with vision.prepare(self.model, image) as prep:
+                with vision.prepare(self._h, image) as prep:
                     result: ImageChunk | None = None
                     for part in prep.parts:
                         if isinstance(part, vision.ImagePart):
@@ -301,25 +283,12 @@ class Session:
         nx, ny, n_tok, n_pos = vision.chunk_shape(chunk)
         if n_tok > self._free_cells():
             raise self._context_full(n_tok)
-        emb, reused = vision.embedding(self.model, chunk, digest)
+        emb, reused = vision.embedding(self._h, chunk, digest, self._facts.mmproj_identity)
         t0 = time.perf_counter()
-        self._serial += 1
-        self.n_decodes += 1
-        while True:
-            try:
-                with self.model.computing(n_tok) as step:
-                    new_pos = vision.decode(self.model, chunk, emb, self.n_pos, 0)
-                break
-            except ModelRuntimeError:
-                C.llama_memory_seq_rm(self._mem, 0, self.n_pos, -1)
-                if self.model.resume_after(step):  # preempted by the foreground model: decode it again
-                    continue
-                if self.model.abort is not None and self.model.abort.is_set():
-                    raise Cancelled() from None
-                raise
+        new_pos = self._h.decode_image(chunk, emb.data, self.n_pos, 0, n_tok)
         if new_pos != self.n_pos + n_pos:
             raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
-        px = self.model.image_px_per_token
+        px = self._facts.image_px_per_token
         chunk_info = ImageChunk(
             n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else prep.width,
             height=ny * px if px else prep.height, digest=digest,
@@ -347,7 +316,7 @@ class Session:
 
     def checkpoint(self) -> Checkpoint:
         """The current point, to :meth:`rollback` to later (cheap: counters and a reference to the logits)."""
-        with self.model.lock:
+        with self._h.lock:
             self._check()
             self._drop_kept()
             return self._checkpoint()
@@ -356,23 +325,21 @@ class Session:
         if cp.n_history > len(self.history) or cp.n_pos > self.n_pos:
             raise ModelRuntimeError("This checkpoint is ahead of the session (it belongs to another session or a rolled-back branch).")
         kv_end = cp.n_pos - cp.n_pending  # positions >= kv_end were not in the KV cache at the checkpoint
-        C.llama_memory_seq_rm(self._mem, 0, kv_end, -1)
+        self._h.seq_rm(0, kv_end, -1)
         del self.history[cp.n_history :]
         del self.images[cp.n_images :]
         self._pending = self.history[len(self.history) - cp.n_pending :] if cp.n_pending else []
         self.n_pos = cp.n_pos
         self.n_cells = cp.n_cells
         self._logits = cp.logits
-        if not self._pending and self._logits is None and self.history and self.history[-1] != IMAGE:
+        if not self._pending and self._logits is None:
             # A checkpoint without logits (e.g. built by hand to drop a pending token): re-evaluate
             # the last token lazily so next_logprobs/score/generate still work.
-            C.llama_memory_seq_rm(self._mem, 0, self.n_pos - 1, -1)
-            self.n_cells -= 1
-            self._pending = [self.history[-1]]
+            self._requeue_last()
 
     def rollback(self, cp: Checkpoint) -> None:
         """Forget everything after ``cp`` (KV cells removed with llama_memory_seq_rm from its position)."""
-        with self.model.lock:
+        with self._h.lock:
             self._check()
             self._drop_kept()
             self._rollback(cp)
@@ -380,35 +347,32 @@ class Session:
     # ------------------------------------------------------------------------------ saved states
     def key(self) -> str:
         """The key of this session's content (model identity + exact token and image sequence)."""
-        with self.model.lock:
-            return state_mod.sequence_key(self.model.identity, self.history, self.images)
+        with self._h.lock:
+            return state_mod.sequence_key(self._facts.identity, self.history, self.images)
 
     def save_state(self, label: str = "") -> state_mod.SessionState:
         """Snapshot seq 0 (pending tokens are evaluated first): the KV bytes and everything llama.cpp
         does not keep. Costs one copy of the sequence's KV cells (a few ms per 10 MB)."""
-        with self.model.lock:
+        with self._h.lock:
             logits = self._settled_logits("Nothing to save: the context is empty or ends in an image.")
-            size = int(C.llama_state_seq_get_size(self._ctx, 0))
-            kv = np.empty(size, dtype=np.uint8)
-            got = int(C.llama_state_seq_get_data(self._ctx, kv.ctypes.data_as(_U8P), size, 0))
-            if got != size:
-                raise ModelRuntimeError(f"llama.cpp copied {got} of {size} bytes of the context state.")
+            kv = self._h.state_bytes(0)
+            identity = self._facts.identity
             return state_mod.SessionState(
-                identity=dict(self.model.identity), key=state_mod.sequence_key(self.model.identity, self.history, self.images),
+                identity=dict(identity), key=state_mod.sequence_key(identity, self.history, self.images),
                 history=list(self.history), images=list(self.images), n_pos=self.n_pos, n_cells=self.n_cells,
                 logits=logits.copy(), kv=kv, label=label,
             )
 
-    def _restore(self, st: state_mod.SessionState) -> None:
+    def _load_state(self, st: state_mod.SessionState) -> None:
         """Load ``st`` into this (fresh, empty) session. Raises StateError (the context is left empty)."""
-        if st.identity != self.model.identity:
+        if st.identity != self._facts.identity:
             raise state_mod.StateError("saved by another model, build or context setting")
-        if st.logits.shape != (self.model.n_vocab,) or st.n_cells > self.model.n_ctx:
+        if st.logits.shape != (self._tok.n_vocab,) or st.n_cells > self._h.n_ctx:
             raise state_mod.StateError("does not fit this model's vocabulary or context")
-        ptr = st.kv.ctypes.data_as(_U8P)
-        got = int(C.llama_state_seq_set_data(self._ctx, ptr, st.kv.nbytes, 0))
-        if got == 0 or int(C.llama_memory_seq_pos_max(self._mem, 0)) != st.n_pos - 1:
-            C.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        took = self._h.set_state_bytes(st.kv, 0)
+        rng = self._h.seq_range(0)
+        if not took or (rng[1] if rng else -1) != st.n_pos - 1:
+            self._h.seq_rm(0, -1, -1)
             raise state_mod.StateError(f"llama.cpp did not take the state ({recent_errors() or 'no details'})")
         self.history = list(st.history)
         self.images = list(st.images)
@@ -428,7 +392,7 @@ class Session:
 
     def next_logits(self) -> np.ndarray:
         """(V,) float32 raw logits for the next token (a copy)."""
-        with self.model.lock:
+        with self._h.lock:
             return self._settled_logits("Nothing has been evaluated yet: append text first.").copy()
 
     def next_logprobs(self) -> np.ndarray:
@@ -447,13 +411,59 @@ class Session:
         cancel: threading.Event | None = None,
     ) -> list[ContinuationScore]:
         """Teacher-forced log-probs of each candidate after the current context, in ONE llama_decode
-        (shared prefixes once, leaves never evaluated): see :func:`edge_agent.runtime.batch.score`."""
-        return batch.score(self, candidates, special=special, keep=keep, cancel=cancel)
+        (shared prefixes once, leaves never evaluated; more than ``n_seq_max - 1`` candidates in groups,
+        more trie nodes than ``n_batch`` in several decodes): see :func:`edge_agent.runtime.batch.score_group`.
+
+        Strings are tokenized with ``special`` (default False: candidate text is plain text); token
+        lists are used as given. ``keep=True`` leaves the candidates' cells for :meth:`adopt` (until the
+        next call). ``cancel`` aborts the scoring decode (``Cancelled``; the candidate sequences are removed).
+        """
+        with self._h.lock, self._h.cancellable(cancel):
+            self._check()
+            self._drop_kept()
+            toks = batch.candidate_tokens(self._tok, candidates, special=special)
+            if not toks:
+                return []
+            group = batch.check_group(self._h, len(toks), keep)
+            self._flush()
+            if self._logits is None:
+                raise ModelRuntimeError("Scoring needs a context: append text first.")
+            out: list[ContinuationScore] = []
+            for s in range(0, len(toks), group):
+                try:
+                    got = batch.score_group(self._h, toks[s : s + group], logits=self._logits, n_pos=self.n_pos,
+                                            free=self._free_cells(), keep=keep, scratch=self._scratch_for())
+                except ContextFull as e:
+                    raise self._context_full(e.need) from None
+                self.n_scored += got.n_rows
+                self.last_timing = got.timing
+                self._kept = got.kept
+                out.extend(got.results)
+            return out
 
     def adopt(self, index: int, n_tokens: int | None = None) -> int:
-        """Paste the first ``n_tokens`` of kept candidate ``index`` without evaluating it again: see
-        :func:`edge_agent.runtime.batch.adopt`."""
-        return batch.adopt(self, index, n_tokens)
+        """Make the first ``n_tokens`` (default: all) of kept candidate ``index`` part of the conversation.
+
+        Needs ``score(..., keep=True)`` as the previous call on this session. No token is evaluated
+        again (see :func:`edge_agent.runtime.batch.adopt`); the resulting state is the one
+        ``append_tokens`` of the same tokens gives. Returns the number of tokens adopted.
+        """
+        with self._h.lock:
+            self._check()
+            kept = self._kept
+            if kept is None:
+                raise ModelRuntimeError("adopt() needs score(..., keep=True) immediately before it.")
+            try:
+                got = batch.adopt(self._h, kept, index, n_tokens, self.n_pos)
+                if got.tokens:
+                    self.history.extend(got.tokens)
+                    self.n_pos += len(got.tokens)
+                    self.n_cells += got.n_kv
+                    self._pending = [] if got.logits is not None else [got.tokens[-1]]
+                    self._logits = got.logits
+                return len(got.tokens)
+            finally:
+                self._drop_kept()
 
     # ------------------------------------------------------------------------------ generation
     def generate(
@@ -484,95 +494,90 @@ class Session:
         The last sampled token is left pending (not decoded) until the session needs it.
         ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
         """
-        with self.model.lock, self._cancellable(cancel, raise_if_set=False):  # a set cancel -> "cancelled"
+        with self._h.lock, self._h.cancellable(cancel, raise_if_set=False):  # a set cancel -> "cancelled"
             self._check()
             self._drop_kept()
-            t0 = time.perf_counter()
-            ev0 = self.n_evaluated
-            stream = StopStream(stop)
-            tokens: list[int] = []
-            lps: list[float] = []
-            reason = "length"
-            with Sampler(self.model, grammar=grammar, temperature=temperature, seed=seed) as sampler:
-                if max_tokens > 0:
-                    try:
-                        self._flush()
-                    except Cancelled:
-                        max_tokens, reason = 0, "cancelled"
-                    if self._logits is None and reason != "cancelled":
-                        raise ModelRuntimeError("Generation needs a context: append text first.")
-                for i in range(max(0, max_tokens)):
-                    if cancel is not None and cancel.is_set():
-                        reason = "cancelled"
+            t0, ev0 = time.perf_counter(), self.n_evaluated
+            run = Run(StopStream(stop), on_token)
+            with Sampler(self._h, grammar=grammar, temperature=temperature, seed=seed) as sampler:
+                n = self._start_generation(max_tokens, run)
+                for i in range(n):
+                    if self._stops_before(i, run, cancel):
                         break
-                    if i > 0:
-                        if self._free_cells() < 1:
-                            reason = "length"
-                            break
-                        try:
-                            self._flush()
-                        except Cancelled:  # the abort flag stopped this token's decode; it stays pending
-                            reason = "cancelled"
-                            break
-                    logits = self._logits
-                    assert logits is not None
-                    tok = sampler.sample(logits)
-                    sampler.accept(tok)
-                    lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
-                    tokens.append(tok)
-                    lps.append(float(logits[tok]) - float(lse))
-                    self.history.append(tok)
-                    self._pending.append(tok)
-                    self.n_pos += 1
-                    self._logits = None
-                    if self.model.is_eog(tok):
-                        reason = "eos"
-                        piece = stream.flush()
-                    else:
-                        piece = stream.feed(self.model.token_bytes(tok))
-                        if stream.stopped:
-                            reason = "stop"
-                        elif i == max_tokens - 1:
-                            piece += stream.flush()
-                    if on_token is not None:
-                        on_token(piece, tok)
-                    if reason in ("eos", "stop"):
+                    self._sample_next(run, sampler, last=i == n - 1)
+                    if run.reason in ("eos", "stop"):
                         break
                     if cancel is not None and cancel.is_set():
-                        reason = "cancelled"
+                        run.reason = "cancelled"
                         break
-                if reason == "cancelled":
-                    rest = stream.flush()
-                    if rest and on_token is not None:
-                        on_token(rest, -1)
-            return Generation(
-                text=stream.text,
-                tokens=tokens,
-                stop_reason=reason,
-                logprobs=lps,
-                n_eval=self.n_evaluated - ev0,
-                seconds=time.perf_counter() - t0,
-            )
+                if run.reason == "cancelled":
+                    run.release_held()
+            return Generation(text=run.stream.text, tokens=run.tokens, stop_reason=run.reason, logprobs=run.lps,
+                              n_eval=self.n_evaluated - ev0, seconds=time.perf_counter() - t0)
+
+    def _start_generation(self, max_tokens: int, run: Run) -> int:
+        """Evaluate what is pending before the first token; returns how many tokens may be sampled."""
+        if max_tokens <= 0:
+            return 0
+        try:
+            self._flush()
+        except Cancelled:
+            run.reason = "cancelled"
+            return 0
+        if self._logits is None:
+            raise ModelRuntimeError("Generation needs a context: append text first.")
+        return max_tokens
+
+    def _stops_before(self, i: int, run: Run, cancel: threading.Event | None) -> bool:
+        """Before token ``i``: a set cancel, a full context, or a cancelled decode of the previous token
+        (it stays pending) ends the generation (``run.reason`` says why)."""
+        if cancel is not None and cancel.is_set():
+            run.reason = "cancelled"
+            return True
+        if i > 0:
+            if self._free_cells() < 1:
+                run.reason = "length"
+                return True
+            try:
+                self._flush()
+            except Cancelled:  # the abort flag stopped this token's decode; it stays pending
+                run.reason = "cancelled"
+                return True
+        return False
+
+    def _sample_next(self, run: Run, sampler: Sampler, *, last: bool) -> None:
+        """Sample one token from the current logits, append it (pending), stream its text."""
+        logits = self._logits
+        assert logits is not None
+        tok = sampler.sample(logits)
+        sampler.accept(tok)
+        lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
+        self.history.append(tok)
+        self._pending.append(tok)
+        self.n_pos += 1
+        self._logits = None
+        run.add(tok, float(logits[tok]) - float(lse), None if self._tok.is_eog(tok) else self._tok.token_bytes(tok),
+                last=last)
 
     def _scratch_for(self) -> np.ndarray:
         if self._scratch is None:
-            self._scratch = np.empty((8, self.model.n_vocab), dtype=np.float32)
+            self._scratch = np.empty((8, self._tok.n_vocab), dtype=np.float32)
         return self._scratch
 
     # ------------------------------------------------------------------------------ introspection
     def kv_seq_ranges(self) -> dict[int, tuple[int, int]]:
         """{seq: (min pos, max pos)} for every sequence holding cells (tests use it to find leaks)."""
-        with self.model.lock:
+        with self._h.lock:
             out = {}
-            for s in range(self.model.n_seq_max):
-                hi = C.llama_memory_seq_pos_max(self._mem, s)
-                if hi >= 0:
-                    out[s] = (int(C.llama_memory_seq_pos_min(self._mem, s)), int(hi))
+            for s in range(self._h.n_seq_max):
+                rng = self._h.seq_range(s)
+                if rng is not None:
+                    out[s] = rng
             return out
 
     def text(self) -> str:
         """The conversation as text (special tokens rendered; an image as ``<image>``), for debugging."""
         parts = []
         for t in self.history:
-            parts.append("<image>" if t == IMAGE else self.model.detokenize([t], special=True))
+            parts.append("<image>" if t == IMAGE else self._tok.detokenize([t], special=True))
         return "".join(parts)

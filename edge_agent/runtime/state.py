@@ -6,7 +6,8 @@ next-token logits, none of which llama.cpp keeps for us), the key of a context (
 and the exact token and image sequence), a file format that is checked before any byte reaches
 llama.cpp, and a store with a disk budget and least-recently-used eviction. Does not import llama_cpp
 (``Session.save_state`` / ``Model.restore`` move the bytes in and out of a context) and does not know
-chats or prompts.
+chats or prompts. The value itself, :class:`~edge_agent.runtime.types.SessionState`, is one of the
+runtime's plain values (``types``), as is :class:`~edge_agent.runtime.types.StateError`.
 
 File: ``EDGEKV01`` | u32 header length | header JSON | payload (history int32, logits float32, KV bytes).
 The header carries the model identity, the key and the payload's SHA-256. A file is used only if all of
@@ -29,14 +30,13 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edge_agent.files import atomic_write
-from edge_agent.runtime.types import ImageChunk
+from edge_agent.runtime.types import ImageChunk, SessionState, StateError
 
 MAGIC = b"EDGEKV01"
 FORMAT_VERSION = 1
@@ -92,30 +92,6 @@ def sequence_key(identity: dict[str, Any], history: Sequence[int], images: Seque
         else:
             run.append(t)
     return h.tokens(run).key()
-
-
-@dataclass
-class SessionState:
-    """Everything needed to continue a session in a fresh context of the same model."""
-
-    identity: dict[str, Any]
-    key: str
-    history: list[int]
-    images: list[ImageChunk]
-    n_pos: int
-    n_cells: int
-    logits: np.ndarray  # (V,) float32 next-token logits
-    kv: np.ndarray  # (bytes,) uint8 from llama_state_seq_get_data(seq 0)
-    label: str = ""  # what it is, for people: "system prompt", "chat"
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # the caller's notes (JSON values)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.kv.nbytes + self.logits.nbytes + 4 * len(self.history))
-
-
-class StateError(Exception):
-    """A state file that cannot be used (the caller evaluates instead)."""
 
 
 def dumps(state: SessionState) -> list[bytes | memoryview]:

@@ -17,7 +17,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from edge_agent.runtime.cores import CoreShare
-    from edge_agent.runtime.state import SessionState
 
 
 @dataclass(frozen=True)
@@ -76,20 +75,55 @@ class Generation:
     seconds: float = 0.0
 
 
+@dataclass
+class SessionState:
+    """Everything needed to continue a session in a fresh context of the same model."""
+
+    identity: dict[str, Any]
+    key: str
+    history: list[int]
+    images: list[ImageChunk]
+    n_pos: int
+    n_cells: int
+    logits: np.ndarray  # (V,) float32 next-token logits
+    kv: np.ndarray  # (bytes,) uint8 from llama_state_seq_get_data(seq 0)
+    label: str = ""  # what it is, for people: "system prompt", "chat"
+    extra: dict[str, Any] = field(default_factory=dict)  # the caller's notes (JSON values)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes + self.logits.nbytes + 4 * len(self.history))
+
+
+class StateError(Exception):
+    """A state file that cannot be used (the caller evaluates instead)."""
+
+
 TokenCallback = Callable[[str, int], None]  # (text piece, token id)
 
 
 class SessionLike(Protocol):
-    """The verbs the agent uses: ``edge_agent.runtime.Session`` implements all of them on llama.cpp.
+    """What the turn loop and SeProD use of a session: ``edge_agent.runtime.Session`` implements it on
+    llama.cpp (and :class:`ChatSessionLike`, what chat persistence needs besides).
 
     Every verb that evaluates takes ``cancel`` (a set event aborts a running decode: ``Cancelled``);
     ``Model.interrupt()`` does the same from any thread.
     """
 
-    n_pos: int  # the position counter (text: +1 a token; image: +max(nx, ny))
-    n_cells: int  # KV cells used by seq 0
-    n_evaluated: int  # tokens (text + image embeddings) decoded into seq 0 so far
-    images: list[ImageChunk]  # the images in the context, in order (their digests: which images it holds)
+    @property
+    def n_pos(self) -> int:
+        """The position counter (text: +1 a token; image: +max(nx, ny))."""
+        ...
+
+    @property
+    def n_cells(self) -> int:
+        """KV cells used by seq 0."""
+        ...
+
+    @property
+    def n_evaluated(self) -> int:
+        """Tokens (text + image embeddings) decoded into seq 0 so far."""
+        ...
 
     @property
     def max_candidates(self) -> int:
@@ -153,48 +187,80 @@ class SessionLike(Protocol):
         cancel: threading.Event | None = None,
     ) -> Generation: ...
 
+
+class ChatSessionLike(SessionLike, Protocol):
+    """A session as chat persistence (``edge_agent.chat_context``) uses it: besides the loop's verbs,
+    which images it holds, the key of its content, and a saved state of it."""
+
+    @property
+    def images(self) -> Sequence[ImageChunk]:
+        """The images in the context, in order (their digests: which images it holds)."""
+        ...
+
     def key(self) -> str:
         """The key of the content (model identity + exact token and image sequence): saved states."""
         ...
 
     def save_state(self, label: str = "") -> SessionState:
-        """Snapshot seq 0 for ``ModelLike.restore`` (pending tokens are evaluated first)."""
+        """Snapshot seq 0 for ``ChatModelLike.restore`` (pending tokens are evaluated first)."""
         ...
 
 
-class ModelLike(Protocol):
-    """A loaded model (text GGUF + optional mmproj). ``edge_agent.runtime.Model`` implements it.
+class DraftModelLike(Protocol):
+    """What SeProD's drafter (``edge_agent.agent.seprod``) uses of the prophet model."""
 
-    ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8,
-    extra_buffers="auto", seed=0)`` validates the files in Python first (edge_agent.modelfile) and
-    raises ModelFileError instead of letting llama.cpp abort the process.
-    """
+    def session(self) -> SessionLike:
+        """A fresh, empty session (clears the model's KV cache: one live session per model)."""
+        ...
 
-    has_vision: bool
-    n_vocab: int
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """The text of ``tokens`` (``special``: control tokens rendered as their text too)."""
+        ...
+
+
+class ChatModelLike(Protocol):
+    """What chat persistence (``edge_agent.chat_context``) uses of the agent model."""
+
     n_ctx: int
-    n_threads: int  # threads for token-by-token decoding
-    path: Path  # the text GGUF
     identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
-    image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
-    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size}
-
-    def tokenize(self, text: str, *, special: bool) -> list[int]: ...
-
-    def detokenize(self, tokens: Sequence[int]) -> str: ...
 
     def first_tokens(self, text: str) -> list[int]:
         """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS included when the
         model wants one): what a saved state of that text is keyed by."""
         ...
 
-    def session(self) -> SessionLike:
+    def session(self) -> ChatSessionLike:
         """A fresh, empty session (clears this model's KV cache: one live session per model)."""
         ...
 
-    def restore(self, state: SessionState) -> SessionLike:
-        """A new session holding a saved state (raises ``runtime.state.StateError`` if it does not fit)."""
+    def restore(self, state: SessionState) -> ChatSessionLike:
+        """A new session holding a saved state (raises ``StateError`` if it does not fit)."""
         ...
+
+
+class ModelLike(ChatModelLike, DraftModelLike, Protocol):
+    """A loaded model (text GGUF + optional mmproj) as the engine, the composition root, uses it:
+    what chat persistence and SeProD use, and the members only the engine needs (threads, memory,
+    image geometry, sharing the cores, closing). ``edge_agent.runtime.Model`` implements it.
+
+    ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8, ...)``
+    validates the files in Python first (edge_agent.modelfile) and raises ModelFileError instead of
+    letting llama.cpp abort the process.
+    """
+
+    has_vision: bool
+    n_vocab: int
+    path: Path  # the text GGUF
+    mmproj_path: Path | None  # its vision projector, None without one
+    image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
+    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size}
+
+    @property
+    def n_threads(self) -> int:
+        """Threads for token-by-token decoding (``share_cores`` may lower it)."""
+        ...
+
+    def session(self) -> ChatSessionLike: ...
 
     def encode_image(self, image: bytes) -> bool:
         """Encode an image into the shared embedding cache ahead of its ``append_image`` (True: encoded

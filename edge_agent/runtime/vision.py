@@ -5,7 +5,8 @@ embeddings keyed by what determines them (the mmproj file's identity, mtmd's ima
 image bytes). Two models loaded with mmproj files of identical bytes (agent and SeProD prophet)
 therefore encode an image once: the second decodes the first one's embedding into its own context.
 A crop or image seen again is not encoded again either. Does not know sessions, positions of the
-conversation or prompts: ``Session.append_image`` drives these functions.
+conversation or prompts: ``Session.append_image`` and ``Model.encode_image`` drive these functions,
+with the model's :class:`~edge_agent.runtime.handle.Handle` (its mtmd context, lock and core share).
 
 Cost (why this exists): the vision encoder is the most expensive step of reading an image on a CPU
 (a ViT over every 16x16 patch); decoding its n_tokens embeddings into the LLM is a prefill of n_tokens.
@@ -22,15 +23,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edge_agent.errors import ImageError, ModelRuntimeError
-from edge_agent.runtime._lib import C, M, clear_errors, recent_errors
-
-if TYPE_CHECKING:
-    from edge_agent.runtime.model import Model
+from edge_agent.runtime._lib import M, clear_errors, recent_errors
+from edge_agent.runtime.handle import Handle
 
 CACHE_BYTES = 256 * 2**20
 
@@ -77,9 +75,9 @@ class Prepared:
 
 
 @contextlib.contextmanager
-def prepare(model: Model, image: bytes) -> Iterator[Prepared]:
+def prepare(h: Handle, image: bytes) -> Iterator[Prepared]:
     """Decode the image bytes and tokenize them with mtmd's marker; frees the chunks afterwards."""
-    mt = model._mtmd
+    mt = h.mtmd
     buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
     bitmap = M.mtmd_helper_bitmap_init_from_buf(mt, buf, len(image), False)
     if not bitmap:
@@ -119,12 +117,13 @@ def chunk_shape(chunk: object) -> tuple[int, int, int, int]:
             int(M.mtmd_input_chunk_get_n_tokens(chunk)), int(M.mtmd_input_chunk_get_n_pos(chunk)))
 
 
-def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool]:
-    """The chunk's embedding: from the cache (second value True) or encoded now (False)."""
+def embedding(h: Handle, chunk: object, digest: str, mmproj_identity: str) -> tuple[Embedding, bool]:
+    """The chunk's embedding: from the cache (second value True) or encoded now (False).
+    ``mmproj_identity``: the projector file's identity (``model.file_identity``), part of the key."""
     nx, ny, n_tok, _ = chunk_shape(chunk)
     # the mmproj's bytes, the image's bytes and the grid mtmd resized it to determine the embedding
     # (two models with other image-token limits share it whenever the image fits both the same way)
-    key = f"{model.mmproj_identity}:{nx}x{ny}:{digest}"
+    key = f"{mmproj_identity}:{nx}x{ny}:{digest}"
     while True:  # one encode per key: a second model asking while it runs waits for it (no CPU spent)
         with _lock:
             hit = _cache.get(key)
@@ -137,26 +136,25 @@ def embedding(model: Model, chunk: object, digest: str) -> tuple[Embedding, bool
                 break
         busy.wait()  # then the cache has it (or the encode failed: this caller encodes)
     try:
-        return _encode(model, chunk, key, n_tok), False
+        return _encode(h, chunk, key, n_tok), False
     finally:
         with _lock:
             _inflight.pop(key).set()
 
 
-def _encode(model: Model, chunk: object, key: str, n_tok: int) -> Embedding:
+def _encode(h: Handle, chunk: object, key: str, n_tok: int) -> Embedding:
     global _cache_bytes, _encodes
-    with model.lock:
+    with h.lock:
         t0 = time.perf_counter()
         clear_errors()
-        with model.computing(n_tok, encode=True):
-            rc = M.mtmd_encode_chunk(model._mtmd, chunk)
+        with h.computing(n_tok, encode=True):
+            rc = M.mtmd_encode_chunk(h.mtmd, chunk)
         if rc != 0:
             raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
-        n_embd = int(C.llama_model_n_embd_inp(model._model))
-        ptr = M.mtmd_get_output_embd(model._mtmd)
-        data = np.ctypeslib.as_array(ptr, shape=(n_tok, n_embd)).copy()
+        ptr = M.mtmd_get_output_embd(h.mtmd)
+        data = np.ctypeslib.as_array(ptr, shape=(n_tok, h.n_embd_inp)).copy()
         emb = Embedding(data=data, encode_seconds=time.perf_counter() - t0)
-        model.vision_encodes += 1
+        h.count_encode()
     with _lock:
         _encodes += 1
         _cache[key] = emb
@@ -165,22 +163,3 @@ def _encode(model: Model, chunk: object, key: str, n_tok: int) -> Embedding:
             _, old = _cache.popitem(last=False)
             _cache_bytes -= old.data.nbytes
     return emb
-
-
-_NO_CALLBACK = M.mtmd_helper_post_decode_callback()  # a NULL function pointer: no per-batch callback
-
-
-def decode(model: Model, chunk: object, emb: Embedding, n_past: int, seq: int = 0) -> int:
-    """Decode an image embedding into ``seq`` from position ``n_past``; returns the new position.
-
-    Non-zero return codes raise ModelRuntimeError (the caller removes partial cells and maps an abort
-    flag to ``Cancelled``).
-    """
-    new_pos = C.llama_pos(0)
-    ptr = emb.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-    clear_errors()
-    rc = M.mtmd_helper_decode_image_chunk(model._mtmd, model._ctx, chunk, ptr, n_past, seq, model.n_batch,
-                                          ctypes.byref(new_pos), _NO_CALLBACK, None)
-    if rc != 0:
-        raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {recent_errors() or 'no details'}).")
-    return int(new_pos.value)

@@ -1,33 +1,32 @@
 """The main screen: transcript, image panel, prompt, status bar.
 
-Questions go to the engine in a thread worker (``run_ask``) that stores every event in the chat
-store as it arrives and posts it to this screen as a message; the screen only renders. Escape sets
-the run's cancel event and frees the prompt at once; a new question waits for the engine lock, so
-the model is never used by two threads. Nothing here calls the model on the UI thread.
+Questions go to the engine host (``host.EngineHost.ask``), whose thread worker stores every event in
+the chat store as it arrives and posts it to this screen as a message; the screen only renders. Escape
+cancels the run and frees the prompt at once; a new question waits for the engine lock, so the model
+is never used by two threads. Nothing here calls the model on the UI thread. The screen talks to the
+app through messages (``SettingsRequested``) and hears from it through ``HostChanged``.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as UIMessage
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import Chat, ChatStore, Message
-from edge_agent.errors import Cancelled, EdgeAgentError
-from edge_agent.ui.messages import AgentEvent, AskFinished
+from edge_agent.chats import Chat, Message
+from edge_agent.errors import EdgeAgentError
+from edge_agent.ui.host import EngineHost, Question
+from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
 from edge_agent.ui.preview import ImagePreview, looks_like_image_path, open_image
 from edge_agent.ui.prompt import (
     PLACEHOLDER_TEXT,
@@ -41,11 +40,6 @@ from edge_agent.ui.prompt import (
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, Transcript, UserMessage
 
-if TYPE_CHECKING:
-    from edge_agent.ui.app import EdgeAgentApp
-
-log = logging.getLogger(__name__)
-
 EMPTY_HINT = (
     "Attach an image (/image PATH, Ctrl+F, or paste a path) and ask about it.\n"
     "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. "
@@ -57,6 +51,8 @@ EMPTY_HINT_TEXT_ONLY = (
     "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. Ctrl+P: all commands."
 )
 
+TEXT_ONLY_IMAGE = ("The loaded model is text only (no mmproj): it cannot look at images. Choose a vision model in "
+                   "the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`, or ask without an image.")
 
 OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
 
@@ -116,7 +112,7 @@ class ChatScreen(Screen):
         Binding("ctrl+r", "toggle_mode", "SSR/free-form"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+s", "app.settings", "Settings"),
     ]
 
     DEFAULT_CSS = """
@@ -128,23 +124,21 @@ class ChatScreen(Screen):
     ChatScreen PromptInput { margin: 0 1; }
     """
 
-    def __init__(self, store: ChatStore, history: list[str]) -> None:
+    def __init__(self, host: EngineHost, history: list[str]) -> None:
         super().__init__()
-        self.store = store
+        self.host = host
+        self.store = host.store
         self.chat_id: int | None = None
         self.image: str | None = None
         self.images: list[str] = []
         self.running: int | None = None  # message id of the answer being computed
-        self.cancel_event: threading.Event | None = None
         self._prompt_history = history
         self._t0 = 0.0
+        self._tokens = 0
+        self.reasoning_open = False  # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
         self.text_only = False  # the loaded model reads no images
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
         self._older: list[tuple[Message, str | None]] = []  # a long chat's messages not mounted yet
-
-    @property
-    def edge_app(self) -> EdgeAgentApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -157,10 +151,10 @@ class ChatScreen(Screen):
             yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
         yield AttachmentBar(id="attachment")
         yield PromptInput(self._prompt_history, id="prompt")
-        yield StatusBar(self.edge_app.settings, id="status")
+        yield StatusBar(self.host.settings, id="status")
         yield Footer()
 
-    def on_resize(self, event) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         # The image panel needs ~36 columns; below 100 the transcript gets the whole width.
         self.query_one(ImagePanel).display = event.size.width >= 100
 
@@ -175,6 +169,10 @@ class ChatScreen(Screen):
     def set_text_only(self, text_only: bool) -> None:
         """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
         self.text_only = text_only
+        if text_only and self.image is not None:  # attached while the model loaded
+            self.notify(f"{Path(self.image).name} detached: {TEXT_ONLY_IMAGE}", title="Model cannot see images",
+                        severity="warning", timeout=8)
+            self.image = None
         self.query_one(PromptInput).placeholder = PLACEHOLDER_TEXT if text_only else PLACEHOLDER_VISION
         bar = self.query_one(AttachmentBar)
         bar.text_only = text_only
@@ -191,6 +189,20 @@ class ChatScreen(Screen):
     def status(self) -> StatusBar:
         return self.query_one(StatusBar)
 
+    def on_host_changed(self, m: HostChanged) -> None:
+        """The engine loads, loaded, failed to load, or the settings changed: show it."""
+        host, status = self.host, self.status
+        status.set_settings(host.settings)
+        if m.loading is not None:
+            self.show_loading(*m.loading)
+        elif host.state != "loading":
+            self.show_loading("", None)
+        if self.running is None or host.state != "ready":
+            status.state = host.state
+        if host.state == "ready":
+            status.set_models(*host.model_names(), text_only=not host.sees_images)
+            self.set_text_only(not host.sees_images)
+
     def show_loading(self, text: str, fraction: float | None) -> None:
         box = self.query_one("#loading")
         if fraction is None:
@@ -203,6 +215,11 @@ class ChatScreen(Screen):
 
     # --- images ---
     def attach(self, path: str | Path) -> bool:
+        """Attach an image for the next questions; False (and says why) when it cannot be: not an image,
+        or a loaded model that reads text only."""
+        if not self.host.sees_images:
+            self.notify(TEXT_ONLY_IMAGE, title="Model cannot see images", severity="error", timeout=8)
+            return False
         try:
             open_image(path)  # decodes once: a broken file fails here, not inside the model
         except EdgeAgentError as e:
@@ -213,13 +230,8 @@ class ChatScreen(Screen):
         if p not in self.images:
             self.images.append(p)
         self._show_images()
-        if self.edge_app.engine is not None and not self.edge_app.engine_sees_images():
-            self.notify("The loaded model is text only (no mmproj): it cannot look at this image. Choose a vision "
-                        "model in the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`.",
-                        title="Model cannot see images", severity="warning", timeout=8)
-        else:
-            self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
-            self.edge_app.prepare_image(p)  # the vision encode while the question is typed
+        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+        self.host.prepare_image(p)  # the vision encode while the question is typed
         return True
 
     def _show_images(self) -> None:
@@ -251,26 +263,29 @@ class ChatScreen(Screen):
     # --- the prompt ---
     @on(Input.Submitted, "#prompt")
     async def submitted(self, event: Input.Submitted) -> None:
+        """Enter: a command, a path to attach, or a question. The prompt is emptied only when its text is
+        used: refused (busy, no model, not an image), it stays as it was, to send again or fix."""
         text = event.value.strip()
         prompt = self.query_one(PromptInput)
         if not text:
             return
-        prompt.value = ""
         slash = parse_slash(text)
         if slash is not None:
+            if slash.name in ("retry", "regenerate", "edit") and self._say_busy():
+                return
+            prompt.value = ""
             await self.run_slash(slash.name, slash.arg)
             return
-        pasted = looks_like_image_path(text)
-        if pasted is not None:
-            self.attach(pasted)
-            return
-        path = path_like(text)
+        path = looks_like_image_path(text) or path_like(text)
         if path is not None:  # a path is never a question: attach it, or say why it cannot be
-            if not self.attach(path):
-                prompt.value = text  # kept, to fix a typo
+            if self.attach(path):
+                prompt.value = ""
             return
+        if not self._can_ask():
+            return
+        prompt.value = ""
         prompt.remember(text)
-        await self.ask(text)
+        await self.ask(text, self.image)
 
     async def run_slash(self, name: str, arg: str) -> None:
         if name == "image" and arg.lower() == "none":
@@ -295,11 +310,11 @@ class ChatScreen(Screen):
         elif name == "export":
             self.export(self.chat_id, arg or None)
         elif name == "settings":
-            self.action_settings()
+            await self.run_action("app.settings")
         elif name == "mode" and arg in ("ssr", "freeform", "free-form"):
-            self.edge_app.change_settings({"mode": "freeform" if arg.startswith("free") else "ssr"})
+            self.post_message(SettingsRequested({"mode": "freeform" if arg.startswith("free") else "ssr"}))
         elif name == "offline" and arg in ("on", "off", ""):
-            self.edge_app.change_settings({"offline": arg != "off"})
+            self.post_message(SettingsRequested({"offline": arg != "off"}))
         elif name == "help":
             self.notify(SLASH_HELP, title="Commands", timeout=12)
         else:
@@ -307,22 +322,40 @@ class ChatScreen(Screen):
 
     def _last_question(self) -> tuple[str, str | None] | None:
         """The chat's last question and the image it was about (None: nothing asked yet)."""
-        if self.chat_id is None:
-            return None
-        last = next((m for m in reversed(self.store.load(self.chat_id).messages) if m.role == "user"), None)
-        return (last.text, last.image) if last is not None else None
+        return self.store.last_question(self.chat_id) if self.chat_id is not None else None
+
+    def _say_busy(self) -> bool:
+        """True (and says so) while an answer runs."""
+        if self.running is None:
+            return False
+        self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
+        return True
+
+    def _can_ask(self) -> bool:
+        """True when a question can go to the model now; else says why."""
+        if self.host.engine is None:
+            if self.host.state == "loading":
+                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
+                            severity="warning")
+            else:
+                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
+                            severity="error")
+            return False
+        return not self._say_busy()
 
     async def action_retry(self) -> None:
         """Answer the last question again (a new answer; also after a stopped or failed one), with
-        the context the first answer had."""
+        the context the first answer had: the new exchange takes the last one's place."""
         last = self._last_question()
         if last is None:
             self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry", timeout=4)
             return
-        await self.ask(last[0], image=last[1], replace_last=True)
+        await self.ask(last[0], last[1], replace_last=True)
 
     def action_edit_last(self) -> None:
         """Put the last question back in the prompt; sent, it replaces the last exchange in the context."""
+        if self._say_busy():
+            return
         last = self._last_question()
         if last is None:
             self.notify("Nothing to edit yet: ask a question first.", title="Nothing to edit", timeout=4)
@@ -334,88 +367,41 @@ class ChatScreen(Screen):
         self._replace_last = True
         self.notify("Edit the question and press Enter to send it again.", title="Edit last question", timeout=4)
 
-    async def ask(self, question: str, *, image: str | None | bool = False, replace_last: bool = False) -> None:
-        """Ask in this chat. ``image``: False -> the attached one; ``replace_last``: the model does not see
+    async def ask(self, question: str, image: str | None, *, replace_last: bool = False) -> None:
+        """Ask in this chat about ``image`` (None: no image). ``replace_last``: the model does not see
         the chat's last exchange (a retry or an edited question takes its place)."""
-        replace_last = replace_last or self._replace_last
+        if not self._can_ask():
+            return
+        engine = self.host.engine
+        assert engine is not None
+        replace_last = (replace_last or self._replace_last) and self.chat_id is not None
         self._replace_last = False
-        image = self.image if image is False else image
-        app = self.edge_app
-        if app.engine is None or self.running is not None:
-            self.query_one(PromptInput).value = question  # not asked: keep it to send again
-        if app.engine is None:
-            if app.engine_state == "loading":
-                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
-                            severity="warning")
-            else:
-                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
-                            severity="error")
-            return
-        if self.running is not None:
-            self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
-            return
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
-        # The chat continues from the model's kept context of its last answer (or, failing that, its
-        # earlier exchanges as text); a retry or an edited question continues from the one before.
+        # The chat continues from the model's kept context of its last answer that was not replaced (or,
+        # failing that, its exchanges as text): a retry or an edited question continues from the one before.
+        self.store.add_user_message(self.chat_id, question, image, replace_last=replace_last)
         cont = self.store.continuation(self.chat_id)
-        last = self._last_question() if replace_last else None
-        if last is not None and cont.exchanges and cont.exchanges[-1][0] == last[0]:
-            cont = cont.without_last()
-        self.store.add_user_message(self.chat_id, question, image)
-        message_id = self.store.start_answer(self.chat_id)
+        message_id = self.store.start_answer(self.chat_id, models=engine.files)
         self.sub_title = self.store.load_title(self.chat_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()
-        view = AnswerView(message_id, image)
+        if replace_last:
+            self.transcript.mark_last_replaced()
+        view = AnswerView(message_id, image, collapse_when_done=not self.reasoning_open)
         await self.transcript.mount_all([UserMessage(question, image), view])
         self.transcript.scroll_end(animate=False)
         self.running = message_id
-        self.cancel_event = threading.Event()
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.run_ask(app.engine, message_id, question, image, app.settings.mode, cont.history, cont.context,
-                     self.cancel_event)
-
-    @work(thread=True, group="ask", exit_on_error=False)
-    def run_ask(self, engine, message_id: int, question: str, image: str | None, mode: str,
-                history: list, context: str, cancel: threading.Event) -> None:
-        """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
-        status, title, message = "error", "", ""
-        with self.edge_app.engine_lock:
-            try:
-                if cancel.is_set():
-                    status = "cancelled"
-                else:
-                    for event in engine.ask(question, image, cancel=cancel, mode=mode, history=history or None,
-                                            context=context):
-                        self.store.add_event(message_id, event)
-                        self.post_message(AgentEvent(message_id, event))
-                        if isinstance(event, ev.FinalAnswer):
-                            status = event.stop_reason
-                        elif isinstance(event, ev.AgentError) and event.fatal:
-                            status, title, message = "error", event.title, event.message
-                    if status == "error" and not title:
-                        status = "cancelled" if cancel.is_set() else "answered"
-            except Cancelled:
-                status = "cancelled"
-            except EdgeAgentError as e:
-                status, title, message = "error", e.title, e.message
-            except Exception as e:  # a bug: report it, keep the app and the chat usable
-                log.error("engine failed:\n%s", traceback.format_exc())
-                status, title = "error", "Internal error"
-                message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
-            finally:
-                self.store.finish_answer(message_id, status)
-        self.post_message(AskFinished(message_id, status, title, message))
+        self.host.ask(Question(message_id, question, image, cont.history, cont.context), self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)
         if view is None or view.status != "running":
             return  # cancelled from the UI already: late events are stored, not shown
-        follow = self.transcript.is_vertical_scroll_end or self.transcript.max_scroll_y == 0
-        await view.apply(m.event)
+        await view.apply(m.event)  # the transcript is anchored: it follows the end unless scrolled up
         if isinstance(m.event, ev.ToolFinished) and m.event.name in ("text_search", "image_search"):
             if m.event.status == "unreachable":
                 self.status.network_down = True
@@ -433,8 +419,6 @@ class ChatScreen(Screen):
             tps = view.tokens_per_second()
             if tps:
                 self.status.tokens_per_second = tps
-        if follow:
-            self.transcript.scroll_end(animate=False)
 
     async def on_ask_finished(self, m: AskFinished) -> None:
         view = self.transcript.answer(m.message_id)
@@ -447,9 +431,9 @@ class ChatScreen(Screen):
             self.status.state = "ready"
 
     async def action_cancel(self) -> None:
-        if self.running is None or self.cancel_event is None:
+        if self.running is None:
             return
-        self.cancel_event.set()
+        self.host.cancel(self.running)
         view = self.transcript.answer(self.running)
         if view is not None:
             await view.finish("cancelled")
@@ -460,19 +444,16 @@ class ChatScreen(Screen):
 
     # --- reasoning, mode, settings ---
     def action_toggle_reasoning(self) -> None:
+        """Open every answer's reasoning, new answers' too (or close them all)."""
         answers = self.transcript.answers()
-        if not answers:
-            return
-        last = answers[-1]
-        expand = any(t.collapsed for t in last.turns.values())
-        last.set_expanded(expand)
+        self.reasoning_open = any(t.collapsed for a in answers for t in a.turns.values()) or (
+            not self.reasoning_open and not any(a.turns for a in answers))
+        for a in answers:
+            a.collapse_when_done = not self.reasoning_open
+            a.set_expanded(self.reasoning_open)
 
     def action_toggle_mode(self) -> None:
-        s = self.edge_app.settings
-        self.edge_app.change_settings({"mode": "freeform" if s.mode == "ssr" else "ssr"})
-
-    def action_settings(self) -> None:
-        self.edge_app.action_settings()
+        self.post_message(SettingsRequested({"mode": "freeform" if self.host.settings.mode == "ssr" else "ssr"}))
 
     # --- chats ---
     def action_chats(self) -> None:
@@ -502,6 +483,7 @@ class ChatScreen(Screen):
             await self.action_cancel()
         self.chat_id, self.image, self.images = None, None, []
         self._replace_last, self._older = False, []
+        self.transcript.restart()
         await self.transcript.remove_children()
         await self.transcript.mount(Static(self.empty_hint(), classes="empty-hint"))
         self.sub_title = "new chat"
@@ -516,6 +498,7 @@ class ChatScreen(Screen):
         length opens at once."""
         if self.running is not None:
             await self.action_cancel()
+        self.transcript.restart()
         await self.transcript.remove_children()
         self.chat_id = chat.id
         self._replace_last = False
@@ -530,7 +513,7 @@ class ChatScreen(Screen):
         if cut and staged[cut][0].role != "user":
             cut -= 1  # a page starts with a question
         self._older = staged[:cut]
-        widgets = [await self._message_widget(m, img) for m, img in staged[cut:]]
+        widgets: list[Widget] = [await self._message_widget(m, img) for m, img in staged[cut:]]
         if self._older:
             widgets.insert(0, EarlierMessages(len(self._older)))
         await self.transcript.mount_all(widgets)
@@ -538,21 +521,22 @@ class ChatScreen(Screen):
         for p in chat.images:
             if p not in self.images:
                 self.images.append(p)
-        self.image = image
+        self.image = None if self.text_only else image
         self._show_images()
         self.transcript.scroll_end(animate=False)
         # The chat's context is restored, not read again; its photo matters only to the prophet, which
         # then decodes the agent's embedding instead of encoding it itself (in the answer's way).
-        if image is not None and self.edge_app.drafting():
-            self.edge_app.prepare_image(image)
+        if image is not None and self.host.drafting:
+            self.host.prepare_image(image)
 
-    @staticmethod
-    async def _message_widget(m: Message, image: str | None) -> UserMessage | AnswerView:
+    async def _message_widget(self, m: Message, image: str | None) -> UserMessage | AnswerView:
         """One stored message as its widget, built unmounted (mounted in one go with its page)."""
         if m.role == "user":
-            return UserMessage(m.text, m.image)
-        view = AnswerView(m.id, image)
+            return UserMessage(m.text, m.image, replaced=m.replaced)
+        view = AnswerView(m.id, image, collapse_when_done=not self.reasoning_open, replaced=m.replaced)
         await view.replay(m.events, m.status, m.text)
+        if self.reasoning_open:
+            view.set_expanded(True)
         return view
 
     async def show_earlier(self) -> None:
@@ -587,11 +571,14 @@ class ChatScreen(Screen):
     async def earlier_pressed(self) -> None:
         await self.show_earlier()
 
+    def action_export(self) -> None:
+        self.export(self.chat_id)
+
     def export(self, chat_id: int | None, directory: str | None = None) -> None:
         if chat_id is None:
             self.notify("Nothing to export yet: ask a question first.", title="Empty chat", severity="warning")
             return
-        target = Path(directory).expanduser() if directory else self.edge_app.settings.home / "exports"
+        target = Path(directory).expanduser() if directory else self.host.settings.home / "exports"
         try:
             md, js = self.store.export(chat_id, target)
         except EdgeAgentError as e:

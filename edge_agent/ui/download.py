@@ -104,16 +104,16 @@ class DownloadScreen(ModalScreen[str | None]):
         highlighted = ol.highlighted
         ol.clear_options()
         words = {"installed": ("installed", "green"), "partial": ("partly downloaded: resumes", "yellow")}
-        for e in self.entries:
+        for entry in self.entries:
             t = Text()
-            t.append(f"{e.name}", style="bold")
-            size = human_size(e.download_size) if e.download_size else "?"
+            t.append(f"{entry.name}", style="bold")
+            size = human_size(entry.download_size) if entry.download_size else "?"
             t.append(f"  {size}", style="cyan")
-            st = words.get(status.get(e.name, ""))
+            st = words.get(status.get(entry.name, ""))
             if st:
                 t.append(f"  {st[0]}", style=st[1])
-            t.append(f"\n  {e.description}", style="dim")
-            ol.add_option(Option(t, id=e.name))
+            t.append(f"\n  {entry.description}", style="dim")
+            ol.add_option(Option(t, id=entry.name))
         ol.highlighted = highlighted if highlighted is not None and highlighted < len(self.entries) else 0
         ol.focus()
 
@@ -151,8 +151,9 @@ class DownloadScreen(ModalScreen[str | None]):
             self.app.call_from_thread(self.show_note, msg)
 
         try:
-            m = hub.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say)
-        except DownloadCancelled:
+            m = hub.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say,
+                         cancel=cancel)  # Esc stops a stalled read or a retry's wait at once too
+        except (DownloadCancelled, hub.DownloadCancelled):
             self.app.call_from_thread(self.finished, entry.name, "cancelled", "")
         except EdgeAgentError as e:
             self.app.call_from_thread(self.finished, entry.name, "failed", f"{e.title}: {e.message}")

@@ -39,9 +39,9 @@ def how_to() -> str:
     return f"""\
 ## Get a model
 
-**1. Download one**: press **D** (or *Download a model*) to pick one from the catalog; Qwen3-VL 2B
-(GGUF + vision projector, {recommended_size()}) is recommended. Or, in another terminal, `{PULL}`, then
-press **R** here. `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
+**1. Download one**: choose *Download a model* (or **D** outside the path fields) to pick one from the
+catalog; Qwen3-VL 2B (GGUF + vision projector, {recommended_size()}) is recommended. Or, in another terminal,
+`{PULL}`, then choose *Retry* (**R**). `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
 
 **2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
 """
@@ -58,7 +58,8 @@ def demo_text(installed: bool) -> str:
 class FirstRunScreen(Screen):
     """Posts :class:`FirstRunScreen.Chosen` with settings changes when the user picks a way."""
 
-    AUTO_FOCUS = "#retry"  # not a text box: R must reach the binding
+    # the path field: typing a path there never reaches the D/R bindings (Tab moves on to the buttons)
+    AUTO_FOCUS = "#model-path"
     BINDINGS = [
         Binding("r", "retry", "Retry"),
         Binding("d", "download", "Download a model"),

@@ -5,11 +5,14 @@ The workers never touch widgets; the UI never calls the engine on its own thread
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
 from edge_agent.agent.events import Event
+
+if TYPE_CHECKING:
+    from edge_agent.ui.host import EngineLike
 
 
 class EngineProgress(Message):
@@ -23,7 +26,7 @@ class EngineProgress(Message):
 class EngineReady(Message):
     """``gen``: which load this was (a newer load makes this engine stale)."""
 
-    def __init__(self, engine: Any, seconds: float, gen: int = 0) -> None:
+    def __init__(self, engine: EngineLike, seconds: float, gen: int = 0) -> None:
         super().__init__()
         self.engine, self.seconds, self.gen = engine, seconds, gen
 
@@ -50,3 +53,20 @@ class AskFinished(Message):
     def __init__(self, message_id: int, status: str, title: str = "", message: str = "") -> None:
         super().__init__()
         self.message_id, self.status, self.title, self.message = message_id, status, title, message
+
+
+class HostChanged(Message):
+    """The app to its chat screen: the engine host's state or settings changed (read them from the host).
+    ``loading``: the loader's words and fraction while a model loads."""
+
+    def __init__(self, loading: tuple[str, float] | None = None) -> None:
+        super().__init__()
+        self.loading = loading
+
+
+class SettingsRequested(Message):
+    """A screen asks the app to change settings (``changes``: field -> value)."""
+
+    def __init__(self, changes: dict[str, Any]) -> None:
+        super().__init__()
+        self.changes = changes

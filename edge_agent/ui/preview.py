@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -30,7 +31,7 @@ IMAGE_SUFFIXES = SUFFIXES  # what the file picker and a pasted path accept: what
 log = logging.getLogger(__name__)
 
 # The textual-image widget class when the terminal shows real pixels; None: character cells.
-_GRAPHICS: type[Widget] | None = None
+_GRAPHICS: Callable[[Image.Image], Widget] | None = None  # textual-image's widget for this terminal
 
 
 def enable_graphics() -> str:

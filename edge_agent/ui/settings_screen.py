@@ -19,6 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import load_library
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError
@@ -134,14 +135,15 @@ class SettingsScreen(ModalScreen[Settings | None]):
         out: dict[str, object] = {}
         for name, kind in FIELDS:
             w = self.query_one(f"#f-{name}")
-            out[name] = w.value if kind != "text" else w.value.strip()
+            assert isinstance(w, Input | Select | Switch)
+            out[name] = w.value.strip() if isinstance(w, Input) and kind == "text" else w.value
         return out
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
         try:
             new = self.settings.updated(self.values(), source="the settings screen")
-            new.validate()
+            new.validate(check=check_n_ctx)
             if new.rationales != self.settings.rationales:
                 load_library(new.rationales)  # a bad library file is refused here, not at the next question
         except ConfigError as e:

@@ -1,7 +1,9 @@
 """The status bar: models, mode, SeProD, online/offline, tokens per second, engine state.
 
 "offline" is shown when the setting says so, and also when the last search could not reach the
-network (``network_down``, set from the agent's events) until a search gets through again.
+network (``network_down``, set from the agent's events) until a search gets through again. A narrow
+terminal drops the least needed parts first (the context, tokens per second, SeProD, the mode, the
+prophet), then shortens the model's name: the engine state and the network state always show.
 """
 
 from __future__ import annotations
@@ -50,37 +52,53 @@ class StatusBar(Static):
     def refresh_bar(self) -> None:
         self.refresh()  # the reactives above repaint by themselves; settings and models do not
 
-    def render(self) -> Text:
+    def parts(self) -> list[tuple[int, Text]]:
+        """The bar's parts in order, each with its rank (the lowest is dropped first when space is short)."""
         s = self.settings
-        sep = Text(" │ ", style="dim")
-        t = Text()
-        t.append(self.model_name, style="bold")
+        model = Text()
+        model.append(self.model_name, style="bold")
         if self.text_only:
-            t.append(" (text only)", style="yellow")
+            model.append(" (text only)", style="yellow")
+        out = [(5, model)]
         if self.prophet_name:
-            t.append(f" + prophet {self.prophet_name}", style="magenta")
-        t.append_text(sep)
-        t.append("SSR" if s.mode == "ssr" else "free-form", style="bold cyan")
+            out.append((2, Text(f" + prophet {self.prophet_name}", style="magenta")))  # glued to the model
+        mode = Text()
+        mode.append("SSR" if s.mode == "ssr" else "free-form", style="bold cyan")
         if s.mode == "ssr":
-            t.append(f" τ {s.ssr_tau:g}", style="cyan")
-        t.append_text(sep)
-        if self.prophet_name and s.seprod:
-            t.append(f"SeProD τ {s.seprod_tau:g}", style="magenta")
-        else:
-            t.append("SeProD off", style="dim")
-        t.append_text(sep)
+            mode.append(f" τ {s.ssr_tau:g}", style="cyan")
+        out.append((4, mode))
+        seprod = self.prophet_name and s.seprod
+        out.append((3, Text(f"SeProD τ {s.seprod_tau:g}", style="magenta") if seprod else Text("SeProD off", style="dim")))
         if s.offline:
-            t.append("offline", style="yellow")
-        elif self.network_down:
-            t.append("offline (no network)", style="yellow")
+            out.append((9, Text("offline", style="yellow")))
         else:
-            t.append("online", style="green")
-        t.append_text(sep)
-        t.append(f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "– tok/s", style="dim")
+            out.append((9, Text("offline (no network)", style="yellow") if self.network_down
+                        else Text("online", style="green")))
+        out.append((1, Text(f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "– tok/s",
+                            style="dim")))
         if self.context:
-            t.append_text(sep)
-            t.append(self.context, style="green" if "restored" in self.context or "kept" in self.context else "dim")
-        t.append_text(sep)
+            out.append((0, Text(self.context, style="green" if "restored" in self.context or "kept" in self.context
+                                else "dim")))
         colors = {"ready": "green", "busy": "yellow", "loading": "yellow", "no model": "red"}
-        t.append(self.state, style=colors.get(self.state, "dim"))
-        return t
+        out.append((10, Text(self.state, style=colors.get(self.state, "dim"))))
+        return out
+
+    def render(self) -> Text:
+        parts = self.parts()
+        width = self.content_size.width or 10_000  # not laid out yet: everything
+
+        def joined() -> Text:
+            t = Text()
+            for i, (_, part) in enumerate(parts):
+                if i and not part.plain.startswith(" + "):
+                    t.append(" │ ", style="dim")
+                t.append_text(part)
+            return t
+
+        while joined().cell_len > width and any(rank < 5 for rank, _ in parts):
+            parts.remove(min(parts, key=lambda p: p[0]))
+        over = joined().cell_len - width
+        if over > 0:  # still too long: the model's name gives way (the states stay whole)
+            model = parts[0][1]
+            model.truncate(max(4, model.cell_len - over), overflow="ellipsis")
+        return joined()

@@ -1,22 +1,29 @@
 """The chat transcript: the user's questions (with the attached image) and the agent's answers.
 
 An :class:`AnswerView` renders one run of the agent from its event stream: a collapsible block per
-turn (``reasoning.TurnView``), the prophet's share of the answer, the answer as streamed Markdown and
-a footer line (status, turns, tokens per second). A resumed chat replays stored events through the
-same code, so it looks the same as when it was live.
+turn (``reasoning.TurnView``), the prophet's share of the answer, the answer as streamed Markdown
+(``readable.readable_markdown``: block markers the model wrote by accident stay text; control characters
+are removed from every event first) and a footer line (status, turns, tokens per second). A resumed
+chat replays stored events through the same code, so it looks the same as when it was live. An
+exchange a /retry or /edit replaced stays in view, dimmed and marked.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 
 from edge_agent.agent import events as ev
+from edge_agent.textclean import clean_event, clean_model_text
 from edge_agent.ui.preview import ImagePreview
 from edge_agent.ui.put import put
+from edge_agent.ui.readable import readable_markdown
 from edge_agent.ui.reasoning import TurnView, ms
 
 STATUS_TEXT = {
@@ -36,11 +43,12 @@ class UserMessage(Horizontal):
     UserMessage .who { width: 5; color: $accent; text-style: bold; }
     UserMessage .question { width: 1fr; height: auto; }
     UserMessage ImagePreview { margin: 0 1 0 0; }
+    UserMessage.-replaced .question { color: $text-muted; text-style: strike; }
     """
 
-    def __init__(self, text: str, image: str | None) -> None:
-        super().__init__(classes="user-message")
-        self.text, self.image = text, image
+    def __init__(self, text: str, image: str | None, *, replaced: bool = False) -> None:
+        super().__init__(classes="user-message -replaced" if replaced else "user-message")
+        self.text, self.image = clean_model_text(text), image
 
     def compose(self) -> ComposeResult:
         yield Static("You", classes="who")
@@ -59,20 +67,24 @@ class AnswerView(Vertical):
     AnswerView Markdown.answer { margin: 0; padding: 0; background: transparent; }
     AnswerView .answer-footer { height: auto; color: $text-muted; }
     AnswerView .context-note { height: auto; color: $text-muted; }
+    AnswerView.-replaced { opacity: 60%; }
     """
 
-    def __init__(self, message_id: int, image: str | None, *, collapse_when_done: bool = True) -> None:
-        super().__init__(classes="answer-view")
+    def __init__(self, message_id: int, image: str | None, *, collapse_when_done: bool = True,
+                 replaced: bool = False) -> None:
+        super().__init__(classes="answer-view -replaced" if replaced else "answer-view")
         self.message_id = message_id
         self.images: dict[int, str] = {0: image} if image else {}
         self.collapse_when_done = collapse_when_done
         self.turns: dict[int, TurnView] = {}
-        self.text = ""
+        self.text = ""  # the answer as the model wrote it (without control characters)
+        self._shown = ""  # what the Markdown widget holds: readable_markdown(self.text)
+        self.replaced = replaced
         self.status = "running"
         self.final: ev.FinalAnswer | None = None
         self.answer_tokens = 0
         self.prophet_tokens = 0
-        self._stream = None
+        self._stream: MarkdownStream | None = None
         self._prophet_draft: ev.DraftVerified | None = None
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
@@ -94,7 +106,7 @@ class AnswerView(Vertical):
 
     async def _turn(self, n: int) -> TurnView:
         if n not in self.turns:
-            if not self._replaying:
+            if not self._replaying and self.collapse_when_done:
                 for t in self.turns.values():  # only the running turn stays open while live
                     t.collapsed = True
             view = TurnView(n, self.images, collapsed=self._replaying)
@@ -121,6 +133,7 @@ class AnswerView(Vertical):
             self._footer.update(Text(f"turn {turn}: {words}…" if turn else f"{words}…", style="yellow"))
 
     async def apply(self, e: ev.Event) -> None:
+        e = clean_event(e)
         self._phase(e)
         turn = getattr(e, "turn", None)
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
@@ -154,19 +167,25 @@ class AnswerView(Vertical):
                 note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
             self._note.update(note)
         self.text += e.text
+        shown = readable_markdown(self.text)
+        if not shown.startswith(self._shown):  # an escape changed with the new text (rare): write it whole
+            await self._set_answer(self.text)
+            return
         if self._stream is None:
             self._stream = Markdown.get_stream(self._md)
-        await self._stream.write(e.text)
+        await self._stream.write(shown[len(self._shown):])
+        self._shown = shown
 
     async def _set_answer(self, text: str) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        self.text = text
+        self.text = clean_model_text(text)
+        self._shown = readable_markdown(self.text)
         if self._md.is_mounted:
-            await self._md.update(text)
+            await self._md.update(self._shown)
         else:  # a stored answer being built: the widget parses it when it mounts
-            self._md = Markdown(text, classes="answer")
+            self._md = Markdown(self._shown, classes="answer")
 
     async def finish(self, status: str, detail: str = "") -> None:
         """End of the run (answered, turn_limit, cancelled, error, interrupted): footer, collapse turns."""
@@ -176,7 +195,17 @@ class AnswerView(Vertical):
         if self.status != "running" and (status == "cancelled" or self._replaying):
             return  # already closed (an Esc before the engine's own end; a stored fatal error)
         self.status = status
-        label, style = STATUS_TEXT.get(status, (status, "dim"))
+        self.detail = detail or self.detail
+        self._update_footer()
+        if not self.text and status != "answered":
+            self._md.display = False
+        if self.collapse_when_done and not self._replaying:
+            for t in self.turns.values():
+                t.collapsed = True
+
+    def _update_footer(self) -> None:
+        """The line under a finished answer: status, turns, time, speed; replaced; the error."""
+        label, style = STATUS_TEXT.get(self.status, (self.status, "dim"))
         foot = Text(label, style=style)
         if self.turns:
             foot.append(f" · {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''}", style="dim")
@@ -186,20 +215,16 @@ class AnswerView(Vertical):
             foot.append(f" · {ms(float(totals['total']))}", style="dim")
         if tps:
             foot.append(f" · {tps:.1f} tok/s", style="dim")
-        self.detail = detail or self.detail
+        if self.replaced:
+            foot.append(" · replaced by a later answer (/retry or /edit)", style="dim")
         if self.detail:
             foot.append(f"\n{self.detail}", style="red")
         self._footer.update(foot)
-        if not self.text and status != "answered":
-            self._md.display = False
-        if self.collapse_when_done and not self._replaying:
-            for t in self.turns.values():
-                t.collapsed = True
 
     async def replay(self, events: list[ev.Event], status: str, text: str) -> None:
         """Render a stored answer: the same views as live, the answer text set once."""
         self._replaying = True
-        for e in events:
+        for e in map(clean_event, events):
             if isinstance(e, ev.AnswerToken):
                 self.answer_tokens += 1
                 self.prophet_tokens += e.from_prophet
@@ -233,13 +258,50 @@ class AnswerView(Vertical):
         for t in self.turns.values():
             t.collapsed = not expanded
 
+    def mark_replaced(self) -> None:
+        """A /retry or /edit took this answer's place: dimmed, and the footer says so."""
+        if not self.replaced:
+            self.replaced = True
+            self.add_class("-replaced")
+            if self.status != "running":
+                self._update_footer()
+
 
 class Transcript(VerticalScroll):
     """The chat so far; follows the bottom while an answer streams. Posts ``ReachedTop`` when scrolled to
     the top (a long chat then mounts its earlier messages)."""
 
+    BINDINGS = [Binding("home", "top", "Top", show=False)]
+
     class ReachedTop(Message):
         pass
+
+    _anchor_when_full = True  # anchored once the chat fills the view (until then it reads from the top)
+
+    def restart(self) -> None:
+        """A new or another chat is about to be shown: not anchored until it fills the view."""
+        self.anchor(False)
+        self._anchor_when_full = True
+
+    def watch_virtual_size(self, size: Size) -> None:
+        # Anchored, the end stays in view as answers stream, pages are built and the terminal resizes,
+        # until the user scrolls up (scrolling back to the end anchors it again). Not before the chat
+        # fills the view: an anchored short chat would sit at the bottom (as one would whose open
+        # reasoning blocks filled the view while it ran, then closed).
+        full = size.height > self.scrollable_content_region.height
+        if full and self._anchor_when_full:
+            self._anchor_when_full = False
+            self.anchor()
+        elif not full and not self._anchor_when_full:
+            self.restart()
+            self.scroll_home(animate=False, immediate=True)
+
+    def action_top(self) -> None:
+        """Home: to the top; already there, a long chat's earlier messages are asked for."""
+        at_top = self.scroll_y <= 0
+        self.scroll_home(animate=False)
+        if at_top:
+            self.post_message(self.ReachedTop())
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -250,6 +312,16 @@ class Transcript(VerticalScroll):
     Transcript { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
     Transcript .empty-hint { color: $text-muted; margin: 1 2; height: auto; }
     """
+
+    def mark_last_replaced(self) -> None:
+        """The last exchange shown (its question and answer) was replaced by a /retry or /edit."""
+        kids = list(self.children)
+        starts = [i for i, w in enumerate(kids) if isinstance(w, UserMessage) and not w.has_class("-replaced")]
+        for w in kids[starts[-1]:] if starts else ():
+            if isinstance(w, AnswerView):
+                w.mark_replaced()
+            else:
+                w.add_class("-replaced")
 
     def answers(self) -> list[AnswerView]:
         return list(self.query(AnswerView))

@@ -1,0 +1,296 @@
+"""The engine's host: the one object of the app that owns the engine, its lock and its workers.
+
+Not a widget. It loads the engine in a thread worker (progress, ready and failure are posted to the
+app as messages), runs each question in a thread worker that stores every event in the chat store and
+posts it to the screen that asked, reads attached images ahead, applies settings (live through
+``Engine.update_settings`` or by loading a new engine) and saves them. Screens receive the host and
+ask it questions; they never see the engine's parts. The engine is used by one thread at a time: the
+one that holds ``lock``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from textual.message_pump import MessagePump
+
+from edge_agent.agent import events as ev
+from edge_agent.agent.prompts import check_n_ctx
+from edge_agent.chats import ChatStore
+from edge_agent.config import Settings
+from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
+from edge_agent.ui.statusbar import model_label
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+log = logging.getLogger(__name__)
+
+# Model files: saved once a load with them succeeded (a pair the loader rejects is never saved).
+MODEL_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj"})
+
+
+class SeesImages(Protocol):
+    @property
+    def has_vision(self) -> bool: ...
+
+
+class EngineLike(Protocol):
+    """What the app uses of an engine (``edge_agent.engine.Engine``; the tests' scripted engines)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model(self) -> SeesImages: ...
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The model files loaded (model, mmproj, prophet, prophet_mmproj), which a chat records."""
+
+    @property
+    def drafter(self) -> object | None:
+        """The SeProD drafter when a prophet is loaded, else None."""
+
+    def ask(self, question: str, image: str | None = None, *, cancel: threading.Event | None = None,
+            mode: str | None = None, history: Sequence[Any] | None = None,
+            context: str | None = None) -> Iterator[ev.Event]: ...
+
+    def prepare_image(self, image: str) -> bool: ...
+
+    def update_settings(self, new: Settings, changed: Collection[str]) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+EngineFactory = Callable[..., EngineLike]  # (settings, *, progress) -> engine
+
+
+def default_engine_factory(settings: Settings, *,
+                           progress: Callable[[str, float], None] | None = None) -> EngineLike:
+    from edge_agent.engine import Engine  # llama.cpp is imported here, in the worker thread
+
+    return Engine.from_settings(settings, progress=progress)
+
+
+def reload_fields() -> frozenset[str]:
+    from edge_agent.engine import RELOAD_FIELDS  # numpy and the agent: not at the app's import
+
+    return RELOAD_FIELDS
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question of a chat as the engine gets it: its answer is stored as message ``message_id``;
+    ``context``: the key the chat's last kept answer was saved under; ``history``: the chat's
+    (question, answer) pairs, for a rebuild."""
+
+    message_id: int
+    text: str
+    image: str | None
+    history: list[tuple[str, str]]
+    context: str
+
+
+class EngineHost:
+    """Owns the engine (``engine``, None while loading or when no model loads), its ``lock``, the
+    workers that use it, and the current ``settings``. ``state``: starting | loading | ready | no model."""
+
+    def __init__(self, app: App[Any], settings: Settings, store: ChatStore, *,
+                 engine_factory: EngineFactory | None = None, persist_settings: bool = True) -> None:
+        self.app = app
+        self.settings = settings
+        self.store = store
+        self.engine_factory = engine_factory or default_engine_factory
+        self.persist_settings = persist_settings
+        self.engine: EngineLike | None = None
+        self.state = "starting"
+        self.lock = threading.Lock()  # held by the thread that is using the engine
+        self._gen = 0  # bumps per load: an engine from an older load is closed, not used
+        self._loading_with = settings  # the settings the newest load started with
+        self._unsaved: dict[str, Any] = {}  # model files waiting for a load to succeed before saving
+        self._cancels: dict[int, threading.Event] = {}  # message id -> its ask's cancel event
+
+    # --- what the screens read ---
+    @property
+    def sees_images(self) -> bool:
+        """False when the loaded model has no vision projector (True while none is loaded: not known)."""
+        return self.engine is None or self.engine.model.has_vision
+
+    @property
+    def drafting(self) -> bool:
+        """SeProD is on: a prophet is loaded and the setting is on."""
+        return self.engine is not None and self.engine.drafter is not None and self.settings.seprod
+
+    def model_names(self) -> tuple[str, str | None]:
+        """Display names of the agent model and (when drafting) the prophet."""
+        name = (self.engine.model_name if self.engine is not None else "") or model_label(self.settings.model)
+        prophet = model_label(self.settings.prophet) if self.engine is None or self.drafting else ""
+        return name or "default model", prophet or None
+
+    # --- loading ---
+    def load(self) -> None:
+        """Stop the running answer and load an engine with the current settings (the old one is
+        closed by the loading worker once the answer has let go of it)."""
+        self.state = "loading"
+        self.cancel()
+        self._gen += 1
+        self._loading_with = self.settings
+        old, self.engine = self.engine, None  # questions wait for the new engine from here on
+        self.app.run_worker(lambda: self._load(self.settings, self._gen, old), thread=True, exclusive=True,
+                            group="engine", exit_on_error=False)
+
+    def _load(self, settings: Settings, gen: int, old: EngineLike | None) -> None:
+        """Worker thread: close ``old``, build the engine (loads GGUFs) posting progress; the UI
+        thread alone assigns ``self.engine`` (``adopt``). Never touches widgets."""
+        t0 = time.monotonic()
+        post = self.app.post_message
+
+        def progress(text: str, fraction: float) -> None:
+            post(EngineProgress(text, fraction))
+
+        with self.lock:  # a running answer on ``old`` finishes (or sees its cancel) first
+            if old is not None:
+                old.close()
+            try:
+                engine = self.engine_factory(settings, progress=progress)
+            except EdgeAgentError as e:
+                post(EngineFailed(e.title, e.message, no_model=True, gen=gen))
+                return
+            except Exception as e:  # a bug or a llama.cpp failure: say so, keep the app alive
+                log.error("engine load failed:\n%s", traceback.format_exc())
+                post(EngineFailed("Model failed to load", f"{type(e).__name__}: {e}", no_model=True, gen=gen))
+                return
+        post(EngineReady(engine, time.monotonic() - t0, gen))
+
+    def adopt(self, m: EngineReady) -> bool:
+        """UI thread: take the engine a load made; False (and it is closed) when a newer load is on its
+        way. Model files that waited for this load are saved now."""
+        if m.gen != self._gen:
+            m.engine.close()
+            return False
+        self.engine, self.state = m.engine, "ready"
+        late = {f.name for f in dataclasses.fields(Settings)
+                if getattr(self.settings, f.name) != getattr(self._loading_with, f.name)}
+        if late and not m.engine.update_settings(self.settings, late):  # changed while it loaded
+            self.load()
+            return False
+        if self._unsaved:
+            self._save(self._unsaved)
+            self._unsaved = {}
+        return True
+
+    def failed(self, m: EngineFailed) -> bool:
+        """UI thread: a load failed; False when it was an older load (a newer one is on its way)."""
+        if m.gen != self._gen:
+            return False
+        self.state = "no model"
+        self._unsaved = {}  # the files it rejected are not saved
+        return True
+
+    def close(self) -> None:
+        """At exit: stop the running answer, wait (bounded) for it to let go, close the engine."""
+        self.cancel()
+        if self.lock.acquire(timeout=10):
+            try:
+                if self.engine is not None:
+                    self.engine.close()
+                    self.engine = None
+            finally:
+                self.lock.release()
+
+    # --- settings ---
+    def change_settings(self, changes: dict[str, Any]) -> tuple[set[str], bool]:
+        """Validate, apply and save ``changes``: (the names that changed, whether a new engine is being
+        loaded for them). Applied to the loaded engine when it can take them, else a new engine is loaded.
+        Model files are saved once a load with them succeeds. Raises ConfigError for a bad value."""
+        new = self.settings.updated(changes, source="the app")
+        new.validate(check=check_n_ctx)
+        changed = {f.name for f in dataclasses.fields(Settings) if getattr(new, f.name) != getattr(self.settings, f.name)}
+        self.settings = new
+        if not changed:
+            return changed, False
+        live = self.engine.update_settings(new, changed) if self.engine is not None else not (changed & reload_fields())
+        if not live:
+            self._unsaved.update({k: getattr(new, k) for k in changed & MODEL_FIELDS})
+            self.load()
+        self._save({k: getattr(new, k) for k in changed if k not in self._unsaved})
+        return changed, not live
+
+    def _save(self, values: dict[str, Any]) -> None:
+        """Write ``values`` on top of the config file (only these: the file keeps what else it says)."""
+        if not self.persist_settings or not values:
+            return
+        try:
+            base = Settings.load(env={"EDGE_AGENT_HOME": str(self.settings.home)})
+            base.updated(values).save()
+        except (EdgeAgentError, OSError) as e:
+            self.app.notify(str(e), title="Settings not saved", severity="error")
+
+    # --- questions ---
+    def prepare_image(self, path: str) -> None:
+        """Read an attached image before its question, in a worker (``Engine.prepare_image``: the vision
+        encode happens while the person types). After a running answer; nothing without an engine."""
+        def read() -> None:
+            with self.lock:
+                if self.engine is not None:
+                    self.engine.prepare_image(path)
+
+        self.app.run_worker(read, thread=True, group="prepare", exit_on_error=False)
+
+    def ask(self, q: Question, reply_to: MessagePump) -> None:
+        """Answer ``q`` in a worker that stores each event and posts it to ``reply_to`` (AgentEvent, then
+        AskFinished). The caller checked that an engine is loaded."""
+        engine, cancel = self.engine, threading.Event()
+        assert engine is not None
+        self._cancels[q.message_id] = cancel
+        mode = self.settings.mode
+        self.app.run_worker(lambda: self._ask(engine, q, mode, cancel, reply_to), thread=True, group="ask",
+                            exit_on_error=False)
+
+    def cancel(self, message_id: int | None = None) -> None:
+        """Stop the answer stored as ``message_id`` (None: every running answer)."""
+        for mid, event in list(self._cancels.items()):
+            if message_id is None or mid == message_id:
+                event.set()
+
+    def _ask(self, engine: EngineLike, q: Question, mode: str, cancel: threading.Event,
+             reply_to: MessagePump) -> None:
+        """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
+        status, title, message = "error", "", ""
+        with self.lock:
+            try:
+                if cancel.is_set():
+                    status = "cancelled"
+                else:
+                    for event in engine.ask(q.text, q.image, cancel=cancel, mode=mode, history=q.history or None,
+                                            context=q.context):
+                        self.store.add_event(q.message_id, event)
+                        reply_to.post_message(AgentEvent(q.message_id, event))
+                        if isinstance(event, ev.FinalAnswer):
+                            status = event.stop_reason
+                        elif isinstance(event, ev.AgentError) and event.fatal:
+                            status, title, message = "error", event.title, event.message
+                    if status == "error" and not title:
+                        status = "cancelled" if cancel.is_set() else "answered"
+            except Cancelled:
+                status = "cancelled"
+            except EdgeAgentError as e:
+                status, title, message = "error", e.title, e.message
+            except Exception as e:  # a bug: report it, keep the app and the chat usable
+                log.error("engine failed:\n%s", traceback.format_exc())
+                status, title = "error", "Internal error"
+                message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
+            finally:
+                self.store.finish_answer(q.message_id, status)
+                self._cancels.pop(q.message_id, None)
+        reply_to.post_message(AskFinished(q.message_id, status, title, message))
+
