@@ -129,7 +129,7 @@ class QuestionContext:
     """``agent.context.ChatContext`` for one question of one chat."""
 
     def __init__(self, owner: ChatContexts, continue_from: str, history: list[tuple[str, str]]) -> None:
-        self.o = owner
+        self.owner = owner
         self.continue_from = continue_from
         self.history = history
         self.base: _Boundary | None = None  # where this question started (rolled back to on abandon)
@@ -139,7 +139,7 @@ class QuestionContext:
     def open(self, system: str, question: str, image: bytes | None, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
-        o = self.o
+        o = self.owner
         sys_key = o.system_key(system)
         reason = ""
         if self.continue_from:
@@ -182,14 +182,14 @@ class QuestionContext:
         n = 0
         for seg in segs:
             if isinstance(seg, Img):
-                n += self.o.image_tokens
+                n += self.owner.image_tokens
             elif isinstance(seg, Text):
                 n += len(s.tokenize(seg.text, special=seg.special))
         return n
 
     def _fit(self, s: SessionLike, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
-        room = self.o.model.n_ctx - s.n_cells - self.o.reserve - self._estimate(s, question_segments(question, image))
+        room = self.owner.model.n_ctx - s.n_cells - self.owner.reserve - self._estimate(s, question_segments(question, image))
         out: list[tuple[str, str]] = []
         for q, a in reversed(self.history):
             need = self._estimate(s, history_segments([(q, a)]))
@@ -200,7 +200,7 @@ class QuestionContext:
         return out[::-1]
 
     def answered(self, session: SessionLike) -> str:
-        o = self.o
+        o = self.owner
         if self.session is None or session is not self.session:
             raise ValueError("answered() takes the session this question's open() handed out")
         key = o.mark(self.session, self.system_key, "chat")
@@ -209,7 +209,7 @@ class QuestionContext:
         return key
 
     def abandon(self) -> None:
-        o = self.o
+        o = self.owner
         if self.base is None or o.live is None:
             return
         for i, b in enumerate(o.boundaries):

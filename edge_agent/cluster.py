@@ -28,6 +28,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class EvalWorker:
         self.tmp = Path(tempfile.mkdtemp(prefix="edge-agent-worker-"))
         self.cache = _RecordingCache(self.tmp / "search-cache.sqlite3")
         self.cache_loaded = False
-        self.node = f"{socket.gethostname()} ({_node_ip()})"
+        self.node = _node_label()
 
     def prepare(self, shipped: dict[str, Any]) -> dict[str, Any]:
         """Fill the private search cache from the driver's (``shipped["cache"]``: a reference into the object
@@ -143,13 +144,12 @@ class EvalWorker:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _node_ip() -> str:
-    try:
-        import ray
+def _node_label() -> str:
+    """``host (10.0.0.5, node 63ca82)``: the machine, and which Ray node on it (a machine may run several)."""
+    import ray
 
-        return str(ray.util.get_node_ip_address())
-    except Exception:  # noqa: BLE001 - only a label: the hostname alone still names the node
-        return "?"
+    node_id = ray.get_runtime_context().get_node_id()
+    return f"{socket.gethostname()} ({ray.util.get_node_ip_address()}, node {node_id[:6]})"
 
 
 def _pull_missing(settings: Settings) -> None:
@@ -189,6 +189,7 @@ class RayWorkers:
         self.stats: list[dict[str, Any]] = []  # per worker: node, pid, done, restarts, busy
         self.nodes: list[str] = []
         self.shipped: dict[str, Any] = {}
+        self.ready_at = 0.0
         self._lock = threading.Lock()
 
     # ---- what the progress line and the report show ------------------------------------------------
@@ -232,8 +233,11 @@ class RayWorkers:
             else:
                 ray.init(num_cpus=os.cpu_count() or 1, **kw)
         except ConnectionError as e:
+            auth = "" if os.environ.get("RAY_AUTH_MODE") else (
+                " If it is running, it may want its token: `export RAY_AUTH_MODE=token` (Ray reads the token from "
+                "~/.ray/auth_token, which must be the head's) and run this again.")
             raise ConfigError(f"Cannot connect to the Ray cluster at {self.address or os.environ.get('RAY_ADDRESS')} "
-                              f"({e}). Start it with `ray start --head` (see the README) or check the address.",
+                              f"({e}). Start it with `ray start --head` (see the README) or check the address.{auth}",
                               title="No Ray cluster") from None
         return True
 
@@ -259,6 +263,7 @@ class RayWorkers:
             raise ModelFileError(" ".join(errors) + " Every node that runs workers needs the model files: a path must "
                                  "exist on each (a shared file system), a catalog name is pulled on each.",
                                  title="Model missing on a worker")
+        self.ready_at = time.perf_counter()  # every worker has its models loaded (the benchmark times from here)
         self.model_files = dict(ready[0]["files"])
         self.nodes = [r["node"] for r in ready]
         self.stats = [{"node": r["node"], "pid": r["pid"], "done": 0, "restarts": 0, "busy": False} for r in ready]

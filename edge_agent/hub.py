@@ -364,7 +364,7 @@ class _Hasher:
     """sha256 for LFS files; git blob sha1 for small files the hub only lists by git oid."""
 
     def __init__(self, f: RemoteFile) -> None:
-        self.f = f
+        self.remote = f
         if f.sha256:
             self.kind, self.expected = "sha256", f.sha256.lower()
         elif f.git_oid:
@@ -376,13 +376,13 @@ class _Hasher:
 
     def reset(self) -> None:
         if self.kind == "sha256":
-            self.h = hashlib.sha256()
+            self.digest = hashlib.sha256()
         else:
-            self.h = hashlib.sha1(usedforsecurity=False)
-            self.h.update(f"blob {self.f.size}\0".encode())
+            self.digest = hashlib.sha1(usedforsecurity=False)
+            self.digest.update(f"blob {self.remote.size}\0".encode())
 
     def update(self, b: bytes) -> None:
-        self.h.update(b)
+        self.digest.update(b)
 
     def feed_file(self, path: Path, n: int) -> None:
         with open(path, "rb") as fh:
@@ -390,11 +390,11 @@ class _Hasher:
                 b = fh.read(min(4 * CHUNK, n))
                 if not b:
                     break
-                self.h.update(b)
+                self.digest.update(b)
                 n -= len(b)
 
     def hexdigest(self) -> str:
-        return self.h.hexdigest()
+        return self.digest.hexdigest()
 
 
 def _unreachable(endpoint: str, e: Exception) -> str:

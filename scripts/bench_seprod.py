@@ -304,6 +304,7 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
     pauses = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
     return {
         "reps": reps,
+        "warmup_s": min(warm),  # the faster warm-up question (--min-seconds sets reps from it)
         # how the prophet yielded the cores to the agent (runtime.cores), per question with SeProD on
         "prophet_preemptions_per_question": (pauses[0] - pauses0[0]) / n_all,
         "prophet_paused_seconds_per_question": (pauses[2] - pauses0[2]) / n_all,

@@ -146,6 +146,26 @@ def test_tiny_model_cluster_run_equals_local(cluster, tiny_models, tiny_set, tin
 
 
 @pytest.mark.slow
+def test_compared_libraries_and_tau_run_on_the_cluster_as_locally(cluster, tiny_models, tiny_set, edge_home, tmp_path,
+                                                                   monkeypatch):
+    """`--rationales builtin,mine.json` (each SSR mode once per library) and another ssr_tau: the libraries
+    travel to the workers, and every column's records equal the local run's."""
+    _setenv(monkeypatch, {**TINY_ENV, "EDGE_AGENT_SSR_TAU": "0.5"})
+    lib = json.loads((ROOT / "edge_agent" / "data" / "rationales.json").read_text())
+    lib["rationales"] = [{**r, "text": r["text"].replace("I should", "Best to")} for r in lib["rationales"]]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(lib))
+    outs = {"local": tmp_path / "local", "cluster": tmp_path / "cl"}
+    for name, out in outs.items():
+        extra = ["--cluster", f"ray:{cluster}", "--workers", "2"] if name == "cluster" else []
+        res = _eval(*_tiny_args(tiny_set, out, tiny_models, "ssr,ssr+seprod"), "--rationales", f"builtin,{mine}", *extra)
+        assert res.exit_code == 0, res.output
+    local, remote = _records(outs["local"]), _records(outs["cluster"])
+    assert {r["mode"] for r in remote} == {"ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]", "ssr+seprod[mine]"}
+    assert len(remote) == 16 and _by_key(remote) == _by_key(local)
+
+
+@pytest.mark.slow
 def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
         cluster, tiny_models, tiny_set, tiny_local, edge_home, tmp_path, monkeypatch):
     """SIGKILL a worker process while it runs a question: Ray restarts it and retries the question; the run
@@ -176,6 +196,32 @@ def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
     want = {k: v for k, v in _by_key(_records(tiny_local)).items() if k[0] in ("ssr", "freeform")}
     assert _by_key(rows) == want
     assert sum(w["restarts"] for w in run.cluster["per_worker"]) == 1  # Ray restarted the killed one
+
+
+@pytest.mark.slow
+def test_a_question_that_kills_its_worker_every_time_is_recorded_as_an_error(
+        cluster, tiny_models, tiny_set, edge_home, tmp_path, monkeypatch):
+    """A question whose worker process dies on every try (here: it exits) is tried TASK_RETRIES + 1 times,
+    then recorded as an error with the reason; the other questions run, each once."""
+    from edge_agent.cluster import TASK_RETRIES, RayWorkers
+    from edge_agent.config import Settings
+
+    _setenv(monkeypatch, TINY_ENV)
+    settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
+                              "offline": True, "max_turns": 1})
+
+    def deadly(engine, mode, q, cancel):  # nested: Ray ships it by value to the workers
+        if q.id == "svqa-001":
+            os._exit(3)
+        return E.default_ask(engine, mode, q, cancel)
+
+    pool = RayWorkers(settings, address=cluster, workers=2, threads=1, ask=deadly)
+    run = E.run_eval(tiny_set, "ssr", tmp_path / "out", lambda: pytest.fail("no local engine"), workers=pool)
+    rows = {r["id"]: r for r in _records(tmp_path / "out")}
+    assert sorted(rows) == ["svqa-000", "svqa-001", "svqa-002", "svqa-003"]
+    assert rows["svqa-001"]["error"].startswith(f"Worker process died {TASK_RETRIES + 1} times")
+    assert all(rows[q]["error"] is None for q in ("svqa-000", "svqa-002", "svqa-003"))
+    assert run.metrics["ssr"]["errors"] == 1
 
 
 @pytest.mark.slow
@@ -297,12 +343,15 @@ def test_smollm2_searches_on_workers_come_back_to_the_driver_cache(cluster, smol
 
 
 def test_without_ray_cluster_says_how_to_install(tmp_path, edge_home, monkeypatch):
-    """No Ray: `--cluster` names the command that installs it, before loading anything."""
+    """No Ray: `--cluster` names the command that installs it, before loading anything; worker flags
+    without `--cluster` are refused rather than ignored."""
     data = tmp_path / "DATA.jsonl"
     data.write_text(json.dumps({"id": "q", "image": None, "question": "q?", "answers": ["a"]}) + "\n")
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"), "--cluster", "ray"])
     assert res.exit_code == 2 and "pip install 'edge-agent[cluster]'" in res.output, res.output
+    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"), "--workers", "2"])
+    assert res.exit_code == 2 and "go with --cluster" in res.output, res.output
 
 
 def test_cluster_flag_and_question_seeds():

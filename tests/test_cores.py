@@ -59,11 +59,11 @@ def test_a_background_step_waits_for_the_foreground_pass_to_end():
 
     with share.foreground(2):
         t, out = in_thread(step)
-        time.sleep(0.1)
+        wait_until(lambda: share.background_waits == 1, timeout=5, what="the step to start waiting")
         assert not started.is_set()  # both cores are the agent's: the prophet waits
     t.join(5)
     assert started.is_set() and "error" not in out
-    assert share.background_waits == 1 and share.background_wait_seconds > 0.05
+    assert share.background_waits == 1 and share.background_wait_seconds > 0
 
 
 def test_the_foreground_preempts_a_step_and_gets_every_core():
@@ -130,8 +130,9 @@ def test_a_preempted_step_does_not_start_again_while_the_foreground_waits_for_it
     assert inside.wait(5)
     with share.foreground(2) as n:
         assert n == 2
-        time.sleep(0.1)
-        assert share.busy == (2, 0) and log == ["step", "preempted"]  # not running again meanwhile
+        # the retry has come back for the cores and waits for the pass: it is not running meanwhile
+        wait_until(lambda: share.background_waits == 1, timeout=5, what="the preempted step's retry to wait")
+        assert share.busy == (2, 0) and log == ["step", "preempted"]
     t.join(5)
     assert log == ["step", "preempted", "step"] and share.foreground_reduced == 0
 
@@ -141,7 +142,7 @@ def test_stop_ends_a_background_wait():
     cancel = threading.Event()
     with share.foreground(2):
         t, out = in_thread(lambda: share.background(1, stop=cancel.is_set).__enter__())
-        time.sleep(0.05)
+        wait_until(lambda: share.background_waits == 1, timeout=5, what="the step to start waiting")
         assert t.is_alive()
         cancel.set()
         t.join(5)
@@ -220,7 +221,7 @@ def test_a_cancelled_prophet_stops_while_waiting_for_the_cores(smol_two):
         s.append_text("Hello")
         with share.foreground(2):
             t, out = in_thread(lambda: s.generate(max_tokens=20, cancel=cancel))
-            time.sleep(0.1)
+            wait_until(lambda: share.background_waits == 1, timeout=10, what="the draft's decode to wait for the cores")
             assert t.is_alive()  # waiting for the cores
             cancel.set()
             t.join(5)

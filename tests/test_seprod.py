@@ -218,7 +218,7 @@ def test_a_new_image_drops_drafts_prepared_for_the_old_one():
     try:
         d.start(image=b"OLD", question="q")
         d.start(image=b"NEW", question="q", target="cat")
-        assert {k[2] for k in d._pending} == {seprod_math.draft_image_key(b"NEW")}
+        assert {k[2] for k in d.prepared()} == {seprod_math.draft_image_key(b"NEW")}
         assert d.draft(seprod_math.ANSWERING, "q", b"NEW").text == "abc"
     finally:
         d.close()
@@ -453,7 +453,8 @@ def test_a_ready_draft_is_used_without_waiting():
     try:
         d.draft(seprod_math.ANSWERING, "warm-up", b"I")  # a prophet's first draft is not measured (cold)
         d.start(image=b"I", question="q")
-        d._pending[(seprod_math.ANSWERING, "q", seprod_math.draft_image_key(b"I"))].future.result(timeout=5)
+        d.wait_idle(timeout=5)  # the prepared draft is drafted (and stays prepared for its hook)
+        assert (seprod_math.ANSWERING, "q", seprod_math.draft_image_key(b"I")) in d.prepared()
         events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=b"I", question="q"))
         prop = next(e for e in events if isinstance(e, DraftProposed))
         assert prop.waited < 0.05 and v.accepted == 8 and not v.skipped
@@ -475,7 +476,7 @@ def test_a_draft_not_ready_is_skipped_when_waiting_costs_more_than_it_saves():
         assert [type(e) for e in events] == [DraftSkipped]
         assert events[0].reason == "not_ready" and "expected wait" in events[0].detail
         assert v.skipped == "not_ready" and v.accepted == 0 and agent.log == []
-        d._pool.submit(lambda: None).result(timeout=5)  # the worker is free again well before 0.8 s
+        d.wait_idle(timeout=5)  # the worker is free again well before 0.8 s
         assert time.perf_counter() - t0 < 0.5
         assert ("cancelled", 0) in d.prophet.sessions[0].log or any(
             e[0] == "cancelled" for e in d.prophet.sessions[0].log)
@@ -619,15 +620,15 @@ def test_prepared_drafts_are_fitted_to_the_time_before_their_hook():
         d.costs.prophet_token, d.costs.prefill_same_image, d.costs.prefill_new_image = 0.01, 0.02, 0.02
         d.costs.lead[seprod_math.ANSWERING] = 0.1
         d.start(image=None, question="q")
-        job = d._pending[(seprod_math.ANSWERING, "q", "")]
+        plan = d.prepared()[(seprod_math.ANSWERING, "q", "")]
         # saving(0.5, 16) = 0.5*16*0.01 - 0.4*16*0.01 = 0.016 s of wait: (0.1 + 0.016 - 0.02) / 0.01 = 9
-        assert job.plan.use and job.plan.draft_len == 9 and "L_d 9 of 16" in job.plan.note
+        assert plan.use and plan.draft_len == 9 and "L_d 9 of 16" in plan.note
         d.reset()
         gens = []
         for i in range(seprod_policy.PROBE_EVERY):
             d.costs.lead[seprod_math.ANSWERING] = 0.01
             d.start(image=None, question=f"q{i}")
-            plan = d._pending[(seprod_math.ANSWERING, f"q{i}", "")].plan
+            plan = d.prepared()[(seprod_math.ANSWERING, f"q{i}", "")]
             gens.append(plan.use)
             events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
             if not plan.use:
@@ -653,7 +654,7 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
             events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
             assert [type(e) for e in events] == [DraftSkipped] and v.skipped == "not_ready"
             details.append(events[0].detail)
-            d._pool.submit(lambda: None).result(timeout=5)  # the cancelled draft has ended
+            d.wait_idle(timeout=5)  # the cancelled draft has ended
         assert details[0].startswith(("the draft is not ready", "the draft was not ready"))  # drafted, cancelled
         assert "would not be ready in time" in details[-1]  # not drafted at all
         assert d.costs.prefill_same_image is not None and d.costs.lead[seprod_math.ANSWERING] < 0.05
@@ -667,7 +668,9 @@ def test_probes_of_drafts_that_never_fit_back_off():
     d = seprod.Drafter(FakeModel("abc"), agent_vocab=V, draft_len=16, background=True)
     try:
         d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod_math.ANSWERING] = 0.05, 0.05, 0.01
-        plans = [d._fit(seprod_math.ANSWERING, seprod_policy.Plan(True, 16), [0.0], [False]) for _ in range(24)]
+        mode = seprod_math.ANSWERING
+        plans = [d.fitter.fit(mode, seprod_policy.Plan(True, 16), d.costs, d.adaptive.acceptance(mode), ahead=0.0,
+                              new_image=False)[0] for _ in range(24)]
         probes = [i for i, p in enumerate(plans) if p.use]
         g = seprod_policy.PROBE_EVERY
         assert probes == [g - 1, g - 1 + 2 * g, g - 1 + 2 * g + 4 * g][: len(probes)] and len(probes) >= 2
@@ -690,6 +693,6 @@ def test_a_probe_that_is_ready_but_accepts_nothing_still_backs_off():
                 d.start(image=None, question="q")
                 run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q"))
             assert d.stats.drafts == 1  # the probe was used
-            assert d._probe_gap.get(seprod_math.ANSWERING) == gap
+            assert d.fitter.gaps.get(seprod_math.ANSWERING) == gap
         finally:
             d.close()

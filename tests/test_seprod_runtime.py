@@ -489,7 +489,7 @@ def test_a_draft_not_ready_is_skipped_and_the_prophet_stops(smol_pair):
         assert time.perf_counter() - t0 < 0.2
         assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
         assert v.accepted == 0 and s.n_pos == n0
-        d._pool.submit(lambda: None).result(timeout=30)  # the worker is free: the draft was cancelled
+        d.wait_idle(timeout=30)  # the worker is free: the draft was cancelled
         assert d.stats.totals()["seprod_skipped_not_ready"] == 1
         again = d.draft(seprod_math.ANSWERING, q, None)  # the prophet's session is still usable
         assert again.tokens == ref.tokens
@@ -504,7 +504,8 @@ def test_a_ready_draft_is_used_without_waiting(smol_pair):
     try:
         d.draft(seprod_math.ANSWERING, "Hello?", None)  # a prophet's first draft is not measured (cold)
         d.start(image=None, question=q)
-        d._pending[(seprod_math.ANSWERING, q, "")].future.result(timeout=60)
+        d.wait_idle(timeout=60)  # the prepared draft is drafted (and stays prepared for its hook)
+        assert (seprod_math.ANSWERING, q, "") in d.prepared()
         s = agent.session()
         ssr_answer_context(s, q)
         events, v = run_hook(d.answer(s, turn=1, image=None, question=q))

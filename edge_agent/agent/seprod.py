@@ -68,15 +68,7 @@ from edge_agent.agent.seprod_math import (
     parse_verdict,
     search_weight,
 )
-from edge_agent.agent.seprod_policy import (
-    MAX_PROBE_GAP,
-    MIN_DRAFT_LEN,
-    PROBE_EVERY,
-    Adaptive,
-    Costs,
-    Plan,
-    ema,
-)
+from edge_agent.agent.seprod_policy import Adaptive, Costs, Fitter, Plan, ema
 from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, DraftModelLike, SessionLike
 
@@ -197,9 +189,7 @@ class Drafter:
         self._evaluated_before = 0  # prophet tokens evaluated by sessions already replaced
         self.costs = Costs(agent_cost_ratio=agent_cost_ratio)
         self.adaptive = Adaptive(draft_len, enabled=adaptive)
-        self._late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
-        # mode -> skips before the next probe (doubles while probes are not ready in time or accept nothing)
-        self._probe_gap: dict[str, int] = {}
+        self.fitter = Fitter()  # prepared drafts fitted to the time before their hook; the probe back-off
         self._warm = False  # the prophet has drafted once (its first draft is not measured)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prophet")
         self._lock = threading.Lock()
@@ -308,41 +298,26 @@ class Drafter:
             return job
 
     def _fit(self, mode: str, plan: Plan, ahead: list[float], new_image: list[bool]) -> Plan:
-        """A prepared draft fitted to the time before its hook: the measured lead time plus the wait its
-        saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work) when
-        fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except for a short probe after
-        ``PROBE_EVERY`` such skips (costs change: the machine may be less busy), the gap doubling up to
-        ``MAX_PROBE_GAP`` while no draft is used and accepted. Updates ``ahead`` (the worker runs one draft at a time)."""
-        c = self.costs
+        """A prepared draft fitted to the time before its hook (:class:`~edge_agent.agent.seprod_policy.Fitter`).
+        Updates ``ahead`` (the worker runs one draft at a time) and ``new_image`` (only the first reads it)."""
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
-        lead, per_tok = c.lead.get(mode), c.prophet_seconds()
-        full = c.draft_seconds(plan.draft_len, new_image=new_image[0])
-        if lead is None or per_tok is None or full is None or per_tok <= 0:
-            return plan  # nothing measured yet: draft, and measure
-        wait = max(0.0, c.saving(self.adaptive.acceptance(mode), plan.draft_len) or 0.0)
-        prompt = full - plan.draft_len * per_tok
-        fits = int((lead + wait - ahead[0] - prompt) / per_tok)
-        if fits < min(MIN_DRAFT_LEN, plan.draft_len):
-            self._late[mode] = self._late.get(mode, 0) + 1
-            gap = self._probe_gap.get(mode, PROBE_EVERY)
-            if self._late[mode] < gap:
-                return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
-                            f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready")
-            # a short probe; the next one comes twice as late unless a draft is used meanwhile
-            self._probe_gap[mode] = min(2 * gap, MAX_PROBE_GAP)
-            fits, note = min(MIN_DRAFT_LEN, plan.draft_len), f"probing whether a {mode} draft is ready in time"
-        else:
-            note = plan.note
-        self._late[mode] = 0
-        if fits < plan.draft_len:
-            plan = Plan(True, fits, (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
-                        f"in the ~{lead * 1e3:.0f} ms before the agent needs it")
-        elif note != plan.note:
-            plan = Plan(True, plan.draft_len, note)
-        ahead[0] += (c.draft_seconds(plan.draft_len, new_image=new_image[0]) or 0.0)
-        new_image[0] = False
+        plan, queued = self.fitter.fit(mode, plan, self.costs, self.adaptive.acceptance(mode), ahead=ahead[0],
+                                       new_image=new_image[0])
+        if queued is not None:
+            ahead[0] += queued
+            new_image[0] = False
         return plan
+
+    # ---- what is prepared (the hooks take it; tests look at it) --------------------------------
+    def prepared(self) -> dict[tuple[str, str, str], Plan]:
+        """The drafts prepared and not taken yet: {(mode, query, draft_image_key(image)): plan}."""
+        with self._lock:
+            return {k: job.plan for k, job in self._pending.items()}
+
+    def wait_idle(self, timeout: float) -> None:
+        """Wait until the prophet's worker has ended every draft given to it so far (cancelled ones too)."""
+        self._pool.submit(lambda: None).result(timeout=timeout)
 
     def _run(self, job: _Job) -> None:
         """Worker thread: run one job, its result or error into its future."""
@@ -563,7 +538,7 @@ class Drafter:
         self.stats.add(v)
         self.adaptive.record(mode, len(v.draft.tokens), v.accepted)
         if v.accepted:  # a draft that was ready and accepted: probe at the normal rate again
-            self._probe_gap.pop(mode, None)
+            self.fitter.accepted(mode)
         yield DraftVerified(
             turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens), accepted_text=v.accepted_text,
             scores=tuple(float(x) for x in v.scores), seconds=v.seconds, lead=len(v.lead), verdict=v.verdict,

@@ -110,6 +110,54 @@ class Plan:
     reason: str = "low_acceptance"  # why not, when not ``use``: "low_acceptance" | "not_ready"
 
 
+class Fitter:
+    """Prepared drafts fitted to the time before their hook: the measured lead time plus the wait a
+    draft's saving pays for. Shorter when only part fits; none (reason "not_ready", no prophet work)
+    when fewer than ``MIN_DRAFT_LEN`` tokens would be ready, except for a short probe after
+    ``PROBE_EVERY`` such skips in a row (costs change: the machine may be less busy), the gap doubling
+    up to ``MAX_PROBE_GAP`` while no draft is used and accepted (:meth:`accepted`)."""
+
+    def __init__(self) -> None:
+        self.late: dict[str, int] = {}  # mode -> prepared drafts skipped in a row for not fitting in time
+        self.gaps: dict[str, int] = {}  # mode -> skips before the next probe (absent: PROBE_EVERY)
+
+    def fit(self, mode: str, plan: Plan, costs: Costs, acceptance: float, *, ahead: float,
+            new_image: bool) -> tuple[Plan, float | None]:
+        """``plan`` fitted, and the prophet seconds it queues for the drafts after it (None when nothing
+        is measured yet, or it is skipped). ``ahead``: seconds of the drafts queued before it;
+        ``new_image``: its prompt starts with an image the prophet has not read."""
+        c = costs
+        lead, per_tok = c.lead.get(mode), c.prophet_seconds()
+        full = c.draft_seconds(plan.draft_len, new_image=new_image)
+        if lead is None or per_tok is None or full is None or per_tok <= 0:
+            return plan, None  # nothing measured yet: draft, and measure
+        wait = max(0.0, c.saving(acceptance, plan.draft_len) or 0.0)
+        prompt = full - plan.draft_len * per_tok
+        fits = int((lead + wait - ahead - prompt) / per_tok)
+        if fits < min(MIN_DRAFT_LEN, plan.draft_len):
+            self.late[mode] = self.late.get(mode, 0) + 1
+            gap = self.gaps.get(mode, PROBE_EVERY)
+            if self.late[mode] < gap:
+                return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
+                            f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready"), None
+            # a short probe; the next one comes twice as late unless a draft is used meanwhile
+            self.gaps[mode] = min(2 * gap, MAX_PROBE_GAP)
+            fits, note = min(MIN_DRAFT_LEN, plan.draft_len), f"probing whether a {mode} draft is ready in time"
+        else:
+            note = plan.note
+        self.late[mode] = 0
+        if fits < plan.draft_len:
+            plan = Plan(True, fits, (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
+                        f"in the ~{lead * 1e3:.0f} ms before the agent needs it")
+        elif note != plan.note:
+            plan = Plan(True, plan.draft_len, note)
+        return plan, c.draft_seconds(plan.draft_len, new_image=new_image) or 0.0
+
+    def accepted(self, mode: str) -> None:
+        """A draft of ``mode`` was ready and accepted: probe at the normal rate again."""
+        self.gaps.pop(mode, None)
+
+
 class Adaptive:
     """Per-mode acceptance over the chat's last ``WINDOW`` rounds, and what follows from it.
 

@@ -109,6 +109,8 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
         fp["rationales_compared"] = {name: library_digest(lib) for name, lib in libs.items()}
     ask = E.library_ask(libs) if libs else E.default_ask
     pool = None
+    if not cluster and (workers or threads_per_worker != 1 or gpus_per_worker):
+        raise click.UsageError("--workers, --threads-per-worker and --gpus-per-worker go with --cluster ray[:ADDRESS].")
     if cluster:
         from edge_agent.cluster import RayWorkers, parse_cluster
 

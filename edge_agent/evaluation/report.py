@@ -182,7 +182,9 @@ def _header(run: EvalRun, modes: list[str], name: str) -> list[str]:
         shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search", "seed") if k in fp}
         lines.append("Settings: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ".")
     if run.model_files:
-        lines.append("Model files: " + ", ".join(f"{k} `{v}`" for k, v in run.model_files.items()) + ".")
+        order = ("model", "mmproj", "prophet", "prophet_mmproj")
+        files = sorted(run.model_files.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        lines.append("Model files: " + ", ".join(f"{k} `{v}`" for k, v in files) + ".")
     if run.cluster:
         lines.append(cluster_line(run.cluster))
     if len(modes) > 1:
