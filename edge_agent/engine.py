@@ -66,6 +66,15 @@ def model_files(resolved: ResolvedModel) -> dict[str, str]:
             "prophet_mmproj": path(prophet.mmproj_path if prophet else None)}
 
 
+def _loaded_files(model: ModelLike, prophet: ModelLike | None) -> dict[str, str]:
+    """``Engine.files`` of an engine built from loaded models (tests): their paths, "" for none."""
+    out: dict[str, str] = {}
+    for role, mm, m in (("model", "mmproj", model), ("prophet", "prophet_mmproj", prophet)):
+        out[role] = str(m.path) if m is not None else ""
+        out[mm] = str(m.mmproj_path) if m is not None and m.mmproj_path is not None else ""
+    return out
+
+
 class Engine:
     """A loaded agent model with its tools. ``Engine(model, settings, tools=...)`` for tests."""
 
@@ -88,7 +97,7 @@ class Engine:
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
-        self.files = dict(files) if files is not None else {"model": str(model.path)}
+        self.files = dict(files) if files is not None else _loaded_files(model, prophet)
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
@@ -195,15 +204,7 @@ class Engine:
     def model_files(self) -> dict[str, str]:
         """The files loaded, by role: {"model": path, "mmproj": path, "prophet": ..., "prophet_mmproj": ...}
         (roles without a file left out); what an eval report names."""
-        out: dict[str, str] = {}
-        for role, m in (("model", self.model), ("prophet", self.prophet)):
-            if m is None:
-                continue
-            out[role] = str(m.path)
-            mm = getattr(m, "mmproj_path", None)
-            if mm is not None:
-                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(mm)
-        return out
+        return {role: path for role, path in self.files.items() if path}
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Take new settings without loading anything (the app calls this between questions, on the UI

@@ -193,6 +193,7 @@ class LoopModel:
         self.make = make
         self.has_vision = has_vision
         self.path = Path("fake.gguf")
+        self.mmproj_path: Path | None = None
         self.identity: dict[str, Any] = {"model": "fake"}
         self.memory_bytes: dict[str, int] = {}
         self.sessions: list[LoopSession] = []

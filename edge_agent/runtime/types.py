@@ -251,6 +251,7 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     has_vision: bool
     n_vocab: int
     path: Path  # the text GGUF
+    mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
     memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size}
 
