@@ -156,6 +156,11 @@ class Settings:
         "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit). 320 holds "
         "three whole search results (~305 tokens; five take ~500).", default=320,
     )
+    type_ahead: bool = _doc(
+        "Read the question into the model while you type it (whole words, in the background), so Enter leaves "
+        "only the last word or two to read. Off saves battery; an attached photo is read on attach either way.",
+        default=True,
+    )
     state_cache_mb: int = _doc(
         "Disk budget for saved context states (system prompt, end of each chat's last answer) in MB, least "
         "recently used out; 0 saves none. Qwen3-VL-2B with an F16 KV cache takes ~112 KB per token.",

@@ -325,3 +325,4 @@ async def test_image_on_a_text_only_model_is_refused_at_once(settings, tmp_path,
             assert "Model cannot see images" in titles(app)[before:]
             assert app.chat_screen.image is None
         assert engines[0].asked == [] and engines[0].prepared == []
+        assert all(img is None for _, img, _ in engines[0].read)  # nothing of the image read ahead

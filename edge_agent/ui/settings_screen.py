@@ -31,6 +31,7 @@ FIELDS: list[tuple[str, str]] = [
     ("max_turns", "text"),
     ("temperature", "text"),
     ("system_prompt", "text"),
+    ("type_ahead", "bool"),
     ("seprod", "bool"),
     ("seprod_tau", "text"),
     ("offline", "bool"),
