@@ -19,8 +19,8 @@ Variants, interleaved per repetition (the order rotates), each a new chat, the v
 cleared first:
 - ``ssr``: the photo read with the question (vision encode + its tokens decoded);
 - ``freeform``: the same, reasoning written by the model;
-- ``ssr_read_ahead``: the photo read ahead (``Engine.prepare_image``, as the app does on attach,
-  untimed), then the SSR question.
+- ``ssr_read_ahead``: the photo and the typed question read ahead (``Engine.read_ahead``, as the app
+  does on attach and while typing; untimed), then the SSR question.
 The first question of the run evaluates the system prompt (no saved state yet): ``system_prompt``
 compares its context opening with the later ones, which restore the saved state.
 
@@ -226,8 +226,12 @@ def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, free
     opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy, answer_max_tokens=answer_tokens,
                                       freeform_max_tokens=freeform_tokens, library=engine.library)
     vision.clear_cache()
-    if variant == "ssr_read_ahead":
-        engine.prepare_image(photo)  # as the app does while the question is typed: not timed
+    if variant == "ssr_read_ahead":  # as the app does while the question is typed: not timed
+        if hasattr(engine, "read_ahead"):  # the photo and the typed words into the pending user turn
+            engine.read_ahead(QUESTION, photo)
+            engine.read_ahead_idle(timeout=1800)
+        else:  # older engines: the photo's vision encode only
+            engine.prepare_image(photo)
     t0 = time.perf_counter()
     stamped = [(time.perf_counter() - t0, e) for e in _events(engine.ask(QUESTION, photo, options=opts, seprod=seprod))]
     wall = time.perf_counter() - t0
