@@ -28,7 +28,7 @@ from edge_agent.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
 from tests.fakehub import FakeHub
 from tests.fakeservers import FakeBackend
-from tests.waits import wait_until
+from tests.waits import signal_when, wait_until
 
 ray = pytest.importorskip("ray", reason="the cluster extra (ray) is part of the test extra: scripts/setup.sh --test")
 
@@ -297,14 +297,9 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
     proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log)
     results = out / E.RESULTS_FILE
     try:
-        wait_until(lambda: (results.exists() and results.read_bytes().count(b"\n") >= 2) or proc.poll() is not None,
-                   timeout=300, interval=0.01, what="two stored results")
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, signal.SIGINT,
+                    what="two stored results")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         log.close()
     text = (tmp_path / "driver.log").read_text()
     assert proc.returncode == 130, text
