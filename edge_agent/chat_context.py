@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from edge_agent.agent.context import Opened, append_segments
 from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.pending_turn import PendingTurn, elements
 from edge_agent.runtime.state import KeyHasher, SessionState, StateError, StateStore, image_digest
-from edge_agent.runtime.types import ChatModelLike, ChatSessionLike, Checkpoint, SessionLike
+from edge_agent.runtime.types import ChatModelLike, ChatSessionLike, Checkpoint, ImageChunk, SessionLike
 
 
 @dataclass
@@ -32,6 +33,15 @@ class _Boundary:
     key: str
     cp: Checkpoint
     system_key: str
+
+
+@dataclass(frozen=True)
+class AheadState:
+    """What is read ahead now: the image (None: none in the pending turn) and the person's text."""
+
+    image: ImageChunk | None
+    question_tokens: int
+    cells: int  # KV cells of the pending turn
 
 
 class ChatContexts:
@@ -50,6 +60,8 @@ class ChatContexts:
         self.live: ChatSessionLike | None = None
         self.boundaries: list[_Boundary] = []  # clean points of the live session, oldest first
         self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
+        # the next question's user turn as far as it is known, after the last boundary; never saved
+        self.pending = PendingTurn()
 
     def question(self, continue_from: str = "", history: Sequence[tuple[str, str]] = ()) -> QuestionContext:
         """The context of one question: continuing the chat whose last answer was saved as
@@ -58,11 +70,14 @@ class ChatContexts:
 
     # ---- the live session's boundaries ------------------------------------------------------------
     def live_at(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
-        """The live session rolled back to its boundary ``key`` (later boundaries forgotten); None when
+        """The live session rolled back to its boundary ``key`` (later boundaries forgotten), except a
+        pending turn read ahead from exactly there (the question decides what of it to keep); None when
         the live session never passed it."""
         for i, b in enumerate(self.boundaries):
             if b.key == key and self.live is not None:
-                self.live.rollback(b.cp)
+                if not self.pending.on(self.live, b.cp):
+                    self.pending.forget()
+                    self.live.rollback(b.cp)
                 del self.boundaries[i + 1 :]
                 return self.live, b
         return None
@@ -83,6 +98,7 @@ class ChatContexts:
             return None
         b = _Boundary(key, s.checkpoint(), str(st.extra.get("system_key", "")))
         self.live, self.boundaries = s, [b]
+        self.pending.forget()
         return s, b
 
     def mark(self, s: ChatSessionLike, system_key: str, label: str) -> str:
@@ -115,10 +131,78 @@ class ChatContexts:
             return found[0], key, "restored"
         s = self.model.session()
         self.live, self.boundaries = s, []
+        self.pending.forget()
         s.append_text(system)
         # keyed by what the session holds (first_tokens tokenizes as append_text does: the same key)
         key = self._system_keys[system] = self.mark(s, "", "system prompt")
         return s, key, "evaluated"
+
+    def continuing(self, key: str, sys_key: str) -> tuple[tuple[ChatSessionLike, _Boundary] | None, str, str]:
+        """The chat saved as ``key``: ((session, boundary) or None, "live" | "restored", why not)."""
+        found = self.live_at(key)
+        source = "live"
+        if found is None:
+            found, source = self.restore_saved(key), "restored"
+        if found is None:
+            return None, source, "no saved state"
+        if found[1].system_key != sys_key:
+            return None, source, "the settings changed the system prompt"
+        return found, source, ""
+
+    def unless_held(self, s: ChatSessionLike, b: _Boundary, image: bytes | None) -> bytes | None:
+        """``image`` unless the chat up to ``b`` holds it already (then the question refers to it)."""
+        if image is None or image_digest(image) in {i.digest for i in s.images[: b.cp.n_images]}:
+            return None
+        return image
+
+    def fits(self, s: SessionLike, b: _Boundary, segs: Sequence[Segment]) -> bool:
+        return b.cp.n_cells + self.estimate(s, segs) + self.reserve <= self.model.n_ctx
+
+    def estimate(self, s: SessionLike, segs: Sequence[Segment]) -> int:
+        n = 0
+        for seg in segs:
+            if isinstance(seg, Img):
+                n += self.image_tokens
+            elif isinstance(seg, Text):
+                n += len(s.tokenize(seg.text, special=seg.special))
+        return n
+
+    # ---- read-ahead ---------------------------------------------------------------------------------
+    def read_ahead(self, system: str, continue_from: str, image: bytes | None, text: str, *, closed: bool = False,
+                   cancel: threading.Event | None = None) -> AheadState | None:
+        """Read what the person has given so far (``image``: the attached photo's model PNG; ``text``: the
+        question's stable prefix; ``closed``: it is the whole question, the turn's end is read too) into
+        the pending user turn after the chat ``continue_from`` ('' a new chat: after the system prompt,
+        evaluated or restored here if need be). Keeps what was read already as far as it still matches.
+        ``cancel`` stops a text step (raises ``Cancelled``); an image is always finished (it is never
+        decoded twice). None: nothing can be read ahead (the question will rebuild the chat, or the
+        context is too full)."""
+        sys_key = self.system_key(system)
+        if continue_from:
+            found = self.continuing(continue_from, sys_key)[0]
+            if found is None:
+                return None
+            s, b = found
+        else:
+            s = self.system_session(system)[0]
+            b = self.boundaries[-1]
+        segs = question_segments(text, self.unless_held(s, b, image), closed=closed)
+        if not self.fits(s, b, [*segs, Text("x" * 16)]):
+            return None
+        self.pending.extend(s, b.cp, elements(s, segs), cancel=cancel)
+        return self.ahead()
+
+    def ahead(self) -> AheadState:
+        """What the pending turn holds now."""
+        p = self.pending
+        images = [piece.chunk for piece in p.pieces if piece.chunk is not None]
+        s = p.session
+        cells = s.n_cells - p.base.n_cells if s is not None and p.base is not None else 0
+        return AheadState(images[-1] if images else None, p.question_tokens(), cells)
+
+    def drop_ahead(self) -> None:
+        """Roll back what was read ahead (a new chat, leaving a chat): the chat's context as it was."""
+        self.pending.drop()
 
     def flush(self) -> None:
         if self.store is not None:
@@ -143,56 +227,51 @@ class QuestionContext:
         sys_key = o.system_key(system)
         reason = ""
         if self.continue_from:
-            found = o.live_at(self.continue_from)
-            source = "live"
-            if found is None:
-                found, source = o.restore_saved(self.continue_from), "restored"
-            if found is None:
-                reason = "no saved state"
-            elif found[1].system_key != sys_key:
-                reason = "the settings changed the system prompt"
-            else:
+            found, source, reason = o.continuing(self.continue_from, sys_key)
+            if found is not None:
                 s, b = found
-                has = image is not None and image_digest(image) in {i.digest for i in s.images}
-                segs = question_segments(question, None if (image is None or has) else image)
-                if s.n_cells + self._estimate(s, segs) + o.reserve <= o.model.n_ctx:
-                    self.base, self.system_key = b, sys_key
-                    reused, n0 = s.n_cells, s.n_evaluated
-                    images = append_segments(s, segs, cancel=cancel)
-                    self.session = s
-                    return Opened(s, source, tokens_reused=reused, tokens_evaluated=s.n_evaluated - n0,
-                                  images=images, seconds=time.perf_counter() - t0)
+                segs = question_segments(question, o.unless_held(s, b, image))
+                if o.fits(s, b, segs):
+                    return self._extend(s, b, sys_key, source, "live", segs, cancel, t0)
                 reason = "the context is full: earlier answers kept as text"
         s, sys_key, how = o.system_session(system)
-        self.base, self.system_key = o.boundaries[-1], sys_key
+        b = o.boundaries[-1]
+        pairs = self._fit(s, b, question, image)
+        if not pairs and not self.continue_from:  # a new chat: what was read ahead may be kept
+            return self._extend(s, b, sys_key, "new", how, question_segments(question, image), cancel, t0)
+        o.pending.drop()  # the chat is rebuilt from its text: nothing read ahead fits before it
+        self.base, self.system_key = b, sys_key
         reused = s.n_cells if how != "evaluated" else 0
         n0 = s.n_evaluated - (s.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
-        pairs = self._fit(s, question, image)
         segs = [*history_segments(pairs), *question_segments(question, image)]
         images = append_segments(s, segs, cancel=cancel)
         self.session = s
-        source = "rebuilt" if (self.continue_from or pairs) else "new"
-        if source == "rebuilt" and not reason:
+        if not reason:
             reason = "history as text"
-        return Opened(s, source, reason=reason, tokens_reused=reused,
+        return Opened(s, "rebuilt", reason=reason, tokens_reused=reused,
                       tokens_evaluated=s.n_evaluated - n0,
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
-    def _estimate(self, s: SessionLike, segs: Sequence[Segment]) -> int:
-        n = 0
-        for seg in segs:
-            if isinstance(seg, Img):
-                n += self.owner.image_tokens
-            elif isinstance(seg, Text):
-                n += len(s.tokenize(seg.text, special=seg.special))
-        return n
+    def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
+                segs: list[Segment], cancel: threading.Event | None, t0: float) -> Opened:
+        """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
+        the rest evaluated now (``how``: how the system prompt was found, for a new chat)."""
+        self.base, self.system_key, self.session = b, sys_key, s
+        n0 = s.n_evaluated - (b.cp.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
+        ext = self.owner.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
+        self.owner.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
+        return Opened(s, source, tokens_reused=b.cp.n_cells if how != "evaluated" else 0,
+                      tokens_evaluated=s.n_evaluated - n0, system_restored=how == "restored", images=ext.images,
+                      tokens_read_ahead=ext.kept_cells, question_read_ahead=ext.kept_question,
+                      images_read_ahead=ext.kept_images, seconds=time.perf_counter() - t0)
 
-    def _fit(self, s: SessionLike, question: str, image: bytes | None) -> list[tuple[str, str]]:
+    def _fit(self, s: SessionLike, b: _Boundary, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
-        room = self.owner.model.n_ctx - s.n_cells - self.owner.reserve - self._estimate(s, question_segments(question, image))
+        o = self.owner
+        room = o.model.n_ctx - b.cp.n_cells - o.reserve - o.estimate(s, question_segments(question, image))
         out: list[tuple[str, str]] = []
         for q, a in reversed(self.history):
-            need = self._estimate(s, history_segments([(q, a)]))
+            need = o.estimate(s, history_segments([(q, a)]))
             if need > room:
                 break
             out.append((q, a))
@@ -210,6 +289,7 @@ class QuestionContext:
 
     def abandon(self) -> None:
         o = self.owner
+        o.pending.forget()
         if self.base is None or o.live is None:
             return
         for i, b in enumerate(o.boundaries):

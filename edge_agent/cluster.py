@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from edge_agent.catalog import CatalogEntry
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ModelFileError
 from edge_agent.evaluation import AskFn, Question, default_ask, make_record, run_question
@@ -94,9 +95,9 @@ class EvalWorker:
     """One Ray actor (one worker process): one Engine, loaded by ``prepare`` or the first question.
     Ray restarts it after its process dies (``__init__`` runs again, the models load again)."""
 
-    def __init__(self, fields: dict[str, Any], ask: AskFn) -> None:
+    def __init__(self, fields: dict[str, Any], ask: AskFn, pulls: list[CatalogEntry]) -> None:
         self.settings = dataclasses.replace(Settings.load(), **fields)
-        self.ask = ask
+        self.ask, self.pulls = ask, pulls
         self.engine: Any = None
         self.tmp = Path(tempfile.mkdtemp(prefix="edge-agent-worker-"))
         self.cache = _RecordingCache(self.tmp / "search-cache.sqlite3")
@@ -116,7 +117,7 @@ class EvalWorker:
             self.cache.fetched, self.cache_loaded = [], True
         if self.engine is None:
             try:
-                _pull_missing(self.settings)
+                _pull_missing(self.settings, self.pulls)
                 from edge_agent.engine import Engine  # heavy: llama.cpp
 
                 self.engine = Engine.from_settings(self.settings)
@@ -152,15 +153,13 @@ def _node_label() -> str:
     return f"{socket.gethostname()} ({ray.util.get_node_ip_address()}, node {node_id[:6]})"
 
 
-def _pull_missing(settings: Settings) -> None:
+def _pull_missing(settings: Settings, entries: list[CatalogEntry]) -> None:
     """Download the catalog models (agent, prophet) this node lacks, once per node: the node's workers
     take a lock on its models folder in turn, and the later ones find the files there."""
     from edge_agent import hub
-    from edge_agent.catalog import Registry, load_catalog
+    from edge_agent.catalog import Registry
 
-    wanted = [e for e in (load_catalog().get(n) for n in (settings.model, settings.prophet) if n)
-              if e is not None and not e.is_demo]
-    if not wanted:
+    if not entries:
         return
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     with open(settings.models_dir / ".cluster-pull.lock", "a+") as lock:
@@ -168,10 +167,25 @@ def _pull_missing(settings: Settings) -> None:
             import fcntl
 
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes or the process dies
-        for entry in wanted:
+        for entry in entries:
             installed = Registry(settings.models_dir).get(entry.name)
             if installed is None or installed.missing_files():
                 hub.pull(entry, settings)
+
+
+def catalog_pulls(settings: Settings) -> list[CatalogEntry]:
+    """The models named by the driver's catalog (not installed-only names, not the demo, not paths): the
+    workers pull these entries, so every node downloads what the driver's catalog says."""
+    from edge_agent.catalog import Registry, load_catalog
+
+    catalog, registry = load_catalog(), Registry(settings.models_dir)
+    out = []
+    for name in (settings.model, settings.prophet):
+        entry = catalog.get(name) if name else None
+        installed = registry.get(name) if name else None
+        if entry is not None and not entry.is_demo and (installed is None or installed.source == "pull"):
+            out.append(entry)
+    return out
 
 
 class RayWorkers:
@@ -255,14 +269,14 @@ class RayWorkers:
         # carries only the reference (a constructor argument in the object store would warn on every start).
         self.shipped = {"cache": ray.put(cache)}
         fields = worker_settings(self.settings, self.threads)
-        actors = [remote.remote(fields, self.ask) for _ in range(n)]
+        actors = [remote.remote(fields, self.ask, catalog_pulls(self.settings)) for _ in range(n)]
         ready = ray.get([a.prepare.remote(self.shipped) for a in actors])
         errors = sorted({f"On node {r['node']}: {r['error']}" for r in ready if "error" in r})
         if errors:
             self._stop(ray, actors, False)
             raise ModelFileError(" ".join(errors) + " Every node that runs workers needs the model files: a path must "
                                  "exist on each (a shared file system), a catalog name is pulled on each.",
-                                 title="Model missing on a worker")
+                                 title="Models not ready on a worker")
         self.ready_at = time.perf_counter()  # every worker has its models loaded (the benchmark times from here)
         self.model_files = dict(ready[0]["files"])
         self.nodes = [r["node"] for r in ready]

@@ -42,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "text_search": ("wikipedia", "searxng", "brave"),
     "image_search": ("none", "gcv", "serpapi"),
     "extra_buffers": ("auto", "on", "off"),
+    "kv_type": ("auto", "f16", "q8_0"),
 }
 # name -> (low, high or None, low excluded): the values that can work
 RANGES: dict[str, tuple[float, float | None, bool]] = {
@@ -111,6 +112,9 @@ class Settings:
     n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
     n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
     extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
+    kv_type: str = _doc(
+        "KV cache type: auto (q8_0 when an f16 cache of n_ctx would exceed 512 MB: Qwen3-VL-2B at 8192 takes "
+        "476 MB instead of 896), f16 or q8_0.", default="auto")
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------
@@ -155,6 +159,11 @@ class Settings:
     observation_max_tokens: int = _doc(
         "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit). 320 holds "
         "three whole search results (~305 tokens; five take ~500).", default=320,
+    )
+    type_ahead: bool = _doc(
+        "Read the question into the model while you type it (whole words, in the background), so Enter leaves "
+        "only the last word or two to read. Off saves battery; an attached photo is read on attach either way.",
+        default=True,
     )
     state_cache_mb: int = _doc(
         "Disk budget for saved context states (system prompt, end of each chat's last answer) in MB, least "

@@ -20,6 +20,7 @@ machine (its state is saved under ``home/states``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -30,15 +31,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent.events import AgentError, Event, RunStarted
-from edge_agent.agent.loop import run_agent
+from edge_agent.agent.loop import run_agent, system_for
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import Library, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
-from edge_agent.chat_context import ChatContexts
+from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from edge_agent.measured import MeasuredCosts, costs_key
+from edge_agent.read_ahead import Reader, Target, stable_prefix
 from edge_agent.runtime.state import StateStore
 from edge_agent.runtime.types import ModelLike
 from edge_agent.textclean import clean_event
@@ -66,6 +68,15 @@ def model_files(resolved: ResolvedModel) -> dict[str, str]:
             "prophet_mmproj": path(prophet.mmproj_path if prophet else None)}
 
 
+def _loaded_files(model: ModelLike, prophet: ModelLike | None) -> dict[str, str]:
+    """``Engine.files`` of an engine built from loaded models (tests): their paths, "" for none."""
+    out: dict[str, str] = {}
+    for role, mm, m in (("model", "mmproj", model), ("prophet", "prophet_mmproj", prophet)):
+        out[role] = str(m.path) if m is not None else ""
+        out[mm] = str(m.mmproj_path) if m is not None and m.mmproj_path is not None else ""
+    return out
+
+
 class Engine:
     """A loaded agent model with its tools. ``Engine(model, settings, tools=...)`` for tests."""
 
@@ -88,12 +99,15 @@ class Engine:
         self.library = library if library is not None else load_library(settings.rationales)
         self.model_name = model_name or Path(model.path).name or "model"
         # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
-        self.files = dict(files) if files is not None else {"model": str(model.path)}
+        self.files = dict(files) if files is not None else _loaded_files(model, prophet)
         self.contexts = self._contexts(model, settings)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
         self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
         self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
+        # read-ahead: the photo and the words typed, read into the chat's pending user turn meanwhile
+        self.on_read_ahead: Callable[[AheadState | None], None] | None = None  # called in its thread
+        self._reader: Reader[AheadState] = Reader(self._read_ahead_step, on_state=self._ahead_read)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -151,6 +165,7 @@ class Engine:
         if prophet_files is None or not settings.seprod:
             say(f"Memory: {_memory_line(model)}", 0.9)
             return None, None
+        from edge_agent import footprint
         from edge_agent.agent.seprod import Drafter
         from edge_agent.agent.seprod_policy import shared_threads
         from edge_agent.runtime import Model
@@ -161,9 +176,12 @@ class Engine:
         # leaves free (1 on 2 cores; the agent's decoding gives one up where it had them all), for its
         # prefill too; settings that name thread counts win.
         agent_n, n = shared_threads(max(1, model.n_threads), physical_cores())
-        # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable.
+        # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable. Its context
+        # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a
+        # Qwen3-VL-2B prophet's KV cache: 224 MiB in f16 at 2048 instead of 476 MiB in q8_0 at 8192).
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
-                                      n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n)
+                                      n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n,
+                                      n_ctx=footprint.prophet_n_ctx(settings))
         try:
             # One machine, two models computing at once: the agent (whom the person waits for) never
             # waits and gets every core for its batched passes; the prophet computes beside it only
@@ -195,14 +213,7 @@ class Engine:
     def model_files(self) -> dict[str, str]:
         """The files loaded, by role: {"model": path, "mmproj": path, "prophet": ..., "prophet_mmproj": ...}
         (roles without a file left out); what an eval report names."""
-        out: dict[str, str] = {}
-        for role, m in (("model", self.model), ("prophet", self.prophet)):
-            if m is None:
-                continue
-            out[role] = str(m.path)
-            if m.mmproj_path is not None:
-                out[f"{role}_mmproj" if role == "prophet" else "mmproj"] = str(m.mmproj_path)
-        return out
+        return {role: path for role, path in self.files.items() if path}
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Take new settings without loading anything (the app calls this between questions, on the UI
@@ -270,7 +281,9 @@ class Engine:
             return
         if not self._busy.acquire(blocking=False):
             raise EdgeAgentError("The engine is already answering a question. Wait for it or cancel it.", title="Busy")
+        hold = contextlib.ExitStack()
         try:
+            hold.enter_context(self._reader.paused())  # read-ahead stops; what it read is the question's
             store = None
             if loaded is not None:
                 run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -302,9 +315,54 @@ class Engine:
                 if isinstance(events, Generator):  # closed now, as `yield from` would (its cleanup runs)
                     events.close()
         finally:
+            hold.close()
             self._busy.release()
             if self.measured is not None:
                 self.measured.save()
+
+    # ---- read-ahead ------------------------------------------------------------------------------
+    def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "") -> None:
+        """What the person has given so far for the next question of the chat ``context`` ('' a new chat):
+        the attached ``image`` file (None: none) and the ``text`` typed. Read in the background into the
+        chat's pending user turn: the photo at once, the text's whole words after a short quiet (unless
+        the ``type_ahead`` setting is off). Returns at once (the app calls it on attach, detach and every
+        change of the prompt). The question then keeps what still matches and evaluates only the rest;
+        nothing read ahead is ever saved as part of the chat."""
+        words, closed = stable_prefix(text) if self.settings.type_ahead else ("", False)
+        self._reader.want(Target(context or "", str(image) if image is not None else None, words, closed))
+
+    def read_ahead_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until what was asked for is read ahead (tests, benchmarks); False on timeout."""
+        return self._reader.idle(timeout)
+
+    def stop_read_ahead(self) -> None:
+        """Stop the read-ahead worker for good (``close`` does it too; benchmarks that keep the model)."""
+        self._reader.close()
+
+    def drop_read_ahead(self) -> None:
+        """Roll back whatever was read ahead (a new chat, leaving a chat): the chat's context as it was."""
+        with self._reader.paused():
+            self.contexts.drop_ahead()
+
+    @property
+    def ahead(self) -> AheadState | None:
+        """What is read ahead now (None: nothing)."""
+        return self._reader.state
+
+    def _read_ahead_step(self, target: Target, stop: threading.Event) -> AheadState | None:
+        png = None
+        if target.image is not None:
+            with self._images:
+                loaded = self._load_image(target.image)  # ImageError on a text-only model: the question says so
+            assert loaded is not None
+            png = self._fitted_png(target.image, loaded)
+        options = AgentOptions.from_settings(self.settings, mode=self.settings.mode, library=self.library)
+        system = system_for(Toolbox(None, self.tools, vision=self.model.has_vision), options)
+        return self.contexts.read_ahead(system, target.context, png, target.text, closed=target.closed, cancel=stop)
+
+    def _ahead_read(self, state: AheadState | None) -> None:
+        if self.on_read_ahead is not None:
+            self.on_read_ahead(state)
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,
@@ -383,6 +441,7 @@ class Engine:
             self._recent.popitem(last=False)
 
     def close(self) -> None:
+        self._reader.close()  # nothing read ahead is saved: the pending turn dies with the context
         self.contexts.flush()  # saved states still being written
         if self.drafter is not None:
             self.drafter.close()

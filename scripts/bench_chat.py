@@ -24,10 +24,19 @@ a KV cache:
   the question; per model ``attach_ttfr_ratio``.
 - reopen (a new process continuing a saved chat): TTFR of a fourth question with the chat's saved
   state restored vs the chat re-evaluated from nothing (system prompt, image, history as text).
+- typed (issue 19, read-ahead): (a) the first question about a just-attached photo (text models: the
+  first question of a new chat) and (b) a follow-up, each typed over a simulated ``--typing`` seconds
+  (one ``Engine.read_ahead`` call per keystroke, as the app makes them), then Enter: time from Enter to
+  the first scored rationale with read-ahead on (the photo read on attach, the whole words while typed)
+  and off (everything read at Enter), the scoring pass alone at the same context (``RationaleScored
+  .seconds``), and the tokens evaluated after Enter.
 
 Ratios are medians of per-repetition pairs measured back to back. `--json` top-level keys (the worst
 over the models run): ``followup_floor_ratio`` (continuity tokens evaluated / floor over the
-follow-ups), ``followup_ttfr_ratio``, ``cold_ttfr_ratio``, ``reopen_ttfr_ratio``. Times are wall
+follow-ups), ``followup_ttfr_ratio``, ``cold_ttfr_ratio``, ``reopen_ttfr_ratio``; read-ahead:
+``enter_ttfr_over_scoring`` (worst of (a), (b) with read-ahead: Enter-to-first-rationale / the scoring
+pass alone), ``attach_ttfr_ratio`` (the first photo question, read-ahead on / off: models with an
+image only), ``tokens_at_enter`` (tokens evaluated after Enter with read-ahead, worst question). Times are wall
 clock on whatever machine runs this: read the ratios; token counts carry over to real models.
 """
 
@@ -60,6 +69,7 @@ IMAGE_CHAT = ["What does the small sign on the right say?", "What colour is the 
 TEXT_CHAT = ["What is the capital of Peru?", "Which river flows through it?", "How many people live there?"]
 FOURTH = "Anything else worth knowing?"
 COLD = "What is the tallest mountain in Africa?"
+ARGS_TYPING = [3.0]  # --typing, for the table
 
 
 def photo(path: Path) -> Path:
@@ -104,6 +114,7 @@ class Bench:
         for e in engine.ask(question, None if text_only else self.image, options=opts, **kw):
             if e.kind == "rationale_scored" and ttfr is None:
                 ttfr = time.perf_counter() - t0
+                out["scoring"] = e.seconds  # the scoring pass alone (one batched decode + selection)
             elif e.kind == "context_opened":
                 out["opened"] = e
             elif e.kind == "image_evaluated" and e.turn == 0:
@@ -183,6 +194,42 @@ class Bench:
             e.contexts.flush()
         return {"ttfr_ahead": res["ahead"]["ttfr"], "ttfr_with": res["with"]["ttfr"]}
 
+    def type_over(self, engine: Engine, question: str, context: str) -> None:
+        """The person attaches the photo (if any) and types ``question`` over ``--typing`` seconds: one
+        ``read_ahead`` call per keystroke, as the app makes them. Enter is the next keystroke (one
+        keystroke's interval after the last character)."""
+        engine.read_ahead("", self.image, context=context)
+        dt = self.args.typing / len(question)
+        t0 = time.perf_counter()
+        for i in range(1, len(question) + 1):
+            time.sleep(max(0.0, t0 + i * dt - time.perf_counter()))
+            engine.read_ahead(question[:i], self.image, context=context)
+        time.sleep(max(0.0, t0 + (len(question) + 1) * dt - time.perf_counter()))
+
+    def typed(self, rep: int) -> dict[str, dict[str, Any]]:
+        """Issue 19: (a) the first question about a just-attached photo, (b) a follow-up, each typed over
+        ``--typing`` seconds, read-ahead on (model a) vs off (model b, everything read at Enter). Both
+        engines hold the system prompt live (a warm-up chat) and start with an empty embedding cache."""
+        from edge_agent.runtime import vision
+
+        engines = {v: self.engine(m, self.settings(f"typed-{v}{rep}")) for v, m in (("on", "a"), ("off", "b"))}
+        for e in engines.values():
+            self.ask(e, "Warm up the system prompt?", text_only=True)
+        order = ("on", "off") if rep % 2 == 0 else ("off", "on")
+        res: dict[str, dict[str, Any]] = {}
+        for which, question in (("first", self.chat[0]), ("followup", self.chat[1])):
+            for v in order:
+                e = engines[v]
+                key = res[f"first_{v}"]["final"].context if which == "followup" else ""
+                if which == "first":
+                    vision.clear_cache()
+                if v == "on":
+                    self.type_over(e, question, key)
+                res[f"{which}_{v}"] = self.ask(e, question, context=key)
+        for e in engines.values():
+            e.stop_read_ahead()  # the models stay loaded for the other measurements
+        return res
+
     def reopen(self, rep: int) -> dict[str, float]:
         """A fourth question after a restart: the chat's saved state vs the chat evaluated from nothing."""
         res = {}
@@ -207,9 +254,10 @@ class Bench:
 def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     b = Bench(label, path, mmproj, args, tmp)
     try:
-        follows, colds, colds_img, reopens, attaches = [], [], [], [], []
+        follows, colds, colds_img, reopens, attaches, typed = [], [], [], [], [], []
         for rep in range(args.reps):
             print(f"  {label}: repetition {rep + 1}/{args.reps}", file=sys.stderr)
+            typed.append(b.typed(rep))
             follows.append(b.followups(rep))
             reopens.append(b.reopen(rep))
             colds.append(b.cold(rep, text_only=True))
@@ -232,7 +280,24 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
             "ttfr_ratio": med(r["ttfr_continuity"] / r["ttfr_rebuild"] for r in rows),
         })
     follow = per_q[1:]
+    ahead = {}
+    for which in ("first", "followup"):
+        rows = [t[f"{which}_on"] for t in typed]
+        offs = [t[f"{which}_off"] for t in typed]
+        ahead[which] = {
+            "ttfr_on_s": med(r["ttfr"] for r in rows), "ttfr_off_s": med(r["ttfr"] for r in offs),
+            "scoring_s": med(r["scoring"] for r in rows),
+            "enter_over_scoring": med(r["ttfr"] / r["scoring"] for r in rows),
+            "on_over_off": med(r["ttfr"] / o["ttfr"] for r, o in zip(rows, offs, strict=True)),
+            "tokens_at_enter_on": max(r["opened"].tokens_evaluated for r in rows),
+            "tokens_at_enter_off": max(r["opened"].tokens_evaluated for r in offs),
+            "question_tokens_read_ahead": min(r["opened"].question_tokens_read_ahead for r in rows),
+            "tokens_read_ahead": min(r["opened"].tokens_read_ahead for r in rows),
+        }
     return {
+        "read_ahead": ahead,
+        "enter_ttfr_over_scoring": max(a["enter_over_scoring"] for a in ahead.values()),
+        "tokens_at_enter": max(a["tokens_at_enter_on"] for a in ahead.values()),
         "model": label,
         "image": mmproj is not None,
         "questions": per_q,
@@ -247,10 +312,12 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
         "cold_image_ttfr_ratio": med(c["ttfr_saved"] / c["ttfr_evaluated"] for c in colds_img) if colds_img else None,
         "cold_image": {"evaluated_saved": colds_img[0]["evaluated_saved"],
                        "evaluated_evaluated": colds_img[0]["evaluated_evaluated"]} if colds_img else None,
-        # the photo read ahead on attach (while the question is typed) vs with the question
-        "attach": {"ttfr_ahead_s": med(a["ttfr_ahead"] for a in attaches),
-                   "ttfr_with_s": med(a["ttfr_with"] for a in attaches)} if attaches else None,
-        "attach_ttfr_ratio": med(a["ttfr_ahead"] / a["ttfr_with"] for a in attaches) if attaches else None,
+        # the photo's vision encode alone done on attach (Engine.prepare_image) vs with the question
+        "encode_ahead": {"ttfr_ahead_s": med(a["ttfr_ahead"] for a in attaches),
+                         "ttfr_with_s": med(a["ttfr_with"] for a in attaches)} if attaches else None,
+        "encode_ahead_ttfr_ratio": med(a["ttfr_ahead"] / a["ttfr_with"] for a in attaches) if attaches else None,
+        # read-ahead: the first question about a just-attached photo, on / off
+        "attach_ttfr_ratio": ahead["first"]["on_over_off"] if mmproj is not None else None,
         "reopen": {"ttfr_restored_s": med(r["ttfr_restored"] for r in reopens),
                    "ttfr_reevaluated_s": med(r["ttfr_reevaluated"] for r in reopens),
                    "evaluated_restored": reopens[0]["evaluated_restored"],
@@ -278,10 +345,20 @@ def table(results: list[dict[str, Any]]) -> str:
             ci = r["cold_image"]
             out.append(f"cold ask with the image: {r['cold_image_ttfr_ratio']:.2f}x ({ci['evaluated_saved']} vs "
                        f"{ci['evaluated_evaluated']} tokens evaluated: the image is read either way)")
-        if r["attach_ttfr_ratio"] is not None:
-            a = r["attach"]
-            out.append(f"first question about a photo read ahead on attach / read with the question: "
-                       f"{a['ttfr_ahead_s'] * 1000:.0f} vs {a['ttfr_with_s'] * 1000:.0f} ms: {r['attach_ttfr_ratio']:.2f}x")
+        if r["encode_ahead_ttfr_ratio"] is not None:
+            a = r["encode_ahead"]
+            out.append(f"first question about a photo encoded ahead on attach / encoded with the question: "
+                       f"{a['ttfr_ahead_s'] * 1000:.0f} vs {a['ttfr_with_s'] * 1000:.0f} ms: "
+                       f"{r['encode_ahead_ttfr_ratio']:.2f}x")
+        out.append(f"typed over {ARGS_TYPING[0]:.0f} s, then Enter | TTFR ms read-ahead on / off | on / off | scoring "
+                   "pass alone ms | TTFR on / scoring | tokens after Enter on / off | question tokens read ahead |")
+        out.append("|---|---|---|---|---|---|---|")
+        for which, a in r["read_ahead"].items():
+            what = ("first question, photo just attached" if r["image"] else "first question of a new chat") \
+                if which == "first" else "follow-up"
+            out.append(f"| {what} | {a['ttfr_on_s'] * 1000:.0f} / {a['ttfr_off_s'] * 1000:.0f} | "
+                       f"{a['on_over_off']:.2f} | {a['scoring_s'] * 1000:.0f} | {a['enter_over_scoring']:.2f} | "
+                       f"{a['tokens_at_enter_on']} / {a['tokens_at_enter_off']} | {a['question_tokens_read_ahead']} |")
         out.append(f"reopen (4th question after a restart): restored {o['ttfr_restored_s'] * 1000:.0f} ms vs "
                    f"re-evaluated {o['ttfr_reevaluated_s'] * 1000:.0f} ms ({o['evaluated_restored']} vs "
                    f"{o['evaluated_reevaluated']} tokens evaluated, {o['reused_restored']} restored): "
@@ -339,9 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--answer-tokens", type=int, default=32, help="most tokens per answer")
+    ap.add_argument("--typing", type=float, default=3.0, help="seconds over which each question is typed")
     ap.add_argument("--costs", action="store_true", help="only measure what the input budgets cost")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    ARGS_TYPING[0] = args.typing
     if args.costs:
         from edge_agent.catalog import find_demo_gguf
         from scripts.make_tiny_models import make_tiny_models
@@ -359,13 +438,17 @@ def main(argv: list[str] | None = None) -> int:
             work = tmp / f"m{i}"
             work.mkdir()
             results.append(run_model(label, p, mm, args, work))
-    worst = {k: max(r[k] for r in results) for k in
-             ("followup_floor_ratio", "followup_ttfr_ratio", "cold_ttfr_ratio", "reopen_ttfr_ratio")}
+    worst: dict[str, Any] = {k: max(r[k] for r in results) for k in
+                             ("followup_floor_ratio", "followup_ttfr_ratio", "cold_ttfr_ratio", "reopen_ttfr_ratio",
+                              "enter_ttfr_over_scoring", "tokens_at_enter")}
+    attach = [r["attach_ttfr_ratio"] for r in results if r["attach_ttfr_ratio"] is not None]
+    worst["attach_ttfr_ratio"] = max(attach) if attach else None
     if args.json:
         print(json.dumps({**worst, "reps": args.reps, "threads": args.threads, "models": results}, indent=2))
     else:
         print(table(results))
-        print("\nworst over the models run: " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items()))
+        print("\nworst over the models run: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                       for k, v in worst.items()))
     return 0
 
 

@@ -52,6 +52,7 @@ class FakeHub:
         self.gated: set[str] = set()
         self.ignore_range = False
         self.stall_after: dict[str, int] = {}
+        self.delay: dict[str, float] = {}  # seconds before the bytes of file ``name`` are sent (a slow link)
         self.released = threading.Event()  # set by stop(): stalled handlers end
         self.api_busy = 0  # the next N file-list requests answer 503 with Retry-After: 0
         self._server: ThreadingHTTPServer | None = None
@@ -234,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     fake.cut_times[name] = left
             stall = fake.stall_after.pop(name, None)
+        if fake.delay.get(name):
+            fake.released.wait(fake.delay[name])
         if stall is not None:
             self.wfile.write(body[:stall])
             self.wfile.flush()

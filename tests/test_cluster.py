@@ -9,6 +9,7 @@ the records a local run gives (answer, moves, rationale choices), and each (ques
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from click.testing import CliRunner
 from edge_agent import evaluation as E
 from edge_agent.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
+from tests.fakehub import FakeHub
 from tests.fakeservers import FakeBackend
 from tests.waits import wait_until
 
@@ -40,6 +42,7 @@ SMOL_ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDG
             "EDGE_AGENT_FREEFORM_MAX_TOKENS": "16", "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
             "EDGE_AGENT_OBSERVATION_MAX_TOKENS": "96"}
 TINY_MODES = "freeform,ssr,ssr+seprod"
+HUB_REPO = "Test/Tiny-VL-GGUF"
 
 
 def _ray_processes(temp_dir: str) -> list[int]:
@@ -50,22 +53,38 @@ def _ray_processes(temp_dir: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def hub(tiny_models):
+    """A hub on 127.0.0.1 serving the tiny model and its mmproj (a catalog entry pulls them on the nodes)."""
+    with FakeHub() as h:
+        h.add_file(HUB_REPO, "tiny-Q8_0.gguf", tiny_models["text"].read_bytes())
+        h.add_file(HUB_REPO, "mmproj-tiny-F32.gguf", tiny_models["mmproj"].read_bytes())
+        yield h
+
+
+@pytest.fixture(scope="module")
+def node_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("node-home")
+
+
+@pytest.fixture(scope="module")
+def cluster(node_home, hub):
     """A local Ray cluster with 2 CPUs; yields its address. Its workers run with their own home (a node's
-    models, states and crops), so the driver's home in each test is another machine's, as on a cluster."""
-    node_home = tmp_path_factory.mktemp("node-home")
+    models, states and crops), so the driver's home in each test is another machine's, as on a cluster;
+    they download from the fake hub."""
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    saved = os.environ.get("EDGE_AGENT_HOME")
-    os.environ["EDGE_AGENT_HOME"] = str(node_home)  # the workers inherit the environment at start
+    node_env = {"EDGE_AGENT_HOME": str(node_home), "HF_ENDPOINT": hub.url}
+    saved = {k: os.environ.get(k) for k in node_env}
+    os.environ.update(node_env)  # the workers inherit the environment at start
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                  _temp_dir=temp_dir)
         yield ray.get_runtime_context().gcs_address
     finally:
-        if saved is None:
-            os.environ.pop("EDGE_AGENT_HOME", None)
-        else:
-            os.environ["EDGE_AGENT_HOME"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         ray.shutdown()
         try:
             wait_until(lambda: not _ray_processes(temp_dir), timeout=30, interval=0.2, what="Ray's processes to end")
@@ -222,6 +241,34 @@ def test_a_question_that_kills_its_worker_every_time_is_recorded_as_an_error(
     assert rows["svqa-001"]["error"].startswith(f"Worker process died {TASK_RETRIES + 1} times")
     assert all(rows[q]["error"] is None for q in ("svqa-000", "svqa-002", "svqa-003"))
     assert run.metrics["ssr"]["errors"] == 1
+
+
+@pytest.mark.slow
+def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_set, edge_home, tmp_path, monkeypatch):
+    """`--model NAME` from the driver's catalog: each node downloads it into its own models folder before any
+    question, once however many workers it runs (one transfer per file here: one node, two workers), and
+    sha256-checked; then the questions run on it. The driver's own machine downloads nothing."""
+    from edge_agent import catalog as C
+
+    entry = C.CatalogEntry(name="tiny-vl", description="tiny test model", family="tiny", params="1M",
+                           variant="instruct", quant="Q8_0", architecture="qwen3vl", roles=("agent",),
+                           tokenizer="qwen3", source="official", repo=HUB_REPO,
+                           file=C.CatalogFile("tiny-Q8_0.gguf", len(hub.repos[HUB_REPO]["tiny-Q8_0.gguf"].data)),
+                           mmproj=C.CatalogFile("mmproj-tiny-F32.gguf",
+                                                len(hub.repos[HUB_REPO]["mmproj-tiny-F32.gguf"].data)))
+    real = C.load_catalog()
+    monkeypatch.setattr(C, "load_catalog", lambda path=None: dataclasses.replace(real, entries=(*real.entries, entry)))
+    _setenv(monkeypatch, TINY_ENV)
+    hub.delay["tiny-Q8_0.gguf"] = 4.0  # slow: the second worker comes while the first one downloads
+    res = _eval(str(tiny_set), "--modes", "ssr", "--out", str(tmp_path / "out"), "--offline", "--max-turns", "1",
+                "--limit", "2", "--model", "tiny-vl", "--cluster", f"ray:{cluster}", "--workers", "2")
+    hub.delay.clear()
+    assert res.exit_code == 0, res.output
+    assert hub.transfers("tiny-Q8_0.gguf") == [None] and hub.transfers("mmproj-tiny-F32.gguf") == [None]
+    pulled = C.Registry(node_home / "models").get("tiny-vl")
+    assert pulled is not None and not pulled.missing_files() and pulled.sha256
+    assert C.Registry(edge_home / "models").get("tiny-vl") is None  # the driver's machine: nothing
+    assert all(r["error"] is None for r in _records(tmp_path / "out"))
 
 
 @pytest.mark.slow

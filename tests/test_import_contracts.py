@@ -33,7 +33,8 @@ LAYERS: dict[str, int] = {
     # costs, the evaluation, its Ray workers and the library builder) and of the tools (model downloads
     # use tools.http's retry policy): beside the engine, below the front ends
     "engine": 3, "chats": 3, "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3,
-    "agent": 2, "chat_context": 2,
+    "read_ahead": 3,  # the engine's read-ahead worker
+    "agent": 2, "chat_context": 2, "pending_turn": 2,  # chat continuity's pending user turn
     "runtime": 1, "tools": 1,
 }
 LAYER_NAMES = {4: "ui/commands", 3: "engine", 2: "agent/chat_context", 1: "runtime/tools", 0: "base"}

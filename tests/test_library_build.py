@@ -253,6 +253,18 @@ def test_reads_eval_results_folder_json_and_jsonl(tmp_path):
             ("q1", 1, "zoom", True), ("q1", 2, "answer", True), ("q2", 1, "zoom", False), ("q2", 2, "answer", False)]
 
 
+def test_records_in_any_order_read_the_same(tmp_path):
+    """A cluster run's results.jsonl holds its records in the order they arrived: the turns read (and so the
+    library built) do not depend on the lines' order."""
+    recs = [_record(f"q{i}", [(f"I should zoom in on part {i}", "zoom"), TRACE[1]], correct=True) for i in range(4)]
+    reads = []
+    for k, order in enumerate((recs, recs[::-1], recs[2:] + recs[:2])):
+        (tmp_path / f"r{k}").mkdir()
+        (tmp_path / f"r{k}" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
+        reads.append([(t.trace.split(":")[1], t.turn, t.text) for t in read_sources([tmp_path / f"r{k}"]).turns])
+    assert reads[0] == reads[1] == reads[2] and len(reads[0]) == 8
+
+
 def test_reads_eval_records_made_by_the_eval_itself(tmp_path):
     """The eval's own record (make_record from real events) carries the reasoning text per turn."""
     from edge_agent import evaluation as E

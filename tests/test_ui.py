@@ -98,7 +98,7 @@ async def test_attach_ask_and_see_reasoning(settings, tmp_path, image):
         await type_and_enter(pilot, f"/image {image}")
         assert app.chat_screen.image == str(image.resolve())
         await settle(pilot)
-        assert engines[0].prepared == [str(image.resolve())]  # read ahead while the question is typed
+        assert engines[0].read[-1] == ("", str(image.resolve()), "")  # read ahead while the question is typed
         await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         assert engines[0].asked == [("What does the sign say?", str(image.resolve()), "ssr")]
@@ -152,6 +152,29 @@ async def test_follow_up_continues_the_chats_kept_context(settings, tmp_path, im
         await type_and_enter(pilot, "Anything else?")
         await settle(pilot)
         assert engines[0].contexts[-1] == "ctx:And the door?"
+
+
+@pytest.mark.asyncio
+async def test_attach_typing_and_detach_are_read_ahead(settings, tmp_path, image):
+    """Issue 19's hooks: attaching an image, each change of the prompt and detaching tell the engine what
+    the next question will be (image, words typed, the chat it continues); a command or a path is not
+    read as a question; the follow-up's read-ahead continues from the first answer's context."""
+    app, engines = scripted_app(settings, tmp_path, contexts=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        engine = engines[0]
+        await type_and_enter(pilot, f"/image {image}")
+        img = str(image.resolve())
+        assert (("", img, "") in engine.read) and not any(t.startswith("/") for t, _, _ in engine.read)
+        for ch in "Why":
+            await pilot.press(ch)
+        assert engine.read[-1] == ("Why", img, "")
+        await pilot.press("enter")
+        await settle(pilot)
+        await pilot.press("ctrl+d")
+        assert engine.read[-1] == ("", None, "ctx:Why")  # detached: the next question goes without it
+        await pilot.press("O", "k")
+        assert engine.read[-1] == ("Ok", None, "ctx:Why")
 
 
 @pytest.mark.asyncio

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from textual.widgets import Markdown
+from textual.widgets import Markdown, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
@@ -69,7 +69,7 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         view = app.chat_screen.transcript.answers()[0]
         assert view.status in ("answered", "turn_limit"), view.status
         image_read = [e for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "image"]
-        assert image_read and image_read[0].reused and image_read[0].encode_seconds == 0
+        assert image_read and image_read[0].read_ahead  # read into the context on attach, not at Enter
         assert app.host.engine.model.vision_encodes == encodes + 1 + sum(
             1 for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "crop" and not e.reused)
         assert view.turns and all(isinstance(t, TurnView) for t in view.turns.values())
@@ -91,6 +91,30 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
     kinds = [e["event"] for e in data["messages"][1]["events"]]
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer" and "rationale_scored" in kinds
     assert "| **>** |" in next(out.glob("*.md")).read_text()
+
+
+async def test_attaching_and_typing_slowly_reads_the_photo_and_the_words_ahead(real_settings, photo):
+    """Issue 19 in the app: the photo is read into the context on attach and the question's words while
+    they are typed; the answer's image line says "read on attach" and its context line how many of the
+    question's tokens were read before Enter."""
+    app = EdgeAgentApp(real_settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        engine = app.host.engine
+        await type_and_enter(pilot, f"/image {photo}")
+        await pilot_wait_until(pilot, lambda: engine.ahead is not None and engine.ahead.image is not None,
+                               what="the photo read into the context on attach")
+        for ch in "What colour is the sign":
+            await pilot.press("space" if ch == " " else ch)
+        await pilot_wait_until(pilot, lambda: engine.ahead is not None and engine.ahead.question_tokens > 0,
+                               what="the words typed read ahead")
+        await type_and_enter(pilot, "?")
+        await settle(pilot)
+        events = stored_events(app)
+        opened = next(e for e in events if isinstance(e, ev.ContextOpened))
+        assert opened.question_tokens_read_ahead > 0 and opened.tokens_read_ahead > 0
+        lines = str(app.chat_screen.transcript.answers()[0].query_one(".context-note", Static).render())
+        assert "read on attach" in lines and f"{opened.question_tokens_read_ahead} question tokens read ahead" in lines
 
 
 async def test_real_engine_escape_cancels_then_next_question_runs(real_settings, photo):

@@ -113,6 +113,7 @@ class ScriptedEngine:
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
+        self.read: list[tuple[str, str | None, str]] = []  # read_ahead calls: (text, image, context)
         self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
     def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
@@ -155,6 +156,9 @@ class ScriptedEngine:
     def prepare_image(self, image) -> bool:
         self.prepared.append(str(image))
         return True
+
+    def read_ahead(self, text: str = "", image: str | None = None, *, context: str = "") -> None:
+        self.read.append((text, image, context))
 
     def close(self) -> None:
         self.closed = True

@@ -35,6 +35,11 @@ class Opened:
     tokens_evaluated: int = 0  # tokens evaluated to open it (images counted in embeddings)
     system_restored: bool = False  # the system prompt came from a saved state
     images: list[ImageChunk] = field(default_factory=list)  # images evaluated while opening
+    # read ahead before the question was sent (edge_agent.pending_turn) and kept: KV cells of the user
+    # turn (its image included), tokens of the person's own text, and the images
+    tokens_read_ahead: int = 0
+    question_read_ahead: int = 0
+    images_read_ahead: list[ImageChunk] = field(default_factory=list)
     seconds: float = 0.0
 
 

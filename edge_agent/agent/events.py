@@ -249,6 +249,8 @@ class ContextOpened(Event):
     system_restored: bool  # the system prompt came from a saved state
     n_ctx_used: int  # KV cells in use after opening
     seconds: float
+    tokens_read_ahead: int = 0  # KV cells of the user turn read before the question was sent (image included)
+    question_tokens_read_ahead: int = 0  # tokens of the question's own text among them
 
 
 @dataclass(frozen=True)
@@ -265,3 +267,4 @@ class ImageEvaluated(Event):
     encode_seconds: float  # vision encoder (0 when the embedding was reused)
     decode_seconds: float  # evaluating its embeddings
     reused: bool  # the embedding came from the cache (same image, same mmproj)
+    read_ahead: bool = False  # read into the context on attach, before the question was sent

@@ -191,7 +191,11 @@ class _Run:
         self.phase_seconds["prompt"] = time.perf_counter() - t
         yield ContextOpened(source=opened.source, reason=opened.reason, tokens_reused=opened.tokens_reused,
                             tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
-                            n_ctx_used=self.session.n_cells, seconds=opened.seconds)
+                            n_ctx_used=self.session.n_cells, seconds=opened.seconds,
+                            tokens_read_ahead=opened.tokens_read_ahead,
+                            question_tokens_read_ahead=opened.question_read_ahead)
+        for img in opened.images_read_ahead:
+            yield self._image_event(0, "image", img, read_ahead=True)
         for img in opened.images:
             yield self._image_event(0, "image", img)
         self._check()
@@ -205,10 +209,10 @@ class _Run:
                 return True
         return False
 
-    def _image_event(self, turn: int, source: str, img: ImageChunk) -> ImageEvaluated:
+    def _image_event(self, turn: int, source: str, img: ImageChunk, *, read_ahead: bool = False) -> ImageEvaluated:
         return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos, width=img.width,
                               height=img.height, encode_seconds=img.encode_seconds,
-                              decode_seconds=img.decode_seconds, reused=img.reused)
+                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead)
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
@@ -567,15 +571,17 @@ class _Run:
         totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
         # Prompt tokens this question evaluated (all models; an image counts its embeddings) and the
         # context tokens it did not evaluate because they were kept in the KV cache or restored.
-        evaluated = reused = n_pos = 0
+        evaluated = reused = n_pos = ahead = 0
         if self.opened is not None:
             evaluated = self.session.n_evaluated - self.evaluated0
             reused, n_pos = self.opened.tokens_reused, self.session.n_pos
+            ahead = self.opened.tokens_read_ahead  # read before the question was sent: not in tokens_evaluated
         if self.drafter is not None:
             evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
             totals.update(self.drafter.totals())
         totals["n_pos"] = float(n_pos)
         totals["tokens_evaluated"] = float(evaluated)
         totals["tokens_reused"] = float(reused)
+        totals["tokens_read_ahead"] = float(ahead)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
         return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals, context=context)

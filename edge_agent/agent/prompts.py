@@ -145,12 +145,16 @@ def history_segments(history: Sequence[tuple[str, str]]) -> list[Segment]:
     return out
 
 
-def question_segments(question: str, image: bytes | None) -> list[Segment]:
-    """The user turn (image first, then the question) and the opening of the first assistant turn."""
+def question_segments(question: str, image: bytes | None, *, closed: bool = True) -> list[Segment]:
+    """The user turn (image first, then the question) and the opening of the first assistant turn.
+    ``closed=False``: only what the person has given so far (a read-ahead's pending turn: the image and
+    the words typed), which the closed turn starts with."""
     out: list[Segment] = [Text("<|im_start|>user\n")]
     if image is not None:
         out.append(Img(image))
-    out += [Text(question, special=False), Text(TURN_END + THINK_OPEN)]
+    out.append(Text(question, special=False))
+    if closed:
+        out.append(Text(TURN_END + THINK_OPEN))
     return out
 
 

@@ -231,7 +231,7 @@ class ChatScreen(Screen):
             self.images.append(p)
         self._show_images()
         self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
-        self.host.prepare_image(p)  # the vision encode while the question is typed
+        self.read_ahead()  # the photo is read into the chat's context while the question is typed
         return True
 
     def _show_images(self) -> None:
@@ -246,6 +246,7 @@ class ChatScreen(Screen):
         name = Path(self.image).name
         self.image = None
         self._show_images()
+        self.read_ahead()  # the photo leaves what was read ahead; the chat's context stays
         self.notify(f"{name} detached: the next question goes without an image. /image 1 attaches it again.",
                     title="Image detached", timeout=4)
 
@@ -259,6 +260,13 @@ class ChatScreen(Screen):
                 self.attach(path)
 
         self.app.push_screen(ImagePickerScreen(start), chosen)
+
+    @on(Input.Changed, "#prompt")
+    def read_ahead(self) -> None:
+        """What is given so far (the photo, the words typed) is read into the chat's context meanwhile;
+        not during an answer, nor for an edited question (it continues from an earlier point)."""
+        if self.running is None and not self._replace_last:
+            self.host.read_ahead(self.query_one(PromptInput).value, self.image, self.chat_id)
 
     # --- the prompt ---
     @on(Input.Submitted, "#prompt")
@@ -429,6 +437,7 @@ class ChatScreen(Screen):
         if self.running == m.message_id:
             self.running = None
             self.status.state = "ready"
+            self.read_ahead()  # what was typed meanwhile, after the new answer
 
     async def action_cancel(self) -> None:
         if self.running is None:
@@ -524,8 +533,10 @@ class ChatScreen(Screen):
         self.image = None if self.text_only else image
         self._show_images()
         self.transcript.scroll_end(animate=False)
-        # The chat's context is restored, not read again; its photo matters only to the prophet, which
-        # then decodes the agent's embedding instead of encoding it itself (in the answer's way).
+        # The chat's context is restored (in the background, while the question is typed), not read
+        # again; its photo matters only to the prophet, which then decodes the agent's embedding instead
+        # of encoding it itself (in the answer's way).
+        self.read_ahead()
         if image is not None and self.host.drafting:
             self.host.prepare_image(image)
 

@@ -27,6 +27,7 @@ from edge_agent.chats import ChatStore
 from edge_agent.config import Settings
 from edge_agent.errors import Cancelled, EdgeAgentError
 from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
+from edge_agent.ui.preview import looks_like_image_path
 from edge_agent.ui.statusbar import model_label
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class EngineLike(Protocol):
             context: str | None = None) -> Iterator[ev.Event]: ...
 
     def prepare_image(self, image: str) -> bool: ...
+
+    def read_ahead(self, text: str = "", image: str | None = None, *, context: str = "") -> None:
+        """What the person has given so far for the next question: read in the background; returns at once."""
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool: ...
 
@@ -245,6 +249,19 @@ class EngineHost:
                     self.engine.prepare_image(path)
 
         self.app.run_worker(read, thread=True, group="prepare", exit_on_error=False)
+
+    def read_ahead(self, text: str, image: str | None, chat_id: int | None) -> None:
+        """What the person has given so far for the next question of chat ``chat_id`` (None: a new chat):
+        the attached ``image`` and the ``text`` typed (a command or a path is not a question). The engine
+        reads them into the chat's context in its own background thread (``Engine.read_ahead``: the photo
+        at once, whole words as they are typed), which the question takes over when it is sent. Returns
+        at once; nothing without an engine."""
+        if self.engine is None:
+            return
+        if text.lstrip().startswith("/") or looks_like_image_path(text.strip()) is not None:
+            text = ""
+        context = self.store.continuation(chat_id).context if chat_id is not None else ""
+        self.engine.read_ahead(text, image, context=context)
 
     def ask(self, q: Question, reply_to: MessagePump) -> None:
         """Answer ``q`` in a worker that stores each event and posts it to ``reply_to`` (AgentEvent, then

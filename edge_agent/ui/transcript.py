@@ -346,7 +346,8 @@ def context_line(e: ev.ContextOpened | ev.ImageEvaluated) -> Text:
     if isinstance(e, ev.ImageEvaluated):
         what = "image" if e.source == "image" else f"crop (turn {e.turn})"
         enc = "embedding reused" if e.reused else f"encoded {ms(e.encode_seconds)}"
-        return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read {ms(e.decode_seconds)}",
+        when = " on attach" if e.read_ahead else ""
+        return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read{when} {ms(e.decode_seconds)}",
                     style="dim")
     line = Text("context: ", style="dim")
     line.append(CONTEXT_WORDS.get(e.source, e.source), style="green" if e.source in ("live", "restored") else "yellow")
@@ -356,6 +357,8 @@ def context_line(e: ev.ContextOpened | ev.ImageEvaluated) -> Text:
     if e.tokens_reused:
         parts.append(f"{e.tokens_reused:,} tokens kept")
     parts.append(f"{e.tokens_evaluated:,} read in {ms(e.seconds)}")
+    if e.tokens_read_ahead:  # read while the question was typed (the photo on attach)
+        parts.append(f"{e.question_tokens_read_ahead:,} question tokens read ahead")
     if e.system_restored:
         parts.append("system prompt restored")
     line.append(" · " + ", ".join(parts), style="dim")

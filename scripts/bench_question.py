@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""What one question about a photo costs at the size we ship: phase by phase, SSR vs free-form.
+
+Usage:
+    python scripts/bench_question.py [--standin 2b|4b] [--model GGUF --mmproj GGUF [--prophet GGUF]]
+                                     [--reps 2] [--quick] [--no-prophet] [--json] [--out FILE]
+
+Models: ``--standin 2b`` (default) writes or reuses the Qwen3-VL-2B-shaped random-weight stand-ins of
+``scripts/make_standin_models.py`` under ``models/standin/`` (agent, prophet, one shared mmproj);
+``--model/--mmproj/--prophet``: your own files. Everything runs through the real ``Engine`` at the
+default settings (threads, context, KV type, batch: what the app uses on this machine), offline, with
+a temporary ``EDGE_AGENT_HOME``.
+
+The question: one 768x768 photo (576 image tokens), a policy that zooms in turn 1 and answers in
+turn 2, answers of a fixed 32 tokens (``--answer-tokens``), free-form reasoning of up to 128 tokens a
+turn (``--freeform-tokens``, as ``bench_ssr.py``). Random weights write gibberish, so the number of
+tokens each step generates is fixed by those limits (an action ends when its grammar closes it).
+Variants, interleaved per repetition (the order rotates), each a new chat, the vision embedding cache
+cleared first:
+- ``ssr``: the photo read with the question (vision encode + its tokens decoded);
+- ``freeform``: the same, reasoning written by the model;
+- ``ssr_read_ahead``: the photo and the typed question read ahead (``Engine.read_ahead``, as the app
+  does on attach and while typing; untimed), then the SSR question.
+The first question of the run evaluates the system prompt (no saved state yet): ``system_prompt``
+compares its context opening with the later ones, which restore the saved state.
+
+Phases per variant (medians over repetitions, seconds; tokens counted): vision encode, image tokens
+decoded, context opening (system prompt restored + the question's tokens), SSR scoring per turn,
+free-form reasoning, the zoom action's decode, the zoom (crop, its encode and decode), the answer decode
+(ms per answer token from the stream's timestamps), the question's wall time.
+
+Raw llama.cpp speed on the loaded agent (through the runtime's thinnest path: one llama_decode per
+token plus the copy of its logits row, no sampling): prefill tokens/s by batch threads, decode
+ms/token by decode threads; ``decode_overhead`` = the app's seconds per answer token / the best raw
+decode. Memory: peak resident set (VmHWM) of this process with the agent alone, then after loading
+the agent and the prophet (SeProD on: the same question runs end to end), and each model's KV bytes.
+
+Top-level JSON keys (contract of issue 20): ``ssr_over_freeform_question``, ``image_read_share`` (share
+of an SSR question spent reading the photo: encode + decode), ``peak_rss_mb``,
+``peak_rss_mb_with_prophet``, ``prefill_tokens_per_s``, ``decode_tokens_per_s``, ``decode_overhead``,
+``vision_encode_s``, ``shape``. The machine is shared and noisy: read ratios, not seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from PIL import Image, ImageDraw  # noqa: E402
+
+QUESTION = "What does the small sign on the door say?"
+VARIANTS = ("ssr", "freeform", "ssr_read_ahead")
+PREFILL_TOKENS = 256
+
+
+# ----------------------------------------------------------------------------------------------
+# set-up
+# ----------------------------------------------------------------------------------------------
+def make_photo(path: Path, size: int = 768) -> Path:
+    """A deterministic 768x768 'photo' (a facade with a door, windows and a small sign), JPEG."""
+    img = Image.new("RGB", (size, size), (142, 168, 196))
+    d = ImageDraw.Draw(img)
+    d.rectangle((60, 180, 700, 760), fill=(176, 122, 92))
+    for x in range(100, 660, 140):
+        for y in range(230, 520, 120):
+            d.rectangle((x, y, x + 80, y + 80), fill=(60, 80, 110), outline=(230, 230, 230), width=4)
+    d.rectangle((320, 560, 440, 760), fill=(80, 50, 30))
+    d.rectangle((338, 590, 422, 620), fill=(240, 240, 220))
+    d.text((344, 598), "OPEN 9-5", fill=(10, 10, 10))
+    for i in range(0, size, 7):  # texture, so the JPEG is photo-sized rather than flat
+        d.line((0, i, size, (i * 13) % size), fill=(120 + i % 60, 110, 100), width=1)
+    img.save(path, format="JPEG", quality=90)
+    return path
+
+
+def resolve_files(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[str, dict[str, Path | None]]:
+    """(shape label, {"text", "mmproj", "prophet"}) from --standin or --model/--mmproj/--prophet."""
+    if args.model:
+        if not args.mmproj:
+            ap.error("--model needs --mmproj (the question is about a photo)")
+        files: dict[str, Path | None] = {"text": Path(args.model), "mmproj": Path(args.mmproj),
+                                         "prophet": Path(args.prophet) if args.prophet else None}
+        return Path(args.model).stem, files
+    from scripts.make_standin_models import make_standin_models
+
+    paths = make_standin_models(args.standin_dir, args.standin)
+    return args.standin, {"text": paths["text"], "mmproj": paths["mmproj"], "prophet": paths["prophet"]}
+
+
+def load_engine(home: Path, files: dict[str, Path | None], *, prophet: bool, answer_tokens: int) -> Any:
+    """An Engine at the default settings (offline, temp home), optionally with the prophet."""
+    from edge_agent.config import Settings
+    from edge_agent.engine import Engine
+
+    overrides: dict[str, Any] = {"model": str(files["text"]), "mmproj": str(files["mmproj"]), "offline": True,
+                                 "answer_max_tokens": answer_tokens}
+    if prophet and files.get("prophet") is not None:
+        overrides.update(prophet=str(files["prophet"]), prophet_mmproj=str(files["mmproj"]), seprod=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
+    env["EDGE_AGENT_HOME"] = str(home)
+    return Engine.from_settings(Settings.load(overrides, env=env))
+
+
+def peak_rss_mb() -> float:
+    """This process' peak resident set size so far (VmHWM; ru_maxrss where /proc is absent)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# raw llama.cpp speed
+# ----------------------------------------------------------------------------------------------
+def raw_prefill(model: Any, cores: int) -> dict[str, Any]:
+    """Prefill tokens/s of ``PREFILL_TOKENS`` tokens by batch threads (1 and all cores), through
+    ``append_tokens`` (llama_decode in n_batch pieces, one logits row copied)."""
+    from edge_agent.runtime.cores import FOREGROUND
+
+    toks = _filler(model, PREFILL_TOKENS)
+    h = model.handle  # the runtime's llama.cpp handle: its batch thread count is not a public setting
+    threads0, batch0 = h.n_threads, h.n_threads_batch
+    out: dict[str, float] = {}
+    try:
+        for n in sorted({1, cores}):
+            h.n_threads_batch = n
+            model.share_cores(None, FOREGROUND, n_threads=threads0)  # applies (decode, batch) threads
+            s = model.session()
+            t0 = time.perf_counter()
+            s.append_tokens(toks)
+            out[str(n)] = round(len(toks) / (time.perf_counter() - t0), 2)
+    finally:
+        h.n_threads_batch = batch0
+        model.share_cores(None, FOREGROUND, n_threads=threads0)
+        model.session()  # leave an empty context behind
+    return out
+
+
+def _filler(model: Any, n: int) -> list[int]:
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
+    return (toks * (1 + n // max(1, len(toks))))[:n]
+
+
+class RawDecode:
+    """Samples of llama.cpp's decode time per token at each thread count, and of ``generate`` (the
+    app's sampling path: greedy, the answer grammar, log-probs) at the app's thread count, taken in
+    small rounds between the questions so that both see the same load on a shared machine."""
+
+    def __init__(self, model: Any, cores: int, contexts: Any = None) -> None:
+        self.model, self.counts, self.contexts = model, sorted({1, cores}), contexts
+        self.samples: dict[str, list[float]] = {str(n): [] for n in self.counts}
+        self.generate: list[float] = []
+
+    def round(self, n_tokens: int = 4) -> None:
+        """One round: ``n_tokens`` single-token decodes per thread count (interleaved), then
+        ``generate`` of ``n_tokens`` tokens, after a 64-token context."""
+        from edge_agent.agent.actions import tail_grammar
+        from edge_agent.runtime.cores import FOREGROUND
+
+        m, threads0 = self.model, self.model.n_threads
+        toks = _filler(m, 64 + n_tokens)
+        try:
+            s = m.session()
+            s.append_tokens(toks[:64])
+            for i in range(n_tokens):
+                for n in self.counts:
+                    m.share_cores(None, FOREGROUND, n_threads=n)
+                    t0 = time.perf_counter()
+                    s.append_tokens([toks[64 + i]])
+                    self.samples[str(n)].append(time.perf_counter() - t0)
+            m.share_cores(None, FOREGROUND, n_threads=threads0)
+            s.next_logits()
+            gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=["<"])
+            if len(gen.tokens) > 1:  # the first token is sampled from logits already there
+                self.generate.append(gen.seconds / (len(gen.tokens) - 1))
+        finally:
+            m.share_cores(None, FOREGROUND, n_threads=threads0)
+            m.session()
+            # The engine's chat contexts held the session just replaced: forget it, so the next
+            # question opens as after a restart (the system prompt restored from its saved state).
+            if self.contexts is not None:
+                self.contexts.live = None
+
+    def result(self) -> dict[str, Any]:
+        ms = {n: round(1000 * statistics.median(v), 2) for n, v in self.samples.items() if v}
+        best = min(ms.items(), key=lambda kv: kv[1])
+        gen = round(1000 * statistics.median(self.generate), 2) if self.generate else None
+        app = str(self.model.n_threads)
+        return {"decode_ms": ms, "best_decode_threads": int(best[0]), "best_decode_ms": best[1],
+                "generate_ms": gen, "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
+                "sampling_overhead": round(gen / ms[app], 3) if gen and app in ms else None,
+                "samples": {n: len(v) for n, v in self.samples.items()}}
+
+
+# ----------------------------------------------------------------------------------------------
+# one question, phase by phase
+# ----------------------------------------------------------------------------------------------
+def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, freeform_tokens: int,
+             seprod: bool = False) -> dict[str, Any]:
+    """Run one question (a new chat) and return its phases from the agent's events."""
+    from edge_agent.agent.loop import AgentOptions
+    from edge_agent.runtime import vision
+
+    def policy(turn: int, allowed: frozenset[str]) -> set[str]:
+        return {"zoom"} if turn == 1 and "zoom" in allowed else {"answer"}
+
+    mode = "freeform" if variant == "freeform" else "ssr"
+    opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy, answer_max_tokens=answer_tokens,
+                                      freeform_max_tokens=freeform_tokens, library=engine.library)
+    vision.clear_cache()
+    if variant == "ssr_read_ahead":  # as the app does while the question is typed: not timed
+        if hasattr(engine, "read_ahead"):  # the photo and the typed words into the pending user turn
+            engine.read_ahead(QUESTION, photo)
+            engine.read_ahead_idle(timeout=1800)
+        else:  # older engines: the photo's vision encode only
+            engine.prepare_image(photo)
+    t0 = time.perf_counter()
+    stamped = [(time.perf_counter() - t0, e) for e in _events(engine.ask(QUESTION, photo, options=opts, seprod=seprod))]
+    wall = time.perf_counter() - t0
+    return phases(stamped, wall)
+
+
+def _events(stream: Iterator[Any]) -> Iterator[Any]:
+    yield from stream
+
+
+def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
+    """Seconds and tokens per phase of one question from its (timestamp, event) list."""
+    from edge_agent.agent import events as ev
+
+    p: dict[str, Any] = {"question_s": wall, "scoring_s": 0.0, "reasoning_s": 0.0, "reasoning_tokens": 0}
+    answer_times = []
+    for t, e in stamped:
+        if isinstance(e, ev.ContextOpened):
+            p.update(open_s=e.seconds, open_tokens=e.tokens_evaluated, system_restored=e.system_restored)
+        elif isinstance(e, ev.ImageEvaluated):
+            key = "image" if e.turn == 0 else "crop"
+            p.update({f"{key}_encode_s": e.encode_seconds, f"{key}_decode_s": e.decode_seconds,
+                      f"{key}_tokens": e.tokens, f"{key}_reused": e.reused})
+        elif isinstance(e, ev.RationaleScored):
+            p["scoring_s"] += e.seconds
+        elif isinstance(e, ev.ReasoningDone):
+            p["reasoning_s"] += e.seconds
+            p["reasoning_tokens"] += e.n_tokens
+        elif isinstance(e, ev.ToolCalled):
+            p.update(zoom_action_s=e.action_seconds, tool=e.name)
+        elif isinstance(e, ev.ToolFinished):
+            p.update(zoom_tool_s=e.seconds, tool_ok=e.ok)
+        elif isinstance(e, ev.TurnFinished):
+            if e.action == "answer":
+                p["answer_s"] = e.action_seconds
+            else:
+                p["zoom_observe_s"] = e.observe_seconds
+        elif isinstance(e, ev.AnswerToken):
+            answer_times.append(t)
+        elif isinstance(e, ev.AgentError):
+            p.setdefault("errors", []).append(f"{e.title}: {e.message}"[:200])
+        elif isinstance(e, ev.FinalAnswer):
+            tot = e.totals
+            p.update(stop_reason=e.stop_reason, turns=e.turns, tokens_evaluated=tot.get("tokens_evaluated", 0),
+                     generated_tokens=tot.get("generated_tokens", 0), answer_tokens=tot.get("answer_tokens", 0),
+                     seprod={k: v for k, v in tot.items() if k.startswith(("draft", "seprod", "prophet"))})
+    if len(answer_times) > 2:  # steady state: the first streamed token carries the answer's set-up
+        p["answer_ms_per_token"] = 1000 * (answer_times[-1] - answer_times[1]) / (len(answer_times) - 2)
+    p["image_read_s"] = p.get("image_encode_s", 0.0) + p.get("image_decode_s", 0.0)
+    p["question_open_s"] = p.get("open_s", 0.0) - p.get("image_decode_s", 0.0) - p.get("image_encode_s", 0.0)
+    p["question_tokens"] = p.get("open_tokens", 0) - p.get("image_tokens", 0)
+    return p
+
+
+def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer_tokens: int,
+                  freeform_tokens: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """A first (cold) question, then ``reps`` rounds of every variant in rotating order; a round of
+    raw decode samples after each question."""
+    kw = {"answer_tokens": answer_tokens, "freeform_tokens": freeform_tokens}
+    cold = ask_once(engine, photo, "ssr", **kw)
+    raw.round()
+    say(f"  first question (system prompt evaluated): {cold['question_s']:.1f} s")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    for r in range(reps):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
+        for v in order:
+            runs[v].append(ask_once(engine, photo, v, **kw))
+            raw.round()
+            say(f"  rep {r + 1}/{reps} {v:15s} {runs[v][-1]['question_s']:6.1f} s")
+    return {"cold": cold, "runs": runs, "medians": {v: medians(rs) for v, rs in runs.items()}}
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per numeric field, the median over repetitions (booleans and strings: the first run's)."""
+    out: dict[str, Any] = {}
+    for k, v in runs[0].items():
+        vals = [r[k] for r in runs if k in r]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            out[k] = v
+        else:
+            out[k] = round(statistics.median(vals), 4)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str, Any]) -> dict[str, Any]:
+    m = q["medians"]
+    ssr, ff = m["ssr"], m["freeform"]
+    best_s = raw["best_decode_ms"] / 1000
+    app_ms = ssr.get("answer_ms_per_token")
+    cold, warm = q["cold"], ssr
+    return {
+        "shape": shape,
+        "ssr_over_freeform_question": round(ssr["question_s"] / ff["question_s"], 3),
+        "image_read_share": round(ssr["image_read_s"] / ssr["question_s"], 3),
+        "peak_rss_mb": round(mem["peak_rss_mb"], 1),
+        "peak_rss_mb_with_prophet": None if mem.get("peak_rss_mb_with_prophet") is None
+        else round(mem["peak_rss_mb_with_prophet"], 1),
+        "prefill_tokens_per_s": max(raw["prefill_tokens_per_s"].values()),
+        "prefill_tokens_per_s_app": raw["prefill_tokens_per_s"].get(str(raw["app_threads"]["batch"])),
+        "decode_tokens_per_s": round(1 / best_s, 2),
+        "decode_overhead": round(app_ms / 1000 / best_s, 3) if app_ms else None,
+        "vision_encode_s": ssr.get("image_encode_s"),
+        "read_ahead_over_ssr_question": round(m["ssr_read_ahead"]["question_s"] / ssr["question_s"], 3),
+        "system_prompt": {"tokens": cold.get("open_tokens", 0) - warm.get("open_tokens", 0),
+                          "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
+                          "open_s_restored": warm.get("question_open_s")},
+        "app_answer_ms_per_token": app_ms,
+        "raw": raw,
+        "memory": mem,
+        "phases": m,
+        "cold_question": cold,
+        "runs": q["runs"],
+    }
+
+
+PHASE_ROWS = [
+    ("vision encode of the photo", "image_encode_s", None),
+    ("photo tokens decoded", "image_decode_s", "image_tokens"),
+    ("context opened (system prompt restored + question)", "question_open_s", "question_tokens"),
+    ("SSR scoring (both turns)", "scoring_s", None),
+    ("free-form reasoning (both turns)", "reasoning_s", "reasoning_tokens"),
+    ("zoom action decode", "zoom_action_s", None),
+    ("zoom: crop made", "zoom_tool_s", None),
+    ("zoom: crop encode + decode", "zoom_observe_s", "crop_tokens"),
+    ("answer decode", "answer_s", "answer_tokens"),
+    ("question (wall)", "question_s", "tokens_evaluated"),
+]
+
+
+def table(res: dict[str, Any]) -> str:
+    """The phase table (Markdown) of a result."""
+    ph = res["phases"]
+    cols = list(VARIANTS)
+    lines = ["| phase | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for label, key, tok in PHASE_ROWS:
+        cells = []
+        for v in cols:
+            x = ph[v].get(key)
+            n = ph[v].get(tok) if tok else None
+            cells.append("-" if not x else f"{x:.2f} s" + (f" ({n:.0f} tok)" if n else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    ap.add_argument("--standin", default="2b", choices=["2b", "4b"], help="stand-in size (default 2b)")
+    ap.add_argument("--standin-dir", type=Path, default=ROOT / "models" / "standin", help="where stand-ins are cached")
+    ap.add_argument("--model", default="", help="your own agent GGUF (instead of a stand-in)")
+    ap.add_argument("--mmproj", default="", help="its mmproj")
+    ap.add_argument("--prophet", default="", help="a prophet GGUF (same tokenizer) for the memory/SeProD part")
+    ap.add_argument("--reps", type=int, default=2, help="repetitions of each variant (default 2)")
+    ap.add_argument("--quick", action="store_true", help="one repetition, fewer decode samples")
+    ap.add_argument("--no-prophet", action="store_true", help="skip loading the prophet")
+    ap.add_argument("--answer-tokens", type=int, default=32)
+    ap.add_argument("--freeform-tokens", type=int, default=128)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.reps = 1
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    t_start = time.perf_counter()
+    shape, files = resolve_files(args, ap)
+    from edge_agent.runtime.cores import physical_cores
+
+    cores = physical_cores()
+    with tempfile.TemporaryDirectory(prefix="bench-question-") as tmp:
+        photo = make_photo(Path(tmp) / "photo.jpg")
+        say(f"loading {files['text']} (+ mmproj)")
+        engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens)
+        try:
+            say("raw llama.cpp speed")
+            prefill = raw_prefill(engine.model, cores)
+            decode = RawDecode(engine.model, cores, engine.contexts)
+            decode.round()
+            say(f"  prefill tokens/s by batch threads {prefill}")
+            q = run_questions(engine, photo, args.reps, decode, answer_tokens=args.answer_tokens,
+                              freeform_tokens=args.freeform_tokens, say=say)
+            raw = {"prefill_tokens": PREFILL_TOKENS, "prefill_tokens_per_s": prefill, **decode.result()}
+            say(f"  decode {raw}")
+            mem: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "agent": engine.memory()["agent"]}
+        finally:
+            engine.close()
+        if files.get("prophet") is not None and not args.no_prophet:
+            say("loading the agent and the prophet (SeProD on)")
+            engine = load_engine(Path(tmp) / "home", files, prophet=True, answer_tokens=args.answer_tokens)
+            try:
+                sp = ask_once(engine, photo, "ssr", answer_tokens=args.answer_tokens,
+                              freeform_tokens=args.freeform_tokens, seprod=True)
+                mem.update(peak_rss_mb_with_prophet=peak_rss_mb(), with_prophet=engine.memory(), seprod_question=sp)
+                say(f"  SeProD question: {sp['question_s']:.1f} s, peak RSS {mem['peak_rss_mb_with_prophet']:.0f} MB")
+            finally:
+                engine.close()
+    res = summarise(shape, raw, q, mem)
+    res["cores"] = cores
+    res["seconds"] = round(time.perf_counter() - t_start, 1)
+    text = json.dumps(res, indent=1, default=str)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    if args.json:
+        print(text)
+    else:
+        print(table(res))
+        print({k: res[k] for k in ("shape", "ssr_over_freeform_question", "image_read_share", "peak_rss_mb",
+                                   "peak_rss_mb_with_prophet", "prefill_tokens_per_s", "decode_tokens_per_s",
+                                   "decode_overhead", "vision_encode_s")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
