@@ -422,13 +422,15 @@ def test_eval_progress_prints_a_line_per_result_into_a_pipe(tmp_path):
     buf = io.StringIO()
     p = EvalProgress(tmp_path / "results.jsonl", stream=buf,
                      workers=lambda: [{"node": "n1 (1.2.3.4)", "done": 2, "restarts": 1}])
+    p.status("Loading tiny")
     p(1, 4, None)
+    p.working("q2 ssr ...")
     p(2, 4, {"id": "q2", "mode": "ssr", "exact": True, "contains": True, "error": None})
     time.sleep(0.01)
     p(3, 4, {"id": "q3", "mode": "ssr", "exact": False, "contains": False, "error": "Bad image"})
     p.close()
     lines = buf.getvalue().splitlines()
-    assert lines[0].startswith("Resuming: 1 of 4")
-    assert lines[1].startswith("eval 2/4 (50%) q2 ssr ok") and "0 failed" in lines[1] and "left" in lines[1]
-    assert lines[2].startswith("eval 3/4 (75%) q3 ssr error") and "1 failed" in lines[2]
-    assert "w1 n1 2 (1 restart)" in lines[2] and len(lines) == 3
+    assert lines[0] == "eval: Loading tiny" and lines[1].startswith("Resuming: 1 of 4")
+    assert lines[2].startswith("eval 2/4 (50%) q2 ssr ok") and "0 failed" in lines[2] and "left" in lines[2]
+    assert lines[3].startswith("eval 3/4 (75%) q3 ssr error") and "1 failed" in lines[3]
+    assert "w1 n1 2 (1 restart)" in lines[3] and len(lines) == 4  # one line per result, none per start
