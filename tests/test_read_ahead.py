@@ -238,3 +238,37 @@ def test_type_ahead_off_reads_the_photo_but_not_the_words(tiny_models, edge_home
     finally:
         e.close()
         m.close()
+
+
+def test_ask_reads_the_photo_while_the_prophet_loads(tiny_models, edge_home, photo, monkeypatch):
+    """`edge-agent ask IMAGE QUESTION` (Engine.from_settings with ``ahead``): the read-ahead of the system
+    prompt, the photo and the whole question is under way before the prophet's files load, and the
+    question then evaluates nothing at Enter."""
+    import json
+
+    from click.testing import CliRunner
+
+    from edge_agent.cli import cli
+    from edge_agent.runtime import model as model_mod
+
+    seen: list[bool] = []
+    real = model_mod.Model.from_settings.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, settings, path, *a, **kw):
+        if str(path) == str(tiny_models["prophet"]):
+            seen.append(any(t.name == "read-ahead" for t in threading.enumerate()))
+        return real(cls, settings, path, *a, **kw)
+
+    monkeypatch.setattr(model_mod.Model, "from_settings", classmethod(spy))
+    for k, v in {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "4"}.items():
+        monkeypatch.setenv(f"EDGE_AGENT_{k}", v)
+    r = CliRunner().invoke(cli, ["ask", str(photo), "What does the sign say?", "--model", str(tiny_models["text"]),
+                                 "--mmproj", str(tiny_models["mmproj"]), "--prophet", str(tiny_models["prophet"]),
+                                 "--prophet-mmproj", str(tiny_models["mmproj"]), "--offline", "--max-turns", "1",
+                                 "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert seen == [True]
+    opened_row = next(row for row in rows if row["event"] == "context_opened")
+    assert opened_row["tokens_read_ahead"] >= 576 and opened_row["tokens_evaluated"] == 0
+    assert [row["read_ahead"] for row in rows if row["event"] == "image_evaluated" and row["turn"] == 0] == [True]
