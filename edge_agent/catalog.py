@@ -491,6 +491,9 @@ class ModelStatus:
     description: str = ""
     is_default: bool = False
     path: str | None = None
+    # expected peak resident bytes answering a photo question at the current settings (edge_agent.footprint)
+    memory: int | None = None
+    memory_with_prophet: int | None = None
 
 
 def partial_downloads(models_dir: Path) -> list[Path]:
@@ -513,18 +516,22 @@ def overview(settings: Settings) -> list[ModelStatus]:
         entry = catalog.get(m.catalog) if m.catalog else None
         status = "broken" if m.missing_files() else ("installed" if m.source == "pull" else "added")
         size = None if status == "broken" else sum(p.stat().st_size for p in (m.model_path, m.mmproj_path) if p)
+        fp = None if status == "broken" else _footprint(settings, m.model_path, m.mmproj_path)
         rows.append(ModelStatus(
             m.name, status, size, m.quant or (entry.quant if entry else "?"),
             m.architecture or (entry.architecture if entry else "?"),
             Path(m.mmproj).name if m.mmproj else "text only", tuple(m.roles),
-            entry.description if entry else "", m.name == default_name, m.path))
+            entry.description if entry else "", m.name == default_name, m.path,
+            memory=fp.alone if fp else None, memory_with_prophet=fp.with_prophet if fp else None))
     demo = catalog.demo
     demo_path = find_demo_gguf(demo)
     rows.append(ModelStatus(
         demo.name, "demo" if demo_path else "demo-missing", demo_path.stat().st_size if demo_path else None,
         demo.quant, demo.architecture, "text only", demo.roles,
         demo.description if demo_path else f"{demo.description}; install: {demo.install}",
-        demo.name == default_name, str(demo_path) if demo_path else None))
+        demo.name == default_name, str(demo_path) if demo_path else None,
+        memory=fp.alone if (fp := _footprint(settings, demo_path, None) if demo_path else None) else None,
+        memory_with_prophet=fp.with_prophet if fp else None))
     partial_dirs = {p.parent.name for p in partial_downloads(settings.models_dir)}
     pulled = {m.catalog for m in registry.models if m.catalog}
     for e in catalog.entries:
@@ -535,8 +542,33 @@ def overview(settings: Settings) -> list[ModelStatus]:
             for f in (e.file, e.mmproj) if f)
         rows.append(ModelStatus(
             e.name, "partial" if partial else "available", e.download_size, e.quant, e.architecture,
-            e.mmproj.name if e.mmproj else "text only", e.roles, e.description))
+            e.mmproj.name if e.mmproj else "text only", e.roles, e.description,
+            memory=fp.alone if (fp := _entry_footprint(settings, e)) else None,
+            memory_with_prophet=fp.with_prophet if fp else None))
     return rows
+
+
+def _entry_footprint(settings: Settings, e: CatalogEntry) -> Any:
+    """edge_agent.footprint's estimate for a catalog model not on disk (sizes and shape from the catalog)."""
+    from edge_agent import footprint
+
+    if e.file is None or not e.file.size:
+        return None
+    return footprint.estimate(settings, weights=e.file.size, mmproj=(e.mmproj.size or 0) if e.mmproj else 0,
+                              kv=footprint.kv_shape_of_entry(e.family, e.params))
+
+
+def _footprint(settings: Settings, model: Path, mmproj: Path | None) -> Any:
+    """edge_agent.footprint's estimate for files on disk (their headers give the KV shape)."""
+    from edge_agent import footprint
+
+    try:
+        weights = model.stat().st_size
+        mm = mmproj.stat().st_size if mmproj else 0
+    except OSError:
+        return None
+    return footprint.estimate(settings, weights=weights, mmproj=mm, kv=footprint.kv_shape_of_file(model))
+
 
 
 def repo_dirname(repo: str) -> str:

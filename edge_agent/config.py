@@ -42,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "text_search": ("wikipedia", "searxng", "brave"),
     "image_search": ("none", "gcv", "serpapi"),
     "extra_buffers": ("auto", "on", "off"),
+    "kv_type": ("auto", "f16", "q8_0"),
 }
 # name -> (low, high or None, low excluded): the values that can work
 RANGES: dict[str, tuple[float, float | None, bool]] = {
@@ -111,6 +112,9 @@ class Settings:
     n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
     n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
     extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
+    kv_type: str = _doc(
+        "KV cache type: auto (q8_0 when an f16 cache of n_ctx would exceed 512 MB: Qwen3-VL-2B at 8192 takes "
+        "476 MB instead of 896), f16 or q8_0.", default="auto")
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------

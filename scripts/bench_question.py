@@ -19,8 +19,8 @@ Variants, interleaved per repetition (the order rotates), each a new chat, the v
 cleared first:
 - ``ssr``: the photo read with the question (vision encode + its tokens decoded);
 - ``freeform``: the same, reasoning written by the model;
-- ``ssr_read_ahead``: the photo read ahead (``Engine.prepare_image``, as the app does on attach,
-  untimed), then the SSR question.
+- ``ssr_read_ahead``: the photo and the typed question read ahead (``Engine.read_ahead``, as the app
+  does on attach and while typing; untimed), then the SSR question.
 The first question of the run evaluates the system prompt (no saved state yet): ``system_prompt``
 compares its context opening with the later ones, which restore the saved state.
 
@@ -136,18 +136,19 @@ def raw_prefill(model: Any, cores: int) -> dict[str, Any]:
     from edge_agent.runtime.cores import FOREGROUND
 
     toks = _filler(model, PREFILL_TOKENS)
-    threads0, batch0 = model.n_threads, model.n_threads_batch
+    h = model.handle  # the runtime's llama.cpp handle: its batch thread count is not a public setting
+    threads0, batch0 = h.n_threads, h.n_threads_batch
     out: dict[str, float] = {}
     try:
         for n in sorted({1, cores}):
-            model.n_threads_batch = n
+            h.n_threads_batch = n
             model.share_cores(None, FOREGROUND, n_threads=threads0)  # applies (decode, batch) threads
             s = model.session()
             t0 = time.perf_counter()
             s.append_tokens(toks)
             out[str(n)] = round(len(toks) / (time.perf_counter() - t0), 2)
     finally:
-        model.n_threads_batch = batch0
+        h.n_threads_batch = batch0
         model.share_cores(None, FOREGROUND, n_threads=threads0)
         model.session()  # leave an empty context behind
     return out
@@ -225,8 +226,12 @@ def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, free
     opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy, answer_max_tokens=answer_tokens,
                                       freeform_max_tokens=freeform_tokens, library=engine.library)
     vision.clear_cache()
-    if variant == "ssr_read_ahead":
-        engine.prepare_image(photo)  # as the app does while the question is typed: not timed
+    if variant == "ssr_read_ahead":  # as the app does while the question is typed: not timed
+        if hasattr(engine, "read_ahead"):  # the photo and the typed words into the pending user turn
+            engine.read_ahead(QUESTION, photo)
+            engine.read_ahead_idle(timeout=1800)
+        else:  # older engines: the photo's vision encode only
+            engine.prepare_image(photo)
     t0 = time.perf_counter()
     stamped = [(time.perf_counter() - t0, e) for e in _events(engine.ask(QUESTION, photo, options=opts, seprod=seprod))]
     wall = time.perf_counter() - t0
@@ -397,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     shape, files = resolve_files(args, ap)
-    from edge_agent.runtime._lib import physical_cores
+    from edge_agent.runtime.cores import physical_cores
 
     cores = physical_cores()
     with tempfile.TemporaryDirectory(prefix="bench-question-") as tmp:

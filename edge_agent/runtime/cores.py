@@ -168,17 +168,23 @@ def physical_cores() -> int:
 MAX_DEFAULT_THREADS = 8
 
 
-def default_threads(requested: int, *, decode: bool = False) -> int:
+def default_threads(requested: int, *, decode: bool = False, model_bytes: int = 0) -> int:
     """``requested`` if > 0, else physical cores capped at MAX_DEFAULT_THREADS.
 
-    ``decode=True`` (token-by-token threads) leaves one core free on machines with 2-4 cores:
-    decoding is memory-bound and OpenMP threads spin-wait, so one busy neighbour (the UI, another
-    process) stalls every step. Measured on a loaded 2-core VM, SmolLM2 decode: 22 ms/token with 1
-    thread, 107-135 ms/token with 2 (prefill: 12 vs 14-25 ms/token).
+    ``decode=True`` (token-by-token threads) leaves one core free on machines with 2-4 cores for a
+    small model (weights under ``SMALL_MODEL_BYTES``): its decoding is memory-bound and OpenMP threads
+    spin-wait, so one busy neighbour (the UI, another process) stalls every step. Measured on a loaded
+    2-core VM, SmolLM2 decode: 22 ms/token with 1 thread, 107-135 ms/token with 2 (prefill: 12 vs 14-25
+    ms/token). A model of the size we ship decodes faster on every core: a Qwen3-VL-2B-shaped Q4_K_M
+    (1.05 GB) on a quiet 2-core machine, 81 ms/token with 2 threads vs 134 with 1
+    (shared/notes/llama-cpp-python.md; ``scripts/bench_question.py`` reports both, ``decode_ms``).
     """
     if requested > 0:
         return requested
     n = min(physical_cores(), MAX_DEFAULT_THREADS)
-    if decode and 2 <= n <= 4:
+    if decode and 2 <= n <= 4 and model_bytes < SMALL_MODEL_BYTES:
         n -= 1
     return max(1, n)
+
+
+SMALL_MODEL_BYTES = 512 * 2**20  # below: decoding is spin-stall bound (SmolLM2-135M: 94 MB); above: compute

@@ -154,6 +154,12 @@ class Handle:
         _lib.clear_errors()
         mp = C.llama_model_default_params()
         mp.use_extra_bufts = self.params.extra_buffers
+        if self.params.extra_buffers:
+            # Read the file instead of mapping it: a repacked matrix is copied into its kernel's layout
+            # and the mapping kept its file pages resident as well. Qwen3-VL-2B stand-in (Q4_K_M,
+            # 1.05 GB): 1,765 MB resident after loading mapped (691 MB repacked + 1,073 MB of file
+            # pages), 1,126 MB read (scripts/bench_question.py measures the whole app's peak).
+            mp.load_mode = C.LLAMA_LOAD_MODE_NONE
         self._model = C.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise ModelFileError(
@@ -187,8 +193,12 @@ class Handle:
         #   with it on. Pass flash_attn="on" where batched == token-by-token must hold exactly.
         # - F32 KV (chosen for exactness): the CPU flash-attention kernel rounds through F16, which
         #   made token-by-token and batched logprobs differ by 3e-4 on the tiny model (2.5e-6 off).
+        # - A q8_0 KV cache (the large-model default, see model.auto_kv_type) needs it on: llama.cpp
+        #   refuses a quantized V cache without flash attention.
         flash_attn = p.flash_attn
-        if flash_attn == "auto" and (p.kv_type == "f32" or not C.llama_supports_gpu_offload()):
+        if flash_attn == "auto" and p.kv_type == "q8_0":
+            flash_attn = "on"
+        elif flash_attn == "auto" and (p.kv_type == "f32" or not C.llama_supports_gpu_offload()):
             flash_attn = "off"
         self.flash_attn = flash_attn
         cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[flash_attn]

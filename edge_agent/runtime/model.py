@@ -110,7 +110,7 @@ class Model:
 
         ``n_seq_max``: 1 (conversation) + the most candidates scored in one decode (more are scored in
         groups). ``n_batch``: the most tokens per llama_decode (also the physical ubatch). ``kv_type``:
-        f16 (default), f32 (exact comparisons in tests), q8_0. ``flash_attn``: auto|on|off (auto: off
+        f16 (default), f32 (exact comparisons in tests), q8_0, auto (:func:`auto_kv_type`). ``flash_attn``: auto|on|off (auto: off
         on CPU-only builds, where it measured slower, and with an f32 KV cache; else llama.cpp's choice).
         ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image becomes (0: the
         projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper on a CPU.
@@ -123,15 +123,17 @@ class Model:
         mm = Path(mmproj) if mmproj else None
         if extra_buffers not in ("auto", "on", "off"):
             raise ModelRuntimeError(f"extra_buffers must be auto, on or off, not {extra_buffers!r}.")
-        if kv_type not in _lib.KV_TYPES:
+        if kv_type not in (*_lib.KV_TYPES, "auto"):
             raise ModelRuntimeError(f"kv_type must be one of {', '.join(_lib.KV_TYPES)}, not {kv_type!r}.")
         if flash_attn not in ("auto", "on", "off"):
             raise ModelRuntimeError(f"flash_attn must be auto, on or off, not {flash_attn!r}.")
         if n_seq_max < 1 or n_ctx < 16 or n_batch < 1:
             raise ModelRuntimeError("n_seq_max must be >= 1, n_ctx >= 16 and n_batch >= 1.")
         info, mm_info = _validate_files(path, mm)
+        if kv_type == "auto":
+            kv_type = auto_kv_type(info, n_ctx)
         params = Params(
-            n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True),
+            n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
             n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
@@ -151,6 +153,7 @@ class Model:
         kw.setdefault("n_threads", settings.n_threads)
         kw.setdefault("n_threads_batch", settings.n_threads_batch)
         kw.setdefault("extra_buffers", settings.extra_buffers)
+        kw.setdefault("kv_type", settings.kv_type)
         # mtmd caps every image at the larger budget (the engine fits originals and crops to their own)
         kw.setdefault("image_max_tokens", max(settings.image_max_tokens, settings.crop_max_tokens, 0))
         return cls.load(path, mmproj, **kw)
@@ -259,6 +262,27 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.path.name!r}, n_ctx={self.n_ctx}, vision={self.has_vision})"
+
+
+AUTO_Q8_KV_BYTES = 512 * 2**20
+
+
+def auto_kv_type(info: Any, n_ctx: int) -> str:
+    """``kv_type="auto"``: q8_0 when an f16 cache of ``n_ctx`` cells would take more than 512 MiB, else f16.
+
+    Why: at the size we ship the KV cache is the largest thing after the weights. Qwen3-VL-2B at n_ctx
+    8192: 896 MiB in f16, 476 MiB in q8_0 (the app's peak resident memory must stay under 2.5 GB, the
+    weights are 1.05 GB); llama.cpp needs flash attention for a q8_0 V cache (``Handle`` turns it on).
+    Small models (the tiny test models, SmolLM2-135M: 180 MiB at 8192) keep f16: exact and cheap.
+    ``info``: the text model's ``modelfile.ModelInfo`` (header only)."""
+    meta, arch = info.metadata, info.architecture
+    n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
+    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 1)
+    n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", 0) or n_head)
+    head_k = int(meta.get(f"{arch}.attention.key_length", 0) or (info.n_embd // max(1, n_head)))
+    head_v = int(meta.get(f"{arch}.attention.value_length", 0) or head_k)
+    f16_bytes = n_ctx * n_layer * n_head_kv * (head_k + head_v) * 2
+    return "q8_0" if f16_bytes > AUTO_Q8_KV_BYTES else "f16"
 
 
 def file_identity(path: Path, sample: int = 1 << 20) -> str:

@@ -34,6 +34,10 @@ def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator | None
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
 
+TOP_K = 64  # greedy under a grammar: candidates checked before masking the whole vocabulary
+REDRAWS = 8  # sampling under a grammar: draws tried before masking the whole vocabulary
+
+
 class Sampler:
     """The sampling state of one ``generate`` call. Use as a context manager (frees the grammar)."""
 
@@ -70,7 +74,42 @@ class Sampler:
         tok = draw(logits, self.temperature, self.rng)
         if self.gram is None or self._allows(tok):
             return tok
+        if self.temperature <= 0 or self.rng is None:
+            best = self._best_allowed(logits)
+            if best is not None:
+                return best
+        else:  # rejection: a redraw the grammar allows is a draw from the masked distribution (exact)
+            for _ in range(REDRAWS):
+                tok = draw(logits, self.temperature, self.rng)
+                if self._allows(tok):
+                    return tok
         return draw(self._mask(logits), self.temperature, self.rng)
+
+    def _best_allowed(self, logits: np.ndarray) -> int | None:
+        """Greedy under the grammar from the ``TOP_K`` highest logits only: the best allowed one is the
+        masked argmax when its logit is above every logit outside them; None otherwise (mask all).
+
+        Why: masking the whole row runs the grammar over every token of the vocabulary, 17-30 ms at
+        Qwen's 151,936 (the 2B stand-in, tail_grammar("zoom")), against 0.1 ms for 64 candidates; at
+        ~80 ms per decoded token on a 2-core laptop that is a 20-40% slower step each time the model's
+        favourite token does not fit the grammar (a digit where a bbox needs one, a quote ...)."""
+        k = min(TOP_K, len(logits) - 1)
+        if k < 1:
+            return None
+        part = np.argpartition(-logits, k)
+        idx = part[:k]
+        data = np.zeros(k, dtype=TOKEN_DATA)
+        data["id"] = idx
+        data["logit"] = logits[idx]
+        self._apply(data)
+        ok = np.isfinite(data["logit"])
+        if not ok.any():
+            return None
+        vals = logits[idx]
+        best = vals[ok].max()
+        if not best > logits[part[k]]:  # a tie with a token left out: be exact
+            return None
+        return int(idx[ok][vals[ok] == best].min())  # the lowest id among equal best logits, as argmax
 
     def accept(self, token: int) -> None:
         """Advance the grammar past ``token`` (call once per appended token)."""

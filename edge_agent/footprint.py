@@ -1,0 +1,105 @@
+"""The memory a model choice will take, before it is loaded: for ``models list`` and the settings screen.
+
+Knows: what is resident while the app answers a question (weights, KV cache, vision tower, compute
+buffers, the process itself) and how each part follows from a GGUF header or a catalog entry and the
+settings. Does not load anything (a header read, ~0.05 s per file) and does not import llama_cpp.
+
+Calibrated on the Qwen3-VL-2B stand-in (``scripts/make_standin_models.py``, the real shapes and
+tensor types) with ``scripts/bench_question.py``, which measures the peak resident set of one photo
+question with and without a prophet: the estimate is the sum of the parts below; the README's
+"What a question costs" table has the measured peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MB = 2**20
+# The process around the model: Python, numpy, PIL, llama.cpp's code, the app's widgets.
+PROCESS_BYTES = 160 * MB
+# llama.cpp's compute buffers as a question touches them (prefill of n_batch tokens, scoring rows of
+# a 151,936-entry vocabulary); per model.
+COMPUTE_BYTES = 200 * MB
+# The vision tower's activations while it encodes an image, per image token (576 tokens: ~290 MB
+# measured on the 2B stand-in's Q8_0 mmproj).
+VISION_BYTES_PER_IMAGE_TOKEN = MB // 2
+
+# K and V widths per layer of the catalog's families when no file is on disk yet (published config.json:
+# Qwen3-VL-2B 28 layers, 4B 36 layers; both 8 KV heads of 128).
+CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128)}
+KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+AUTO_Q8_KV_BYTES = 512 * MB  # runtime.model.auto_kv_type's rule
+
+
+@dataclass(frozen=True)
+class KvShape:
+    n_layer: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
+
+    def bytes(self, n_ctx: int, kv_type: str) -> int:
+        """The KV cache of ``n_ctx`` cells (``kv_type`` auto resolved as the runtime does)."""
+        per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
+        if kv_type == "auto":
+            kv_type = "q8_0" if n_ctx * per * 2 > AUTO_Q8_KV_BYTES else "f16"
+        return int(n_ctx * per * KV_ELEMENT_BYTES.get(kv_type, 2.0))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Expected peak resident bytes of the app answering a photo question, alone and with a prophet."""
+
+    alone: int
+    with_prophet: int | None  # None: no prophet of the same shape can be estimated
+
+    def text(self) -> str:
+        """'~2.3 GB (3.9 GB with a prophet)'."""
+        s = f"~{self.alone / 2**30:.1f} GB"
+        return s + (f" ({self.with_prophet / 2**30:.1f} GB with a prophet)" if self.with_prophet else "")
+
+
+def prophet_n_ctx(settings: Any) -> int:
+    """Context cells of SeProD's prophet (the engine loads it so): the largest image or crop it reads
+    plus 1,024 for the query and the draft, in steps of 1,024; never more than ``n_ctx``. Its context
+    never holds the chat (``agent.seprod``: one image, then the query, then the draft)."""
+    need = max(settings.image_max_tokens, settings.crop_max_tokens, 0) + 1024
+    return min(settings.n_ctx, -(-need // 1024) * 1024)
+
+
+def kv_shape_of_file(path: str | Path) -> KvShape | None:
+    """The KV shape a text GGUF's header gives (None when unreadable)."""
+    from edge_agent import modelfile
+    from edge_agent.errors import ModelFileError
+
+    try:
+        info = modelfile.inspect(path)
+    except ModelFileError:
+        return None
+    meta, arch = info.metadata, info.architecture
+    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 1)
+    head_k = int(meta.get(f"{arch}.attention.key_length", 0) or info.n_embd // max(1, n_head))
+    return KvShape(info.n_layer, int(meta.get(f"{arch}.attention.head_count_kv", 0) or n_head), head_k,
+                   int(meta.get(f"{arch}.attention.value_length", 0) or head_k))
+
+
+def kv_shape_of_entry(family: str, params: str) -> KvShape | None:
+    shape = CATALOG_KV_SHAPES.get((family, params))
+    return KvShape(*shape) if shape else None
+
+
+def estimate(settings: Any, *, weights: int, mmproj: int, kv: KvShape | None) -> Footprint:
+    """The footprint of a model of ``weights`` bytes (+ an ``mmproj`` file of that size, 0: text only)
+    at ``settings`` (n_ctx, kv_type, image budgets), alone and with a same-shaped prophet whose context
+    holds one image and a draft (``engine.prophet_n_ctx``). The prophet decodes the agent's image
+    embeddings (one encode per image) but loads its own copy of the tower's weights: counted twice."""
+    image_tokens = max(settings.image_max_tokens, settings.crop_max_tokens, 0) if mmproj else 0
+    kv_bytes = kv.bytes(settings.n_ctx, settings.kv_type) if kv else 0
+    alone = (PROCESS_BYTES + weights + kv_bytes + COMPUTE_BYTES + mmproj
+             + image_tokens * VISION_BYTES_PER_IMAGE_TOKEN)
+    if kv is None:
+        return Footprint(alone, None)
+    prophet = weights + kv.bytes(prophet_n_ctx(settings), settings.kv_type) + COMPUTE_BYTES + mmproj
+    return Footprint(alone, alone + prophet)

@@ -1,0 +1,43 @@
+"""Greedy decoding under a grammar checks the top candidates before masking the whole vocabulary
+(``Sampler._best_allowed``): it must pick exactly the masked argmax (real grammar sampler, tiny model)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge_agent.agent.actions import tail_grammar
+
+
+def test_top_candidates_give_the_masked_argmax(tiny_models) -> None:
+    from edge_agent.runtime import Model
+    from edge_agent.runtime.sampling import TOP_K, Sampler
+
+    rng = np.random.default_rng(0)
+    with Model.load(tiny_models["text"], n_ctx=256) as m:
+        assert TOP_K < m.n_vocab
+        fast = 0
+        for trial in range(60):
+            logits = rng.standard_normal(m.n_vocab).astype(np.float32)
+            if trial % 3 == 0:  # ties at the top: the lowest id wins, as np.argmax
+                logits[rng.integers(0, m.n_vocab, 5)] = logits.max() + 1
+            with Sampler(m.handle, grammar=tail_grammar("zoom"), temperature=0.0, seed=0) as smp:
+                for prefix in ([], m.tokenize("12", special=False)):
+                    for t in prefix:
+                        smp.accept(t)
+                    want = int(np.argmax(smp._mask(logits)))
+                    got = smp.sample(logits)
+                    assert got == want
+                    fast += smp._best_allowed(logits) is not None
+        assert fast > 0  # the fast path was taken (and agreed with the full mask)
+
+
+def test_sampling_under_a_grammar_only_returns_allowed_tokens(tiny_models) -> None:
+    from edge_agent.runtime import Model
+    from edge_agent.runtime.sampling import Sampler
+
+    rng = np.random.default_rng(1)
+    with Model.load(tiny_models["text"], n_ctx=256) as m, \
+            Sampler(m.handle, grammar=tail_grammar("zoom"), temperature=1.0, seed=3) as smp:
+        for _ in range(30):
+            tok = smp.sample(rng.standard_normal(m.n_vocab).astype(np.float32))
+            assert np.isfinite(smp._mask(np.zeros(m.n_vocab, dtype=np.float32))[tok])
