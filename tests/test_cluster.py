@@ -28,7 +28,7 @@ from edge_agent.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
 from tests.fakehub import FakeHub
 from tests.fakeservers import FakeBackend
-from tests.waits import wait_until
+from tests.waits import signal_when, wait_until
 
 ray = pytest.importorskip("ray", reason="the cluster extra (ray) is part of the test extra: scripts/setup.sh --test")
 
@@ -297,14 +297,9 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
     proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log)
     results = out / E.RESULTS_FILE
     try:
-        wait_until(lambda: (results.exists() and results.read_bytes().count(b"\n") >= 2) or proc.poll() is not None,
-                   timeout=300, interval=0.01, what="two stored results")
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, signal.SIGINT,
+                    what="two stored results")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         log.close()
     text = (tmp_path / "driver.log").read_text()
     assert proc.returncode == 130, text
@@ -422,13 +417,15 @@ def test_eval_progress_prints_a_line_per_result_into_a_pipe(tmp_path):
     buf = io.StringIO()
     p = EvalProgress(tmp_path / "results.jsonl", stream=buf,
                      workers=lambda: [{"node": "n1 (1.2.3.4)", "done": 2, "restarts": 1}])
+    p.status("Loading tiny")
     p(1, 4, None)
+    p.working("q2 ssr ...")
     p(2, 4, {"id": "q2", "mode": "ssr", "exact": True, "contains": True, "error": None})
     time.sleep(0.01)
     p(3, 4, {"id": "q3", "mode": "ssr", "exact": False, "contains": False, "error": "Bad image"})
     p.close()
     lines = buf.getvalue().splitlines()
-    assert lines[0].startswith("Resuming: 1 of 4")
-    assert lines[1].startswith("eval 2/4 (50%) q2 ssr ok") and "0 failed" in lines[1] and "left" in lines[1]
-    assert lines[2].startswith("eval 3/4 (75%) q3 ssr error") and "1 failed" in lines[2]
-    assert "w1 n1 2 (1 restart)" in lines[2] and len(lines) == 3
+    assert lines[0] == "eval: Loading tiny" and lines[1].startswith("Resuming: 1 of 4")
+    assert lines[2].startswith("eval 2/4 (50%) q2 ssr ok") and "0 failed" in lines[2] and "left" in lines[2]
+    assert lines[3].startswith("eval 3/4 (75%) q3 ssr error") and "1 failed" in lines[3]
+    assert "w1 n1 2 (1 restart)" in lines[3] and len(lines) == 4  # one line per result, none per start

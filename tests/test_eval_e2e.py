@@ -19,7 +19,7 @@ import pytest
 
 from edge_agent import evaluation as E
 from scripts.make_synthetic_vqa import make_dataset
-from tests.waits import wait_until
+from tests.waits import signal_when
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TURNS = "2"
@@ -142,14 +142,8 @@ def test_eval_resumes_after_kill(tiny_models, edge_home, tmp_path):
         return results.read_bytes().count(b"\n") if results.exists() else 0
 
     try:
-        wait_until(lambda: complete_lines() >= 2 or proc.poll() is not None, timeout=300, interval=0.005,
-                   what="two stored results")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        signal_when(proc, lambda: complete_lines() >= 2, signal.SIGKILL, what="two stored results")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         log.close()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     n_before = complete_lines()

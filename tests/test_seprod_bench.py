@@ -43,7 +43,7 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
     CountingShare.made.clear()
     monkeypatch.setattr(cores, "CoreShare", CountingShare)  # the engine takes it from here when it loads
     assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
-                              "--sections", "questions,search", "--search-latency", "0.2", "--min-seconds", "0",
+                              "--sections", "questions,search", "--search-latency", "1.0", "--min-seconds", "0",
                               "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     (pair,) = res["pairs"]
@@ -73,7 +73,9 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
     # ready at the answer and used (the tiny pair's random weights accept nothing: used, not accepted)
     srch = pair["search"]
     assert res["search_latency_ratio_on_off"] == srch["latency_ratio_on_off"] > 0
-    assert srch["searches"] >= 4 and srch["search_latency_s"] == 0.2  # nothing cached: every ask searched
+    # 1 s of search: room for the tiny prophet's draft even on a loaded 2-core machine (with 0.2 s the
+    # draft was not ready once in a full-suite run at load 10: skipped, share_used 0)
+    assert srch["searches"] >= 4 and srch["search_latency_s"] == 1.0  # nothing cached: every ask searched
     assert srch["rounds"] == 1 and srch["share_used"] == 1.0 and srch["share_waited"] == 0.0
 
 

@@ -8,6 +8,7 @@ checks. Both fail with an AssertionError naming what never happened, after ``tim
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 
@@ -37,3 +38,17 @@ async def pilot_wait_until(pilot, predicate: Callable[[], object], *, timeout: f
         if predicate():
             return
         await pilot.pause(interval)
+
+
+def signal_when(proc: subprocess.Popen, predicate: Callable[[], object], sig: int, *, timeout: float = 300.0,
+                what: str = "the expected state") -> None:
+    """Send ``sig`` to a child process as soon as ``predicate()`` holds (or the child has ended), and wait
+    for it to end; it never outlives the call (killed if ``sig`` does not end it within 60 s)."""
+    try:
+        wait_until(lambda: predicate() or proc.poll() is not None, timeout=timeout, interval=0.005, what=what)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -120,7 +120,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     try:
         run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=progress.status), limit=limit,
                          fingerprint=fp, on_progress=progress, ask=ask, workers=pool,
-                         on_question=lambda q, m: progress.status(f"{q.id} {m.name} ..."))
+                         on_question=lambda q, m: progress.working(f"{q.id} {m.name} ..."))
     except KeyboardInterrupt:
         progress.close()
         saved = len(E.ResultsStore(out_dir).open().records)

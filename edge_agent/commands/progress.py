@@ -41,6 +41,12 @@ class EvalProgress:
         else:
             self._print(f"eval: {text}")
 
+    def working(self, text: str) -> None:
+        """What runs now (``svqa-001 ssr ...``): shown on a terminal; a log gets the result's line instead."""
+        self.last = text
+        if self.tty:
+            self._draw()
+
     def __call__(self, done: int, total: int, rec: dict[str, Any] | None) -> None:
         self.done, self.total = done, total
         if rec is None:  # the start: what a resumed run already had
