@@ -56,9 +56,9 @@ class Footprint:
     with_prophet: int | None  # None: no prophet of the same shape can be estimated
 
     def text(self) -> str:
-        """'~2.3 GB (3.9 GB with a prophet)'."""
+        """'~2.5 GB, 4.4 GB with a prophet'."""
         s = f"~{self.alone / 2**30:.1f} GB"
-        return s + (f" ({self.with_prophet / 2**30:.1f} GB with a prophet)" if self.with_prophet else "")
+        return s + (f", {self.with_prophet / 2**30:.1f} GB with a prophet" if self.with_prophet else "")
 
 
 def prophet_n_ctx(settings: Any) -> int:

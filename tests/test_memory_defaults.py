@@ -118,3 +118,14 @@ def test_models_list_shows_the_expected_memory_before_loading(edge_home) -> None
     rows = json.loads(CliRunner().invoke(cli, ["models", "list", "--json"], catch_exceptions=False).output)
     row = next(r for r in rows if r["name"] == "qwen3-vl-2b-instruct")
     assert (row["memory"], row["memory_with_prophet"]) == (fp.alone, fp.with_prophet)
+
+
+def test_first_run_screen_quotes_the_same_memory_estimate(edge_home) -> None:
+    from edge_agent.catalog import load_catalog
+    from edge_agent.ui.first_run import how_to, recommended_memory
+
+    entry = load_catalog().get("qwen3-vl-2b-instruct")
+    assert entry is not None and entry.file is not None and entry.mmproj is not None
+    fp = footprint.estimate(Settings(), weights=entry.file.size or 0, mmproj=entry.mmproj.size or 0,
+                            kv=footprint.kv_shape_of_entry("qwen3-vl", "2B"))
+    assert recommended_memory() == fp.text() and fp.text() in how_to().replace("\n", " ")

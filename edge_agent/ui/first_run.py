@@ -35,12 +35,28 @@ def recommended_size() -> str:
     return human_size(entry.download_size) if entry is not None and entry.download_size else "?"
 
 
+def recommended_memory() -> str:
+    """The memory the recommended model needs while it answers a photo question at the default settings
+    (``edge_agent.footprint``, the estimate `models list` shows; measured: README "What a question costs")."""
+    from edge_agent import footprint
+    from edge_agent.catalog import load_catalog
+    from edge_agent.config import Settings
+
+    entry = load_catalog().get("qwen3-vl-2b-instruct")
+    if entry is None or entry.file is None or not entry.file.size:
+        return "?"
+    fp = footprint.estimate(Settings(), weights=entry.file.size, mmproj=(entry.mmproj.size or 0) if entry.mmproj else 0,
+                            kv=footprint.kv_shape_of_entry(entry.family, entry.params))
+    return fp.text()
+
+
 def how_to() -> str:
     return f"""\
 ## Get a model
 
 **1. Download one**: choose *Download a model* (or **D** outside the path fields) to pick one from the
-catalog; Qwen3-VL 2B (GGUF + vision projector, {recommended_size()}) is recommended. Or, in another terminal,
+catalog; Qwen3-VL 2B (GGUF + vision projector, {recommended_size()}; memory {recommended_memory()}) is
+recommended. Or, in another terminal,
 `{PULL}`, then choose *Retry* (**R**). `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
 
 **2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
