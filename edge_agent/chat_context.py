@@ -62,6 +62,7 @@ class ChatContexts:
         self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
         # the next question's user turn as far as it is known, after the last boundary; never saved
         self.pending = PendingTurn()
+        self.found_ahead: tuple[_Boundary, str] | None = None  # a boundary the read-ahead restored / evaluated
 
     def question(self, continue_from: str = "", history: Sequence[tuple[str, str]] = ()) -> QuestionContext:
         """The context of one question: continuing the chat whose last answer was saved as
@@ -179,13 +180,15 @@ class ChatContexts:
         context is too full)."""
         sys_key = self.system_key(system)
         if continue_from:
-            found = self.continuing(continue_from, sys_key)[0]
+            found, how, _ = self.continuing(continue_from, sys_key)
             if found is None:
                 return None
             s, b = found
         else:
-            s = self.system_session(system)[0]
+            s, _, how = self.system_session(system)
             b = self.boundaries[-1]
+        if how != "live":  # the question reports how its context was found, as if it had found it itself
+            self.found_ahead = (b, how)
         segs = question_segments(text, self.unless_held(s, b, image), closed=closed)
         if not self.fits(s, b, [*segs, Text("x" * 16)]):
             return None
@@ -203,6 +206,12 @@ class ChatContexts:
     def drop_ahead(self) -> None:
         """Roll back what was read ahead (a new chat, leaving a chat): the chat's context as it was."""
         self.pending.drop()
+
+    def how_found(self, b: _Boundary, how: str) -> str:
+        """``how`` a question found boundary ``b`` ("live" | "restored" | "evaluated"), or how the
+        read-ahead before it found it (then the question says "restored" for a chat read from disk)."""
+        ahead, self.found_ahead = self.found_ahead, None
+        return ahead[1] if ahead is not None and ahead[0] is b and how == "live" else how
 
     def flush(self) -> None:
         if self.store is not None:
@@ -232,13 +241,15 @@ class QuestionContext:
                 s, b = found
                 segs = question_segments(question, o.unless_held(s, b, image))
                 if o.fits(s, b, segs):
-                    return self._extend(s, b, sys_key, source, "live", segs, cancel, t0)
+                    return self._extend(s, b, sys_key, o.how_found(b, source), "live", segs, cancel, t0)
                 reason = "the context is full: earlier answers kept as text"
         s, sys_key, how = o.system_session(system)
         b = o.boundaries[-1]
         pairs = self._fit(s, b, question, image)
         if not pairs and not self.continue_from:  # a new chat: what was read ahead may be kept
-            return self._extend(s, b, sys_key, "new", how, question_segments(question, image), cancel, t0)
+            how = o.how_found(b, how)  # the system prompt evaluated ahead was not evaluated by the question
+            return self._extend(s, b, sys_key, "new", "live" if how == "evaluated" else how,
+                                question_segments(question, image), cancel, t0, system_restored=how == "restored")
         o.pending.drop()  # the chat is rebuilt from its text: nothing read ahead fits before it
         self.base, self.system_key = b, sys_key
         reused = s.n_cells if how != "evaluated" else 0
@@ -253,7 +264,8 @@ class QuestionContext:
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
     def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
-                segs: list[Segment], cancel: threading.Event | None, t0: float) -> Opened:
+                segs: list[Segment], cancel: threading.Event | None, t0: float, *,
+                system_restored: bool | None = None) -> Opened:
         """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
         the rest evaluated now (``how``: how the system prompt was found, for a new chat)."""
         self.base, self.system_key, self.session = b, sys_key, s
@@ -261,7 +273,8 @@ class QuestionContext:
         ext = self.owner.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
         self.owner.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
         return Opened(s, source, tokens_reused=b.cp.n_cells if how != "evaluated" else 0,
-                      tokens_evaluated=s.n_evaluated - n0, system_restored=how == "restored", images=ext.images,
+                      tokens_evaluated=s.n_evaluated - n0, images=ext.images,
+                      system_restored=how == "restored" if system_restored is None else system_restored,
                       tokens_read_ahead=ext.kept_cells, question_read_ahead=ext.kept_question,
                       images_read_ahead=ext.kept_images, seconds=time.perf_counter() - t0)
 

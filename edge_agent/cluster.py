@@ -244,8 +244,10 @@ class RayWorkers:
                 ray.init(address=self.address, **kw)
             elif os.environ.get("RAY_ADDRESS"):
                 ray.init(**kw)
-            else:
-                ray.init(num_cpus=os.cpu_count() or 1, **kw)
+            else:  # one CPU per physical core: hyper-threads do not speed up llama.cpp
+                from edge_agent.runtime.cores import physical_cores
+
+                ray.init(num_cpus=physical_cores(), **kw)
         except ConnectionError as e:
             auth = "" if os.environ.get("RAY_AUTH_MODE") else (
                 " If it is running, it may want its token: `export RAY_AUTH_MODE=token` (Ray reads the token from "

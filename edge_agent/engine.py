@@ -106,13 +106,16 @@ class Engine:
         self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
         self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
         # read-ahead: the photo and the words typed, read into the chat's pending user turn meanwhile
-        self.on_read_ahead: Callable[[AheadState | None], None] | None = None  # called in its thread
-        self._reader: Reader[AheadState] = Reader(self._read_ahead_step, on_state=self._ahead_read)
+        self._reader: Reader[AheadState] = Reader(self._read_ahead_step)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_settings(cls, settings: Settings, *, progress: Progress | None = None) -> Engine:
-        """Resolve and load the models named by ``settings`` (raises EdgeAgentError with the fix)."""
+    def from_settings(cls, settings: Settings, *, progress: Progress | None = None,
+                      ahead: tuple[str, str | Path | None, str] | None = None) -> Engine:
+        """Resolve and load the models named by ``settings`` (raises EdgeAgentError with the fix).
+        ``ahead``: (question, image file, chat context key) of the question this engine is loaded for
+        (``edge-agent ask``): read ahead as soon as the agent model is loaded (the system prompt's saved
+        state, the photo's encode and decode), while the prophet loads."""
         from edge_agent.catalog import resolve
         from edge_agent.runtime import Model
 
@@ -126,24 +129,32 @@ class Engine:
         model = Model.from_settings(settings, resolved.model_path, resolved.mmproj_path,
                                     n_seq_max=max(8, len(library) + 1))
         try:
-            drafter, prophet = cls._load_drafter(settings, resolved, model, say)
             from edge_agent.tools.search import SearchTools  # no network at construction (lazy session)
 
             tools = SearchTools.from_settings(settings)
         except BaseException:
             model.close()
             raise
-        from edge_agent.agent.seprod import Drafter as SeProDDrafter
+        engine = cls(model, settings, tools=tools, library=library, model_name=resolved.name,
+                     files=model_files(dataclasses.replace(resolved, prophet=None)))
+        try:
+            if ahead is not None:
+                engine.read_ahead(ahead[0], ahead[1], context=ahead[2], whole=True)
+            # the agent's threads change when the prophet shares the cores: not during a read-ahead step
+            drafter, prophet = cls._load_drafter(settings, resolved, model, say, quiet=engine._reader.paused)
+        except BaseException:
+            engine.close()
+            raise
+        if prophet is not None:
+            from edge_agent.agent.seprod import Drafter as SeProDDrafter
 
-        measured = None
-        if prophet is not None and isinstance(drafter, SeProDDrafter):
-            key = costs_key(model.identity, prophet.identity,
-                            (model.n_threads, prophet.n_threads, settings.n_threads_batch))
-            measured = MeasuredCosts.open(settings.home, key, drafter.costs)
+            engine.drafter, engine.prophet, engine.files = drafter, prophet, model_files(resolved)
+            if isinstance(drafter, SeProDDrafter):
+                key = costs_key(model.identity, prophet.identity,
+                                (model.n_threads, prophet.n_threads, settings.n_threads_batch))
+                engine.measured = MeasuredCosts.open(settings.home, key, drafter.costs)
         say("Ready", 1.0)
-        return cls(model, settings, tools=tools, drafter=drafter, library=library, model_name=resolved.name,
-                   prophet=prophet, measured=measured,
-                   files=model_files(resolved if prophet is not None else dataclasses.replace(resolved, prophet=None)))
+        return engine
 
     @staticmethod
     def _check_prophet(settings: Settings, resolved: ResolvedModel) -> None:
@@ -157,8 +168,9 @@ class Engine:
         check_same_tokenizer(inspect(resolved.model_path), inspect(prophet_files.model_path))
 
     @staticmethod
-    def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike,
-                      say: Progress) -> tuple[DraftHooks | None, ModelLike | None]:
+    def _load_drafter(settings: Settings, resolved: ResolvedModel, model: ModelLike, say: Progress, *,
+                      quiet: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+                      ) -> tuple[DraftHooks | None, ModelLike | None]:
         """SeProD: the prophet model and its Drafter, when one is configured and seprod is on
         (the tokenizers were compared by ``_check_prophet`` before the agent loaded)."""
         prophet_files = resolved.prophet
@@ -187,7 +199,8 @@ class Engine:
             # waits and gets every core for its batched passes; the prophet computes beside it only
             # while they fit (runtime.cores: oversubscribed cores stall llama.cpp's spinning threads).
             cores = CoreShare(physical_cores())
-            model.share_cores(cores, FOREGROUND, n_threads=0 if settings.n_threads else agent_n)
+            with quiet():
+                model.share_cores(cores, FOREGROUND, n_threads=0 if settings.n_threads else agent_n)
             prophet.share_cores(cores, BACKGROUND)
             # decoding is memory-bound: the agent's time per token over the prophet's ~ their weight sizes
             sizes = (model.memory_bytes.get("model"), prophet.memory_bytes.get("model"))
@@ -321,14 +334,18 @@ class Engine:
                 self.measured.save()
 
     # ---- read-ahead ------------------------------------------------------------------------------
-    def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "") -> None:
+    def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "",
+                   whole: bool = False) -> None:
         """What the person has given so far for the next question of the chat ``context`` ('' a new chat):
         the attached ``image`` file (None: none) and the ``text`` typed. Read in the background into the
         chat's pending user turn: the photo at once, the text's whole words after a short quiet (unless
         the ``type_ahead`` setting is off). Returns at once (the app calls it on attach, detach and every
         change of the prompt). The question then keeps what still matches and evaluates only the rest;
-        nothing read ahead is ever saved as part of the chat."""
+        nothing read ahead is ever saved as part of the chat. ``whole``: ``text`` is the question as it
+        will be sent (``ask``): all of it is read, with the end of its turn."""
         words, closed = stable_prefix(text) if self.settings.type_ahead else ("", False)
+        if whole:
+            words, closed = text.strip(), True
         self._reader.want(Target(context or "", str(image) if image is not None else None, words, closed))
 
     def read_ahead_idle(self, timeout: float = 10.0) -> bool:
@@ -360,9 +377,6 @@ class Engine:
         system = system_for(Toolbox(None, self.tools, vision=self.model.has_vision), options)
         return self.contexts.read_ahead(system, target.context, png, target.text, closed=target.closed, cancel=stop)
 
-    def _ahead_read(self, state: AheadState | None) -> None:
-        if self.on_read_ahead is not None:
-            self.on_read_ahead(state)
 
     def prepare_image(self, image: str | Path) -> bool:
         """Read an attached image before its question comes (the app calls this, in a worker thread,

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from edge_agent.agent.context import segment_runs
 from edge_agent.agent.prompts import Img, Segment
 from edge_agent.runtime.state import image_digest
 from edge_agent.runtime.types import Checkpoint, ImageChunk, SessionLike
@@ -55,24 +56,11 @@ class Extended:
 def elements(s: SessionLike, segs: Sequence[Segment]) -> list[Element]:
     """The segments as elements, tokenized run by run as ``append_segments`` evaluates them."""
     out: list[Element] = []
-    run: list[str] = []
-    special = True
-
-    def flush() -> None:
-        if run:
-            out.extend(Element("t", t, not special) for t in s.tokenize("".join(run), special=special))
-            run.clear()
-
-    for seg in segs:
-        if isinstance(seg, Img):
-            flush()
-            out.append(Element("i", image_digest(seg.png), png=seg.png))
+    for run in segment_runs(segs):
+        if isinstance(run, Img):
+            out.append(Element("i", image_digest(run.png), png=run.png))
         else:
-            if run and seg.special != special:
-                flush()
-            special = seg.special
-            run.append(seg.text)
-    flush()
+            out.extend(Element("t", t, not run.special) for t in s.tokenize(run.text, special=run.special))
     return out
 
 

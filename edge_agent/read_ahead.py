@@ -56,12 +56,10 @@ def stable_prefix(text: str) -> tuple[str, bool]:
 
 class Reader(Generic[State]):
     """The read-ahead worker of one engine. ``step(target, stop)`` reads ``target`` into the context
-    (``stop`` set, on close: stop a text step now, raising ``Cancelled``) and returns what is read ahead;
-    ``on_state`` is called (in the worker thread) after each step."""
+    (``stop`` set, on close: stop a text step now, raising ``Cancelled``) and returns what is read ahead."""
 
-    def __init__(self, step: Callable[[Target, threading.Event], State | None], *, debounce: float = DEBOUNCE,
-                 on_state: Callable[[State | None], None] | None = None) -> None:
-        self._step, self.debounce, self.on_state = step, debounce, on_state
+    def __init__(self, step: Callable[[Target, threading.Event], State | None], *, debounce: float = DEBOUNCE) -> None:
+        self._step, self.debounce = step, debounce
         self._cv = threading.Condition()
         self._context = threading.Lock()  # held by a step, or by a question from start to answer
         self._stop = threading.Event()
@@ -103,11 +101,10 @@ class Reader(Generic[State]):
     def paused(self) -> Iterator[None]:
         """The question: wait for a step in flight, then hold the context until the block ends.
         Afterwards the context holds the answered chat: the next target is read afresh."""
-        with self._cv:
+        with self._cv:  # no notify: waking the worker only to find it paused costs the question a GIL handoff
             self._paused += 1
             self._epoch += 1
             self._target = None
-            self._cv.notify_all()
         self._context.acquire()
         try:
             if self.error is not None:
@@ -168,7 +165,5 @@ class Reader(Generic[State]):
                 if done and epoch == self._epoch:
                     self._done, self.state = t, state
                 self._cv.notify_all()
-            if done and self.on_state is not None:
-                self.on_state(state)
             if self.error is not None:
                 return

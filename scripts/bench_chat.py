@@ -350,7 +350,7 @@ def table(results: list[dict[str, Any]]) -> str:
             out.append(f"first question about a photo encoded ahead on attach / encoded with the question: "
                        f"{a['ttfr_ahead_s'] * 1000:.0f} vs {a['ttfr_with_s'] * 1000:.0f} ms: "
                        f"{r['encode_ahead_ttfr_ratio']:.2f}x")
-        out.append(f"typed over {ARGS_TYPING[0]:.0f} s, then Enter | TTFR ms read-ahead on / off | on / off | scoring "
+        out.append(f"| typed over {ARGS_TYPING[0]:.0f} s, then Enter | TTFR ms read-ahead on / off | on / off | scoring "
                    "pass alone ms | TTFR on / scoring | tokens after Enter on / off | question tokens read ahead |")
         out.append("|---|---|---|---|---|---|---|")
         for which, a in r["read_ahead"].items():

@@ -10,6 +10,8 @@
   stopped after the test.
 - ``settings`` and ``image`` (the app tests): the default settings of a fresh ``edge_home``, and a small
   PNG to attach. A module that needs other settings defines its own ``settings`` fixture (it wins).
+- ``photo``: the 768x768 photo of ``scripts/bench_chat.py`` (576 image tokens: a sign and a door); modules
+  that want another photo define their own.
 """
 
 from __future__ import annotations
@@ -99,3 +101,11 @@ def image(tmp_path: Path) -> Path:
     from tests.ui_fakes import make_image
 
     return make_image(tmp_path / "photo.png", (96, 64))
+
+
+@pytest.fixture
+def photo(tmp_path: Path) -> Path:
+    """The benchmark's 768x768 photo (576 image tokens at the default budget)."""
+    from scripts.bench_chat import photo as bench_photo
+
+    return bench_photo(tmp_path / "photo.png")

@@ -144,3 +144,31 @@ def test_no_save_leaves_the_chat_list_as_it_was(env, tiny_models, photo):
     chats = store.list_chats()
     assert len(chats) == 1 and chats[0].n_messages == 2
     store.close()
+
+
+def test_ask_reads_the_photo_while_the_prophet_loads(env, tiny_models, photo, monkeypatch):
+    """Issue 19 item 3: `ask IMAGE QUESTION` (Engine.from_settings with ``ahead``) has its read-ahead (the
+    system prompt, the photo, the whole question) under way before the prophet's files load; the question
+    then evaluates nothing at Enter and says its photo was read ahead."""
+    import threading
+
+    from edge_agent.runtime import model as model_mod
+
+    seen: list[bool] = []
+    real = model_mod.Model.from_settings.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, settings, path, *a, **kw):
+        if str(path) == str(tiny_models["prophet"]):
+            seen.append(any(t.name == "read-ahead" for t in threading.enumerate()))
+        return real(cls, settings, path, *a, **kw)
+
+    monkeypatch.setattr(model_mod.Model, "from_settings", classmethod(spy))
+    r = run(str(photo), "What does the sign say?", "--model", str(tiny_models["text"]), "--mmproj",
+            str(tiny_models["mmproj"]), "--prophet", str(tiny_models["prophet"]), "--prophet-mmproj",
+            str(tiny_models["mmproj"]), "--offline", "--json")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert seen == [True]
+    opened = next(row for row in rows if row["event"] == "context_opened")
+    assert opened["tokens_read_ahead"] > 0 and opened["tokens_evaluated"] == 0
+    assert [row["read_ahead"] for row in rows if row["event"] == "image_evaluated" and row["turn"] == 0] == [True]

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,6 +317,27 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
     assert len(keys) == 8 == len(set(keys))
     want = {k: v for k, v in _by_key(_records(tiny_local)).items() if k[0] in ("ssr", "freeform")}
     assert _by_key(rows) == want
+
+
+@pytest.mark.slow
+def test_cluster_ray_alone_starts_a_local_cluster_and_stops_it(tiny_models, tiny_set, edge_home, tmp_path):
+    """`--cluster ray` without RAY_ADDRESS: a cluster on this machine for the run, gone when it ends."""
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # RAY_TMPDIR: this run's Ray files (and process names)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGE_AGENT_", "RAY_"))}
+    env.update(TINY_ENV, EDGE_AGENT_HOME=str(edge_home), RAY_TMPDIR=temp)
+    out = tmp_path / "out"
+    try:
+        done = subprocess.run([sys.executable, "-m", "edge_agent.cli", "eval", *_tiny_args(tiny_set, out, tiny_models, "ssr"),
+                               "--limit", "2", "--no-plot", "--cluster", "ray", "--workers", "2"],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "Ran on Ray (local): 2 workers" in (out / E.REPORT_FILE).read_text()
+        assert len(_records(out)) == 2
+        assert not _ray_processes(temp)  # stopped before the command returned
+    finally:
+        for pid in _ray_processes(temp):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 TEXT_QUESTIONS = [("t0", "What is the capital of France?", "Paris"),

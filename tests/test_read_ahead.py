@@ -33,17 +33,9 @@ def settings(edge_home: Path) -> Settings:
                           "max_turns": 1})
 
 
-@pytest.fixture
-def photo(tmp_path: Path) -> Path:
-    from scripts.bench_chat import photo as bench_photo
-
-    return bench_photo(tmp_path / "photo.png")
-
-
-@pytest.fixture
-def photo2(tmp_path: Path) -> Path:
-    p = tmp_path / "other.png"
-    Image.new("RGB", (320, 256), (30, 160, 60)).save(p)
+def green(tmp_path: Path) -> Path:
+    """Another photo (320x256, green)."""
+    Image.new("RGB", (320, 256), (30, 160, 60)).save(p := tmp_path / "other.png")
     return p
 
 
@@ -97,12 +89,13 @@ SCENARIOS = ["typed", "typed_on", "edited", "reattached", "rolled_back_then_text
 @pytest.mark.parametrize("kind,scenario", [("tiny", s) for s in SCENARIOS] + [
     ("smol", s) for s in ("typed", "typed_on", "edited", "rolled_back_then_text")])
 def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_models, smollm2_gguf, settings,
-                                                           photo, photo2):
+                                                           photo, tmp_path):
     """Two questions of one chat (the first about a photo on the vision model): read ahead vs read at Enter."""
     a, b = load(kind, tiny_models, smollm2_gguf), load(kind, tiny_models, smollm2_gguf)
     ea, eb = Engine(a, settings), Engine(b, settings)
     opts = AgentOptions.from_settings(settings)
     img = photo if kind == "tiny" else None
+    photo2 = green(tmp_path)
     try:
         q1 = "What does the small sign on the right say?"
         type_slowly(ea, q1, img, "")
@@ -154,7 +147,7 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
         b.close()
 
 
-def test_a_rolled_back_read_ahead_leaves_the_context_as_before(tiny_models, settings, photo, photo2):
+def test_a_rolled_back_read_ahead_leaves_the_context_as_before(tiny_models, settings, photo, tmp_path):
     """After an answer: a photo and words read ahead, then rolled back (a new chat, quitting): KV cells of
     every sequence, the position counter, the token history and the next-token logits are exactly
     those before the read-ahead."""
@@ -168,7 +161,7 @@ def test_a_rolled_back_read_ahead_leaves_the_context_as_before(tiny_models, sett
             return s.n_cells, s.n_pos, s.kv_seq_ranges(), list(s.history), len(s.images)
 
         before, logits = snapshot(), s.next_logits()
-        type_slowly(e, "What colour is the door under the sign", photo2, first[-1].context)
+        type_slowly(e, "What colour is the door under the sign", green(tmp_path), first[-1].context)
         assert e.ahead is not None and e.ahead.image is not None and s.n_cells > before[0] + e.ahead.image.n_tokens
         e.drop_read_ahead()
         assert snapshot() == before and np.array_equal(s.next_logits(), logits)
@@ -238,3 +231,4 @@ def test_type_ahead_off_reads_the_photo_but_not_the_words(tiny_models, edge_home
     finally:
         e.close()
         m.close()
+

@@ -63,28 +63,28 @@ class ChatContext(Protocol):
         ...
 
 
+def segment_runs(segs: Sequence[Segment]) -> list[Segment]:
+    """The segments with neighbouring texts of the same kind merged (one tokenize and decode call per
+    run of text): what ``append_segments`` evaluates, and what ``pending_turn`` tokenizes to match it."""
+    out: list[Segment] = []
+    for seg in segs:
+        last = out[-1] if out else None
+        if isinstance(seg, Text) and isinstance(last, Text) and last.special == seg.special:
+            out[-1] = Text(last.text + seg.text, special=seg.special)
+        else:
+            out.append(seg)
+    return out
+
+
 def append_segments(s: SessionLike, segs: Sequence[Segment], *, cancel: threading.Event | None = None) -> list[ImageChunk]:
     """Append segments, merging neighbours of the same kind (one decode call per run of text).
     Returns the images evaluated (tokens, timings)."""
-    buf: list[str] = []
-    special = True
     images: list[ImageChunk] = []
-
-    def flush() -> None:
-        if buf:
-            s.append_text("".join(buf), special=special, cancel=cancel)
-            buf.clear()
-
-    for seg in segs:
-        if isinstance(seg, Img):
-            flush()
-            images.append(s.append_image(seg.png, cancel=cancel))
-        else:
-            if buf and seg.special != special:
-                flush()
-            special = seg.special
-            buf.append(seg.text)
-    flush()
+    for run in segment_runs(segs):
+        if isinstance(run, Img):
+            images.append(s.append_image(run.png, cancel=cancel))
+        elif run.text:
+            s.append_text(run.text, special=run.special, cancel=cancel)
     return images
 
 

@@ -196,7 +196,8 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
         if not as_json and sys.stderr.isatty():
             click.echo(f"{msg} ...", err=True)
 
-    engine = Engine.from_settings(settings, progress=progress)
+    # the system prompt's saved state and the photo are read while the prophet loads
+    engine = Engine.from_settings(settings, progress=progress, ahead=(question, image, chat.context))
     memory = getattr(engine, "memory", None)
     # like the progress lines, for people only: --json's output holds events only, and a piped
     # stderr gets nothing but a one-line error
