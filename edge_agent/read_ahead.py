@@ -101,11 +101,10 @@ class Reader(Generic[State]):
     def paused(self) -> Iterator[None]:
         """The question: wait for a step in flight, then hold the context until the block ends.
         Afterwards the context holds the answered chat: the next target is read afresh."""
-        with self._cv:
+        with self._cv:  # no notify: waking the worker only to find it paused costs the question a GIL handoff
             self._paused += 1
             self._epoch += 1
             self._target = None
-            self._cv.notify_all()
         self._context.acquire()
         try:
             if self.error is not None:

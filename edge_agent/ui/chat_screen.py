@@ -202,6 +202,7 @@ class ChatScreen(Screen):
         if host.state == "ready":
             status.set_models(*host.model_names(), text_only=not host.sees_images)
             self.set_text_only(not host.sees_images)
+            self.read_ahead()  # a photo attached (or words typed) while the model loaded
 
     def show_loading(self, text: str, fraction: float | None) -> None:
         box = self.query_one("#loading")
