@@ -247,9 +247,9 @@ class QuestionContext:
         b = o.boundaries[-1]
         pairs = self._fit(s, b, question, image)
         if not pairs and not self.continue_from:  # a new chat: what was read ahead may be kept
-            how = o.how_found(b, how)  # the system prompt evaluated ahead was not evaluated by the question
-            return self._extend(s, b, sys_key, "new", "live" if how == "evaluated" else how,
-                                question_segments(question, image), cancel, t0, system_restored=how == "restored")
+            ahead = o.how_found(b, how)  # a system prompt the read-ahead evaluated is not this question's work
+            how = "live" if how == "live" and ahead == "evaluated" else ahead
+            return self._extend(s, b, sys_key, "new", how, question_segments(question, image), cancel, t0)
         o.pending.drop()  # the chat is rebuilt from its text: nothing read ahead fits before it
         self.base, self.system_key = b, sys_key
         reused = s.n_cells if how != "evaluated" else 0
@@ -264,8 +264,7 @@ class QuestionContext:
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
     def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
-                segs: list[Segment], cancel: threading.Event | None, t0: float, *,
-                system_restored: bool | None = None) -> Opened:
+                segs: list[Segment], cancel: threading.Event | None, t0: float) -> Opened:
         """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
         the rest evaluated now (``how``: how the system prompt was found, for a new chat)."""
         self.base, self.system_key, self.session = b, sys_key, s
@@ -273,8 +272,7 @@ class QuestionContext:
         ext = self.owner.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
         self.owner.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
         return Opened(s, source, tokens_reused=b.cp.n_cells if how != "evaluated" else 0,
-                      tokens_evaluated=s.n_evaluated - n0, images=ext.images,
-                      system_restored=how == "restored" if system_restored is None else system_restored,
+                      tokens_evaluated=s.n_evaluated - n0, images=ext.images, system_restored=how == "restored",
                       tokens_read_ahead=ext.kept_cells, question_read_ahead=ext.kept_question,
                       images_read_ahead=ext.kept_images, seconds=time.perf_counter() - t0)
 

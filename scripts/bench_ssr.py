@@ -54,6 +54,8 @@ from edge_agent.agent.rationales import builtin_library, select  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
+from edge_agent.tools.backends import SearchResult  # noqa: E402
+from edge_agent.tools.search import SearchOutcome  # noqa: E402
 from scripts import benchmodels  # noqa: E402
 
 FREEFORM_TOKENS = 128
@@ -88,24 +90,25 @@ CANNED = [
 
 
 class CannedSearch:
-    """Three fixed results per query (~200 tokens of observation, like a real top-3); ~0 s."""
+    """Three fixed results per query (~200 tokens of observation, like a real top-3); ~0 s. Implements
+    ``agent.toolbox.SearchLike`` with the values the real search tools return."""
 
-    def _outcome(self, status: str) -> Any:
-        results = tuple({"title": t, "url": u, "snippet": s, "source": "canned"} for t, u, s in CANNED)
-        text = "\n".join(f"{i + 1}. {r['title']} ({r['url']})\n{r['snippet']}" for i, r in enumerate(results))
+    def _outcome(self, tool: str) -> SearchOutcome:
+        results = tuple(SearchResult(t, u, s, "canned") for t, u, s in CANNED)
+        text = "\n".join(f"{i + 1}. {r.title} ({r.url})\n{r.snippet}" for i, r in enumerate(results))
+        return SearchOutcome(tool, "", results, "cached", text, "canned", 0.0)
 
-        class Outcome:
-            pass
+    def text_search(self, query: str) -> SearchOutcome:
+        return self._outcome("text_search")
 
-        o = Outcome()
-        o.status, o.ok, o.observation, o.results = status, True, text, results
-        return o
+    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg") -> SearchOutcome:
+        return self._outcome("image_search")
 
-    def text_search(self, query: str) -> Any:
-        return self._outcome("cached")
+    def unconfigured(self, tool: str) -> str | None:
+        return None
 
-    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg") -> Any:
-        return self._outcome("cached")
+    def close(self) -> None:
+        pass
 
 
 def synthetic_images(folder: Path, n: int) -> list[Path]:

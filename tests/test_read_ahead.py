@@ -232,3 +232,26 @@ def test_type_ahead_off_reads_the_photo_but_not_the_words(tiny_models, edge_home
         e.close()
         m.close()
 
+
+
+def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home):
+    """A new chat's first question: a system prompt evaluated at Enter counts in its tokens evaluated; one
+    the read-ahead evaluated while the question was typed counts as kept."""
+    settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 4,
+                              "max_turns": 1, "state_cache_mb": 0})
+    opts = AgentOptions.from_settings(settings)
+    counts = []
+    for ahead in (False, True):
+        m = load("tiny", tiny_models)
+        e = Engine(m, settings)
+        try:
+            if ahead:
+                type_slowly(e, "What is it?", None, "")
+            o = opened(list(e.ask("What is it?", None, options=opts)))
+            counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored))
+        finally:
+            e.close()
+            m.close()
+    (src0, kept0, read0, restored0), (src1, kept1, read1, restored1) = counts
+    assert (src0, src1, restored0, restored1) == ("new", "new", False, False)
+    assert kept0 == 0 and read0 > kept1 > 100 and kept1 + read1 < read0 and read1 == 0

@@ -1,0 +1,30 @@
+"""The runtime and SSR benchmarks run end to end on the tiny Qwen3-VL models (seconds) and print the
+``--json`` keys their reports name: a change to the runtime or the agent's seams that breaks a
+benchmark fails here, not when someone next measures. Speed is not asserted (benchmarks print ratios)."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_bench_ssr_runs_on_the_tiny_model(capsys):
+    """bench_ssr drives the engine with its canned search tools (a ``SearchLike``) through real turns."""
+    from scripts import bench_ssr
+
+    assert bench_ssr.main(["--tiny", "--questions", "1", "--turns", "2", "--json"]) == 0
+    (res,) = json.loads(capsys.readouterr().out)
+    assert res["contexts"] == res["context_n_pos"]["n"] >= 1
+    assert res["library"]["rationales"] == 6 and res["library"]["unique_tokens"] <= res["library"]["tokens"]
+    assert res["ssr_reasoning_s"]["n"] == res["contexts"] and 0 < res["ratio_mean"]
+
+
+def test_bench_runtime_runs_on_the_tiny_model(capsys, tiny_models):
+    """bench_runtime's floor decodes through the model's low-level handle (``Model.handle``); the
+    batched pass evaluates only the library trie's inner nodes."""
+    from scripts import bench_runtime
+
+    assert bench_runtime.main(["--model", str(tiny_models["text"]), "--reps", "1", "--threads", "1", "--json"]) == 0
+    (res,) = json.loads(capsys.readouterr().out)
+    assert res["library_size"] == 6 and res["evaluated_tokens"] < res["unique_scored_tokens"] <= res["library_tokens"]
+    assert set(res["median_ms"]) == {"batched", "one_at_a_time", "floor", "floor_inner", "freeform", "verify16"}
+    assert res["ratio_batched_over_one_at_a_time"] > 0 and res["break_even_tokens"] > 0
