@@ -38,13 +38,15 @@ the agent and the prophet (SeProD on: the same question runs end to end), and ea
 Top-level JSON keys (contract of issue 20): ``ssr_over_freeform_question``, ``image_read_share`` (share
 of an SSR question spent reading the photo: encode + decode), ``peak_rss_mb``,
 ``peak_rss_mb_with_prophet``, ``prefill_tokens_per_s``, ``decode_tokens_per_s``, ``decode_overhead``,
-``vision_encode_s``, ``shape``. The machine is shared and noisy: read ratios, not seconds.
+``vision_encode_s``, ``shape``; also ``logits_finite`` (every raw generate's log-probs and every SSR
+scoring finite). The machine is shared and noisy: read ratios, not seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -168,6 +170,7 @@ class RawDecode:
         self.model, self.counts, self.contexts = model, sorted({1, cores}), contexts
         self.samples: dict[str, list[float]] = {str(n): [] for n in self.counts}
         self.generate: list[float] = []
+        self.finite = True
 
     def round(self, n_tokens: int = 4) -> None:
         """One round: ``n_tokens`` single-token decodes per thread count (interleaved), then
@@ -189,6 +192,7 @@ class RawDecode:
             m.share_cores(None, FOREGROUND, n_threads=threads0)
             s.next_logits()
             gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=["<"])
+            self.finite = self.finite and all(math.isfinite(x) for x in gen.logprobs)  # NaN/inf logits show here
             if len(gen.tokens) > 1:  # the first token is sampled from logits already there
                 self.generate.append(gen.seconds / (len(gen.tokens) - 1))
         finally:
@@ -207,7 +211,7 @@ class RawDecode:
         return {"decode_ms": ms, "best_decode_threads": int(best[0]), "best_decode_ms": best[1],
                 "generate_ms": gen, "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
                 "sampling_overhead": round(gen / ms[app], 3) if gen and app in ms else None,
-                "samples": {n: len(v) for n, v in self.samples.items()}}
+                "samples": {n: len(v) for n, v in self.samples.items()}, "logprobs_finite": self.finite}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,6 +262,7 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
                       f"{key}_tokens": e.tokens, f"{key}_reused": e.reused})
         elif isinstance(e, ev.RationaleScored):
             p["scoring_s"] += e.seconds
+            p["scores_finite"] = p.get("scores_finite", True) and all(math.isfinite(c.score) for c in e.candidates)
         elif isinstance(e, ev.ReasoningDone):
             p["reasoning_s"] += e.seconds
             p["reasoning_tokens"] += e.n_tokens
@@ -349,6 +354,9 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
                           "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
                           "open_s_restored": warm.get("question_open_s")},
         "app_answer_ms_per_token": app_ms,
+        # every raw generate's log-probs and every SSR question's rationale scores were finite numbers
+        "logits_finite": bool(raw.get("logprobs_finite", True)
+                              and all(r.get("scores_finite", True) for rs in q["runs"].values() for r in rs)),
         "raw": raw,
         "memory": mem,
         "phases": m,
