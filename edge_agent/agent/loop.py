@@ -146,7 +146,7 @@ class _Run:
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
-        self.rng = np.random.default_rng(options.seed)
+        self._rng: np.random.Generator | None = None  # SSR sampling's draws, seeded by the options
         self.turn = 0
         self.answer_parts: list[str] = []
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
@@ -356,8 +356,10 @@ class _Run:
         # (possible when the context has a sequence per candidate).
         adopt = not self.options.index_only and len(cands) <= self.session.max_candidates
         scores = self.session.score(cands, keep=adopt, cancel=self.cancel)
+        if self.options.sample and self._rng is None:  # made on first use: a greedy question draws nothing
+            self._rng = np.random.default_rng(self.options.seed)
         choice, probs = select([sc.mean for sc in scores], tau=self.options.tau, sample=self.options.sample,
-                               rng=self.rng)
+                               rng=self._rng)
         seconds = time.perf_counter() - t0
         self._scored_tokens = scores[choice].tokens
         return rats[choice].action, RationaleScored(
