@@ -280,9 +280,13 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
                      seprod={k: v for k, v in tot.items() if k.startswith(("draft", "seprod", "prophet"))})
     if len(answer_times) > 2:  # steady state: the first streamed token carries the answer's set-up
         p["answer_ms_per_token"] = 1000 * (answer_times[-1] - answer_times[1]) / (len(answer_times) - 2)
-    p["image_read_s"] = p.get("image_encode_s", 0.0) + p.get("image_decode_s", 0.0)
-    p["question_open_s"] = p.get("open_s", 0.0) - p.get("image_decode_s", 0.0) - p.get("image_encode_s", 0.0)
-    p["question_tokens"] = p.get("open_tokens", 0) - p.get("image_tokens", 0)
+    # The photo read ahead: its ImageEvaluated reports the reading done before the question (untimed);
+    # the question's context opening did not evaluate it (fewer tokens than the image has).
+    ahead = p.get("open_tokens", 0) < p.get("image_tokens", 0)
+    p["image_read_ahead"] = ahead
+    p["image_read_s"] = 0.0 if ahead else p.get("image_encode_s", 0.0) + p.get("image_decode_s", 0.0)
+    p["question_open_s"] = p.get("open_s", 0.0) - p["image_read_s"]
+    p["question_tokens"] = p.get("open_tokens", 0) - (0 if ahead else p.get("image_tokens", 0))
     return p
 
 
@@ -338,8 +342,9 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
         "decode_overhead": round(app_ms / 1000 / best_s, 3) if app_ms else None,
         "vision_encode_s": ssr.get("image_encode_s"),
         "read_ahead_over_ssr_question": round(m["ssr_read_ahead"]["question_s"] / ssr["question_s"], 3),
-        "system_prompt": {"tokens": cold.get("open_tokens", 0) - warm.get("open_tokens", 0),
-                          "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
+        # context opening without the photo: the first question evaluates the system prompt, the
+        # later ones restore its saved state (or keep it in the KV cache)
+        "system_prompt": {"open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
                           "open_s_restored": warm.get("question_open_s")},
         "app_answer_ms_per_token": app_ms,
         "raw": raw,
@@ -374,7 +379,10 @@ def table(res: dict[str, Any]) -> str:
         for v in cols:
             x = ph[v].get(key)
             n = ph[v].get(tok) if tok else None
-            cells.append("-" if not x else f"{x:.2f} s" + (f" ({n:.0f} tok)" if n else ""))
+            if key.startswith("image_") and ph[v].get("image_read_ahead"):
+                cells.append("read ahead")
+            else:
+                cells.append("-" if not x else f"{x:.2f} s" + (f" ({n:.0f} tok)" if n else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

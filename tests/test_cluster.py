@@ -92,6 +92,7 @@ def cluster(node_home, hub):
         finally:
             for pid in _ray_processes(temp_dir):  # never leave one behind, even when the check failed
                 os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _setenv(monkeypatch, env: dict[str, str]) -> None:
