@@ -99,7 +99,7 @@ class EvalWorker:
         self.settings = dataclasses.replace(Settings.load(), **fields)
         self.ask, self.pulls = ask, pulls
         self.engine: Any = None
-        self.tmp = Path(tempfile.mkdtemp(prefix="edge-agent-worker-"))
+        self.tmp = _worker_tmp()
         self.cache = _RecordingCache(self.tmp / "search-cache.sqlite3")
         self.cache_loaded = False
         self.node = _node_label()
@@ -143,6 +143,30 @@ class EvalWorker:
             self.engine.close()
             self.engine = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _worker_tmp() -> Path:
+    """This worker's own folder (its search cache), ``edge-agent-worker-<pid>`` in the node's temp folder.
+    Folders of workers that died without ``close`` (killed) are removed here, by the next worker."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob("edge-agent-worker-*"):
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    path = base / f"edge-agent-worker-{os.getpid()}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _node_label() -> str:

@@ -250,7 +250,8 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
     answer_times = []
     for t, e in stamped:
         if isinstance(e, ev.ContextOpened):
-            p.update(open_s=e.seconds, open_tokens=e.tokens_evaluated, system_restored=e.system_restored)
+            p.update(open_s=e.seconds, open_tokens=e.tokens_evaluated, system_restored=e.system_restored,
+                     open_reused=e.tokens_reused)
         elif isinstance(e, ev.ImageEvaluated):
             key = "image" if e.turn == 0 else "crop"
             p.update({f"{key}_encode_s": e.encode_seconds, f"{key}_decode_s": e.decode_seconds,
@@ -344,7 +345,8 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
         "read_ahead_over_ssr_question": round(m["ssr_read_ahead"]["question_s"] / ssr["question_s"], 3),
         # context opening without the photo: the first question evaluates the system prompt, the
         # later ones restore its saved state (or keep it in the KV cache)
-        "system_prompt": {"open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
+        "system_prompt": {"tokens": warm.get("open_reused"),  # what a later question's context kept
+                          "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
                           "open_s_restored": warm.get("question_open_s")},
         "app_answer_ms_per_token": app_ms,
         "raw": raw,

@@ -26,3 +26,4 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models):
     assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] == "answered" for v in ph)
     assert res["memory"]["seprod_question"]["stop_reason"] == "answered"
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
+    assert res["system_prompt"]["tokens"] > 100  # the system prompt, kept (restored) by later questions

@@ -217,6 +217,7 @@ def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
     want = {k: v for k, v in _by_key(_records(tiny_local)).items() if k[0] in ("ssr", "freeform")}
     assert _by_key(rows) == want
     assert sum(w["restarts"] for w in run.cluster["per_worker"]) == 1  # Ray restarted the killed one
+    assert not (Path(tempfile.gettempdir()) / f"edge-agent-worker-{killed[0]}").exists()  # its folder: cleaned
 
 
 @pytest.mark.slow
