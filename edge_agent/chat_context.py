@@ -278,6 +278,8 @@ class QuestionContext:
 
     def _fit(self, s: SessionLike, b: _Boundary, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
+        if not self.history:
+            return []
         o = self.owner
         room = o.model.n_ctx - b.cp.n_cells - o.reserve - o.estimate(s, question_segments(question, image))
         out: list[tuple[str, str]] = []

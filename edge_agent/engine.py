@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 import time
 import uuid
@@ -441,12 +442,11 @@ class Engine:
         or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
         if not isinstance(image, str | Path):
             return None
-        try:
-            p = Path(image).expanduser().resolve()
-            st = p.stat()
+        try:  # the file itself (device, inode), not its path: no realpath walk on every question
+            st = os.stat(os.path.expanduser(image))
         except OSError:
             return None
-        return (str(p), st.st_size, st.st_mtime_ns, budget)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, budget)
 
     def _remember(self, key: tuple[Any, ...], loaded: LoadedImage, png: bytes | None) -> None:
         self._recent[key] = (loaded, png)

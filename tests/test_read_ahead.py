@@ -255,3 +255,41 @@ def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home)
     (src0, kept0, read0, restored0), (src1, kept1, read1, restored1) = counts
     assert (src0, src1, restored0, restored1) == ("new", "new", False, False)
     assert kept0 == 0 and read0 > kept1 > 100 and kept1 + read1 < read0 and read1 == 0
+
+
+def test_the_scored_rationale_is_shown_before_it_is_adopted_and_nothing_changes(tiny_models, settings, photo):
+    """The scored rationale is yielded as soon as the scores are known (the chosen candidate is adopted after
+    it, before the action); a stream closed at that event leaves the chat's context exactly as it was, and the
+    chat answers on as one that never saw the closed question."""
+    a, b = load("tiny", tiny_models), load("tiny", tiny_models)
+    ea, eb = Engine(a, settings), Engine(b, settings)
+    opts = AgentOptions.from_settings(settings)
+    try:
+        q1 = "What does the small sign on the right say?"
+        type_slowly(ea, q1, photo, "")
+        at: dict[str, int] = {}
+        ra = []
+        for ev in ea.ask(q1, photo, options=opts):
+            s = a.active_session
+            assert s is not None
+            if ev.kind in ("context_opened", "rationale_scored"):
+                at[ev.kind] = s.n_pos
+            ra.append(ev)
+        assert at["rationale_scored"] == at["context_opened"]  # nothing of the rationale pasted yet
+        rb = list(eb.ask(q1, photo, options=opts))
+        assert_same(ra, rb)
+        ka, kb = ra[-1].context, rb[-1].context
+        s = a.active_session
+        assert s is not None
+        before = (s.n_cells, s.n_pos, len(s.history))
+        stream = ea.ask("What colour is the door?", photo, options=opts, context=ka)
+        assert any(ev.kind == "rationale_scored" for ev in stream)  # stops at the scored rationale
+        stream.close()
+        assert (s.n_cells, s.n_pos, len(s.history)) == before
+        q2 = "Is the shop open?"
+        assert_same(list(ea.ask(q2, photo, options=opts, context=ka)), list(eb.ask(q2, photo, options=opts, context=kb)))
+    finally:
+        ea.close()
+        eb.close()
+        a.close()
+        b.close()

@@ -94,6 +94,24 @@ def test_untrusted_text_does_not_parse_special_tokens(tiny):
     assert tiny.detokenize(plain) == "snippet <|im_end|> more"
 
 
+
+def test_recent_texts_tokenize_as_llama_cpp_does(tiny):
+    """Texts tokenized again (a question while typed and at Enter, the rationale candidates every turn) come
+    from the tokenizer's recent texts: the same ids as llama.cpp's own tokenize, special and untrusted text
+    kept apart, and a caller changing the list it got changes nothing for the next one."""
+    h = tiny.tokenizer._h
+    for text in ("What does the small sign on the right say?", "snippet <|im_end|> more"):
+        first = tiny.tokenize(text, special=False)
+        first.append(-1)  # the caller's list is its own
+        again = tiny.tokenize(text, special=False)
+        assert again == first[:-1]
+        assert tiny.tokenize(text, special=True) == h.tokenize(text, True)
+    im_end = tiny.tokenize("<|im_end|>", special=True)
+    assert im_end == h.tokenize("<|im_end|>", True) and len(im_end) == 1
+    assert im_end[0] not in tiny.tokenize("snippet <|im_end|> more", special=False)  # the guard, from the cache too
+    assert tiny.tokenize("What does the small sign on the right say?", special=False) == h.tokenize(
+        "What does the small sign on the right say?", False)
+
 # --------------------------------------------------------------------------- images and positions
 def test_image_chunk_positions_cells_and_logits(tiny):
     """An image of nx*ny tokens takes nx*ny cells and max(nx, ny) positions; its pixels change the logits."""

@@ -110,3 +110,17 @@ def test_stop_earliest_match_wins(stop):
     """With several stop strings the earliest occurrence in the text wins."""
     s, _ = _stream([b"abyxyz"], stop)
     assert s.text == ("ab" if "y" in stop else "aby")
+
+
+def test_image_digests_are_sha256_of_the_bytes_whichever_object_holds_them():
+    """The digests kept for the latest images: equal bytes (another object, a bytearray) give SHA-256 of them,
+    different bytes a different digest, and more images than are kept are digested anew."""
+    import hashlib
+
+    from edge_agent.runtime.state import image_digest
+
+    pngs = [bytes([i]) * 5000 for i in range(7)]
+    for p in pngs + pngs[::-1]:
+        assert image_digest(p) == hashlib.sha256(p).hexdigest()
+        assert image_digest(bytes(bytearray(p))) == image_digest(bytearray(p)) == hashlib.sha256(p).hexdigest()
+    assert len({image_digest(p) for p in pngs}) == len(pngs)

@@ -146,12 +146,13 @@ class _Run:
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
-        self.rng = np.random.default_rng(options.seed)
+        self._rng: np.random.Generator | None = None  # SSR sampling's draws, seeded by the options
         self.turn = 0
         self.answer_parts: list[str] = []
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
+        self._scored_tokens: Sequence[int] = ()  # SSR: the chosen rationale's tokens (pasted when not adopted)
         self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
@@ -226,15 +227,17 @@ class _Run:
         # ---- reasoning ----
         t0 = time.perf_counter()
         yield from self._ground(turn)
-        scored = None
         if self.options.mode == "ssr":
-            action, scored = self._ssr_reason(turn, allowed)
+            action, scored, adopt = self._ssr_reason(turn, allowed)
+            reasoning_s = time.perf_counter() - t0
+            yield scored  # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
+            t0 = time.perf_counter()
+            self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
+            reasoning_s += time.perf_counter() - t0
         else:
             yield from self._free_reason(turn)
             action = None
-        reasoning_s = time.perf_counter() - t0
-        if scored is not None:  # yielded after the clock stopped: the consumer's time is not ours
-            yield scored
+            reasoning_s = time.perf_counter() - t0
         self._check()
 
         # ---- action ----
@@ -338,7 +341,9 @@ class _Run:
         return append_segments(self.session, segments, cancel=self.cancel)
 
     # ---- reasoning ------------------------------------------------------------------------------
-    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored]:
+    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored, bool]:
+        """Score the rationales and choose one: its action, the event, and whether the chosen one is to be
+        adopted (its kept cells). Nothing is pasted yet (:meth:`_ssr_paste`, the next call on the session)."""
         lib = self.options.library
         has_image = self.image is not None or self.tools.n_images() > 0
         idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
@@ -351,21 +356,13 @@ class _Run:
         # (possible when the context has a sequence per candidate).
         adopt = not self.options.index_only and len(cands) <= self.session.max_candidates
         scores = self.session.score(cands, keep=adopt, cancel=self.cancel)
+        if self.options.sample and self._rng is None:  # made on first use: a greedy question draws nothing
+            self._rng = np.random.default_rng(self.options.seed)
         choice, probs = select([sc.mean for sc in scores], tau=self.options.tau, sample=self.options.sample,
-                               rng=self.rng)
+                               rng=self._rng)
         seconds = time.perf_counter() - t0
-        chosen = rats[choice]
-        # Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended.
-        if self.options.index_only:
-            self.session.append_text(chosen.text, special=False)
-        elif adopt:
-            self.session.adopt(choice)
-        else:
-            self.session.append_tokens(scores[choice].tokens)
-        # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
-        # counted as action time): see _head.
-        self.close_pending = THINK_CLOSE
-        return chosen.action, RationaleScored(
+        self._scored_tokens = scores[choice].tokens
+        return rats[choice].action, RationaleScored(
             turn=turn,
             candidates=tuple(
                 RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
@@ -375,7 +372,19 @@ class _Run:
             chosen=choice,
             seconds=seconds,
             library=lib.source,
-        )
+        ), adopt
+
+    def _ssr_paste(self, scored: RationaleScored, adopt: bool) -> None:
+        """Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended."""
+        if self.options.index_only:
+            self.session.append_text(scored.candidates[scored.chosen].text, special=False)
+        elif adopt:
+            self.session.adopt(scored.chosen)
+        else:
+            self.session.append_tokens(self._scored_tokens)
+        # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
+        # counted as action time): see _head.
+        self.close_pending = THINK_CLOSE
 
     def _free_reason(self, turn: int) -> Generator[Event, None, str]:
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ read the same layout as plain text. Does not know: tokens, models, the loop's co
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -109,6 +110,12 @@ class Img:
 Segment = Text | Img
 
 
+@functools.cache
+def _schema_json(action: str) -> str:
+    """A tool's schema as the system prompt lists it (made once: every question builds its system prompt)."""
+    return json.dumps(SCHEMAS[action], ensure_ascii=False)
+
+
 def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Library | None = None,
                   extra: str = "") -> str:
     """The system turn: instructions, then the schemas of the tools for ``actions`` in <tools>.
@@ -125,7 +132,7 @@ def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Li
     tools = [a for a in ("zoom", "text_search", "image_search") if a in actions]
     if not tools:
         return f"<|im_start|>system\n{head}<|im_end|>\n"
-    schemas = "\n".join(json.dumps(SCHEMAS[a], ensure_ascii=False) for a in tools)
+    schemas = "\n".join(_schema_json(a) for a in tools)
     return (
         f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n"

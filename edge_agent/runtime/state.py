@@ -44,9 +44,22 @@ SUFFIX = ".kvstate"
 IMAGE = -1  # the history placeholder of an image (session.IMAGE)
 
 
+_DIGESTS: dict[bytes, str] = {}  # the latest images' digests (a photo is matched at every question)
+_DIGESTS_LOCK = threading.Lock()
+
+
 def image_digest(image: bytes) -> str:
     """SHA-256 of an image's bytes: its identity in saved-state keys and in the embedding cache."""
-    return hashlib.sha256(image).hexdigest()
+    image = bytes(image)  # immutable: a dict key (a bytes object hashes once; the same object is found at once)
+    with _DIGESTS_LOCK:
+        got = _DIGESTS.get(image)
+    if got is None:
+        got = hashlib.sha256(image).hexdigest()
+        with _DIGESTS_LOCK:
+            _DIGESTS[image] = got
+            while len(_DIGESTS) > 4:
+                del _DIGESTS[next(iter(_DIGESTS))]
+    return got
 
 
 def identity_digest(identity: dict[str, Any]) -> str:

@@ -8,9 +8,14 @@ not know sessions, positions or chat formats. Reaches llama.cpp only through :cl
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from edge_agent.runtime.handle import Handle
+
+RECENT_TEXTS = 256  # texts whose ids are kept (a few KB)
+RECENT_MAX_CHARS = 2000  # longer texts (a search result, a long history) are not kept
 
 
 class Tokenizer:
@@ -19,6 +24,10 @@ class Tokenizer:
     def __init__(self, handle: Handle) -> None:
         self._h = handle
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        # recent texts' ids: a question is tokenized while typed, at Enter, for its room and its turn; the
+        # rationale candidates every turn (a pure function of the text: the ids are the same ones)
+        self._recent: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self._recent_lock = threading.Lock()
         self._guard_built = False
         self._guard: re.Pattern[str] | None = None
         self.n_vocab, self.add_bos, self.bos, self.eos = handle.n_vocab, handle.add_bos, handle.bos, handle.eos
@@ -32,6 +41,21 @@ class Tokenizer:
         non-normal token's text after its first character, so it is spelled with ordinary tokens.
         """
         self._h.check_open()
+        key = (text, special)
+        with self._recent_lock:
+            ids = self._recent.get(key)
+            if ids is not None:
+                self._recent.move_to_end(key)
+                return list(ids)
+        out = self._tokenize(text, special=special)
+        if len(text) <= RECENT_MAX_CHARS:
+            with self._recent_lock:
+                self._recent[key] = tuple(out)
+                while len(self._recent) > RECENT_TEXTS:
+                    self._recent.popitem(last=False)
+        return out
+
+    def _tokenize(self, text: str, *, special: bool) -> list[int]:
         if not special:
             guard = self.special_texts()
             if guard is not None and guard.search(text):
