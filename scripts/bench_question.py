@@ -62,6 +62,8 @@ if str(ROOT) not in sys.path:
 
 from PIL import Image, ImageDraw  # noqa: E402
 
+from scripts.benchmodels import proc_status_mb  # noqa: E402
+
 QUESTION = "What does the small sign on the door say?"
 VARIANTS = ("ssr", "freeform", "ssr_read_ahead")
 PREFILL_TOKENS = 256
@@ -117,12 +119,9 @@ def load_engine(home: Path, files: dict[str, Path | None], *, prophet: bool, ans
 
 def peak_rss_mb() -> float:
     """This process' peak resident set size so far (VmHWM; ru_maxrss where /proc is absent)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak_mb = proc_status_mb("VmHWM")
+    if peak_mb is not None:
+        return peak_mb
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

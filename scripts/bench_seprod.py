@@ -62,6 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from edge_agent.agent import seprod, seprod_math  # noqa: E402
+from scripts.benchmodels import proc_status_mb  # noqa: E402
 
 QUESTIONS = [
     "Describe the Eiffel Tower in a few sentences.",
@@ -77,13 +78,7 @@ MAX_REPS = 40  # --min-seconds never repeats a question more often than this
 
 def rss_mb() -> float:
     """Resident set size of this process in MB (Linux /proc; 0 elsewhere)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return proc_status_mb("VmRSS") or 0.0
 
 
 def smollm2_path() -> Path | None:

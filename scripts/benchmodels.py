@@ -14,6 +14,17 @@ TINY_LABEL = "tiny-qwen3vl F32 (+mmproj)"
 SMOLLM2_LABEL = "SmolLM2-135M-Instruct"
 
 
+def proc_status_mb(field: str) -> float | None:
+    """A memory line of this process' /proc/self/status in MB (``VmRSS``, ``VmHWM``); None without /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL test model (with images)")
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct (text only)")

@@ -95,7 +95,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `scripts` and `edge_agent` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.make_tiny_models import ARCH, CHAT_TEMPLATE, QWEN_ADDED_TOKENS, build_vocab  # noqa: E402
+from scripts.make_tiny_models import ARCH, CHAT_TEMPLATE, QWEN_ADDED_TOKENS, build_vocab, print_files  # noqa: E402
 
 # Bump when the files this script writes change in any way: the cache key.
 VERSION = 2
@@ -541,8 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         t0 = time.perf_counter()
         paths = make_standin_models(args.out_dir, size, seed=args.seed, force=args.force, check=not args.no_check)
-        for key, p in paths.items():
-            print(f"{size} {key:8s} {p}  ({p.stat().st_size / 2**20:,.0f} MiB)")
+        print_files(paths, label=f"{size} ", unit="MiB")
         print(f"{size}: ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 

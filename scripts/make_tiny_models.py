@@ -496,11 +496,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     paths = make_tiny_models(args.out_dir, args.seed)
-    dt = time.perf_counter() - t0
-    for key, p in paths.items():
-        print(f"{key:16s} {p}  ({p.stat().st_size / 1024:.0f} KiB)")
-    print(f"wrote {len(paths)} files in {dt:.2f} s", file=sys.stderr)
+    print_files(paths, label="", unit="KiB")
+    print(f"wrote {len(paths)} files in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     return 0
+
+
+def print_files(paths: dict[str, Path], *, label: str, unit: str) -> None:
+    """One line per written file on stdout: its key, path and size (in KiB or MiB), for scripts to read."""
+    scale = {"KiB": 1024, "MiB": 2**20}[unit]
+    for key, p in paths.items():
+        print(f"{label}{key:16s} {p}  ({p.stat().st_size / scale:,.0f} {unit})")
 
 
 if __name__ == "__main__":
