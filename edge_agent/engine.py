@@ -192,9 +192,11 @@ class Engine:
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable. Its context
         # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a
         # Qwen3-VL-2B prophet's KV cache: 224 MiB in f16 at 2048 instead of 476 MiB in q8_0 at 8192).
+        # The same mmproj file as the agent's: one vision tower in memory for both (runtime.handle.VisionTower).
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
                                       n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n,
-                                      n_ctx=footprint.prophet_n_ctx(settings))
+                                      n_ctx=footprint.prophet_n_ctx(settings),
+                                      share_vision_with=model if isinstance(model, Model) else None)
         try:
             # One machine, two models computing at once: the agent (whom the person waits for) never
             # waits and gets every core for its batched passes; the prophet computes beside it only
@@ -478,8 +480,10 @@ def _memory_line(model: ModelLike) -> str:
     mem = dict(model.memory_bytes)
     if not mem:
         return "unknown"
-    parts = " + ".join(f"{'KV' if k == 'kv_cache' else k} {v / 2**20:.0f} MB" for k, v in mem.items())
-    return f"{parts} = {sum(mem.values()) / 2**20:.0f} MB"
+    shared = model.has_vision and mem.get("mmproj") == 0  # the projector is another model's (counted there)
+    parts = " + ".join(f"{'KV' if k == 'kv_cache' else k} {v / 2**20:.0f} MB" for k, v in mem.items()
+                       if not (shared and k == "mmproj"))
+    return f"{parts} = {sum(mem.values()) / 2**20:.0f} MB" + ("; vision tower shared" if shared else "")
 
 
 def _replace(opts: AgentOptions, **kw: Any) -> AgentOptions:

@@ -1,4 +1,5 @@
-"""The memory a model choice will take, before it is loaded: for ``models list`` and the settings screen.
+"""The memory a model choice will take, before it is loaded: for ``models list`` and the settings screen;
+and what a photo question measured at the size we ship (``measured_question``: the first-run screen).
 
 Knows: what is resident while the app answers a question (weights, KV cache, vision tower, compute
 buffers, the process itself) and how each part follows from a GGUF header or a catalog entry and the
@@ -94,12 +95,45 @@ def estimate(settings: Any, *, weights: int, mmproj: int, kv: KvShape | None) ->
     """The footprint of a model of ``weights`` bytes (+ an ``mmproj`` file of that size, 0: text only)
     at ``settings`` (n_ctx, kv_type, image budgets), alone and with a same-shaped prophet whose context
     holds one image and a draft (``engine.prophet_n_ctx``). The prophet decodes the agent's image
-    embeddings (one encode per image) but loads its own copy of the tower's weights: counted twice."""
+    embeddings (one encode per image) with the agent's vision tower (the same mmproj file: its
+    weights are loaded once, ``runtime.handle.VisionTower``): counted once."""
     image_tokens = max(settings.image_max_tokens, settings.crop_max_tokens, 0) if mmproj else 0
     kv_bytes = kv.bytes(settings.n_ctx, settings.kv_type) if kv else 0
     alone = (PROCESS_BYTES + weights + kv_bytes + COMPUTE_BYTES + mmproj
              + image_tokens * VISION_BYTES_PER_IMAGE_TOKEN)
     if kv is None:
         return Footprint(alone, None)
-    prophet = weights + kv.bytes(prophet_n_ctx(settings), settings.kv_type) + COMPUTE_BYTES + mmproj
+    prophet = weights + kv.bytes(prophet_n_ctx(settings), settings.kv_type) + COMPUTE_BYTES
     return Footprint(alone, alone + prophet)
+
+
+# What one photo question cost on the Qwen3-VL 2B / 4B stand-ins (``scripts/bench_question.py --record``
+# writes this file; the README's "What a question costs" table is the same run).
+QUESTION_COSTS = Path(__file__).with_name("data") / "question_costs.json"
+
+
+def measured_question(shape: str = "2b") -> dict[str, Any] | None:
+    """The recorded costs of one photo question at ``shape`` ({"cores", "ssr_question_s",
+    "read_ahead_question_s", "answer_tokens_per_s", "peak_rss_mb", ...}), None when not recorded."""
+    import json
+
+    try:
+        data = json.loads(QUESTION_COSTS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    entry = data.get("shapes", {}).get(shape) if isinstance(data, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def speed_text(shape: str = "2b") -> str:
+    """'a photo question about 50 s on 2 cores (12 s with the photo read while you type), answers at
+    6.0 tokens/s': the recorded run in words; "" when none is recorded."""
+    m = measured_question(shape)
+    if not m:
+        return ""
+    try:
+        return (f"a photo question about {m['ssr_question_s']:.0f} s on {m['cores']} cores "
+                f"({m['read_ahead_question_s']:.0f} s with the photo read while you type), answers at "
+                f"{m['answer_tokens_per_s']:.1f} tokens/s")
+    except (KeyError, TypeError, ValueError):
+        return ""

@@ -3,7 +3,7 @@
 
 Usage:
     python scripts/bench_question.py [--standin 2b|4b] [--model GGUF --mmproj GGUF [--prophet GGUF]]
-                                     [--reps 2] [--quick] [--no-prophet] [--json] [--out FILE]
+                                     [--reps 2] [--quick] [--no-prophet] [--json] [--out FILE] [--record]
 
 Models: ``--standin 2b`` (default) writes or reuses the Qwen3-VL-2B-shaped random-weight stand-ins of
 ``scripts/make_standin_models.py`` under ``models/standin/`` (agent, prophet, one shared mmproj);
@@ -31,8 +31,9 @@ free-form reasoning, the zoom action's decode, the zoom (crop, its encode and de
 
 Raw llama.cpp speed on the loaded agent (through the runtime's thinnest path: one llama_decode per
 token plus the copy of its logits row, no sampling): prefill tokens/s by batch threads, decode
-ms/token by decode threads; ``decode_overhead`` = the app's seconds per answer token / the best raw
-decode. Memory: peak resident set (VmHWM) of this process with the agent alone, then after loading
+ms/token by decode threads after 64 tokens and after as many KV cells as the app's answer is decoded
+after (attention reads every cell); ``decode_overhead`` = the app's seconds per answer token / the
+best raw decode at that context length (``decode_overhead_vs_short_context``: against 64 tokens). Memory: peak resident set (VmHWM) of this process with the agent alone, then after loading
 the agent and the prophet (SeProD on: the same question runs end to end), and each model's KV bytes.
 
 Top-level JSON keys (contract of issue 20): ``ssr_over_freeform_question``, ``image_read_share`` (share
@@ -163,53 +164,90 @@ def _filler(model: Any, n: int) -> list[int]:
 class RawDecode:
     """Samples of llama.cpp's decode time per token at each thread count, and of ``generate`` (the
     app's sampling path: greedy, the answer grammar, log-probs) at the app's thread count, taken in
-    small rounds between the questions so that both see the same load on a shared machine."""
+    small rounds between the questions so that both see the same load on a shared machine.
+
+    Two context lengths: 64 tokens, and the KV cells the app's answer is decoded after (``depth``,
+    from the first question: system prompt, photo, question, zoom and crop): attention reads every
+    cell, so a token costs more after 1,800 cells than after 64 (2B stand-in, q8_0 KV: ~110 vs ~78
+    ms). ``decode_overhead`` compares the app's answer tokens with the raw decode at that length."""
 
     def __init__(self, model: Any, cores: int, contexts: Any = None) -> None:
         self.model, self.counts, self.contexts = model, sorted({1, cores}), contexts
         self.samples: dict[str, list[float]] = {str(n): [] for n in self.counts}
+        self.deep: dict[str, list[float]] = {str(n): [] for n in self.counts}
         self.generate: list[float] = []
+        self.generate_deep: list[float] = []
         self.finite = True
+        self.depth = 0
+        self._state: Any = None  # the deep context, saved once (restored each round)
+
+    def set_depth(self, cells: int) -> None:
+        """Measure from now on also after ``cells`` cells of context (prefilled once, then restored)."""
+        m = self.model
+        try:
+            s = m.session()
+            s.append_tokens(_filler(m, cells))
+            self._state, self.depth = s.save_state("bench-raw"), cells
+        finally:
+            self._forget()
 
     def round(self, n_tokens: int = 4) -> None:
         """One round: ``n_tokens`` single-token decodes per thread count (interleaved), then
-        ``generate`` of ``n_tokens`` tokens, after a 64-token context."""
-        from edge_agent.agent.actions import tail_grammar
-        from edge_agent.runtime.cores import FOREGROUND
-
-        m, threads0 = self.model, self.model.n_threads
+        ``generate`` of ``n_tokens`` tokens, after a 64-token context and after ``depth`` cells."""
+        m = self.model
         toks = _filler(m, 64 + n_tokens)
         try:
             s = m.session()
             s.append_tokens(toks[:64])
+            self._sample(s, toks[64:], self.samples, self.generate, n_tokens)
+            if self._state is not None:
+                self._sample(m.restore(self._state), toks[64:], self.deep, self.generate_deep, n_tokens)
+        finally:
+            self._forget()
+
+    def _sample(self, s: Any, toks: list[int], into: dict[str, list[float]], gen_into: list[float], n_tokens: int) -> None:
+        from edge_agent.agent.actions import tail_grammar
+        from edge_agent.runtime.cores import FOREGROUND
+
+        m, threads0 = self.model, self.model.n_threads
+        try:
             for i in range(n_tokens):
                 for n in self.counts:
                     m.share_cores(None, FOREGROUND, n_threads=n)
                     t0 = time.perf_counter()
-                    s.append_tokens([toks[64 + i]])
-                    self.samples[str(n)].append(time.perf_counter() - t0)
-            m.share_cores(None, FOREGROUND, n_threads=threads0)
-            s.next_logits()
-            gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=["<"])
-            self.finite = self.finite and all(math.isfinite(x) for x in gen.logprobs)  # NaN/inf logits show here
-            if len(gen.tokens) > 1:  # the first token is sampled from logits already there
-                self.generate.append(gen.seconds / (len(gen.tokens) - 1))
+                    s.append_tokens([toks[i]])
+                    into[str(n)].append(time.perf_counter() - t0)
         finally:
             m.share_cores(None, FOREGROUND, n_threads=threads0)
-            m.session()
-            # The engine's chat contexts held the session just replaced: forget it, so the next
-            # question opens as after a restart (the system prompt restored from its saved state).
-            if self.contexts is not None:
-                self.contexts.live = None
+        s.next_logits()
+        gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=["<"])
+        self.finite = self.finite and all(math.isfinite(x) for x in gen.logprobs)  # NaN/inf logits show here
+        if len(gen.tokens) > 1:  # the first token is sampled from logits already there
+            gen_into.append(gen.seconds / (len(gen.tokens) - 1))
+
+    def _forget(self) -> None:
+        self.model.session()
+        # The engine's chat contexts held the session just replaced: forget it, so the next
+        # question opens as after a restart (the system prompt restored from its saved state).
+        if self.contexts is not None:
+            self.contexts.live = None
 
     def result(self) -> dict[str, Any]:
-        ms = {n: round(1000 * statistics.median(v), 2) for n, v in self.samples.items() if v}
-        best = min(ms.items(), key=lambda kv: kv[1])
+        def ms(samples: dict[str, list[float]]) -> dict[str, float]:
+            return {n: round(1000 * statistics.median(v), 2) for n, v in samples.items() if v}
+
+        shallow, deep = ms(self.samples), ms(self.deep)
+        best = min(shallow.items(), key=lambda kv: kv[1])
+        best_deep = min(deep.items(), key=lambda kv: kv[1]) if deep else None
         gen = round(1000 * statistics.median(self.generate), 2) if self.generate else None
         app = str(self.model.n_threads)
-        return {"decode_ms": ms, "best_decode_threads": int(best[0]), "best_decode_ms": best[1],
-                "generate_ms": gen, "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
-                "sampling_overhead": round(gen / ms[app], 3) if gen and app in ms else None,
+        return {"decode_ms": shallow, "best_decode_threads": int(best[0]), "best_decode_ms": best[1],
+                "depth_cells": self.depth, "decode_ms_at_depth": deep,
+                "best_decode_ms_at_depth": best_deep[1] if best_deep else None,
+                "generate_ms": gen,
+                "generate_ms_at_depth": round(1000 * statistics.median(self.generate_deep), 2) if self.generate_deep else None,
+                "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
+                "sampling_overhead": round(gen / shallow[app], 3) if gen and app in shallow else None,
                 "samples": {n: len(v) for n, v in self.samples.items()}, "logprobs_finite": self.finite}
 
 
@@ -301,6 +339,9 @@ def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer
     raw decode samples after each question."""
     kw = {"answer_tokens": answer_tokens, "freeform_tokens": freeform_tokens}
     cold = ask_once(engine, photo, "ssr", **kw)
+    live = engine.contexts.live
+    if live is not None:  # the cells the answer was decoded after (the middle of the answer)
+        raw.set_depth(max(64, live.n_cells - answer_tokens // 2))
     raw.round()
     say(f"  first question (system prompt evaluated): {cold['question_s']:.1f} s")
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
@@ -331,7 +372,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str, Any]) -> dict[str, Any]:
     m = q["medians"]
     ssr, ff = m["ssr"], m["freeform"]
-    best_s = raw["best_decode_ms"] / 1000
+    # the app's answer tokens against llama.cpp decoding after as many cells (attention reads them all)
+    best_s = (raw.get("best_decode_ms_at_depth") or raw["best_decode_ms"]) / 1000
     app_ms = ssr.get("answer_ms_per_token")
     cold, warm = q["cold"], ssr
     return {
@@ -343,7 +385,9 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
         else round(mem["peak_rss_mb_with_prophet"], 1),
         "prefill_tokens_per_s": max(raw["prefill_tokens_per_s"].values()),
         "prefill_tokens_per_s_app": raw["prefill_tokens_per_s"].get(str(raw["app_threads"]["batch"])),
-        "decode_tokens_per_s": round(1 / best_s, 2),
+        "decode_tokens_per_s": round(1000 / raw["best_decode_ms"], 2),
+        "decode_tokens_per_s_at_depth": round(1 / best_s, 2),
+        "decode_overhead_vs_short_context": round(app_ms / raw["best_decode_ms"], 3) if app_ms else None,
         "decode_overhead": round(app_ms / 1000 / best_s, 3) if app_ms else None,
         "vision_encode_s": ssr.get("image_encode_s"),
         "read_ahead_over_ssr_question": round(m["ssr_read_ahead"]["question_s"] / ssr["question_s"], 3),
@@ -362,6 +406,33 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
         "cold_question": cold,
         "runs": q["runs"],
     }
+
+
+def record(res: dict[str, Any], command: str) -> dict[str, Any]:
+    """Put this run's costs under its shape in ``footprint.QUESTION_COSTS`` (other shapes kept)."""
+    from edge_agent import footprint
+
+    ph = res["phases"]
+    entry = {
+        "cores": res["cores"], "command": command, "date": time.strftime("%Y-%m-%d"),
+        "ssr_question_s": round(ph["ssr"]["question_s"], 1),
+        "freeform_question_s": round(ph["freeform"]["question_s"], 1),
+        "read_ahead_question_s": round(ph["ssr_read_ahead"]["question_s"], 1),
+        "ssr_over_freeform_question": res["ssr_over_freeform_question"],
+        "answer_tokens_per_s": round(1000 / res["app_answer_ms_per_token"], 2) if res["app_answer_ms_per_token"] else None,
+        **{k: res[k] for k in ("decode_tokens_per_s", "prefill_tokens_per_s", "vision_encode_s", "peak_rss_mb",
+                               "peak_rss_mb_with_prophet", "decode_overhead", "image_read_share")},
+    }
+    path = footprint.QUESTION_COSTS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault("about", "What one photo question cost on the Qwen3-VL stand-ins "
+                             "(scripts/bench_question.py --record); the app's first-run screen quotes it.")
+    data.setdefault("shapes", {})[res["shape"]] = entry
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return entry
 
 
 PHASE_ROWS = [
@@ -410,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeform-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    ap.add_argument("--record", action="store_true",
+                    help="write this run's costs into edge_agent/data/question_costs.json (what the app's "
+                         "first-run screen quotes; stand-ins only)")
     args = ap.parse_args(argv)
     if args.quick:
         args.reps = 1
@@ -452,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     res = summarise(shape, raw, q, mem)
     res["cores"] = cores
     res["seconds"] = round(time.perf_counter() - t_start, 1)
+    if args.record:
+        if args.model:
+            ap.error("--record is for the stand-ins (--standin 2b|4b), whose shapes the app's catalog ships")
+        record(res, " ".join(["scripts/bench_question.py", *(argv if argv is not None else sys.argv[1:])]))
     text = json.dumps(res, indent=1, default=str)
     if args.out:
         args.out.write_text(text, encoding="utf-8")

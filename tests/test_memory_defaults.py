@@ -94,7 +94,7 @@ def test_prophet_context_holds_one_image_and_a_draft() -> None:
 
 def test_footprint_adds_the_parts() -> None:
     """Alone: process + weights + KV + compute + mmproj + the vision activations of the largest image;
-    a prophet adds its weights, its small context, compute and its own copy of the tower."""
+    a prophet adds its weights, its small context and compute (the tower is shared)."""
     s = Settings()
     kv = footprint.kv_shape_of_entry("qwen3-vl", "2B")
     fp = footprint.estimate(s, weights=1_107_409_952, mmproj=445_053_216, kv=kv)
@@ -102,7 +102,8 @@ def test_footprint_adds_the_parts() -> None:
     parts = (footprint.PROCESS_BYTES + 1_107_409_952 + kv.bytes(8192, "auto") + footprint.COMPUTE_BYTES
              + 445_053_216 + 576 * footprint.VISION_BYTES_PER_IMAGE_TOKEN)
     assert fp.alone == parts
-    assert fp.with_prophet - fp.alone == 1_107_409_952 + kv.bytes(2048, "auto") + footprint.COMPUTE_BYTES + 445_053_216
+    # the prophet shares the agent's vision tower (same mmproj file): its weights are not counted again
+    assert fp.with_prophet - fp.alone == 1_107_409_952 + kv.bytes(2048, "auto") + footprint.COMPUTE_BYTES
     assert footprint.estimate(s, weights=100, mmproj=0, kv=None).with_prophet is None
 
 

@@ -31,6 +31,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import TypeVar
+
+T = TypeVar("T")
 
 FOREGROUND = "foreground"
 BACKGROUND = "background"
@@ -188,3 +191,89 @@ def default_threads(requested: int, *, decode: bool = False, model_bytes: int = 
 
 
 SMALL_MODEL_BYTES = 512 * 2**20  # below: decoding is spin-stall bound (SmolLM2-135M: 94 MB); above: compute
+
+
+class ComputeLane:
+    """The one thread on which a model runs every computation that uses more than one thread.
+
+    Why: llama.cpp's CPU backend is built with OpenMP, and libgomp keeps one team of worker threads
+    per thread that starts a parallel region, for that thread's life. Once a process has more OpenMP
+    threads than cores (two teams: the read-ahead thread's and the question's), libgomp stops
+    spin-waiting at the barrier after every graph node and sleeps instead, and every multi-threaded
+    pass gets slower for good. Measured on the Qwen3-VL-2B stand-in, 2 cores, 2 threads: 86 ms per
+    decoded token from the thread that decoded first, 113 ms from any other thread while the first
+    lives (``OMP_WAIT_POLICY=passive``: 114 ms everywhere); the app's answer tokens after a photo was
+    read ahead took 139 ms against 97 ms raw at the same context length. So each model hands its
+    multi-threaded calls to its lane: one team per model, whichever thread asks. A one-thread call
+    starts no team and runs on the caller's thread.
+
+    ``run(fn, *args)``: ``fn(*args)`` on the lane's thread (started on first use); the caller waits
+    for it, and a KeyboardInterrupt in the caller is re-raised only after the call returned (as when
+    the caller ran the C call itself). Closed lanes end their thread (and its OpenMP team).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: list[tuple[Callable[..., object], tuple[object, ...], _Result]] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.calls = 0  # calls run on the lane's thread (tests)
+
+    def run(self, fn: Callable[..., T], *args: object) -> T:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            return fn(*args)
+        res = _Result()
+        with self._cv:
+            if self._closed:
+                return fn(*args)  # a model being closed: nothing left to keep on one thread
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=f"compute-{self.name}", daemon=True)
+                self._thread.start()
+            self._jobs.append((fn, args, res))
+            self._cv.notify()
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                res.done.wait()
+                break
+            except BaseException as e:  # noqa: BLE001 - Ctrl+C: the C call cannot stop half-way
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+        if res.error is not None:
+            raise res.error
+        return res.value  # type: ignore[return-value]  # what fn returned
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if not self._jobs:
+                    return
+                fn, args, res = self._jobs.pop(0)
+            try:
+                res.value = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                res.error = e
+            self.calls += 1
+            res.done.set()
+
+    def close(self) -> None:
+        """End the thread once the calls queued now have run (idempotent)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+
+class _Result:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: object = None
+        self.error: BaseException | None = None

@@ -32,7 +32,8 @@ import numpy as np
 from edge_agent.errors import Cancelled, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C, M
-from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, CoreShare, Step
+from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, ComputeLane, CoreShare, Step
+from edge_agent.runtime.tower import VisionTower
 
 # llama_token_data {int32 id; float logit; float p} as a numpy record (12 bytes, no padding).
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -112,7 +113,7 @@ class Handle:
         self._model: Any = None
         self._ctx: Any = None
         self._vocab: Any = None
-        self._mtmd: Any = None
+        self._vision: VisionTower | None = None
         self._mem: Any = None
         self._tdata: np.ndarray | None = None
         self._interrupted = False  # interrupt() was called since the running call began (not a preemption)
@@ -124,6 +125,7 @@ class Handle:
         self.n_ctx = self.n_batch = self.n_seq_max = self.n_vocab = 0
         self.add_bos, self.bos, self.eos = False, -1, -1
         self.has_vision = False
+        self.vision_borrowed = False  # the vision tower is another model's (shared, not loaded here)
         self.batch: BatchBuffers | None = None
         self.decodes = 0  # llama_decode calls (an image counts once): the logits buffer's version
         self.vision_encodes = 0  # images this model's projector encoded (reused embeddings not counted)
@@ -131,20 +133,29 @@ class Handle:
         self.cores: CoreShare | None = None
         self.role = FOREGROUND
         self._threads_now = (0, 0)  # (decode, batch) threads the context computes with now
+        self.lane = ComputeLane(path.name)  # where its multi-threaded passes run (cores.ComputeLane)
 
     # ------------------------------------------------------------------------------ loading
     @classmethod
-    def open(cls, path: Path, mmproj: Path | None, params: Params) -> Handle:
+    def open(cls, path: Path, mmproj: Path | None, params: Params, *, vision_key: str = "",
+             share_vision: VisionTower | None = None) -> Handle:
         """Load the weights, create the context (and the mtmd context for ``mmproj``). The files must
         have been validated (llama.cpp aborts the process on several bad files). Raises ModelFileError /
-        ModelRuntimeError; nothing stays allocated then."""
+        ModelRuntimeError; nothing stays allocated then. ``vision_key``: what fixes the projector (the
+        mmproj file's identity and the image-token limits); ``share_vision``: another model's tower,
+        used instead of loading one when its key is ``vision_key`` and this model's embedding width and
+        vocabulary size are its own (else this model loads its own)."""
         _lib.ensure_init()
         h = cls(path, params)
         try:
             h._load_weights()
             h._create_context()
             if mmproj is not None:
-                h._init_vision(mmproj)
+                if share_vision is not None and h._fits(share_vision, vision_key):
+                    h._vision = share_vision.share()
+                    h.has_vision = h.vision_borrowed = True
+                else:
+                    h._init_vision(mmproj, vision_key)
         except BaseException:
             h.close()
             raise
@@ -218,7 +229,11 @@ class Handle:
         self.n_seq_max = C.llama_n_seq_max(self._ctx)
         self.batch = BatchBuffers(self.n_batch, self.n_seq_max)
 
-    def _init_vision(self, mmproj: Path) -> None:
+    def _fits(self, tower: VisionTower, key: str) -> bool:
+        return bool(key) and tower.key == key and bool(tower.ptr) and tower.n_embd_inp == self.n_embd_inp \
+            and tower.n_vocab == self.n_vocab
+
+    def _init_vision(self, mmproj: Path, key: str) -> None:
         lo, hi = self.params.image_tokens
         mparams = M.mtmd_context_params_default()
         mparams.use_gpu = False
@@ -230,14 +245,15 @@ class Handle:
         if hi > 0:
             mparams.image_max_tokens = hi
         _lib.clear_errors()
-        self._mtmd = M.mtmd_init_from_file(str(mmproj).encode(), self._model, mparams)
-        if not self._mtmd:
+        ptr = M.mtmd_init_from_file(str(mmproj).encode(), self._model, mparams)
+        if not ptr:
             raise ModelFileError(
                 f"The vision projector {mmproj.name} does not fit {self.path.name} "
                 f"({_lib.recent_errors() or 'mtmd_init_from_file failed'}). "
                 "Use the mmproj file published with this exact model."
             )
-        if not M.mtmd_support_vision(self._mtmd):
+        self._vision = VisionTower(ptr, key, self.n_threads_batch, self.n_embd_inp, self.n_vocab, self.lane)
+        if not M.mtmd_support_vision(ptr):
             raise ModelFileError(f"{mmproj.name} is not a vision projector. Use the model's image mmproj.")
         self.has_vision = True
 
@@ -274,8 +290,14 @@ class Handle:
 
     @property
     def mtmd(self) -> Any:
-        """The mtmd context pointer, None without a projector (``vision`` tokenizes and encodes with it)."""
-        return self._mtmd
+        """The mtmd context pointer, None without a projector (``vision`` tokenizes and encodes with it,
+        under :attr:`vision`'s lock)."""
+        return self._vision.ptr if self._vision is not None else None
+
+    @property
+    def vision(self) -> VisionTower | None:
+        """The vision tower this model uses (its own, or one shared with another model), None without."""
+        return self._vision
 
     @property
     def llama_model(self) -> Any:
@@ -383,7 +405,7 @@ class Handle:
         while True:
             _lib.clear_errors()
             with self.computing(n) as step:
-                rc = C.llama_decode(self._ctx, b.struct)
+                rc = self._compute(n, C.llama_decode, self._ctx, b.struct)
             # preempted by the foreground model: llama.cpp removed the aborted ubatch's cells; again
             if not (rc == 2 and self.resume_after(step)):
                 break
@@ -413,8 +435,8 @@ class Handle:
         while True:
             _lib.clear_errors()
             with self.computing(n_tokens) as step:
-                rc = M.mtmd_helper_decode_image_chunk(self._mtmd, self._ctx, chunk, ptr, n_past, seq, self.n_batch,
-                                                      ctypes.byref(new_pos), _NO_CALLBACK, None)
+                rc = self._compute(n_tokens, M.mtmd_helper_decode_image_chunk, self.mtmd, self._ctx, chunk, ptr,
+                                   n_past, seq, self.n_batch, ctypes.byref(new_pos), _NO_CALLBACK, None)
             if rc == 0:
                 return int(new_pos.value)
             self.seq_rm(seq, n_past, -1)
@@ -423,6 +445,12 @@ class Handle:
             if self.abort.is_set():
                 raise Cancelled()
             raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {_lib.recent_errors() or 'no details'}).")
+
+    def _compute(self, n_tokens: int, fn: Any, *args: Any) -> int:
+        """One llama.cpp pass: on the model's lane when it uses more than one thread (the threads set on
+        the context now: decode threads for one token, batch threads for more), else here."""
+        threads = self._threads_now[0 if n_tokens == 1 else 1]
+        return int(self.lane.run(fn, *args) if threads > 1 else fn(*args))
 
     def count_encode(self) -> None:
         """One more image encoded by this model's projector (``vision`` calls it after each encode)."""
@@ -498,7 +526,10 @@ class Handle:
         if share is None:
             yield None
             return
-        want = self.n_threads if n_tokens == 1 and not encode else self.n_threads_batch
+        if encode:  # the projector's threads (a shared tower keeps its loader's)
+            want = self._vision.n_threads if self._vision is not None else self.n_threads_batch
+        else:
+            want = self.n_threads if n_tokens == 1 else self.n_threads_batch
         if self.role == BACKGROUND:
             flag = self.abort
             with share.background(want, stop=flag.is_set,
@@ -534,17 +565,23 @@ class Handle:
             raise ModelRuntimeError(message)
 
     def close(self) -> None:
-        """Free the mtmd context, the llama context and the model (idempotent)."""
+        """Free the mtmd context, the llama context and the model (idempotent). A vision tower another
+        model still uses stays, and so do the weights it was loaded with (mtmd tokenizes with them):
+        the tower's last holder frees both."""
         with self.lock:
             self.owner = None
-            if self._mtmd:
-                M.mtmd_free(self._mtmd)
-            self._mtmd = None
+            weights_kept = False
+            if self._vision is not None:
+                if self._model and not self.vision_borrowed:
+                    weights_kept = self._vision.keep_loader_weights(self._model)
+                self._vision.release()
+            self._vision = None
+            self.lane.close()
             if self._ctx:
                 C.llama_free(self._ctx)
             self._ctx = None
             self._mem = None
-            if self._model:
+            if self._model and not weights_kept:
                 C.llama_model_free(self._model)
             self._model = None
             self.batch = None

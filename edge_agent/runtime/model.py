@@ -85,8 +85,11 @@ class Model:
             "n_batch": handle.n_batch,
             "llama": _lib.library_identity(),
         }
+        # the projector's weights: counted by the model that loaded them (0 here when shared)
+        self.vision_shared = handle.vision_borrowed
         self.memory_bytes: dict[str, int] = {
-            **handle.memory_bytes(self.arch), "mmproj": int(mmproj.stat().st_size) if mmproj else 0,
+            **handle.memory_bytes(self.arch),
+            "mmproj": int(mmproj.stat().st_size) if mmproj and not self.vision_shared else 0,
         }
         self._facts: ModelFacts = ModelFacts(name=self.path.name, identity=self.identity,
                                              mmproj_identity=self.mmproj_identity,
@@ -109,6 +112,7 @@ class Model:
         flash_attn: str = "auto",
         image_min_tokens: int = 0,
         image_max_tokens: int = 0,
+        share_vision_with: Model | None = None,
     ) -> Model:
         """Validate the files in Python, then load them. Raises ModelFileError / ModelRuntimeError.
 
@@ -119,6 +123,10 @@ class Model:
         ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image becomes (0: the
         projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper on a CPU.
         Sampling seeds are per ``generate`` call (``Session.generate(seed=...)``).
+        ``share_vision_with``: a loaded model whose vision projector this one uses instead of loading
+        its own copy when it is the same file with the same image-token limits and this model has the
+        same embedding width and vocabulary (SeProD's prophet beside the agent: 0.42 GB less at the 2B
+        size); otherwise this model loads its own.
         """
         from edge_agent.runtime import _lib
         from edge_agent.runtime.handle import Handle, Params
@@ -141,7 +149,9 @@ class Model:
             n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
-        handle = Handle.open(path, mm, params)
+        key = f"{file_identity(mm)}:{image_min_tokens}:{image_max_tokens}" if mm is not None else ""
+        tower = share_vision_with.handle.vision if share_vision_with is not None else None
+        handle = Handle.open(path, mm, params, vision_key=key, share_vision=tower)
         try:
             return cls(handle, info, mm, mm_info)
         except BaseException:

@@ -4,6 +4,8 @@ Knows: mtmd's tokenize / encode / decode-embedding calls, and a process-wide cac
 embeddings keyed by what determines them (the mmproj file's identity, mtmd's image-token limits, the
 image bytes). Two models loaded with mmproj files of identical bytes (agent and SeProD prophet)
 therefore encode an image once: the second decodes the first one's embedding into its own context.
+Loaded so (``Model.load(share_vision_with=...)``) they also hold one copy of the projector's weights
+(:class:`~edge_agent.runtime.handle.VisionTower`), and its calls run one at a time under its lock.
 A crop or image seen again is not encoded again either. Does not know sessions, positions of the
 conversation or prompts: ``Session.append_image`` and ``Model.encode_image`` drive these functions,
 with the model's :class:`~edge_agent.runtime.handle.Handle` (its mtmd context, lock and core share).
@@ -87,7 +89,8 @@ def prepare(h: Handle, image: bytes) -> Iterator[Prepared]:
         marker = M.mtmd_default_marker()
         txt = M.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
         bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
-        rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
+        with _tower_lock(h):  # a tower shared by two models (agent and prophet): one call at a time
+            rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
         if rc != 0:
             raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another image.")
         parts: list[list[int] | ImagePart] = []
@@ -108,6 +111,11 @@ def prepare(h: Handle, image: bytes) -> Iterator[Prepared]:
     finally:
         M.mtmd_input_chunks_free(chunks)
         M.mtmd_bitmap_free(bitmap)
+
+
+def _tower_lock(h: Handle) -> contextlib.AbstractContextManager[object]:
+    tower = h.vision
+    return tower.lock if tower is not None else contextlib.nullcontext()
 
 
 def chunk_shape(chunk: object) -> tuple[int, int, int, int]:
@@ -146,13 +154,16 @@ def _encode(h: Handle, chunk: object, key: str, n_tok: int) -> Embedding:
     global _cache_bytes, _encodes
     with h.lock:
         t0 = time.perf_counter()
-        clear_errors()
-        with h.computing(n_tok, encode=True):
-            rc = M.mtmd_encode_chunk(h.mtmd, chunk)
-        if rc != 0:
-            raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
-        ptr = M.mtmd_get_output_embd(h.mtmd)
-        data = np.ctypeslib.as_array(ptr, shape=(n_tok, h.n_embd_inp)).copy()
+        tower = h.vision
+        if tower is None:
+            raise ModelRuntimeError("This model has no vision projector.")
+        with h.computing(n_tok, encode=True), tower.lock:  # the output buffer is the tower's
+            clear_errors()
+            rc = tower.encode(chunk)
+            if rc != 0:
+                raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
+            ptr = M.mtmd_get_output_embd(h.mtmd)
+            data = np.ctypeslib.as_array(ptr, shape=(n_tok, h.n_embd_inp)).copy()
         emb = Embedding(data=data, encode_seconds=time.perf_counter() - t0)
         h.count_encode()
     with _lock:

@@ -50,13 +50,22 @@ def recommended_memory() -> str:
     return fp.text()
 
 
+def recommended_speed() -> str:
+    """' Measured at its size: a photo question about 50 s on 2 cores (...), answers at 6.0 tokens/s.'
+    (``footprint.speed_text``: the recorded 2B run of README "What a question costs"); "" when none."""
+    from edge_agent import footprint
+
+    text = footprint.speed_text("2b")
+    return f" Measured at its size: {text}." if text else ""
+
+
 def how_to() -> str:
     return f"""\
 ## Get a model
 
 **1. Download one**: choose *Download a model* (or **D** outside the path fields) to pick one from the
 catalog; Qwen3-VL 2B (GGUF + vision projector, {recommended_size()}; memory {recommended_memory()}) is
-recommended. Or, in another terminal,
+recommended.{recommended_speed()} Or, in another terminal,
 `{PULL}`, then choose *Retry* (**R**). `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
 
 **2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
