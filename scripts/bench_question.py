@@ -179,15 +179,20 @@ class RawDecode:
         self.generate_deep: list[float] = []
         self.finite = True
         self.depth = 0
-        self._state: Any = None  # the deep context, saved once (restored each round)
+        # the deep context, saved once and restored each round; kept on disk between rounds, so that
+        # its ~100 MB of KV bytes do not count in the questions' peak resident memory
+        self._state_file: Path | None = None
 
-    def set_depth(self, cells: int) -> None:
+    def set_depth(self, cells: int, state_file: Path) -> None:
         """Measure from now on also after ``cells`` cells of context (prefilled once, then restored)."""
+        import pickle
+
         m = self.model
         try:
             s = m.session()
             s.append_tokens(_filler(m, cells))
-            self._state, self.depth = s.save_state("bench-raw"), cells
+            state_file.write_bytes(pickle.dumps(s.save_state("bench-raw")))
+            self._state_file, self.depth = state_file, cells
         finally:
             self._forget()
 
@@ -200,8 +205,12 @@ class RawDecode:
             s = m.session()
             s.append_tokens(toks[:64])
             self._sample(s, toks[64:], self.samples, self.generate, n_tokens)
-            if self._state is not None:
-                self._sample(m.restore(self._state), toks[64:], self.deep, self.generate_deep, n_tokens)
+            if self._state_file is not None:
+                import pickle
+
+                state = pickle.loads(self._state_file.read_bytes())  # written by set_depth above
+                self._sample(m.restore(state), toks[64:], self.deep, self.generate_deep, n_tokens)
+                del state
         finally:
             self._forget()
 
@@ -341,7 +350,7 @@ def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer
     cold = ask_once(engine, photo, "ssr", **kw)
     live = engine.contexts.live
     if live is not None:  # the cells the answer was decoded after (the middle of the answer)
-        raw.set_depth(max(64, live.n_cells - answer_tokens // 2))
+        raw.set_depth(max(64, live.n_cells - answer_tokens // 2), photo.with_name("raw-depth.state"))
     raw.round()
     say(f"  first question (system prompt evaluated): {cold['question_s']:.1f} s")
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
@@ -487,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.reps = 1
+    if args.record and args.model:
+        ap.error("--record is for the stand-ins (--standin 2b|4b), whose shapes the app's catalog ships")
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -527,8 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     res["cores"] = cores
     res["seconds"] = round(time.perf_counter() - t_start, 1)
     if args.record:
-        if args.model:
-            ap.error("--record is for the stand-ins (--standin 2b|4b), whose shapes the app's catalog ships")
         record(res, " ".join(["scripts/bench_question.py", *(argv if argv is not None else sys.argv[1:])]))
     text = json.dumps(res, indent=1, default=str)
     if args.out:

@@ -9,7 +9,7 @@ KEYS = {"ssr_over_freeform_question", "image_read_share", "peak_rss_mb", "peak_r
         "prefill_tokens_per_s", "decode_tokens_per_s", "decode_overhead", "vision_encode_s", "shape"}
 
 
-def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models):
+def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, monkeypatch):
     from scripts import bench_question
 
     args = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]),
@@ -28,3 +28,16 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models):
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
     assert res["logits_finite"] is True and ph["ssr"]["scores_finite"] is True
     assert res["system_prompt"]["tokens"] > 100  # the system prompt, kept (restored) by later questions
+    # raw decode also after as many cells as the answer was decoded after (decode_overhead's baseline)
+    assert res["raw"]["depth_cells"] > 64 and res["raw"]["best_decode_ms_at_depth"] > 0
+    # the prophet read images with the agent's vision tower (same mmproj file): no weights of its own
+    assert res["memory"]["with_prophet"]["prophet"]["mmproj"] == 0 < res["memory"]["with_prophet"]["agent"]["mmproj"]
+    # --record: what the first-run screen quotes (footprint.speed_text) comes from this result
+    from edge_agent import footprint
+
+    monkeypatch.setattr(footprint, "QUESTION_COSTS", tmp_path / "question_costs.json")
+    res["shape"] = "2b"
+    entry = bench_question.record(res, "scripts/bench_question.py --record")
+    assert footprint.measured_question("2b") == entry and footprint.measured_question("4b") is None
+    assert entry["ssr_question_s"] == round(ph["ssr"]["question_s"], 1) and entry["cores"] == res["cores"]
+    assert f"about {entry['ssr_question_s']:.0f} s on {res['cores']} cores" in footprint.speed_text("2b")
