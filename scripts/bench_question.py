@@ -33,8 +33,12 @@ Raw llama.cpp speed on the loaded agent (through the runtime's thinnest path: on
 token plus the copy of its logits row, no sampling): prefill tokens/s by batch threads, decode
 ms/token by decode threads after 64 tokens and after as many KV cells as the app's answer is decoded
 after (attention reads every cell); ``decode_overhead`` = the app's seconds per answer token / the
-best raw decode at that context length (``decode_overhead_vs_short_context``: against 64 tokens). Memory: peak resident set (VmHWM) of this process with the agent alone, then after loading
-the agent and the prophet (SeProD on: the same question runs end to end), and each model's KV bytes.
+best raw decode at that context length (``decode_overhead_vs_short_context``: against 64 tokens).
+
+Memory: peak resident set (VmHWM) of the app's work with the agent alone (its load and the
+questions; the high-water mark is reset before each question, so the benchmark's own raw-decode
+rounds do not count), then of loading the agent and the prophet and a question (SeProD on: the same
+question runs end to end), and each model's KV bytes.
 
 Top-level JSON keys (contract of issue 20): ``ssr_over_freeform_question``, ``image_read_share`` (share
 of an SSR question spent reading the photo: encode + decode), ``peak_rss_mb``,
@@ -127,6 +131,26 @@ def peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+class AppPeak:
+    """The peak resident memory of the app's own work (loading, questions), without the benchmark's
+    (the raw-decode rounds' saved context): the kernel's high-water mark is reset before each span
+    of app work (``/proc/self/clear_refs`` 5, Linux >= 4.0) and read after it. Where it cannot be
+    reset, the whole process' peak is reported (it can only be higher)."""
+
+    def __init__(self) -> None:
+        self.mb = 0.0
+
+    def start(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def stop(self) -> float:
+        self.mb = max(self.mb, peak_rss_mb())
+        return self.mb
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,11 +367,19 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
 
 
 def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer_tokens: int,
-                  freeform_tokens: int, say: Callable[[str], None]) -> dict[str, Any]:
+                  freeform_tokens: int, say: Callable[[str], None], peak: AppPeak) -> dict[str, Any]:
     """A first (cold) question, then ``reps`` rounds of every variant in rotating order; a round of
-    raw decode samples after each question."""
+    raw decode samples after each question (its memory not in ``peak``)."""
     kw = {"answer_tokens": answer_tokens, "freeform_tokens": freeform_tokens}
-    cold = ask_once(engine, photo, "ssr", **kw)
+
+    def ask(variant: str) -> dict[str, Any]:
+        peak.start()
+        try:
+            return ask_once(engine, photo, variant, **kw)
+        finally:
+            peak.stop()
+
+    cold = ask("ssr")
     live = engine.contexts.live
     if live is not None:  # the cells the answer was decoded after (the middle of the answer)
         raw.set_depth(max(64, live.n_cells - answer_tokens // 2), photo.with_name("raw-depth.state"))
@@ -357,7 +389,7 @@ def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer
     for r in range(reps):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
         for v in order:
-            runs[v].append(ask_once(engine, photo, v, **kw))
+            runs[v].append(ask(v))
             raw.round()
             say(f"  rep {r + 1}/{reps} {v:15s} {runs[v][-1]['question_s']:6.1f} s")
     return {"cold": cold, "runs": runs, "medians": {v: medians(rs) for v, rs in runs.items()}}
@@ -510,7 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-question-") as tmp:
         photo = make_photo(Path(tmp) / "photo.jpg")
         say(f"loading {files['text']} (+ mmproj)")
+        peak = AppPeak()  # loading: the process' peak so far (imports and the load; nothing of the benchmark's)
         engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens)
+        peak.stop()
         try:
             say("raw llama.cpp speed")
             prefill = raw_prefill(engine.model, cores)
@@ -518,19 +552,22 @@ def main(argv: list[str] | None = None) -> int:
             decode.round()
             say(f"  prefill tokens/s by batch threads {prefill}")
             q = run_questions(engine, photo, args.reps, decode, answer_tokens=args.answer_tokens,
-                              freeform_tokens=args.freeform_tokens, say=say)
+                              freeform_tokens=args.freeform_tokens, say=say, peak=peak)
             raw = {"prefill_tokens": PREFILL_TOKENS, "prefill_tokens_per_s": prefill, **decode.result()}
             say(f"  decode {raw}")
-            mem: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "agent": engine.memory()["agent"]}
+            mem: dict[str, Any] = {"peak_rss_mb": peak.mb, "process_peak_rss_mb": peak_rss_mb(),
+                                   "agent": engine.memory()["agent"]}
         finally:
             engine.close()
         if files.get("prophet") is not None and not args.no_prophet:
             say("loading the agent and the prophet (SeProD on)")
+            both = AppPeak()
+            both.start()  # the agent-only engine is closed: loading both models, then the question
             engine = load_engine(Path(tmp) / "home", files, prophet=True, answer_tokens=args.answer_tokens)
             try:
                 sp = ask_once(engine, photo, "ssr", answer_tokens=args.answer_tokens,
                               freeform_tokens=args.freeform_tokens, seprod=True)
-                mem.update(peak_rss_mb_with_prophet=peak_rss_mb(), with_prophet=engine.memory(), seprod_question=sp)
+                mem.update(peak_rss_mb_with_prophet=both.stop(), with_prophet=engine.memory(), seprod_question=sp)
                 say(f"  SeProD question: {sp['question_s']:.1f} s, peak RSS {mem['peak_rss_mb_with_prophet']:.0f} MB")
             finally:
                 engine.close()

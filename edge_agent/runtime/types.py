@@ -253,7 +253,7 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     path: Path  # the text GGUF
     mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
-    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size}
+    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size (0: tower shared)}
 
     @property
     def n_threads(self) -> int:
