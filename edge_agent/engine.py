@@ -186,8 +186,8 @@ class Engine:
 
         say(f"Loading the prophet {prophet_files.name}", 0.6)
         # Threads: the prophet drafts while the agent decodes, so it gets the cores the agent's decoding
-        # leaves free (1 on 2 cores; the agent's decoding gives one up where it had them all), for its
-        # prefill too; settings that name thread counts win.
+        # leaves free (1 on 2 cores), for its prefill too; the agent's decoding gives one up only where it
+        # keeps 3 or more (seprod_policy.shared_threads); settings that name thread counts win.
         agent_n, n = shared_threads(max(1, model.n_threads), physical_cores())
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable. Its context
         # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a

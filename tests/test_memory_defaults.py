@@ -130,3 +130,17 @@ def test_first_run_screen_quotes_the_same_memory_estimate(edge_home) -> None:
     fp = footprint.estimate(Settings(), weights=entry.file.size or 0, mmproj=entry.mmproj.size or 0,
                             kv=footprint.kv_shape_of_entry("qwen3-vl", "2B"))
     assert recommended_memory() == fp.text() and fp.text() in how_to().replace("\n", " ")
+
+
+def test_first_run_screen_quotes_the_recorded_speed_the_readme_shows(edge_home) -> None:
+    """the speed the first-run screen quotes is the 2B stand-in run recorded by
+    ``scripts/bench_question.py --record`` (edge_agent/data/question_costs.json), the README's table."""
+    from edge_agent.ui.first_run import how_to
+
+    m = footprint.measured_question("2b")
+    assert m is not None and m["cores"] >= 1 and m["ssr_question_s"] > m["read_ahead_question_s"] > 0
+    text = footprint.speed_text("2b")
+    assert text.startswith(f"a photo question about {m['ssr_question_s']:.0f} s on {m['cores']} cores")
+    assert text in how_to().replace("\n", " ")
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert text in readme

@@ -364,10 +364,16 @@ def test_shared_threads_fit_the_cores_together():
     assert seprod_policy.shared_threads(4, 8) == (4, 4)
     assert seprod_policy.shared_threads(3, 4) == (3, 1)
     assert seprod_policy.shared_threads(1, 1) == (1, 1)  # one core: the prophet only drafts while the agent is idle
+    # a 2B agent decoding on both of 2 cores keeps them (2 threads: 79 ms/token, 1: 147): the prophet
+    # computes only while it fits beside the agent (runtime.cores)
+    assert seprod_policy.shared_threads(2, 2) == (2, 1)
+    assert seprod_policy.shared_threads(4, 4) == (3, 1)
     for cores in range(2, 17):
         for agent in range(1, cores + 1):
             a, p = seprod_policy.shared_threads(agent, cores)
-            assert a >= 1 and p >= 1 and a + p <= cores
+            assert a >= 1 and p >= 1
+            assert a + p <= cores or (a == agent and cores - p < seprod_policy.KEEP_AT_LEAST)
+            assert a >= min(agent, seprod_policy.KEEP_AT_LEAST)  # never below 3 threads (or what it had)
 
 
 # --------------------------------------------------------------------------------------------------
