@@ -542,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-question-") as tmp:
         photo = make_photo(Path(tmp) / "photo.jpg")
         say(f"loading {files['text']} (+ mmproj)")
-        peak = AppPeak()  # loading: the process' peak so far (imports and the load; nothing of the benchmark's)
+        peak = AppPeak()
+        peak.start()  # loading the agent, then each question (not the raw rounds between them)
         engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens)
         peak.stop()
         try:
