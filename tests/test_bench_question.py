@@ -41,3 +41,16 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert footprint.measured_question("2b") == entry and footprint.measured_question("4b") is None
     assert entry["ssr_question_s"] == round(ph["ssr"]["question_s"], 1) and entry["cores"] == res["cores"]
     assert f"about {entry['ssr_question_s']:.0f} s on {res['cores']} cores" in footprint.speed_text("2b")
+
+
+def test_bench_defaults_runs_on_smollm2(capsys, smollm2_gguf):
+    """the KV-type / batch-size comparison runs end to end and prints its keys (speed not asserted;
+    SmolLM2: heads of 64, which a q8_0 cache needs; the tiny model's 16 do not fit its blocks of 32)."""
+    from scripts import bench_defaults
+
+    assert bench_defaults.main(["--model", str(smollm2_gguf), "--depth", "100", "--reps", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["kv"]) == {"q8_0+fa", "f16+fa", "f16"}
+    assert all(v["decode_ms_64"] > 0 and v["decode_ms_100"] > 0 for v in res["kv"].values())
+    assert res["kv"]["q8_0+fa"]["kv_mib_at_8192"] < res["kv"]["f16"]["kv_mib_at_8192"]
+    assert set(res["prefill_600_s"]) == {"256", "512"} and res["batch_256_over_512"] > 0

@@ -205,7 +205,9 @@ class ComputeLane:
     lives (``OMP_WAIT_POLICY=passive``: 114 ms everywhere); the app's answer tokens after a photo was
     read ahead took 139 ms against 97 ms raw at the same context length. So each model hands its
     multi-threaded calls to its lane: one team per model, whichever thread asks. A one-thread call
-    starts no team and runs on the caller's thread.
+    starts no team and runs on the caller's thread. Idle teams count too: several multi-threaded
+    models loaded at once (three 2-thread 2B models: 101 instead of 78 ms/token) are slower than one;
+    the engine's agent and prophet fit (the prophet's one thread starts no team on 2 cores).
 
     ``run(fn, *args)``: ``fn(*args)`` on the lane's thread (started on first use); the caller waits
     for it, and a KeyboardInterrupt in the caller is re-raised only after the call returned (as when

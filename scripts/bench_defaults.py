@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The KV-cache and batch-size defaults at the size we ship, side by side on the 2B stand-in.
+
+Usage:
+    python scripts/bench_defaults.py [--standin 2b|4b] [--model GGUF] [--depth 1800] [--reps 3] [--json]
+
+- KV cache: llama.cpp's decode time per token (the app's decode threads) after 64 cells and after
+  ``--depth`` cells (the context an answer is decoded after in ``bench_question.py``: ~1,800) for
+  q8_0 + flash attention (the default above 512 MB, ``kv_type = auto``), f16 + flash attention and f16
+  without, with the KV bytes each takes at n_ctx 8192.
+- Batch size: a 600-token prefill with n_batch 256 (the app's) and 512.
+Variants are measured in rounds, interleaved (the machine is shared and noisy), one model loaded at
+a time; medians of ``--reps`` rounds. Random weights change no cost (see make_standin_models.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+KV_VARIANTS = {"q8_0+fa": ("q8_0", "on"), "f16+fa": ("f16", "on"), "f16": ("f16", "off")}
+BATCHES = (256, 512)
+
+
+def _filler(model: Any, n: int) -> list[int]:
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
+    return (toks * (1 + n // max(1, len(toks))))[:n]
+
+
+def decode_ms(model: Any, depth: int, n_tokens: int = 8) -> float:
+    """Median ms of one-token decodes after ``depth`` cells (a new context each call)."""
+    toks = _filler(model, depth + n_tokens)
+    s = model.session()
+    s.append_tokens(toks[:depth])
+    times = []
+    for t in toks[depth:]:
+        t0 = time.perf_counter()
+        s.append_tokens([t])
+        times.append(time.perf_counter() - t0)
+    model.session()
+    return 1000 * statistics.median(times)
+
+
+def prefill_s(model: Any, n: int = 600) -> float:
+    toks = _filler(model, n)
+    s = model.session()
+    t0 = time.perf_counter()
+    s.append_tokens(toks)
+    dt = time.perf_counter() - t0
+    model.session()
+    return dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    ap.add_argument("--standin", default="2b", choices=["2b", "4b"])
+    ap.add_argument("--standin-dir", type=Path, default=ROOT / "models" / "standin")
+    ap.add_argument("--model", default="", help="your own text GGUF instead of a stand-in")
+    ap.add_argument("--depth", type=int, default=1800, help="KV cells before the timed decodes (default 1800)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from edge_agent.runtime import Model
+
+    if args.model:
+        path = Path(args.model)
+    else:
+        from scripts.make_standin_models import make_standin_models
+
+        path = make_standin_models(args.standin_dir, args.standin)["text"]
+    kv: dict[str, list[dict[str, float]]] = {k: [] for k in KV_VARIANTS}
+    batch: dict[int, list[float]] = {b: [] for b in BATCHES}
+    kv_bytes: dict[str, int] = {}
+    threads = 0
+    # One model loaded at a time: each model's multi-threaded passes run on a thread of its own
+    # (runtime.cores.ComputeLane), and several idle OpenMP teams in one process make every team slower.
+    for r in range(args.reps):
+        for k in list(KV_VARIANTS)[r % 3:] + list(KV_VARIANTS)[: r % 3]:
+            t, fa = KV_VARIANTS[k]
+            with Model.load(path, None, n_ctx=8192, n_batch=256, kv_type=t, flash_attn=fa) as m:
+                kv_bytes[k], threads = m.memory_bytes["kv_cache"], m.n_threads
+                kv[k].append({"64": decode_ms(m, 64), str(args.depth): decode_ms(m, args.depth)})
+        for b in (BATCHES if r % 2 == 0 else BATCHES[::-1]):
+            with Model.load(path, None, n_ctx=8192, n_batch=b, kv_type="auto") as m:
+                batch[b].append(prefill_s(m))
+        print(f"round {r + 1}/{args.reps}: kv {({k: v[-1] for k, v in kv.items()})}, prefill "
+              f"{({b: round(v[-1], 2) for b, v in batch.items()})}", file=sys.stderr, flush=True)
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        return round(statistics.median(r[key] for r in rows), 1)
+
+    d = str(args.depth)
+    res = {
+        "model": path.name, "decode_threads": threads, "depth": args.depth, "reps": args.reps,
+        "kv": {k: {"decode_ms_64": med(v, "64"), f"decode_ms_{d}": med(v, d), "kv_mib_at_8192": round(kv_bytes[k] / 2**20)}
+               for k, v in kv.items()},
+        "q8_0_fa_over_f16_at_depth": round(med(kv["q8_0+fa"], d) / med(kv["f16"], d), 3),
+        "prefill_600_s": {str(b): round(statistics.median(v), 2) for b, v in batch.items()},
+        "batch_256_over_512": round(statistics.median(batch[256]) / statistics.median(batch[512]), 3),
+    }
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"{path.name}, decode on {threads} threads; medians of {args.reps}")
+        print(f"| KV cache | decode after 64 cells | after {args.depth} | KV at n_ctx 8192 |\n|---|---|---|---|")
+        for k, v in res["kv"].items():
+            print(f"| {k} | {v['decode_ms_64']} ms | {v[f'decode_ms_{d}']} ms | {v['kv_mib_at_8192']} MiB |")
+        print(f"600-token prefill: n_batch 256 {res['prefill_600_s']['256']} s, 512 {res['prefill_600_s']['512']} s "
+              f"(ratio {res['batch_256_over_512']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
