@@ -192,7 +192,7 @@ class Engine:
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable. Its context
         # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a
         # Qwen3-VL-2B prophet's KV cache: 224 MiB in f16 at 2048 instead of 476 MiB in q8_0 at 8192).
-        # The same mmproj file as the agent's: one vision tower in memory for both (runtime.handle.VisionTower).
+        # The same mmproj file as the agent's: one vision tower in memory for both (runtime.tower.VisionTower).
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
                                       n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n,
                                       n_ctx=footprint.prophet_n_ctx(settings),

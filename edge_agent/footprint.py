@@ -96,7 +96,7 @@ def estimate(settings: Any, *, weights: int, mmproj: int, kv: KvShape | None) ->
     at ``settings`` (n_ctx, kv_type, image budgets), alone and with a same-shaped prophet whose context
     holds one image and a draft (``engine.prophet_n_ctx``). The prophet decodes the agent's image
     embeddings (one encode per image) with the agent's vision tower (the same mmproj file: its
-    weights are loaded once, ``runtime.handle.VisionTower``): counted once."""
+    weights are loaded once, ``runtime.tower.VisionTower``): counted once."""
     image_tokens = max(settings.image_max_tokens, settings.crop_max_tokens, 0) if mmproj else 0
     kv_bytes = kv.bytes(settings.n_ctx, settings.kv_type) if kv else 0
     alone = (PROCESS_BYTES + weights + kv_bytes + COMPUTE_BYTES + mmproj

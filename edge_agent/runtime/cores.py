@@ -209,6 +209,7 @@ class ComputeLane:
     models loaded at once (three 2-thread 2B models: 101 instead of 78 ms/token) are slower than one;
     the engine's agent and prophet fit (the prophet's one thread starts no team on 2 cores).
 
+    ``call(threads, fn, *args)``: ``run`` for a multi-threaded pass, in place for a one-thread one.
     ``run(fn, *args)``: ``fn(*args)`` on the lane's thread (started on first use); the caller waits
     for it, and a KeyboardInterrupt in the caller is re-raised only after the call returned (as when
     the caller ran the C call itself). Closed lanes end their thread (and its OpenMP team).
@@ -246,6 +247,11 @@ class ComputeLane:
         if res.error is not None:
             raise res.error
         return res.value  # type: ignore[return-value]  # what fn returned
+
+    def call(self, threads: int, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` for a pass of ``threads`` threads: on the lane when more than one (an OpenMP
+        team), else on the caller's thread (one thread starts no team)."""
+        return self.run(fn, *args) if threads > 1 else fn(*args)
 
     def _serve(self) -> None:
         while True:

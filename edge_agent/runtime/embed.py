@@ -81,8 +81,8 @@ class Embedder:
                     b.logits[j] = 1
                 b.n_tokens = len(toks)
                 C.llama_memory_clear(mem, True)
-                rc = (self.model.handle.lane.run(C.llama_decode, self._ctx, b) if self.model.n_threads_batch > 1
-                      else C.llama_decode(self._ctx, b))  # one OpenMP team per model: cores.ComputeLane
+                # one OpenMP team per model (cores.ComputeLane)
+                rc = self.model.handle.lane.call(self.model.n_threads_batch, C.llama_decode, self._ctx, b)
                 if rc != 0:
                     raise ModelRuntimeError(f"llama_decode failed with code {rc} while embedding a text.")
                 ptr = C.llama_get_embeddings_seq(self._ctx, 0)

@@ -449,8 +449,7 @@ class Handle:
     def _compute(self, n_tokens: int, fn: Any, *args: Any) -> int:
         """One llama.cpp pass: on the model's lane when it uses more than one thread (the threads set on
         the context now: decode threads for one token, batch threads for more), else here."""
-        threads = self._threads_now[0 if n_tokens == 1 else 1]
-        return int(self.lane.run(fn, *args) if threads > 1 else fn(*args))
+        return int(self.lane.call(self._threads_now[0 if n_tokens == 1 else 1], fn, *args))
 
     def count_encode(self) -> None:
         """One more image encoded by this model's projector (``vision`` calls it after each encode)."""
@@ -572,9 +571,8 @@ class Handle:
             self.owner = None
             weights_kept = False
             if self._vision is not None:
-                if self._model and not self.vision_borrowed:
-                    weights_kept = self._vision.keep_loader_weights(self._model)
-                self._vision.release()
+                loader = self._model if self._model and not self.vision_borrowed else None
+                weights_kept = self._vision.release(loader)
             self._vision = None
             self.lane.close()
             if self._ctx:

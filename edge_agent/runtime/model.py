@@ -45,8 +45,10 @@ APP_N_BATCH = 256
 class Model:
     """A text GGUF (+ optional mmproj) loaded into llama.cpp. Create with :meth:`load`."""
 
-    def __init__(self, handle: Handle, info: Any, mmproj: Path | None = None, mmproj_info: Any = None) -> None:
-        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfile`` records of the files."""
+    def __init__(self, handle: Handle, info: Any, mmproj: Path | None = None, mmproj_info: Any = None,
+                 mmproj_identity: str = "") -> None:
+        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfile`` records of the files;
+        ``mmproj_identity``: ``file_identity(mmproj)`` when the caller has it already."""
         from edge_agent.runtime.session import ModelFacts
         from edge_agent.runtime.tokenizer import Tokenizer
 
@@ -70,8 +72,8 @@ class Model:
         self.mmproj_identity = ""  # the mmproj file's identity: with an image and its grid, what fixes an embedding
         self.vision_identity = ""  # mmproj + mtmd's image limits: what fixes how an image becomes tokens
         if mmproj is not None:
-            self.mmproj_identity = file_identity(mmproj)
-            self.vision_identity = f"{self.mmproj_identity}:{p.image_tokens[0]}:{p.image_tokens[1]}"
+            self.mmproj_identity = mmproj_identity or file_identity(mmproj)
+            self.vision_identity = vision_key(self.mmproj_identity, p.image_tokens)
             if mmproj_info is not None:
                 self.image_px_per_token = mmproj_info.patch_size * (mmproj_info.spatial_merge_size or 1)
         from edge_agent.runtime import _lib
@@ -149,11 +151,12 @@ class Model:
             n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
-        key = f"{file_identity(mm)}:{image_min_tokens}:{image_max_tokens}" if mm is not None else ""
+        mm_id = file_identity(mm) if mm is not None else ""
         tower = share_vision_with.handle.vision if share_vision_with is not None else None
-        handle = Handle.open(path, mm, params, vision_key=key, share_vision=tower)
+        handle = Handle.open(path, mm, params, vision_key=vision_key(mm_id, params.image_tokens) if mm_id else "",
+                             share_vision=tower)
         try:
-            return cls(handle, info, mm, mm_info)
+            return cls(handle, info, mm, mm_info, mmproj_identity=mm_id)
         except BaseException:
             handle.close()
             raise
@@ -298,6 +301,12 @@ def auto_kv_type(info: Any, n_ctx: int) -> str:
     head_v = int(meta.get(f"{arch}.attention.value_length", 0) or head_k)
     f16_bytes = n_ctx * n_layer * n_head_kv * (head_k + head_v) * 2
     return "q8_0" if f16_bytes > AUTO_Q8_KV_BYTES else "f16"
+
+
+def vision_key(mmproj_identity: str, image_tokens: tuple[int, int]) -> str:
+    """What fixes how an image becomes tokens and embeddings: the projector file and mtmd's (min, max)
+    image-token limits (``Model.vision_identity``; two models share a vision tower only when equal)."""
+    return f"{mmproj_identity}:{image_tokens[0]}:{image_tokens[1]}"
 
 
 def file_identity(path: Path, sample: int = 1 << 20) -> str:

@@ -43,26 +43,23 @@ class VisionTower:
             self._holders += 1
             return self
 
-    def keep_loader_weights(self, model: Any) -> bool:
-        """The loader is closing (its release follows): when others still hold the tower, keep the
-        loader's llama_model (mtmd keeps a pointer to it for tokenizing) until the last release.
-        True when kept (the loader must not free it)."""
-        with self.lock:
-            if self._holders > 1 and self.ptr:
-                self._loader_weights = model
-                return True
-            return False
-
-    def release(self) -> None:
-        """One holder fewer; the last frees the mtmd context (and the loader's weights, if kept)."""
+    def release(self, loader_weights: Any = None) -> bool:
+        """One holder fewer; the last frees the mtmd context. ``loader_weights``: the llama_model of
+        the loader, closing while others still hold the tower (mtmd tokenizes with it): the tower
+        keeps it and frees it with itself. True when it kept them (the loader must not free them)."""
         with self.lock:
             self._holders -= 1
-            if self._holders <= 0 and self.ptr:
+            if self._holders > 0 and self.ptr:
+                if loader_weights is not None:
+                    self._loader_weights = loader_weights
+                return loader_weights is not None
+            if self.ptr:
                 M.mtmd_free(self.ptr)
                 self.ptr = None
-                if self._loader_weights is not None:
-                    C.llama_model_free(self._loader_weights)
-                    self._loader_weights = None
+            if self._loader_weights is not None:
+                C.llama_model_free(self._loader_weights)
+                self._loader_weights = None
+            return False
 
     @property
     def holders(self) -> int:
@@ -70,6 +67,4 @@ class VisionTower:
 
     def encode(self, chunk: object) -> int:
         """``mtmd_encode_chunk`` (the caller holds :attr:`lock`); its return code."""
-        if self.n_threads > 1:
-            return int(self.lane.run(M.mtmd_encode_chunk, self.ptr, chunk))
-        return int(M.mtmd_encode_chunk(self.ptr, chunk))
+        return int(self.lane.call(self.n_threads, M.mtmd_encode_chunk, self.ptr, chunk))

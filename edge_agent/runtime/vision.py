@@ -5,7 +5,7 @@ embeddings keyed by what determines them (the mmproj file's identity, mtmd's ima
 image bytes). Two models loaded with mmproj files of identical bytes (agent and SeProD prophet)
 therefore encode an image once: the second decodes the first one's embedding into its own context.
 Loaded so (``Model.load(share_vision_with=...)``) they also hold one copy of the projector's weights
-(:class:`~edge_agent.runtime.handle.VisionTower`), and its calls run one at a time under its lock.
+(:class:`~edge_agent.runtime.tower.VisionTower`), and its calls run one at a time under its lock.
 A crop or image seen again is not encoded again either. Does not know sessions, positions of the
 conversation or prompts: ``Session.append_image`` and ``Model.encode_image`` drive these functions,
 with the model's :class:`~edge_agent.runtime.handle.Handle` (its mtmd context, lock and core share).
@@ -162,7 +162,7 @@ def _encode(h: Handle, chunk: object, key: str, n_tok: int) -> Embedding:
             rc = tower.encode(chunk)
             if rc != 0:
                 raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
-            ptr = M.mtmd_get_output_embd(h.mtmd)
+            ptr = M.mtmd_get_output_embd(tower.ptr)
             data = np.ctypeslib.as_array(ptr, shape=(n_tok, h.n_embd_inp)).copy()
         emb = Embedding(data=data, encode_seconds=time.perf_counter() - t0)
         h.count_encode()
