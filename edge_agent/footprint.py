@@ -31,7 +31,7 @@ VISION_BYTES_PER_IMAGE_TOKEN = MB // 2
 # Qwen3-VL-2B 28 layers, 4B 36 layers; both 8 KV heads of 128).
 CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128)}
 KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
-AUTO_Q8_KV_BYTES = 512 * MB  # runtime.model.auto_kv_type's rule
+AUTO_Q8_KV_BYTES = 512 * MB  # kv_type auto: q8_0 above this many f16 bytes (runtime.model.auto_kv_type)
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,18 @@ class KvShape:
     head_k: int
     head_v: int
 
+    def resolve(self, n_ctx: int, kv_type: str) -> str:
+        """``kv_type`` with auto resolved: q8_0 when an f16 cache of ``n_ctx`` cells would exceed
+        ``AUTO_Q8_KV_BYTES``, else f16 (the runtime loads with this rule)."""
+        if kv_type != "auto":
+            return kv_type
+        per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
+        return "q8_0" if n_ctx * per * 2 > AUTO_Q8_KV_BYTES else "f16"
+
     def bytes(self, n_ctx: int, kv_type: str) -> int:
         """The KV cache of ``n_ctx`` cells (``kv_type`` auto resolved as the runtime does)."""
         per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
-        if kv_type == "auto":
-            kv_type = "q8_0" if n_ctx * per * 2 > AUTO_Q8_KV_BYTES else "f16"
-        return int(n_ctx * per * KV_ELEMENT_BYTES.get(kv_type, 2.0))
+        return int(n_ctx * per * KV_ELEMENT_BYTES.get(self.resolve(n_ctx, kv_type), 2.0))
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,13 @@ def kv_shape_of_file(path: str | Path) -> KvShape | None:
     from edge_agent.errors import ModelFileError
 
     try:
-        info = modelfile.inspect(path)
+        return kv_shape_of_info(modelfile.inspect(path))
     except ModelFileError:
         return None
+
+
+def kv_shape_of_info(info: Any) -> KvShape:
+    """The KV shape of a text model's ``modelfile.ModelInfo`` (its header's head counts and widths)."""
     meta, arch = info.metadata, info.architecture
     n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 1)
     head_k = int(meta.get(f"{arch}.attention.key_length", 0) or info.n_embd // max(1, n_head))

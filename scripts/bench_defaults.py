@@ -27,18 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from scripts.benchmodels import filler_tokens  # noqa: E402
+
 KV_VARIANTS = {"q8_0+fa": ("q8_0", "on"), "f16+fa": ("f16", "on"), "f16": ("f16", "off")}
 BATCHES = (256, 512)
 
 
-def _filler(model: Any, n: int) -> list[int]:
-    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
-    return (toks * (1 + n // max(1, len(toks))))[:n]
-
-
 def decode_ms(model: Any, depth: int, n_tokens: int = 8) -> float:
     """Median ms of one-token decodes after ``depth`` cells (a new context each call)."""
-    toks = _filler(model, depth + n_tokens)
+    toks = filler_tokens(model, depth + n_tokens)
     s = model.session()
     s.append_tokens(toks[:depth])
     times = []
@@ -51,7 +48,7 @@ def decode_ms(model: Any, depth: int, n_tokens: int = 8) -> float:
 
 
 def prefill_s(model: Any, n: int = 600) -> float:
-    toks = _filler(model, n)
+    toks = filler_tokens(model, n)
     s = model.session()
     t0 = time.perf_counter()
     s.append_tokens(toks)

@@ -67,7 +67,7 @@ if str(ROOT) not in sys.path:
 
 from PIL import Image, ImageDraw  # noqa: E402
 
-from scripts.benchmodels import proc_status_mb  # noqa: E402
+from scripts.benchmodels import filler_tokens, proc_status_mb  # noqa: E402
 
 QUESTION = "What does the small sign on the door say?"
 VARIANTS = ("ssr", "freeform", "ssr_read_ahead")
@@ -161,7 +161,7 @@ def raw_prefill(model: Any, cores: int) -> dict[str, Any]:
     ``append_tokens`` (llama_decode in n_batch pieces, one logits row copied)."""
     from edge_agent.runtime.cores import FOREGROUND
 
-    toks = _filler(model, PREFILL_TOKENS)
+    toks = filler_tokens(model, PREFILL_TOKENS)
     h = model.handle  # the runtime's llama.cpp handle: its batch thread count is not a public setting
     threads0, batch0 = h.n_threads, h.n_threads_batch
     out: dict[str, float] = {}
@@ -178,11 +178,6 @@ def raw_prefill(model: Any, cores: int) -> dict[str, Any]:
         model.share_cores(None, FOREGROUND, n_threads=threads0)
         model.session()  # leave an empty context behind
     return out
-
-
-def _filler(model: Any, n: int) -> list[int]:
-    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
-    return (toks * (1 + n // max(1, len(toks))))[:n]
 
 
 class RawDecode:
@@ -214,7 +209,7 @@ class RawDecode:
         m = self.model
         try:
             s = m.session()
-            s.append_tokens(_filler(m, cells))
+            s.append_tokens(filler_tokens(m, cells))
             state_file.write_bytes(pickle.dumps(s.save_state("bench-raw")))
             self._state_file, self.depth = state_file, cells
         finally:
@@ -224,7 +219,7 @@ class RawDecode:
         """One round: ``n_tokens`` single-token decodes per thread count (interleaved), then
         ``generate`` of ``n_tokens`` tokens, after a 64-token context and after ``depth`` cells."""
         m = self.model
-        toks = _filler(m, 64 + n_tokens)
+        toks = filler_tokens(m, 64 + n_tokens)
         try:
             s = m.session()
             s.append_tokens(toks[:64])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 TINY_LABEL = "tiny-qwen3vl F32 (+mmproj)"
 SMOLLM2_LABEL = "SmolLM2-135M-Instruct"
@@ -23,6 +24,12 @@ def proc_status_mb(field: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+def filler_tokens(model: Any, n: int) -> list[int]:
+    """``n`` tokens of plain English prose (repeated) for timing prefill and decode at a context length."""
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
+    return (toks * (1 + n // max(1, len(toks))))[:n]
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -282,9 +282,6 @@ class Model:
         return f"Model({self.path.name!r}, n_ctx={self.n_ctx}, vision={self.has_vision})"
 
 
-AUTO_Q8_KV_BYTES = 512 * 2**20
-
-
 def auto_kv_type(info: Any, n_ctx: int) -> str:
     """``kv_type="auto"``: q8_0 when an f16 cache of ``n_ctx`` cells would take more than 512 MiB, else f16.
 
@@ -292,15 +289,11 @@ def auto_kv_type(info: Any, n_ctx: int) -> str:
     8192: 896 MiB in f16, 476 MiB in q8_0 (the app's peak resident memory must stay under 2.5 GB, the
     weights are 1.05 GB); llama.cpp needs flash attention for a q8_0 V cache (``Handle`` turns it on).
     Small models (the tiny test models, SmolLM2-135M: 180 MiB at 8192) keep f16: exact and cheap.
-    ``info``: the text model's ``modelfile.ModelInfo`` (header only)."""
-    meta, arch = info.metadata, info.architecture
-    n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
-    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 1)
-    n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", 0) or n_head)
-    head_k = int(meta.get(f"{arch}.attention.key_length", 0) or (info.n_embd // max(1, n_head)))
-    head_v = int(meta.get(f"{arch}.attention.value_length", 0) or head_k)
-    f16_bytes = n_ctx * n_layer * n_head_kv * (head_k + head_v) * 2
-    return "q8_0" if f16_bytes > AUTO_Q8_KV_BYTES else "f16"
+    ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
+    ``footprint.KvShape.resolve``, which the memory estimates use too."""
+    from edge_agent import footprint
+
+    return footprint.kv_shape_of_info(info).resolve(n_ctx, "auto")
 
 
 def vision_key(mmproj_identity: str, image_tokens: tuple[int, int]) -> str:
