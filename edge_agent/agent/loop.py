@@ -68,7 +68,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
+from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
     ANSWER_CLOSE,
@@ -131,8 +131,8 @@ class _Run:
     def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
                  options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
-        if options.mode not in REASONING_MODES:
-            raise ValueError(f"mode must be one of {REASONING_MODES}, not {options.mode!r}")
+        if options.mode not in AGENT_MODES:  # "direct" has no turns: agent.direct.run_direct
+            raise ValueError(f"mode must be one of {AGENT_MODES}, not {options.mode!r}")
         self.context = context
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
