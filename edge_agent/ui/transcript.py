@@ -82,6 +82,7 @@ class AnswerView(Vertical):
         self.replaced = replaced
         self.status = "running"
         self.final: ev.FinalAnswer | None = None
+        self.mode = ""  # the run's mode (RunStarted): a plain chat ("direct") has no turn blocks
         self.answer_tokens = 0
         self.prophet_tokens = 0
         self._stream: MarkdownStream | None = None
@@ -136,6 +137,10 @@ class AnswerView(Vertical):
         e = clean_event(e)
         self._phase(e)
         turn = getattr(e, "turn", None)
+        if isinstance(e, ev.RunStarted):
+            self.mode = e.mode
+        elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
+            return  # the model alone: nothing but the answer
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
             self._context_lines.append(context_line(e))
             self._context_note.update(Text("\n").join(self._context_lines))
