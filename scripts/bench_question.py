@@ -102,9 +102,12 @@ def resolve_files(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tupl
         files: dict[str, Path | None] = {"text": Path(args.model), "mmproj": Path(args.mmproj),
                                          "prophet": Path(args.prophet) if args.prophet else None}
         return Path(args.model).stem, files
-    from scripts.make_standin_models import make_standin_models
+    from scripts.make_standin_models import TokenizerMissing, make_standin_models
 
-    paths = make_standin_models(args.standin_dir, args.standin)
+    try:
+        paths = make_standin_models(args.standin_dir, args.standin)
+    except TokenizerMissing as e:
+        ap.error(str(e))
     return args.standin, {"text": paths["text"], "mmproj": paths["mmproj"], "prophet": paths["prophet"]}
 
 
