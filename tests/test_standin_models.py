@@ -138,7 +138,13 @@ def _agent_texts() -> list[tuple[str, bool]]:
     head with the think block's close before it and each action's fixed rest, and a search observation
     (untrusted: special tokens not parsed) in its tool-response turn."""
     from edge_agent.agent.actions import HEADS, TAIL_REST, TAIL_STOP
-    from edge_agent.agent.prompts import THINK_CLOSE, Text, observation_segments, question_segments, system_prompt
+    from edge_agent.agent.prompts import (
+        THINK_CLOSE,
+        Text,
+        observation_segments,
+        question_segments,
+        system_prompt,
+    )
     from edge_agent.agent.rationales import load_library
     from edge_agent.tools.observations import results
 
