@@ -312,7 +312,8 @@ def flatten(node: Any, notes: list[str]) -> str:
 
 def country_docs(c: Country) -> list[Doc]:
     other = " ".join(c.other_names())
-    docs = []
+    docs: list[Doc] = []
+    seen: set[str] = set()  # the Factbook repeats some fields in two sections (Climate, Land use, ...)
     for section, fields in c.data.items():
         if not isinstance(fields, dict):
             continue
@@ -320,8 +321,9 @@ def country_docs(c: Country) -> list[Doc]:
         for name, value in fields.items():
             notes: list[str] = []
             body = flatten(value, notes)
-            if not body:
+            if not body or body in seen:
                 continue
+            seen.add(body)
             aliases = FIELD_ALIASES.get(name.strip(), "")
             docs.append(Doc(c.code, c.name, f"{section} - {name.strip()}", f"{SITE}{c.slug}/#{anchor}", body,
                             "; ".join(n for n in notes if n), f"{other} {aliases}".strip()))
@@ -460,6 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class FactbookServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # the default 5 drops simultaneous connects (the client retries a second later)
 
     def __init__(self, index: Index, host: str, port: int, top: int, verbose: bool) -> None:
         super().__init__((host, port), _Handler)
@@ -469,10 +472,11 @@ class FactbookServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def start(self) -> FactbookServer:
-        self._thread = threading.Thread(target=self.serve_forever, name="factbook-search", daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="factbook-search", daemon=True)
         self._thread.start()
         return self
 
