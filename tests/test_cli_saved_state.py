@@ -431,7 +431,7 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
 # --- item 16: HEIC photos -----------------------------------------------------------------------------
 def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
     """An iPhone photo (HEIC, written by pillow-heif) is read and reaches the model."""
-    from tests.test_second_hour_ui import write_heic
+    from tests.test_ui_downloads_and_photos import write_heic
 
     heic = write_heic(tmp_path / "IMG_0003.HEIC")
     r = edge("ask", str(heic), "What colour is it?", *tiny(tiny_models), "--offline", "--json")

@@ -13,7 +13,7 @@ from edge_agent.agent import events as ev
 from edge_agent.config import Settings
 from edge_agent.ui.reasoning import rationale_table
 from edge_agent.ui.settings_screen import SettingsScreen
-from tests.ui_fakes import candidates
+from tests.fakes.engines import candidates
 
 
 def _head(e: ev.RationaleScored) -> str:

@@ -21,7 +21,7 @@ from edge_agent.ui.prompt import PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
-from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
+from tests.fakes.engines import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (120, 40)
@@ -61,7 +61,7 @@ def test_rationale_bars_mark_the_chosen_one():
     from rich.console import Console
 
     from edge_agent.ui.reasoning import bar, rationale_table
-    from tests.ui_fakes import candidates
+    from tests.fakes.engines import candidates
 
     e = ev.RationaleScored(turn=1, candidates=candidates([0.05, 0.10, 0.55, 0.05, 0.20, 0.05], 2), chosen=2,
                            seconds=0.061)
@@ -607,7 +607,7 @@ def test_app_killed_mid_answer_keeps_the_streamed_events(edge_home, tmp_path):
 import sqlite3, sys, time
 from edge_agent.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
-from tests.ui_fakes import ScriptedEngine
+from tests.fakes.engines import ScriptedEngine
 
 s = Settings.load()
 app = EdgeAgentApp(s, engine_factory=lambda st, progress=None: ScriptedEngine(st, hold=True))

@@ -1,7 +1,7 @@
 """Issue 23 (the second hour without surprises), the app's side of ux2's items: a cancelled download
 stops at once, HEIC photos open in the picker, /image and zoom, damaged history is recovered.
 
-Real parts: the app under Textual's Pilot, a loopback hub (tests/fakehub.py), real SQLite and image files.
+Real parts: the app under Textual's Pilot, a loopback hub (tests/fakes/hub.py), real SQLite and image files.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ async def test_esc_cancels_a_stalled_download_at_once(edge_home, tiny_models, mo
     second as "cancelled" (it used to wait for the 30-s read timeout and a retry); the part stays."""
     from edge_agent.hub import HubClient
     from edge_agent.ui.download import DownloadScreen
-    from tests.fakehub import FakeHub
+    from tests.fakes.hub import FakeHub
 
     name = "Qwen3VL-2B-Instruct-Q4_K_M.gguf"
     with FakeHub() as hub:
@@ -115,7 +115,7 @@ async def test_heic_in_the_picker_preview_and_asked_in_the_app(edge_home, tiny_m
     from edge_agent.ui.app import EdgeAgentApp
     from edge_agent.ui.picker import ImagePickerScreen
     from edge_agent.ui.preview import ImagePreview
-    from tests.ui_fakes import settle, type_and_enter
+    from tests.fakes.engines import settle, type_and_enter
 
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -155,8 +155,8 @@ async def test_the_app_starts_on_a_recovered_history_and_says_so_once(edge_home,
     """A damaged chats.sqlite3, config.toml and search cache: the app opens, lists the salvaged chats,
     and says once for each what was recovered and where the original is kept."""
     from edge_agent.recovery import take_notices
-    from tests.test_second_hour_cli import chats_file, damage
-    from tests.ui_fakes import scripted_app, settle
+    from tests.fakes.engines import scripted_app, settle
+    from tests.test_cli_saved_state import chats_file, damage
 
     take_notices()  # nothing left over from another test in this process
     damage(chats_file(edge_home, 12), "page in the middle")

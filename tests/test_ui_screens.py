@@ -6,8 +6,8 @@ asks first; the chat list can be searched; a long chat opens a page at a time; t
 be retried and the last question edited; searches that cannot reach the network show "offline"; an
 answer that only repeated the instructions says so; the export's image links are valid Markdown; the
 settings screen has temperature and the search backends; the first-run screen knows the demo is
-installed. Scripted engines (tests/ui_fakes.py) drive the pure UI logic; the download screen runs the
-real ``hub`` against a loopback hub (tests/fakehub.py) with the tiny GGUFs.
+installed. Scripted engines (tests/fakes/engines.py) drive the pure UI logic; the download screen runs the
+real ``hub`` against a loopback hub (tests/fakes/hub.py) with the tiny GGUFs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from edge_agent.ui.chats_screen import ChatsScreen
 from edge_agent.ui.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, UserMessage
-from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
+from tests.fakes.engines import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (130, 42)
@@ -188,7 +188,7 @@ async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path)
 
 # --- a long chat opens at once -----------------------------------------------------------------------
 def long_chat(store, n_questions: int) -> int:
-    from tests.ui_fakes import script
+    from tests.fakes.engines import script
 
     cid = store.new_chat()
     for i in range(n_questions):
@@ -412,7 +412,7 @@ REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
 @pytest.fixture
 def hub(monkeypatch, tiny_models):
     """The real catalog's 2B Instruct repo on a loopback hub, serving the tiny GGUFs under the real names."""
-    from tests.fakehub import FakeHub
+    from tests.fakes.hub import FakeHub
 
     with FakeHub() as h:
         h.add_file(REPO, "Qwen3VL-2B-Instruct-Q4_K_M.gguf", tiny_models["text_q8_0"].read_bytes())

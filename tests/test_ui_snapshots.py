@@ -18,7 +18,7 @@ from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.prompt import PromptInput
-from tests.ui_fakes import ScriptedEngine, make_image, settle
+from tests.fakes.engines import ScriptedEngine, make_image, settle
 
 SIZE = (120, 40)
 SNAPSHOTS = Path(__file__).parent / "snapshots"

@@ -4,7 +4,7 @@ that stays readable, and the small things (first-run focus, Ctrl+T for every ans
 status bar, /image on a text-only model).
 
 The replacing test runs the real llama.cpp on the tiny Qwen3-VL GGUFs; the rest
-drive pure UI logic with the scripted engines of tests/ui_fakes.py.
+drive pure UI logic with the scripted engines of tests/fakes/engines.py.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from edge_agent.ui.prompt import PromptInput
 from edge_agent.ui.readable import readable_markdown
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, UserMessage
-from tests.test_ui_first_hour import TextOnly, long_chat
-from tests.ui_fakes import ScriptedEngine, scripted_app, settle, type_and_enter
+from tests.fakes.engines import ScriptedEngine, scripted_app, settle, type_and_enter
+from tests.test_ui_screens import TextOnly, long_chat
 from tests.waits import pilot_wait_until
 
 SIZE = (130, 40)
