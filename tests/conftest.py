@@ -98,7 +98,7 @@ def settings(edge_home: Path):
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
     """A small PNG to attach (96x64)."""
-    from tests.fakes.engines import make_image
+    from tests.files import make_image
 
     return make_image(tmp_path / "photo.png", (96, 64))
 

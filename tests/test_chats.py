@@ -13,7 +13,8 @@ import pytest
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.chats import ChatStore, ChatStoreError
-from tests.fakes.engines import make_image, script
+from tests.fakes.engines import script
+from tests.files import make_image
 
 
 @pytest.fixture

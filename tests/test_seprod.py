@@ -580,7 +580,9 @@ async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edg
     from edge_agent.config import Settings
     from edge_agent.ui.app import EdgeAgentApp
     from edge_agent.ui.reasoning import TurnView
-    from tests.fakes.engines import ScriptedEngine, make_image, settle
+    from tests.fakes.engines import ScriptedEngine
+    from tests.files import make_image
+    from tests.pilot import settle
 
     settings = Settings.load()
     image = make_image(tmp_path / "photo.png", (96, 64))

@@ -21,7 +21,9 @@ from edge_agent.ui.prompt import PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
-from tests.fakes.engines import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
+from tests.fakes.engines import ScriptedEngine
+from tests.files import make_image
+from tests.pilot import scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (120, 40)
@@ -316,12 +318,11 @@ async def test_bad_image_and_engine_error_are_notifications(settings, tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_text("nope")
 
-    class Failing(ScriptedEngine):
-        def ask(self, *a, **k):
-            yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
-            raise ModelRuntimeError("Context is full (8192 tokens). Start a new chat or raise n_ctx.")
+    def failing(asked):
+        yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
+        raise ModelRuntimeError("Context is full (8192 tokens). Start a new chat or raise n_ctx.")
 
-    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: Failing(s))
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=failing))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {bad}")
