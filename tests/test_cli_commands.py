@@ -128,8 +128,9 @@ def models(*args: str):
     return CliRunner().invoke(cli, ["models", *args], catch_exceptions=False)
 
 
-def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf):
+def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf, tmp_path, monkeypatch):
     """The demo is installed: whether or not it is the default, the list does not claim there is no model."""
+    monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))  # only the demo
     r = models("list")
     assert "No model installed" not in r.output and "* default model: smollm2-135m-demo" in r.output
     Settings.load({"model": "qwen3-vl-2b-instruct"}).save()  # chosen, not downloaded yet
