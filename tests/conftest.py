@@ -9,7 +9,7 @@
   template and real weights. Missing -> the test FAILS with the command to run (CI must have it).
 - ``edge_home``: EDGE_AGENT_HOME pointed at a fresh temp dir and every other EDGE_AGENT_* variable
   (but EDGE_AGENT_MODEL_CACHE, where the machine's wheel models are) removed, so no test reads or writes the developer's settings, models or cache.
-- ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakeservers.py``),
+- ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakes/search_servers.py``),
   stopped after the test.
 - ``settings`` and ``image`` (the app tests): the default settings of a fresh ``edge_home``, and a small
   PNG to attach. A module that needs other settings defines its own ``settings`` fixture (it wins).
@@ -91,7 +91,7 @@ def edge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def fake():
     """``fake("wikipedia", hang=3.0)``: a started FakeBackend of that JSON shape; all stopped at the end."""
-    from tests.fakeservers import FakeBackend
+    from tests.fakes.search_servers import FakeBackend
 
     started: list[FakeBackend] = []
 
@@ -117,7 +117,7 @@ def settings(edge_home: Path):
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
     """A small PNG to attach (96x64)."""
-    from tests.ui_fakes import make_image
+    from tests.files import make_image
 
     return make_image(tmp_path / "photo.png", (96, 64))
 

@@ -1,4 +1,4 @@
-"""Downloads against a real HTTP server on 127.0.0.1 that speaks the hub's API (tests/fakehub.py)."""
+"""Downloads against a real HTTP server on 127.0.0.1 that speaks the hub's API (tests/fakes/hub.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from edge_agent.config import Settings
 from edge_agent.errors import DownloadError
 from edge_agent.hub import HubClient, check_disk, pull
 from edge_agent.model_overview import overview
-from tests.fakehub import FakeHub
+from tests.fakes.hub import FakeHub
 
 REPO = "Test/Tiny-VL-GGUF"
 MODEL = bytes(range(256)) * 1200  # 300 kB: several 64 kB reads, cut points land mid-file

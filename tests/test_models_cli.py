@@ -13,7 +13,7 @@ import edge_agent.catalog as cat
 from edge_agent.catalog import Registry, repo_dirname, resolve
 from edge_agent.cli import cli
 from edge_agent.config import Settings
-from tests.fakehub import FakeHub
+from tests.fakes.hub import FakeHub
 
 REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
 

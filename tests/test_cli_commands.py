@@ -1,5 +1,6 @@
-"""Issue 12 (a first hour without surprises), the command-line items: config validation and file
-mode, `ask`'s stdout/stderr split, eval's all-failed exit, one meaning of --max-turns.
+"""The commands as a new user meets them: `config set` validation and the file's mode, `ask`'s
+stdout/stderr split, eval's all-failed exit, one meaning of --max-turns, `models list/info/add`, crops
+cleaned, a huge photo, the system prompt setting, an unreachable hub.
 
 Real parts: click's runner over the real commands, a subprocess for `ask` on the real SmolLM2.
 """
