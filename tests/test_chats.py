@@ -13,7 +13,8 @@ import pytest
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.chats import ChatStore, ChatStoreError
-from tests.ui_fakes import make_image, script
+from tests.fakes.engines import script
+from tests.files import make_image
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def test_answer_survives_a_killed_process(tmp_path):
     code = f"""
 import os
 from edge_agent.chats import ChatStore
-from tests.ui_fakes import script
+from tests.fakes.engines import script
 s = ChatStore({str(db)!r})
 cid = s.new_chat()
 s.add_user_message(cid, "q", None)
@@ -176,7 +177,7 @@ def test_newer_schema_is_refused_with_a_fix(tmp_path):
 
 
 def test_a_file_that_is_not_sqlite_is_set_aside(tmp_path):
-    """Issue 23: a damaged history is kept aside and a new one started (tests/test_second_hour_cli.py
+    """Issue 23: a damaged history is kept aside and a new one started (tests/test_cli_saved_state.py
     salvages truncated and damaged files); a file with nothing readable recovers no chats."""
     from edge_agent.recovery import take_notices
 

@@ -27,8 +27,8 @@ from click.testing import CliRunner
 from edge_agent import evaluation as E
 from edge_agent.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
-from tests.fakehub import FakeHub
-from tests.fakeservers import FakeBackend
+from tests.fakes.hub import FakeHub
+from tests.fakes.search_servers import FakeBackend
 from tests.waits import signal_when, wait_until
 
 ray = pytest.importorskip("ray", reason="the cluster extra (ray) is part of the test extra: scripts/setup.sh --test")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from scripts import make_synthetic_vqa
+from tests.fakes.engines import Asked, ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,31 +83,31 @@ SCRIPTS: dict[tuple[str, str], list[ev.Event]] = {
 }
 
 
-class ScriptedEngine:
-    """Replays SCRIPTS; counts calls; can interrupt (KeyboardInterrupt) before its n-th question."""
-
-    instances = 0
-
-    def __init__(self, interrupt_at: int | None = None, fail: set[str] = frozenset()) -> None:
-        ScriptedEngine.instances += 1
-        self.calls: list[tuple[str, str]] = []
-        self.interrupt_at = interrupt_at
-        self.fail = fail
-        self.closed = False
-
-    def ask(self, question, image=None, *, cancel=None, mode=None, seprod=False, history=None, seed=None):
-        name = "ssr+seprod" if seprod else mode
-        qid = question.split(":")[0]
-        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+def replaying(interrupt_at: int | None = None, fail: Collection[str] = ()) -> ScriptedEngine:
+    """The scripted engine replaying SCRIPTS[(mode, question id)] (mode "ssr+seprod" with SeProD on);
+    before its ``interrupt_at``-th question (from 0) it raises KeyboardInterrupt, and a question whose id
+    is in ``fail`` raises an ImageError."""
+    def replay(asked: Asked) -> list[ev.Event]:
+        if len(engine.requests) - 1 == interrupt_at:
             raise KeyboardInterrupt
-        self.calls.append((name, qid))
-        if qid in self.fail:
+        name, qid = call(asked)
+        if qid in fail:
             raise ImageError(f"cannot read image for {qid}")
-        yield ev.RunStarted(question=question, image=image, mode=mode, seprod=seprod, model="scripted")
-        yield from SCRIPTS[(name, qid)]
+        return [ev.RunStarted(question=asked.question, image=asked.image, mode=asked.mode, seprod=asked.seprod,
+                              model="scripted"), *SCRIPTS[(name, qid)]]
 
-    def close(self) -> None:
-        self.closed = True
+    engine = ScriptedEngine(script=replay)
+    return engine
+
+
+def call(asked: Asked) -> tuple[str, str]:
+    """(mode, question id) of one question the engine was asked."""
+    return "ssr+seprod" if asked.seprod else str(asked.mode), asked.question.split(":")[0]
+
+
+def calls(engine: ScriptedEngine) -> list[tuple[str, str]]:
+    """(mode, question id) of every question the engine ran (an interrupted one is not run)."""
+    return [call(a) for a in engine.requests]
 
 
 @pytest.fixture
@@ -177,16 +179,15 @@ def test_load_dataset_resolves_images_and_limit(dataset):
 
 def test_metrics_on_a_scripted_run(dataset, tmp_path):
     """Every metric of a scripted run equals the value worked out by hand from the script."""
-    ScriptedEngine.instances = 0
     engines: list[ScriptedEngine] = []
 
     def factory():
-        engines.append(ScriptedEngine())
+        engines.append(replaying())
         return engines[-1]
 
     run = E.run_eval(dataset, "ssr,freeform", tmp_path / "out", factory)
     assert len(engines) == 1 and engines[0].closed  # models loaded once per run
-    assert engines[0].calls == [("ssr", "q1"), ("freeform", "q1"), ("ssr", "q2"), ("freeform", "q2"),
+    assert calls(engines[0]) == [("ssr", "q1"), ("freeform", "q1"), ("ssr", "q2"), ("freeform", "q2"),
                                 ("ssr", "q3"), ("freeform", "q3")]
     m = run.metrics
     assert list(m) == ["ssr", "freeform"]
@@ -239,17 +240,17 @@ def test_percentile_matches_numpy():
 def test_resume_after_interrupt_gives_same_metrics(dataset, tmp_path):
     """Interrupted after 4 of 6 runs, a rerun runs only the other 2, writes no duplicates, and ends
     with the same metrics as an uninterrupted run."""
-    full = E.run_eval(dataset, "ssr,freeform", tmp_path / "full", ScriptedEngine)
+    full = E.run_eval(dataset, "ssr,freeform", tmp_path / "full", replaying)
 
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        E.run_eval(dataset, "ssr,freeform", out, lambda: ScriptedEngine(interrupt_at=4))
+        E.run_eval(dataset, "ssr,freeform", out, lambda: replaying(interrupt_at=4))
     lines = (out / E.RESULTS_FILE).read_text().splitlines()
     assert len(lines) == 4
 
     engines: list[ScriptedEngine] = []
-    second = E.run_eval(dataset, "ssr,freeform", out, lambda: engines.append(ScriptedEngine()) or engines[-1])
-    assert engines[0].calls == [("ssr", "q3"), ("freeform", "q3")]
+    second = E.run_eval(dataset, "ssr,freeform", out, lambda: engines.append(replaying()) or engines[-1])
+    assert calls(engines[0]) == [("ssr", "q3"), ("freeform", "q3")]
     assert second.ran == 2
     keys = [(json.loads(x)["mode"], json.loads(x)["id"]) for x in (out / E.RESULTS_FILE).read_text().splitlines()]
     assert len(keys) == 6 and len(set(keys)) == 6
@@ -267,11 +268,11 @@ def test_resume_after_interrupt_gives_same_metrics(dataset, tmp_path):
 def test_partial_last_line_is_dropped_and_rerun(dataset, tmp_path):
     """A line cut off by a kill mid-write is discarded, and that question runs again on a clean line."""
     out = tmp_path / "out"
-    E.run_eval(dataset, "ssr", out, ScriptedEngine, limit=2)
+    E.run_eval(dataset, "ssr", out, replaying, limit=2)
     path = out / E.RESULTS_FILE
     text = path.read_text()
     path.write_text(text + text.splitlines()[0][:37])  # a torn third record
-    run = E.run_eval(dataset, "ssr", out, ScriptedEngine)
+    run = E.run_eval(dataset, "ssr", out, replaying)
     assert run.ran == 1
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["q1", "q2", "q3"]
@@ -282,22 +283,22 @@ def test_corrupt_middle_line_is_a_clear_error(dataset, tmp_path):
     out.mkdir()
     (out / E.RESULTS_FILE).write_text("garbage\n")
     with pytest.raises(EdgeAgentError, match="corrupt line"):
-        E.run_eval(dataset, "ssr", out, ScriptedEngine)
+        E.run_eval(dataset, "ssr", out, replaying)
 
 
 def test_changed_settings_are_refused(dataset, tmp_path):
     """Resuming with settings that change results is refused, naming the setting; new modes are fine."""
     out = tmp_path / "out"
-    E.run_eval(dataset, "ssr", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 3}, limit=1)
+    E.run_eval(dataset, "ssr", out, replaying, fingerprint={"model": "a.gguf", "max_turns": 3}, limit=1)
     with pytest.raises(ConfigError, match="max_turns: 3 -> 4"):
-        E.run_eval(dataset, "ssr", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 4})
-    run = E.run_eval(dataset, "ssr,freeform", out, ScriptedEngine, fingerprint={"model": "a.gguf", "max_turns": 3})
+        E.run_eval(dataset, "ssr", out, replaying, fingerprint={"model": "a.gguf", "max_turns": 4})
+    run = E.run_eval(dataset, "ssr,freeform", out, replaying, fingerprint={"model": "a.gguf", "max_turns": 3})
     assert len(run.records) == 6
 
 
 def test_engine_error_is_recorded_and_the_run_continues(dataset, tmp_path):
     """A user-fixable error on one question becomes that question's failed result, not a crash."""
-    run = E.run_eval(dataset, "ssr", tmp_path / "out", lambda: ScriptedEngine(fail={"q2"}))
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", lambda: replaying(fail={"q2"}))
     rec = {r["id"]: r for r in run.records}
     assert rec["q2"]["error"].startswith("Image problem") and not rec["q2"]["exact"]
     assert rec["q3"]["error"] is None
@@ -316,14 +317,14 @@ def test_cancel_stops_without_recording_the_cancelled_question(dataset, tmp_path
         if done == 2:
             cancel.set()
 
-    run = E.run_eval(dataset, "ssr", tmp_path / "out", ScriptedEngine, on_progress=progress, cancel=cancel)
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", replaying, on_progress=progress, cancel=cancel)
     assert seen == [0, 1, 2] and len(run.records) == 2
 
 
 def test_outputs_json_report_and_plot(dataset, tmp_path):
     """The JSON holds metrics and records; the report has a table per mode and the rationale mix; the plot is a PNG."""
     pytest.importorskip("matplotlib")
-    run = E.run_eval(dataset, "freeform,ssr", tmp_path / "out", ScriptedEngine, fingerprint={"model": "m.gguf"})
+    run = E.run_eval(dataset, "freeform,ssr", tmp_path / "out", replaying, fingerprint={"model": "m.gguf"})
     paths = E.write_outputs(run)
     data = json.loads(paths["json"].read_text())
     assert data["metrics"]["ssr"]["success"]["exact_count"] == 1 and len(data["records"]) == 6
@@ -340,7 +341,7 @@ def test_report_without_matplotlib(dataset, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
-    run = E.run_eval(dataset, "ssr", tmp_path / "out", ScriptedEngine)
+    run = E.run_eval(dataset, "ssr", tmp_path / "out", replaying)
     paths = E.write_outputs(run)
     assert paths["plot"] is None and not (tmp_path / "out" / "plot.png").exists()
     assert "matplotlib is not installed" in paths["report"].read_text()
@@ -406,7 +407,7 @@ def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
     made = []
-    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, on_status=None: lambda: made.append(settings) or ScriptedEngine())
+    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, on_status=None: lambda: made.append(settings) or replaying())
     out = tmp_path / "out"
     runner = CliRunner()
     res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--no-plot"])
@@ -455,7 +456,7 @@ def test_model_time_prefers_episode_totals():
 def test_answers_are_rescored_against_the_current_file(dataset, tmp_path):
     """Fixing the answer key and rerunning re-scores the stored predictions without running anything."""
     out = tmp_path / "out"
-    first = E.run_eval(dataset, "ssr", out, ScriptedEngine)
+    first = E.run_eval(dataset, "ssr", out, replaying)
     assert first.metrics["ssr"]["success"]["exact_count"] == 1
     rows = [json.loads(x) for x in dataset.read_text().splitlines()]
     rows[2]["answers"] = ["blue"]  # ssr answered "blue" for q3

@@ -7,13 +7,13 @@ import json
 
 import pytest
 from rich.console import Console
-from textual.app import App
 
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
 from edge_agent.ui.reasoning import rationale_table
 from edge_agent.ui.settings_screen import SettingsScreen
-from tests.ui_fakes import candidates
+from tests.fakes.engines import candidates
+from tests.pilot import ScreenHost
 
 
 def _head(e: ev.RationaleScored) -> str:
@@ -31,23 +31,14 @@ def test_reasoning_view_names_the_library():
     assert "6 rationales scored in one pass" in _head(ev.RationaleScored(**base))
 
 
-class _Host(App):
-    def __init__(self, settings: Settings) -> None:
-        super().__init__()
-        self.settings = settings
-        self.result: list[Settings | None] = []
-
-    def on_mount(self) -> None:
-        self.push_screen(SettingsScreen(self.settings), self.result.append)
-
-
 @pytest.mark.asyncio
 async def test_settings_screen_picks_a_library_file_and_refuses_a_bad_one(edge_home, tmp_path):
     good = tmp_path / "mine.json"
     good.write_text(json.dumps({"rationales": [{"id": "a", "action": "answer", "text": "I can answer now"}]}))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rationales": [{"id": "z", "action": "zoom", "text": "I should zoom in"}]}))
-    app = _Host(Settings.load())
+    settings = Settings.load()
+    app = ScreenHost(lambda: SettingsScreen(settings))
     async with app.run_test(size=(120, 50)) as pilot:
         await pilot.pause()
         screen = app.screen

@@ -13,7 +13,7 @@ import edge_agent.catalog as cat
 from edge_agent.catalog import Registry, repo_dirname, resolve
 from edge_agent.cli import cli
 from edge_agent.config import Settings
-from tests.fakehub import FakeHub
+from tests.fakes.hub import FakeHub
 
 REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
 
@@ -35,8 +35,10 @@ def files(tiny_models, tmp_path) -> dict[str, Path]:
 
 
 @pytest.fixture
-def no_demo(monkeypatch):
+def no_demo(monkeypatch, tmp_path):
+    """No model on this machine at all: no demo wheel, an empty cache of wheel models."""
     monkeypatch.setattr(cat, "find_demo_gguf", lambda entry=None: None)
+    monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))
 
 
 @pytest.fixture
@@ -66,7 +68,8 @@ def rows(output: str) -> dict[str, list[str]]:
 
 
 # --- list ---------------------------------------------------------------------------------------
-def test_list_on_a_fresh_machine_offers_the_demo_and_the_catalog(edge_home, smollm2_gguf):
+def test_list_on_a_fresh_machine_offers_the_demo_and_the_catalog(edge_home, smollm2_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))
     r = run("list")
     assert r.exit_code == 0, r.output
     t = rows(r.output)

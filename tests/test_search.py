@@ -1,4 +1,4 @@
-"""Search tools against real HTTP servers on 127.0.0.1 (tests/fakeservers.py): backends' JSON
+"""Search tools against real HTTP servers on 127.0.0.1 (tests/fakes/search_servers.py): backends' JSON
 shapes, failure modes, cache hits, offline and stale behaviour, cleaning, and key hygiene."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from edge_agent.redaction import redact
 from edge_agent.tools.http import HttpPolicy, retry_after_seconds
 from edge_agent.tools.observations import MAX_OBSERVATION_CHARS
 from edge_agent.tools.search import SearchTools, load_image_for_search
-from tests.fake_tools import FakeSearch
+from tests.fakes.tools import FakeSearch
 
 FAST = HttpPolicy(timeout=0.5, retries=2, backoff=0.01, max_wait=1.0, max_bytes=200_000)
 KEY = "sk-TEST-0123456789abcdef"  # a fake API key; must never be stored or logged

@@ -15,9 +15,9 @@ from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified
 from edge_agent.errors import ConfigError
 from edge_agent.runtime.types import Generation
-from tests.fake_sessions import PairSession as FakeSession
-from tests.fake_sessions import ProphetModel as FakeModel
-from tests.fake_sessions import SlowModel
+from tests.fakes.sessions import PairSession as FakeSession
+from tests.fakes.sessions import ProphetModel as FakeModel
+from tests.fakes.sessions import SlowModel
 
 V = 151_936
 
@@ -580,7 +580,9 @@ async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edg
     from edge_agent.config import Settings
     from edge_agent.ui.app import EdgeAgentApp
     from edge_agent.ui.reasoning import TurnView
-    from tests.ui_fakes import ScriptedEngine, make_image, settle
+    from tests.fakes.engines import ScriptedEngine
+    from tests.files import make_image
+    from tests.pilot import settle
 
     settings = Settings.load()
     image = make_image(tmp_path / "photo.png", (96, 64))

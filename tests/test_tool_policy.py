@@ -23,8 +23,8 @@ from edge_agent.config import Settings
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools
 from edge_agent.tools.zoom import ImageStore
-from tests.fake_tools import FakeSearch, outcome
-from tests.fakeservers import FakeBackend
+from tests.fakes.search_servers import FakeBackend
+from tests.fakes.tools import FakeSearch, outcome
 
 
 def refused_url() -> str:

@@ -21,7 +21,9 @@ from edge_agent.ui.prompt import PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
-from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
+from tests.fakes.engines import ScriptedEngine
+from tests.files import make_image
+from tests.pilot import scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (120, 40)
@@ -61,7 +63,7 @@ def test_rationale_bars_mark_the_chosen_one():
     from rich.console import Console
 
     from edge_agent.ui.reasoning import bar, rationale_table
-    from tests.ui_fakes import candidates
+    from tests.fakes.engines import candidates
 
     e = ev.RationaleScored(turn=1, candidates=candidates([0.05, 0.10, 0.55, 0.05, 0.20, 0.05], 2), chosen=2,
                            seconds=0.061)
@@ -316,12 +318,11 @@ async def test_bad_image_and_engine_error_are_notifications(settings, tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_text("nope")
 
-    class Failing(ScriptedEngine):
-        def ask(self, *a, **k):
-            yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
-            raise ModelRuntimeError("Context is full (8192 tokens). Start a new chat or raise n_ctx.")
+    def failing(asked):
+        yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
+        raise ModelRuntimeError("Context is full (8192 tokens). Start a new chat or raise n_ctx.")
 
-    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: Failing(s))
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=failing))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {bad}")
@@ -607,7 +608,7 @@ def test_app_killed_mid_answer_keeps_the_streamed_events(edge_home, tmp_path):
 import sqlite3, sys, time
 from edge_agent.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
-from tests.ui_fakes import ScriptedEngine
+from tests.fakes.engines import ScriptedEngine
 
 s = Settings.load()
 app = EdgeAgentApp(s, engine_factory=lambda st, progress=None: ScriptedEngine(st, hold=True))

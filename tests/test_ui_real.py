@@ -22,7 +22,8 @@ from edge_agent.runtime import vision
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.readable import readable_markdown
 from edge_agent.ui.reasoning import TurnView
-from tests.ui_fakes import make_image, settle, type_and_enter
+from tests.files import make_image
+from tests.pilot import settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 pytestmark = pytest.mark.asyncio

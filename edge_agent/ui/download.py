@@ -91,7 +91,8 @@ class DownloadScreen(ModalScreen[str | None]):
         self.reload()
 
     def reload(self) -> None:
-        from edge_agent.catalog import human_size, load_catalog, overview
+        from edge_agent.catalog import human_size, load_catalog
+        from edge_agent.model_overview import overview
 
         try:
             status = {r.name: r.status for r in overview(self.settings)}
@@ -99,7 +100,7 @@ class DownloadScreen(ModalScreen[str | None]):
         except EdgeAgentError as e:
             self.query_one("#dl-status", Static).update(Text(f"{e.title}: {e.message}", style="red"))
             return
-        self.entries = [e for e in catalog.entries if "agent" in e.roles and not e.is_demo]
+        self.entries = [e for e in catalog.entries if "agent" in e.roles and not e.is_demo and e.wheels is None]
         ol = self.query_one(OptionList)
         highlighted = ol.highlighted
         ol.clear_options()

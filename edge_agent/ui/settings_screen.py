@@ -69,7 +69,7 @@ def field_doc(name: str) -> str:
 
 def model_choices(settings: Settings) -> str:
     """'Installed: a, b. To download: c, d.' from the catalog and registry (local files only)."""
-    from edge_agent.catalog import overview
+    from edge_agent.model_overview import overview
 
     try:
         rows = overview(settings)

@@ -1,10 +1,10 @@
-"""Issue 23 in the app (Pilot): /retry and /edit that really replace, a busy app that leaves the prompt
+"""The chat's transcript under Pilot: /retry and /edit that really replace, a busy app that leaves the prompt
 alone, a first-run screen that saves only what loaded, a long chat that opens at its end, model text
 that stays readable, and the small things (first-run focus, Ctrl+T for every answer, a 60-column
 status bar, /image on a text-only model).
 
 The replacing test runs the real llama.cpp on the tiny Qwen3-VL GGUFs; the rest
-drive pure UI logic with the scripted engines of tests/ui_fakes.py.
+drive pure UI logic with the scripted engine of tests/fakes/engines.py.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from edge_agent.ui.prompt import PromptInput
 from edge_agent.ui.readable import readable_markdown
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, UserMessage
-from tests.test_ui_first_hour import TextOnly, long_chat
-from tests.ui_fakes import ScriptedEngine, scripted_app, settle, type_and_enter
+from tests.fakes.engines import Asked
+from tests.files import long_chat
+from tests.pilot import scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (130, 40)
@@ -226,24 +227,21 @@ def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
     assert readable_markdown("bell\x07 and \x1b[2J clear\x9b") == "bell and [2J clear"
 
 
-class Shouting(ScriptedEngine):
+SHOUTING = ">>>>>>>>>>>>>>>>>>>> yes\n# THE ANSWER\n- - - - - deep\nbell\x07 **OK**"
+
+
+def shouting(asked: Asked) -> list[ev.Event]:
     """An answer a small model might write: quote markers, a heading, nested bullets, a control byte."""
-
-    TEXT = ">>>>>>>>>>>>>>>>>>>> yes\n# THE ANSWER\n- - - - - deep\nbell\x07 **OK**"
-
-    def ask(self, question, image=None, **kw):
-        self.asked.append((question, image, kw.get("mode")))
-        yield ev.RunStarted(question=question, image=image, mode="ssr", seprod=False, model="m")
-        yield ev.TurnStarted(turn=1)
-        for part in (self.TEXT[:7], self.TEXT[7:30], self.TEXT[30:]):
-            yield ev.AnswerToken(turn=1, text=part)
-        yield ev.FinalAnswer(answer=self.TEXT, turns=1, stop_reason="answered", totals={})
+    return [ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
+            ev.TurnStarted(turn=1),
+            *(ev.AnswerToken(turn=1, text=part) for part in (SHOUTING[:7], SHOUTING[7:30], SHOUTING[30:])),
+            ev.FinalAnswer(answer=SHOUTING, turns=1, stop_reason="answered", totals={})]
 
 
 @pytest.mark.asyncio
 async def test_model_markdown_cannot_nest_quotes_or_shout(settings, tmp_path):
     """Streamed and stored alike: no quote bars, no heading, no control byte; the bold stays bold."""
-    app, _ = scripted_app(settings, tmp_path, engine_cls=Shouting)
+    app, _ = scripted_app(settings, tmp_path, script=shouting)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, "Well?")
@@ -316,7 +314,7 @@ async def test_status_bar_at_60_columns_keeps_busy_ready_and_the_network(setting
 
 @pytest.mark.asyncio
 async def test_image_on_a_text_only_model_is_refused_at_once(settings, tmp_path, image):
-    app, engines = scripted_app(settings, tmp_path, engine_cls=TextOnly)
+    app, engines = scripted_app(settings, tmp_path, vision=False)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         for typed in (f"/image {image}", str(image)):

@@ -1,6 +1,6 @@
-"""Issue 23 (the second hour without surprises), the command-line items: model text cleaned of
-control characters, failed asks not saved, chats that remember their models, config validation,
-long questions, damaged history recovered, `chats show/export`, top-level app options, downloads.
+"""What the commands save and read back: model text cleaned of control characters, failed asks not
+saved, chats that remember their models, config validation, long questions, damaged history, config
+and cache recovered, `chats show/export`, top-level app options, downloads with the network down.
 
 Real parts: `edge-agent` in a subprocess (or click's runner where only the command's logic is
 tested) on the tiny random-weight Qwen3-VL models and a real SQLite file; nothing touches the network.
@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from edge_agent.textclean import clean_model_text
+from tests.files import chats_file, damage
 
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -371,9 +372,10 @@ async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
     """The app's settings screen applies the same validation, range in the message; nothing saved."""
     from edge_agent.config import Settings
     from edge_agent.ui.settings_screen import SettingsScreen
-    from tests.test_library_ui import _Host
+    from tests.pilot import ScreenHost
 
-    app = _Host(Settings.load())
+    settings = Settings.load()
+    app = ScreenHost(lambda: SettingsScreen(settings))
     async with app.run_test(size=(120, 50)) as pilot:
         await pilot.pause()
         screen = app.screen
@@ -431,7 +433,7 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
 # --- item 16: HEIC photos -----------------------------------------------------------------------------
 def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
     """An iPhone photo (HEIC, written by pillow-heif) is read and reaches the model."""
-    from tests.test_second_hour_ui import write_heic
+    from tests.files import write_heic
 
     heic = write_heic(tmp_path / "IMG_0003.HEIC")
     r = edge("ask", str(heic), "What colour is it?", *tiny(tiny_models), "--offline", "--json")
@@ -442,34 +444,8 @@ def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
 
 
 # --- item 11: damaged history is recovered ---------------------------------------------------------------
-def chats_file(home: Path, n: int = 40) -> Path:
-    """A chat history of ``n`` chats (a question, an answer with ~2 kB of events each: ~40 pages)."""
-    from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
-
-    store = ChatStore(home / "chats.sqlite3")
-    for i in range(n):
-        cid = store.new_chat()
-        store.add_user_message(cid, f"Question {i}?")
-        mid = store.start_answer(cid)
-        store.add_event(mid, ev.ReasoningDone(turn=1, text=f"thinking {i} " * 150, n_tokens=300, seconds=0.1))
-        store.add_event(mid, ev.FinalAnswer(answer=f"Answer {i}.", turns=1, stop_reason="answered"))
-    store.close()  # the last connection: the WAL is checkpointed into the file
-    return home / "chats.sqlite3"
 
 
-def damage(path: Path, how: str) -> bytes:
-    """Damage the file in place; returns the damaged bytes (what must be kept aside)."""
-    data = bytearray(path.read_bytes())
-    if how == "truncated":
-        data = data[: len(data) * 6 // 10]
-    elif how == "zeroed header":
-        data[:100] = bytes(100)
-    else:  # a damaged page in the middle
-        page = len(data) // 4096 // 2
-        data[page * 4096:(page + 1) * 4096] = bytes(range(256)) * 16
-    path.write_bytes(bytes(data))
-    return bytes(data)
 
 
 @pytest.mark.parametrize("how, at_least", [("truncated", 15), ("zeroed header", 40), ("page in the middle", 30)])

@@ -1,5 +1,6 @@
-"""Issue 12 (a first hour without surprises), the command-line items: config validation and file
-mode, `ask`'s stdout/stderr split, eval's all-failed exit, one meaning of --max-turns.
+"""The commands as a new user meets them: `config set` validation and the file's mode, `ask`'s
+stdout/stderr split, eval's all-failed exit, one meaning of --max-turns, `models list/info/add`, crops
+cleaned, a huge photo, the system prompt setting, an unreachable hub.
 
 Real parts: click's runner over the real commands, a subprocess for `ask` on the real SmolLM2.
 """
@@ -127,8 +128,9 @@ def models(*args: str):
     return CliRunner().invoke(cli, ["models", *args], catch_exceptions=False)
 
 
-def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf):
+def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf, tmp_path, monkeypatch):
     """The demo is installed: whether or not it is the default, the list does not claim there is no model."""
+    monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))  # only the demo
     r = models("list")
     assert "No model installed" not in r.output and "* default model: smollm2-135m-demo" in r.output
     Settings.load({"model": "qwen3-vl-2b-instruct"}).save()  # chosen, not downloaded yet

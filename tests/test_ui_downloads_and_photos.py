@@ -1,7 +1,7 @@
-"""Issue 23 (the second hour without surprises), the app's side of ux2's items: a cancelled download
-stops at once, HEIC photos open in the picker, /image and zoom, damaged history is recovered.
+"""The app with files: a cancelled download stops at once, HEIC photos open in the picker, /image and
+zoom, a damaged chat history is recovered.
 
-Real parts: the app under Textual's Pilot, a loopback hub (tests/fakehub.py), real SQLite and image files.
+Real parts: the app under Textual's Pilot, a loopback hub (tests/fakes/hub.py), real SQLite and image files.
 """
 
 from __future__ import annotations
@@ -9,25 +9,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from textual.app import App
 from textual.widgets import Static
 
 from edge_agent.config import Settings
+from tests.files import write_heic
+from tests.pilot import ScreenHost
 from tests.waits import pilot_wait_until
 
 REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
-
-
-class _Host(App):
-    """One screen pushed on an empty app; ``result`` gets what it is dismissed with."""
-
-    def __init__(self, make_screen) -> None:
-        super().__init__()
-        self.make_screen = make_screen
-        self.result: list = []
-
-    def on_mount(self) -> None:
-        self.push_screen(self.make_screen(), self.result.append)
 
 
 # --- item 15: a cancelled download says so at once --------------------------------------------------
@@ -37,7 +26,7 @@ async def test_esc_cancels_a_stalled_download_at_once(edge_home, tiny_models, mo
     second as "cancelled" (it used to wait for the 30-s read timeout and a retry); the part stays."""
     from edge_agent.hub import HubClient
     from edge_agent.ui.download import DownloadScreen
-    from tests.fakehub import FakeHub
+    from tests.fakes.hub import FakeHub
 
     name = "Qwen3VL-2B-Instruct-Q4_K_M.gguf"
     with FakeHub() as hub:
@@ -46,7 +35,7 @@ async def test_esc_cancels_a_stalled_download_at_once(edge_home, tiny_models, mo
         hub.stall_after[name] = 4096
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        app = _Host(lambda: DownloadScreen(Settings.load(), hub_client=HubClient()))
+        app = ScreenHost(lambda: DownloadScreen(Settings.load(), hub_client=HubClient()))
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             screen = app.screen
@@ -66,13 +55,6 @@ async def test_esc_cancels_a_stalled_download_at_once(edge_home, tiny_models, mo
 
 
 # --- item 16: HEIC/HEIF photos --------------------------------------------------------------------------
-def write_heic(path, size=(96, 64), colour=(200, 30, 30)):
-    """A HEIC photo written by pillow-heif itself (without registering it with Pillow)."""
-    import pillow_heif
-    from PIL import Image
-
-    pillow_heif.from_pillow(Image.new("RGB", size, colour)).save(str(path), quality=95)
-    return path
 
 
 def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
@@ -115,7 +97,7 @@ async def test_heic_in_the_picker_preview_and_asked_in_the_app(edge_home, tiny_m
     from edge_agent.ui.app import EdgeAgentApp
     from edge_agent.ui.picker import ImagePickerScreen
     from edge_agent.ui.preview import ImagePreview
-    from tests.ui_fakes import settle, type_and_enter
+    from tests.pilot import settle, type_and_enter
 
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -155,8 +137,8 @@ async def test_the_app_starts_on_a_recovered_history_and_says_so_once(edge_home,
     """A damaged chats.sqlite3, config.toml and search cache: the app opens, lists the salvaged chats,
     and says once for each what was recovered and where the original is kept."""
     from edge_agent.recovery import take_notices
-    from tests.test_second_hour_cli import chats_file, damage
-    from tests.ui_fakes import scripted_app, settle
+    from tests.files import chats_file, damage
+    from tests.pilot import scripted_app, settle
 
     take_notices()  # nothing left over from another test in this process
     damage(chats_file(edge_home, 12), "page in the middle")

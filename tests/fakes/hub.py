@@ -83,6 +83,7 @@ class FakeHub:
     def url(self) -> str:
         assert self._server is not None
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an IPv4 loopback address (typeshed allows bytes for AF_UNIX)
         return f"http://{host}:{port}"
 
     def start(self) -> FakeHub:

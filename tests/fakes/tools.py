@@ -1,6 +1,6 @@
 """A fake of the search tools for pure agent logic: :class:`FakeSearch` implements ``agent.toolbox.SearchLike``
 fully (checked by mypy: pyproject's [tool.mypy] files) and answers with real ``SearchOutcome`` values.
-The search tools themselves are tested against real HTTP servers (``tests/fakeservers.py``)."""
+The search tools themselves are tested against real HTTP servers (``tests/fakes/search_servers.py``)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,28 @@
-"""A scripted engine for UI and chat-store tests of pure rendering/persistence logic, and the Pilot
-helpers every app test shares (``settle``, ``type_and_enter``; waiting on a condition: tests/waits.py).
+"""The one scripted engine of the tests: engine-shaped (what the app, ``ask``'s callers and the eval use of
+``edge_agent.engine.Engine``; mypy holds it to those protocols), for tests of pure rendering,
+persistence and evaluation logic.
 
-The engine yields a fixed, realistic event stream (SSR turn with a zoom, a search turn, a SeProD answer)
-so snapshots are deterministic. Real-engine behaviour is covered by the tests that use ``tiny_models``.
+By default a question yields a fixed, realistic event stream (:func:`script`: an SSR turn with a zoom, a
+search turn, a SeProD answer), so snapshots are deterministic; a test hands its own ``script`` (a
+function of the question as asked) for other streams. Real-engine behaviour is covered by the tests
+that use ``tiny_models``. The Pilot helpers are in tests/pilot.py, the files tests write in tests/files.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-
-from PIL import Image, ImageDraw
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent import events as ev
+from edge_agent.config import Settings
+from tests.files import make_image
+
+if TYPE_CHECKING:
+    from edge_agent.evaluation import runner
+    from edge_agent.ui import host
 
 RATIONALES = [
     ("search_image", "I should look the whole image up to find where it comes from.", "image_search"),
@@ -24,16 +32,6 @@ RATIONALES = [
     ("answer_image", "The image itself shows the answer.", "answer"),
     ("answer_knowledge", "I can answer from general knowledge.", "answer"),
 ]
-
-
-def make_image(path: Path, size=(64, 48), color=(200, 60, 40)) -> Path:
-    """A small deterministic PNG: a coloured box with a white 'sign' in one corner."""
-    img = Image.new("RGB", size, color)
-    d = ImageDraw.Draw(img)
-    d.rectangle([size[0] // 2, 4, size[0] - 4, size[1] // 3], fill=(250, 250, 250))
-    d.line([0, size[1] - 1, size[0], 0], fill=(20, 20, 120), width=3)
-    img.save(path)
-    return path
 
 
 def candidates(probs: list[float], chosen: int) -> tuple[ev.RationaleCandidate, ...]:
@@ -92,47 +90,70 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
     ]
 
 
+@dataclass(frozen=True)
+class Asked:
+    """One question as the scripted engine got it (``crop``: where the default script's zoom crop was written)."""
+
+    question: str
+    image: str | None
+    mode: str | None
+    seprod: bool
+    history: list[Any]
+    context: str | None
+    seed: int | None
+    crop: str | None
+
+
+Script = Callable[[Asked], Iterable[ev.Event]]
+
+
+def app_script(asked: Asked) -> list[ev.Event]:
+    """The default: :func:`script` for the question, its image and the crop written for it."""
+    return script(asked.question, asked.image, asked.crop)
+
+
 class _Vision:
-    has_vision = True
+    def __init__(self, has_vision: bool) -> None:
+        self.has_vision = has_vision
 
 
 class ScriptedEngine:
-    """Engine-shaped (``ui.host.EngineLike``): ``ask`` yields the script; ``hold`` makes it wait
-    mid-answer until cancelled."""
+    """Engine-shaped: ``ask`` yields ``script(asked)``; ``hold`` makes it wait mid-answer until cancelled;
+    ``contexts`` also yields ContextOpened / ImageEvaluated like the real engine; ``vision=False`` is a
+    text-only model. Records every question (``requests``; ``asked``: question, image, mode)."""
 
-    model = _Vision()
     drafter: object | None = None
 
-    def __init__(self, settings, crop_dir: Path | None = None, hold: bool = False, contexts: bool = False) -> None:
+    def __init__(self, settings: Settings | None = None, crop_dir: Path | None = None, hold: bool = False,
+                 contexts: bool = False, *, script: Script = app_script, vision: bool = True) -> None:
         self.settings = settings
-        self.with_contexts = contexts  # also yield ContextOpened / ImageEvaluated like the real engine
+        self.script = script
+        self.with_contexts = contexts
         self.crop_dir = crop_dir
         self.hold = hold
+        self.model = _Vision(vision)
+        self.requests: list[Asked] = []
         self.asked: list[tuple[str, str | None, str | None]] = []
         self.contexts: list[str | None] = []  # the context key each question continued from
+        self.histories: list[list[Any]] = []  # the history each question was asked with
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
         self.read: list[tuple[str, str | None, str]] = []  # read_ahead calls: (text, image, context)
         self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
-    def ask(self, question, image=None, *, cancel: threading.Event | None = None, mode=None, history=None,
-            context=None) -> Iterator[ev.Event]:
-        self.asked.append((question, image, mode))
-        self.contexts.append(context)
+    def ask(self, question: str, image: str | None = None, *, cancel: threading.Event | None = None,
+            mode: str | None = None, history: Sequence[Any] | None = None, context: str | None = None,
+            seprod: bool = False, seed: int | None = None, **_: Any) -> Iterator[ev.Event]:
         crop = None
         if self.crop_dir is not None:
-            crop = str(make_image(self.crop_dir / f"crop{len(self.asked)}.png", (32, 24), (250, 250, 250)))
-        events = script(question, image, crop)
-        if self.with_contexts:
-            opened = ev.ContextOpened(source="live" if context else "new", reason="", tokens_reused=1600 if context else 0,
-                                      tokens_evaluated=24 if context else 1135, system_restored=not context,
-                                      n_ctx_used=1700, seconds=0.2)
-            shown = [opened] if context else [opened, ev.ImageEvaluated(
-                turn=0, source="image", tokens=576, positions=24, width=768, height=768, encode_seconds=0.8,
-                decode_seconds=1.2, reused=False)]
-            events = events[:1] + shown + events[1:]
-        for i, e in enumerate(events):
+            crop = str(make_image(self.crop_dir / f"crop{len(self.asked) + 1}.png", (32, 24), (250, 250, 250)))
+        asked = Asked(question, image, mode, seprod, list(history or []), context, seed, crop)
+        self.requests.append(asked)
+        self.asked.append((question, image, mode))
+        self.contexts.append(context)
+        self.histories.append(asked.history)
+        for i, e in enumerate(self._with_contexts(self.script(asked), context)):
             if self.hold and i == 3:
                 # Like the real engine: block in "compute" until the cancel event is set.
                 while cancel is not None and not cancel.wait(0.02):
@@ -144,7 +165,20 @@ class ScriptedEngine:
                 return
             yield e
 
-    def update_settings(self, new, changed) -> bool:
+    def _with_contexts(self, events: Iterable[ev.Event], context: str | None) -> Iterator[ev.Event]:
+        """``events``, with the real engine's ContextOpened (and, in a new context, ImageEvaluated) after
+        the first one when ``contexts`` is on."""
+        for i, e in enumerate(events):
+            yield e
+            if i == 0 and self.with_contexts:
+                yield ev.ContextOpened(source="live" if context else "new", reason="",
+                                       tokens_reused=1600 if context else 0, tokens_evaluated=24 if context else 1135,
+                                       system_restored=not context, n_ctx_used=1700, seconds=0.2)
+                if not context:
+                    yield ev.ImageEvaluated(turn=0, source="image", tokens=576, positions=24, width=768, height=768,
+                                            encode_seconds=0.8, decode_seconds=1.2, reused=False)
+
+    def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Like ``Engine.update_settings``: model files and the llama context need a new engine."""
         from edge_agent.engine import RELOAD_FIELDS
 
@@ -153,7 +187,7 @@ class ScriptedEngine:
         self.settings = new
         return True
 
-    def prepare_image(self, image) -> bool:
+    def prepare_image(self, image: str) -> bool:
         self.prepared.append(str(image))
         return True
 
@@ -164,41 +198,6 @@ class ScriptedEngine:
         self.closed = True
 
 
-# --- Pilot helpers ----------------------------------------------------------------------------------
-
-async def settle(pilot, timeout: float = 120) -> None:
-    """Wait until the app's workers are done and the screen has caught up (twice: a finished worker's
-    message can start another one)."""
-    async def _wait() -> None:
-        for _ in range(2):
-            await pilot.app.workers.wait_for_complete()
-            await pilot.pause()
-
-    await asyncio.wait_for(_wait(), timeout)
-
-
-async def type_and_enter(pilot, text: str) -> None:
-    """Type ``text`` into the chat prompt and press Enter (a question, a /command or a pasted path)."""
-    from edge_agent.ui.prompt import PromptInput
-
-    prompt = pilot.app.screen.query_one(PromptInput)
-    prompt.value = text
-    prompt.focus()
-    await pilot.press("enter")
-    await pilot.pause()
-
-
-# --- the app with a scripted engine ------------------------------------------------------------------
-def scripted_app(settings, tmp_path: Path, *, engine_cls: type = ScriptedEngine, **kw):
-    """(EdgeAgentApp whose engine factory makes ``engine_cls(settings, tmp_path, **kw)``, the engines made)."""
-    from edge_agent.ui.app import EdgeAgentApp
-
-    made: list = []
-
-    def factory(s, *, progress=None):
-        if progress:
-            progress("loading scripted engine", 0.5)
-        made.append(engine_cls(s, tmp_path, **kw))
-        return made[-1]
-
-    return EdgeAgentApp(settings, engine_factory=factory), made
+def _conforms(e: ScriptedEngine) -> tuple[host.EngineLike, runner.EngineLike]:
+    """mypy holds the scripted engine to what the app and the eval use of an engine (never called)."""
+    return e, e

@@ -1,4 +1,4 @@
-"""Issue 12 in the app (Pilot): what a new user hits in the first hour.
+"""The app's screens under Pilot: the chat, chats, settings, first-run and download screens.
 
 A path that is not a readable image never reaches the model; Ctrl+N focuses the prompt; the theme
 survives a restart; a text-only model says what it can do; an image can be detached; deleting a chat
@@ -6,8 +6,8 @@ asks first; the chat list can be searched; a long chat opens a page at a time; t
 be retried and the last question edited; searches that cannot reach the network show "offline"; an
 answer that only repeated the instructions says so; the export's image links are valid Markdown; the
 settings screen has temperature and the search backends; the first-run screen knows the demo is
-installed. Scripted engines (tests/ui_fakes.py) drive the pure UI logic; the download screen runs the
-real ``hub`` against a loopback hub (tests/fakehub.py) with the tiny GGUFs.
+installed. The scripted engine (tests/fakes/engines.py) drives the pure UI logic; the download screen runs the
+real ``hub`` against a loopback hub (tests/fakes/hub.py) with the tiny GGUFs.
 """
 
 from __future__ import annotations
@@ -25,25 +25,12 @@ from edge_agent.ui.chats_screen import ChatsScreen
 from edge_agent.ui.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
 from edge_agent.ui.statusbar import StatusBar
 from edge_agent.ui.transcript import AnswerView, UserMessage
-from tests.ui_fakes import ScriptedEngine, make_image, scripted_app, settle, type_and_enter
+from tests.fakes.engines import Asked, ScriptedEngine
+from tests.files import long_chat, make_image
+from tests.pilot import scripted_app, settle, type_and_enter
 from tests.waits import pilot_wait_until
 
 SIZE = (130, 42)
-
-
-class Recording(ScriptedEngine):
-    """The scripted engine, also recording the history each question was asked with."""
-
-    histories: list
-
-    def ask(self, question, image=None, *, cancel=None, mode=None, history=None, **kw):
-        self.histories = getattr(self, "histories", [])
-        self.histories.append(list(history or []))
-        yield from super().ask(question, image, cancel=cancel, mode=mode, history=history, **kw)
-
-
-def app_with(settings, tmp_path, engine_cls=Recording, **kw):
-    return scripted_app(settings, tmp_path, engine_cls=engine_cls, **kw)
 
 
 def titles(app) -> list[str]:
@@ -67,7 +54,7 @@ async def test_a_path_that_is_not_an_image_gets_the_image_problem_message(settin
     (tmp_path / "x").mkdir()
     notes = tmp_path / "x" / "notes.txt"
     notes.write_text("not an image")
-    app, engines = app_with(settings, tmp_path)
+    app, engines = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {image}")
@@ -85,7 +72,7 @@ async def test_a_path_that_is_not_an_image_gets_the_image_problem_message(settin
 # --- bug 6: Ctrl+N focuses the prompt ----------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_new_chat_focuses_the_prompt_from_anywhere(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, "first question")
@@ -103,26 +90,22 @@ async def test_new_chat_focuses_the_prompt_from_anywhere(settings, tmp_path):
 # --- bug 7: the theme is saved -----------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_theme_survives_a_restart(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         app.theme = "dracula"  # what Ctrl+P > Change theme does
         await pilot.pause()
     assert Settings.load().theme == "dracula"
-    app, _ = app_with(Settings.load(), tmp_path)
+    app, _ = scripted_app(Settings.load(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert app.theme == "dracula"
 
 
 # --- a text-only model says what it can do -----------------------------------------------------------
-class TextOnly(Recording):
-    model = type("M", (), {"has_vision": False})()
-
-
 @pytest.mark.asyncio
 async def test_text_only_model_says_what_it_can_do(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path, TextOnly)
+    app, _ = scripted_app(settings, tmp_path, vision=False)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         screen = app.chat_screen
@@ -135,7 +118,7 @@ async def test_text_only_model_says_what_it_can_do(settings, tmp_path):
 # --- detach an image ---------------------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_detach_image_by_key_and_command(settings, tmp_path, image):
-    app, engines = app_with(settings, tmp_path)
+    app, engines = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {image}")
@@ -157,7 +140,7 @@ async def test_detach_image_by_key_and_command(settings, tmp_path, image):
 # --- delete asks first; the chat list can be searched ------------------------------------------------
 @pytest.mark.asyncio
 async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         for q in ("Peru capital", "Eiffel tower height", "Peru population"):
@@ -187,24 +170,13 @@ async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path)
 
 
 # --- a long chat opens at once -----------------------------------------------------------------------
-def long_chat(store, n_questions: int) -> int:
-    from tests.ui_fakes import script
-
-    cid = store.new_chat()
-    for i in range(n_questions):
-        store.add_user_message(cid, f"question {i}", None)
-        mid = store.start_answer(cid)
-        for e in script(f"question {i}", None, None):
-            store.add_event(mid, e)
-        store.finish_answer(mid, "answered", f"answer {i}")
-    return cid
 
 
 @pytest.mark.asyncio
 async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(settings, tmp_path):
     """60 questions of 3 turns (120 messages): the last page is mounted at once, older pages as the user
     scrolls to the top; in the end every message is there, in order."""
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         cid = long_chat(app.store, 60)
@@ -231,7 +203,7 @@ async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(s
 
 @pytest.mark.asyncio
 async def test_clicking_the_earlier_messages_line_shows_them(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=(130, 100)) as pilot:  # tall: the first page fits, the line is on screen
         await settle(pilot)
         await app.chat_screen.open_chat(app.store.load(long_chat(app.store, 6)))
@@ -246,7 +218,7 @@ async def test_clicking_the_earlier_messages_line_shows_them(settings, tmp_path)
 # --- retry the last answer; edit and resend the last question ----------------------------------------
 @pytest.mark.asyncio
 async def test_retry_and_edit_last_question(settings, tmp_path, image):
-    app, engines = app_with(settings, tmp_path)
+    app, engines = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, "first")
@@ -287,7 +259,7 @@ async def test_retry_an_interrupted_answer(settings, tmp_path, image):
     store.add_event(mid, ev.AnswerToken(turn=1, text="Half an ans"))
     store.close()  # left 'running': read back as interrupted
     made: list = []
-    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: made.append(Recording(s, tmp_path))
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: made.append(ScriptedEngine(s, tmp_path))
                        or made[-1], open_chat=cid)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -300,25 +272,25 @@ async def test_retry_an_interrupted_answer(settings, tmp_path, image):
 
 
 # --- offline shown when searches cannot reach the network; a no_answer run says so -------------------
-class NoNetwork(Recording):
-    def ask(self, question, image=None, *, cancel=None, mode=None, history=None, **kw):
-        self.asked.append((question, image, mode))
-        yield ev.RunStarted(question=question, image=image, mode="ssr", seprod=False, model="m")
-        yield ev.TurnStarted(turn=1)
-        yield ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1)
-        yield ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status="unreachable",
-                              observation="text_search failed (wikipedia): cannot connect.")
-        yield ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
-                              tool_seconds=0.0)
-        yield ev.TurnStarted(turn=2)
-        yield ev.AnswerToken(turn=2, text="You have no tool calls left")
-        yield ev.AgentError(turn=2, title="No answer found", message="repeated its instructions", fatal=False)
-        yield ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={})
+def no_network(asked: Asked) -> list[ev.Event]:
+    """A text search that cannot reach the network, then an answer that only repeats the instructions."""
+    return [
+        ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
+        ev.TurnStarted(turn=1),
+        ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1),
+        ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status="unreachable",
+                        observation="text_search failed (wikipedia): cannot connect."),
+        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1, tool_seconds=0.0),
+        ev.TurnStarted(turn=2),
+        ev.AnswerToken(turn=2, text="You have no tool calls left"),
+        ev.AgentError(turn=2, title="No answer found", message="repeated its instructions", fatal=False),
+        ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={}),
+    ]
 
 
 @pytest.mark.asyncio
 async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(settings, tmp_path):
-    app, _ = app_with(settings, tmp_path, NoNetwork)
+    app, _ = scripted_app(settings, tmp_path, script=no_network)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         bar = app.screen.query_one(StatusBar)
@@ -365,7 +337,7 @@ def test_export_links_to_images_with_spaces_and_accents_parse(settings, tmp_path
 async def test_settings_screen_has_temperature_and_search_backends(settings, tmp_path, edge_home):
     from textual.widgets import Select
 
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("ctrl+s")
@@ -412,7 +384,7 @@ REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
 @pytest.fixture
 def hub(monkeypatch, tiny_models):
     """The real catalog's 2B Instruct repo on a loopback hub, serving the tiny GGUFs under the real names."""
-    from tests.fakehub import FakeHub
+    from tests.fakes.hub import FakeHub
 
     with FakeHub() as h:
         h.add_file(REPO, "Qwen3VL-2B-Instruct-Q4_K_M.gguf", tiny_models["text_q8_0"].read_bytes())
@@ -457,7 +429,7 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
         loads.append(s.model)
         if not s.model and not Registry(s.models_dir).models:
             raise ModelFileError("No model is installed.", title="No model")
-        return Recording(s, tmp_path)
+        return ScriptedEngine(s, tmp_path)
 
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
@@ -500,7 +472,7 @@ async def test_settings_model_list_opens_the_download_screen(settings, tmp_path)
     from edge_agent.ui.download import DownloadScreen
     from edge_agent.ui.settings_screen import SettingsScreen
 
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("ctrl+s")
@@ -536,7 +508,7 @@ async def test_app_start_prunes_old_crops_no_chat_shows(settings, tmp_path):
     week_ago = time.time() - 8 * 86400
     for d in (old, shown):
         os.utime(d, (week_ago, week_ago))
-    app, _ = app_with(settings, tmp_path)
+    app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot_wait_until(pilot, lambda: not old.exists(), what="the old crop folder to go")
