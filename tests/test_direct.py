@@ -166,17 +166,8 @@ def test_a_cut_answer_says_length(tiny_models, direct_settings):
 
 # ---- the real Qwen2.5-Coder-0.5B ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def qwen05(request) -> Path:
-    try:
-        return request.getfixturevalue("qwen05_gguf")
-    except pytest.FixtureLookupError:  # before tests/conftest.py's fixture: the file the installer writes
-        import os
-
-        cache = Path(os.environ.get("EDGE_AGENT_MODEL_CACHE") or Path.home() / ".cache/edge-agent/models")
-        path = cache / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-        if not path.is_file():
-            pytest.fail("The real Qwen 0.5B is not installed: run scripts/install_qwen_models.py.")
-        return path
+def qwen05(qwen05_gguf) -> Path:
+    return qwen05_gguf
 
 
 def chat_completion_prompt(path: Path, msgs: list[dict]) -> list[int]:
