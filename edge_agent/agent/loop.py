@@ -315,7 +315,8 @@ class _Run:
                              message=f"The model repeated its instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
-        yield self._final("turn_limit" if final else "answered", answer, context=key)
+        cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
+        yield self._final("length" if cut else "turn_limit" if final else "answered", answer, context=key)
 
     def _tool_call(self, action: str) -> ToolCall:
         """The rest of a tool call whose head is in the session, under the tool's grammar."""

@@ -245,6 +245,11 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
         # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
         if last.answer:
             click.echo(last.answer)
+        if last.stop_reason == "length":  # right under the answer: it does not look finished because it is not
+            n = int(last.totals.get("answer_tokens", settings.answer_max_tokens))
+            click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
+                       f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
+                       err=True)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
             click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)

@@ -30,6 +30,7 @@ STATUS_TEXT = {
     "running": ("thinking…", "yellow"),
     "answered": ("answered", "green"),
     "turn_limit": ("turn limit reached", "yellow"),
+    "length": ("cut off at answer_max_tokens (raise it in the settings, Ctrl+S)", "yellow"),
     "no_answer": ("no answer found (the model only repeated its instructions): /retry or rephrase", "yellow"),
     "cancelled": ("cancelled (/retry answers it again)", "yellow"),
     "error": ("failed", "red"),
@@ -211,6 +212,9 @@ class AnswerView(Vertical):
     def _update_footer(self) -> None:
         """The line under a finished answer: status, turns, time, speed; replaced; the error."""
         label, style = STATUS_TEXT.get(self.status, (self.status, "dim"))
+        if self.status == "length" and self.final is not None and self.final.totals.get("answer_tokens"):
+            label = label.replace("at answer_max_tokens", f"at {int(self.final.totals['answer_tokens'])} tokens "
+                                  "(answer_max_tokens)")
         foot = Text(label, style=style)
         if self.turns:
             foot.append(f" · {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''}", style="dim")
