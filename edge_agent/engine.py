@@ -287,7 +287,7 @@ class Engine:
             if mode not in REASONING_MODES:
                 raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
-                raise ConfigError("The question is empty. Type a question about the image.")
+                raise EdgeAgentError("The question is empty. Type a question.", title="Empty question")
             with self._images:
                 loaded = self._load_image(image)
             entries = _history_entries(history)
