@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from textual.widgets import Markdown, Static
+from textual.widgets import Input, Markdown, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chats import ChatStore
@@ -250,6 +250,27 @@ async def test_settings_screen_saves_and_rejects_bad_values(settings, tmp_path, 
         assert (app.settings.ssr_tau, app.settings.max_turns, app.settings.seprod) == (0.5, 3, False)
     saved = Settings.load()
     assert (saved.ssr_tau, saved.max_turns, saved.seprod) == (0.5, 3, False)
+
+
+@pytest.mark.asyncio
+async def test_settings_screen_says_how_to_save_and_enter_saves(settings, tmp_path, edge_home):
+    """The screen says that Ctrl+S saves; Enter in a field saves too (issue 30 item 9)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        title = str(screen.query_one("#settings-title", Static).render())
+        assert "Ctrl+S" in title and "Enter" in title and "Esc" in title
+        field = screen.query_one("#f-max_turns", Input)
+        field.focus()
+        field.value = "4"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen) and app.settings.max_turns == 4
+    assert Settings.load().max_turns == 4
 
 
 @pytest.mark.asyncio

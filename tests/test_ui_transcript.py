@@ -359,3 +359,21 @@ async def test_turn_timings_include_reading_the_tool_result(settings, tmp_path):
         title = str(view.turns[1].title)
         assert "reading the result 13.2 s" in title, title
         assert "reading the result" not in str(view.turns[2].title)  # an answer turn reads no result
+
+
+@pytest.mark.asyncio
+async def test_a_seprod_answer_is_shown_once(settings, tmp_path):
+    """The prophet's part of the answer is said in words and counts, not repeated as text above the answer
+    (issue 30 item 9: it was shown three times); the same when the chat is opened again."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        for _ in range(2):
+            view = app.chat_screen.transcript.answers()[-1]
+            note = str(view.query_one(".prophet-note", Static).render())
+            assert "The sign says" not in note and "3 tokens" in note and "3/4 drafted" in note, note
+            assert view.text.startswith("The sign says")
+            await app.chat_screen.open_chat(app.store.load(app.chat_screen.chat_id))
+            await settle(pilot)
