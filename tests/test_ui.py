@@ -667,3 +667,17 @@ app.run(headless=True, size=(100, 30), auto_pilot=pilot)
     assert answer.status == "interrupted"
     assert [e.kind for e in answer.events][:3] == ["run_started", "turn_started", "rationale_scored"]
     store.close()
+
+
+@pytest.mark.asyncio
+async def test_help_stays_in_the_transcript(settings, tmp_path):
+    """/help is a block in the transcript that stays (it was a toast that vanished; issue 30 item 9)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "/help")
+        await settle(pilot)
+        app.clear_notifications()
+        shown = [str(w.render()) for w in app.chat_screen.transcript.query(".help").results(Static)]
+        assert shown and "/image PATH" in shown[-1] and "/mode ssr|freeform|direct" in shown[-1]
+        assert "Ctrl+R" in shown[-1]  # the keys too

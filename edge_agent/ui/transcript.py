@@ -321,6 +321,7 @@ class Transcript(VerticalScroll):
     DEFAULT_CSS = """
     Transcript { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
     Transcript .empty-hint { color: $text-muted; margin: 1 2; height: auto; }
+    Transcript .help { margin: 1 2; height: auto; }
     """
 
     def mark_last_replaced(self) -> None:
