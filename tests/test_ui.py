@@ -17,7 +17,7 @@ from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.chats_screen import ChatsScreen
 from edge_agent.ui.first_run import FirstRunScreen
 from edge_agent.ui.preview import half_blocks, looks_like_image_path, open_image, with_box
-from edge_agent.ui.prompt import PromptInput, parse_slash
+from edge_agent.ui.prompt import AttachmentBar, PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
@@ -681,3 +681,21 @@ async def test_help_stays_in_the_transcript(settings, tmp_path):
         shown = [str(w.render()) for w in app.chat_screen.transcript.query(".help").results(Static)]
         assert shown and "/image PATH" in shown[-1] and "/mode ssr|freeform|direct" in shown[-1]
         assert "Ctrl+R" in shown[-1]  # the keys too
+
+
+@pytest.mark.asyncio
+async def test_at_80x24_the_status_bar_keeps_the_mode_and_seprod_and_hints_are_whole(settings, tmp_path):
+    """A small terminal: the model names give way before the mode and SeProD do; the attachment hint
+    wraps instead of being cut (issue 30 item 9)."""
+    app, _ = scripted_app(settings.updated({"seprod": True}), tmp_path, vision=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        bar = app.chat_screen.status
+        bar.set_models("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct", text_only=True)
+        bar.tokens_per_second, bar.context, bar.network_down = 12.3, "context restored", True
+        await pilot.pause()
+        shown = str(bar.render())
+        assert "SSR" in shown and "SeProD" in shown and "ready" in shown and "no network" in shown, shown
+        assert shown.startswith("qwen2.5")  # the model's name is cut short, not dropped
+        hint = app.chat_screen.query_one(AttachmentBar)
+        assert hint.size.height >= 2 and "vision model" in str(hint.render())

@@ -109,7 +109,7 @@ class AttachmentBar(Static):
     """Which image the next question is about."""
 
     DEFAULT_CSS = """
-    AttachmentBar { height: 1; padding: 0 1; color: $text-muted; }
+    AttachmentBar { height: auto; padding: 0 1; color: $text-muted; }
     """
 
     text_only = False  # the loaded model reads no images: say what it can do instead
