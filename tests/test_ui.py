@@ -377,6 +377,9 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
         assert isinstance(app.screen, FirstRunScreen)
         text = " ".join(str(w.render()) for w in app.screen.query(Static))
         assert "No model" in text
+        # it offers a text-only demo, so it does not say a vision model is required (issue 30 item 9)
+        welcome = str(app.screen.query_one("#welcome", Static).render())
+        assert "needs a vision-language model" not in welcome and "text only" in welcome, welcome
         await pilot.click("#use-demo")
         await settle(pilot)
         assert calls == ["", "smollm2-135m-demo"]
