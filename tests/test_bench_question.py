@@ -26,7 +26,7 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert ph["ssr"]["image_tokens"] > 0 and not ph["ssr"]["image_read_ahead"]
     assert ph["ssr_read_ahead"]["image_read_ahead"] and ph["ssr_read_ahead"]["image_read_s"] == 0
     assert ph["freeform"]["reasoning_tokens"] > 0 and ph["ssr"]["scoring_s"] > 0
-    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] == "answered" for v in ph
+    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph
                if v != "oneshot")
     # the one-shot baseline: the photo, the question and a fixed-length answer, llama.cpp alone
     one = ph["oneshot"]
@@ -37,7 +37,7 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert base["decode_ms_at_depth"] > 0 and base["depth_cells"] == res["raw"]["depth_cells"]
     assert res["answer_decode_over_llamacpp_defaults"] > 0 and res["prefill_over_llamacpp_defaults"] > 0
     assert "one-shot: llama.cpp alone" in bench_question.table(res)
-    assert res["memory"]["seprod_question"]["stop_reason"] == "answered"
+    assert res["memory"]["seprod_question"]["stop_reason"] in ("answered", "length")  # 4 tokens: cut
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
     assert res["logits_finite"] is True and ph["ssr"]["scores_finite"] is True
     assert res["system_prompt"]["tokens"] > 100  # the system prompt, kept (restored) by later questions
