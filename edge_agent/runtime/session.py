@@ -31,7 +31,6 @@ values that the session applies.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -267,17 +266,12 @@ class Session:
             try:
                 with vision.prepare(self._h, image) as prep:
                     result: ImageChunk | None = None
-                    at = len(self.history)  # where the image's placeholder goes (after mtmd's opening markers)
                     for part in prep.parts:
                         if isinstance(part, vision.ImagePart):
-                            at = len(self.history)
                             result = self._eval_image_chunk(part.chunk, prep, state_mod.image_digest(image))
                         else:
                             self._append(part)
                     assert result is not None
-                    result = dataclasses.replace(result, wrap_before=at - cp.n_history,
-                                                 wrap_after=len(self.history) - at - 1)
-                    self.images[-1] = result
                     return result
             except BaseException:
                 self._rollback(cp)
@@ -294,11 +288,14 @@ class Session:
         if new_pos != self.n_pos + n_pos:
             raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
         px = self._facts.image_px_per_token
+        at = next(i for i, p in enumerate(prep.parts) if isinstance(p, vision.ImagePart))  # mtmd's markers around it
+        wrap = [sum(len(p) for p in ps if not isinstance(p, vision.ImagePart)) for ps in (prep.parts[:at],
+                                                                                          prep.parts[at + 1:])]
         chunk_info = ImageChunk(
             n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else prep.width,
             height=ny * px if px else prep.height, digest=digest,
             encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
-            reused=reused,
+            reused=reused, wrap_before=wrap[0], wrap_after=wrap[1],
         )
         self.history.append(IMAGE)
         self.images.append(chunk_info)
