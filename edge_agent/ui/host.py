@@ -187,8 +187,8 @@ class EngineHost:
         if late and not m.engine.update_settings(self.settings, late):  # changed while it loaded
             self.load()
             return False
-        if self._unsaved:
-            self._save(self._unsaved)
+        if self._unsaved:  # the whole pair that loaded (not only what the last try changed: issue 30 item 3)
+            self._save({k: getattr(self._loading_with, k) for k in MODEL_FIELDS})
             self._unsaved = {}
         return True
 
