@@ -192,9 +192,12 @@ class ChatStore:
             pass
         if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):
             return e.errno
-        if not os.access(folder, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+        probe = _probe(folder)  # the folder's own answer: read-only, not allowed, or writable (0)
+        if probe:
+            return probe
+        if self.path.exists() and not os.access(self.path, os.W_OK):
             return errno.EACCES
-        return errno.EROFS if "readonly" in str(e) or not _writable(folder) else 0
+        return errno.EROFS if "readonly" in str(e) else 0
 
     def _in_memory(self, why: int) -> sqlite3.Connection:
         """A read-only view: the file copied into memory (read without locks: nothing else can write to a
@@ -484,15 +487,16 @@ class ChatStore:
         return list(self._secrets)
 
 
-def _writable(folder: Path) -> bool:
-    """A file can be created in ``folder`` (a read-only mount denies it even to root, whatever the mode bits)."""
+def _probe(folder: Path) -> int:
+    """0 when a file can be created in ``folder``, else why not (an errno: a read-only mount denies it even to
+    root, whatever the mode bits)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".edge-agent-probe-", dir=folder)
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno or errno.EACCES
     os.close(fd)
     os.unlink(name)
-    return True
+    return 0
 
 
 def _no_chat(chat_id: int) -> ChatStoreError:
