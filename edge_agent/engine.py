@@ -31,12 +31,15 @@ from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_agent.agent.context import append_segments
 from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import run_agent, system_for
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
-from edge_agent.agent.prompts import check_n_ctx
-from edge_agent.agent.rationales import Library, load_library
+from edge_agent.agent.prompts import check_n_ctx, question_segments
+from edge_agent.agent.rationales import Library, index_label, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
+from edge_agent.calibration import FILE_NAME as NEUTRAL_FILE
+from edge_agent.calibration import NEUTRAL_QUESTION, NeutralScores
 from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
@@ -102,6 +105,8 @@ class Engine:
         # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
         self.files = dict(files) if files is not None else _loaded_files(model, prophet)
         self.contexts = self._contexts(model, settings)
+        # SSR's neutral scores (ssr_score pmi), computed once per model, system prompt and library
+        self.neutral = NeutralScores(model.identity, settings.home / NEUTRAL_FILE)
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
         self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
@@ -315,6 +320,9 @@ class Engine:
                 opts = _replace(opts, seed=seed)
             if not opts.model_name:
                 opts = _replace(opts, model_name=self.model_name)
+            if opts.mode == "ssr" and opts.ssr_score == "pmi" and opts.neutral is None:
+                texts = [index_label(k) if opts.index_only else r.text for k, r in enumerate(opts.library)]
+                opts = _replace(opts, neutral=self.neutral.get(system_for(toolbox, opts), texts, self._score_neutral))
             use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
             if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
                 use_drafter.reset(new_chat=not context)
@@ -335,6 +343,18 @@ class Engine:
             self._busy.release()
             if self.measured is not None:
                 self.measured.save()
+
+    def _score_neutral(self, system: str, texts: Sequence[str]) -> list[float]:
+        """Each of ``texts``' mean log-prob after ``system`` and an empty question (``calibration``): once per
+        model, system prompt and library on this machine, so the chat's live context is given up for it
+        once (the next question continues from its saved state)."""
+        s, _key, _how = self.contexts.system_session(system)
+        cp = s.checkpoint()
+        try:
+            append_segments(s, question_segments(NEUTRAL_QUESTION, None))
+            return [sc.mean for sc in s.score(texts)]
+        finally:
+            s.rollback(cp)
 
     # ---- read-ahead ------------------------------------------------------------------------------
     def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "",

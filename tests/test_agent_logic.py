@@ -256,22 +256,35 @@ def test_malformed_action_and_refused_box_become_observations():
 
 
 def test_freeform_streams_reasoning_and_chooses_any_action():
-    outs = ["I will zoom.</think>", "<tool_call>", 'image_zoom_in_tool"', ZOOM_TAIL, "Done." + EOS, "<answer>",
+    """A reasoning that states no plan ("Hmm.") leaves the choice to the model, in two grammar steps."""
+    outs = ["Hmm.</think>", "<tool_call>", 'image_zoom_in_tool"', ZOOM_TAIL, "Done." + EOS, "<answer>",
             "red</answer>"]
     s = FakeSession(outputs=outs)
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
     reasoning = "".join(e.text for e in events if e.kind == "reasoning_token" and e.turn == 1)
-    assert reasoning.startswith("I will zoom.")
+    assert reasoning.startswith("Hmm.")
     done = [e for e in events if e.kind == "reasoning_done"]
-    assert done[0].text == "I will zoom." and done[1].text == "Done."
+    assert done[0].text == "Hmm." and done[1].text == "Done."
     convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
-    assert convo.count("</think>") == 2 and "I will zoom.</think>\n\n<tool_call>" in convo
+    assert convo.count("</think>") == 2 and "Hmm.</think>\n\n<tool_call>" in convo
     assert s.n_score == 0 and events[-1].answer == "red"
     assert s.grammars[1] == CHOICE_GRAMMAR and "image_search" in s.grammars[2]  # the model chooses
-    assert "I will zoom.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
+    assert "Hmm.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
     assert EOS not in s.text and "<think>\nDone.\n</think>\n\n<answer>red" in s.text  # EOS taken back
     assert s.stops[1:4] == [(">",), ('"',), ("}",)]
+
+
+def test_freeform_action_follows_the_stated_plan():
+    """"I will zoom." is followed by a zoom (its head prefilled, no choice decoded), "I will answer." by an
+    answer: the reasoning and the action agree, as SSR's rationale and action do by grammar."""
+    s = FakeSession(outputs=["I will zoom in on the sign.</think>", ZOOM_TAIL, "Now I will answer." + EOS,
+                             "red</answer>"])
+    tb = toolbox()
+    events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["zoom", "answer"]
+    assert CHOICE_GRAMMAR not in s.grammars, "no head was left to the model"
+    assert "I will zoom in on the sign.</think>\n\n" + HEADS["zoom"] in s.text and events[-1].answer == "red"
 
 
 def test_policy_forces_actions_and_no_image_hides_image_tools():
@@ -411,3 +424,79 @@ def test_a_repeated_search_is_answered_without_searching_again():
     assert search.queries == ["Eiffel Tower", "Eiffel Tower height"]
     assert first.ok and other.ok and not again.ok
     assert 'already searched for "eiffel tower"' in again.observation
+
+
+# ---- moves that cannot bring anything new; calibrated scores; our words are not answers --------------
+def _searching(query: str) -> FakeSearchTools:
+    return FakeSearchTools(text=lambda q: outcome("text_search", "live", f"1. Lima | capital of Peru ({q})",
+                                             results=(result("Lima", "http://x", "capital"),), query=q))
+
+
+def test_the_same_search_again_is_taken_back_and_the_best_other_rationale_answers():
+    """SSR keeps choosing "search" with the same query: the second one is taken back before it runs or
+    enters the context (MoveWithdrawn), the best remaining rationale of the same scoring is pasted, and the
+    agent answers in turn 2. One search was sent; the context holds one tool call."""
+    search = _searching("capital of Peru")
+    s = FakeSession(favour(["the web for facts", "the web for facts"]),
+                    ['capital of Peru"}}\n</tool_call>', 'Capital of  PERU"}}\n</tool_call>', "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search)))
+    kinds = [e.kind for e in steps(events)]
+    assert kinds.count("move_withdrawn") == 1 and kinds.count("tool_called") == 1
+    w = next(e for e in events if e.kind == "move_withdrawn")
+    assert (w.turn, w.action, w.arguments) == (2, "text_search", {"query": "Capital of  PERU"})
+    assert "already searched" in w.reason
+    turn2 = [e for e in events if e.kind == "rationale_scored" and e.turn == 2]
+    assert [e.rechosen for e in turn2] == [False, True]
+    assert turn2[1].candidates[turn2[1].chosen].action == "answer"
+    assert all(c.action != "text_search" for c in turn2[1].candidates)
+    assert search.queries == ["capital of Peru"] and events[-1].answer == "Lima" and events[-1].turns == 2
+    convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
+    assert convo.count("<tool_call>") == 1 and "PERU" not in s.text
+    assert s.text.endswith(turn2[1].candidates[turn2[1].chosen].text + "\n</think>\n\n<answer>Lima</answer><|im_end|>\n")
+
+
+def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
+    """Free-form: the reasoning says it will search again, the query repeats: taken back to after the
+    reasoning; only the answer is left, so the head is the answer's."""
+    search = _searching("capital of Peru")
+    s = FakeSession(outputs=["I will search for it.</think>", 'capital of Peru"}}\n</tool_call>',
+                             "I will search again.</think>", 'capital of peru"}}\n</tool_call>', "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search),
+                            options=AgentOptions(mode="freeform")))
+    assert [e.kind for e in events].count("move_withdrawn") == 1 and search.queries == ["capital of Peru"]
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert s.text.endswith("I will search again.</think>\n\n<answer>Lima</answer><|im_end|>\n")
+
+
+def test_pmi_scores_subtract_the_neutral_score_and_decide():
+    """ssr_score pmi: p comes from mean - neutral mean; a rationale likely everywhere (raw best) loses to one
+    that fits this context better than a neutral one. The raw score is reported unchanged."""
+    raw = {"I should search the web for facts": -0.5, "I should answer from the evidence": -2.0,
+           "I should answer from what I know": -1.5}
+    neutral = {"I should search the web for facts": -0.4, "I should answer from the evidence": -3.0,
+               "I should answer from what I know": -1.6}
+    s = FakeSession(lambda text, n: raw[text], ["Lima</answer>"])
+    opts = AgentOptions(ssr_score="pmi", neutral=neutral)
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()), options=opts))
+    r = next(e for e in events if e.kind == "rationale_scored")
+    assert r.score_kind == "pmi" and r.candidates[r.chosen].id == "answer_evidence"
+    assert [c.score for c in r.candidates] == [raw[c.text] for c in r.candidates]
+    assert [c.neutral for c in r.candidates] == [neutral[c.text] for c in r.candidates]
+    vals = np.array([raw[c.text] - neutral[c.text] for c in r.candidates])
+    assert np.allclose([c.prob for c in r.candidates], np.exp(vals) / np.exp(vals).sum())
+    raw_run = list(run_agent(FakeSession(lambda text, n: raw[text], ['q"}}', 'q"}}', "Lima</answer>"]), "Q?",
+                             tools=Toolbox(None, FakeSearch())))
+    r0 = next(e for e in raw_run if e.kind == "rationale_scored")
+    assert r0.score_kind == "raw" and r0.candidates[r0.chosen].id == "text_search" and r0.candidates[0].neutral is None
+
+
+def test_a_tool_message_as_the_answer_is_no_answer():
+    """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer found"."""
+    miss = "No cached result for \"largest planet\" (offline). Answer from what you have seen or know."
+    search = FakeSearchTools(text=lambda q: outcome("text_search", "offline", miss, query=q))
+    s = FakeSession(favour(["the web for facts", "what I know"]),
+                    ['largest planet"}}\n</tool_call>', "Answer from what you have seen or know</answer>"])
+    events = list(run_agent(s, "What is the largest planet?", tools=Toolbox(None, search)))
+    assert events[-1].stop_reason == "no_answer" and events[-1].answer == ""
+    err = next(e for e in events if e.kind == "error")
+    assert err.title == "No answer found" and not err.fatal

@@ -28,13 +28,9 @@ model is told to answer and only the answer action is allowed.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import Any
-
-import numpy as np
 
 from edge_agent.agent.actions import (
     CHOICE_GRAMMAR,
@@ -58,7 +54,7 @@ from edge_agent.agent.events import (
     Event,
     FinalAnswer,
     ImageEvaluated,
-    RationaleCandidate,
+    MoveWithdrawn,
     RationaleScored,
     ReasoningDone,
     ReasoningToken,
@@ -68,6 +64,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
+from edge_agent.agent.intent import stated_action
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
@@ -80,10 +77,11 @@ from edge_agent.agent.prompts import (
     observation_segments,
     system_prompt,
 )
-from edge_agent.agent.rationales import index_label, select
+from edge_agent.agent.ssr import SsrChooser
+from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
 from edge_agent.errors import Cancelled, EdgeAgentError
-from edge_agent.runtime.types import Generation, ImageChunk, SessionLike
+from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 
 THINK_STOP = "</think>"
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
@@ -146,13 +144,14 @@ class _Run:
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
-        self._rng: np.random.Generator | None = None  # SSR sampling's draws, seeded by the options
+        self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
         self.turn = 0
         self.answer_parts: list[str] = []
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        self._scored_tokens: Sequence[int] = ()  # SSR: the chosen rationale's tokens (pasted when not adopted)
+        self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
@@ -227,6 +226,7 @@ class _Run:
         # ---- reasoning ----
         t0 = time.perf_counter()
         yield from self._ground(turn)
+        action: str | None
         if self.options.mode == "ssr":
             action, scored, adopt = self._ssr_reason(turn, allowed)
             reasoning_s = time.perf_counter() - t0
@@ -235,23 +235,17 @@ class _Run:
             self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
             reasoning_s += time.perf_counter() - t0
         else:
-            yield from self._free_reason(turn)
-            action = None
+            reasoning = yield from self._free_reason(turn)
+            action = stated_action(reasoning, allowed)  # a reasoning that says it will search, searches
             reasoning_s = time.perf_counter() - t0
+            self._base = self.session.checkpoint()
         self._check()
 
         # ---- action ----
         t0 = time.perf_counter()
-        error: str | None = None
-        call = None
-        try:
-            action = self._head(action, allowed)
-            if action == "answer":
-                yield from self._answer_turn(turn, final, reasoning_s, t0)
-                return True
-            call = self._tool_call(action)
-        except ActionError as e:
-            error = str(e)
+        action, call, error = yield from self._act(turn, action, allowed, final, reasoning_s, t0)
+        if action == "answer":
+            return True
         action_s = time.perf_counter() - t0
         self._check()
 
@@ -281,10 +275,43 @@ class _Run:
             if self.drafter is not None:
                 self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
         self._add(reasoning_s, action_s, tool_s, observe_s)
-        yield TurnFinished(turn=turn, action=action if call is not None and action else "invalid",
+        yield TurnFinished(turn=turn, action=action if call is not None else "invalid",
                            reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
         return False
+
+    def _act(self, turn: int, action: str | None, allowed: frozenset[str], final: bool, reasoning_s: float,
+             t0: float) -> Generator[Event, None, tuple[str, ToolCall | None, str | None]]:
+        """The action: its head, then the answer (to FinalAnswer) or the tool call's tail. Returns (action,
+        call, error). A call that could bring nothing new (``ToolExecutor.nothing_new``: the same search
+        again, offline and not cached) is taken back before it runs or stays in the context (rolled back
+        to before the pasted rationale / the head) and the turn chooses again without that action: SSR
+        the best remaining rationale of the same scoring, free-form the model. When only the answer is
+        left, the agent answers with what it has."""
+        left = set(allowed)
+        while True:
+            try:
+                action = self._head(action, frozenset(left))
+                if action == "answer":
+                    yield from self._answer_turn(turn, final, reasoning_s, t0)
+                    return "answer", None, None
+                call = self._tool_call(action)
+            except ActionError as e:
+                return action or "invalid", None, str(e)
+            why = self.tools.nothing_new(call)
+            if why is None or self._base is None:
+                return action, call, None
+            yield MoveWithdrawn(turn=turn, action=action, arguments=dict(call.arguments), reason=why)
+            self.session.rollback(self._base)
+            self.close_pending = ""
+            left = (left - {action}) | {"answer"}
+            action = None
+            if self.options.mode == "ssr":
+                scored = self.ssr.rechoose(self.session, turn, frozenset(left), has_image=self._has_image(),
+                                           cancel=self.cancel)
+                yield scored
+                self._ssr_paste(scored, False)
+                action = scored.candidates[scored.chosen].action
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -310,9 +337,9 @@ class _Run:
                            tool_seconds=0.0)
         self._close_answer()
         key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
+        if echoes_instructions(answer, self.ours):  # "You have no tool calls left", a tool's message: not an answer
             yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message=f"The model repeated its instructions instead of answering ({answer!r}).")
+                             message=f"The model repeated our instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
         yield self._final("turn_limit" if final else "answered", answer, context=key)
@@ -337,42 +364,20 @@ class _Run:
         """A tool's outcome back into the context (a crop as a new image); returns the crops evaluated."""
         note = TURN_LIMIT_NOTE if turn >= self.options.max_turns else ""
         observation = self._within_budget(out.observation)
+        if not out.ok:  # our words (what failed, what is left), not a page's: never to be the answer
+            self.ours.append(observation)
         segments = observation_segments(observation, out.image, note=note)
         return append_segments(self.session, segments, cancel=self.cancel)
 
     # ---- reasoning ------------------------------------------------------------------------------
     def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored, bool]:
-        """Score the rationales and choose one: its action, the event, and whether the chosen one is to be
-        adopted (its kept cells). Nothing is pasted yet (:meth:`_ssr_paste`, the next call on the session)."""
-        lib = self.options.library
-        has_image = self.image is not None or self.tools.n_images() > 0
-        idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
-            or lib.for_actions({"answer"})
-        rats = [lib.rationales[k] for k in idx]
-        cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
-        t0 = time.perf_counter()
-        # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
-        # place so the chosen one can be adopted into the conversation without re-evaluating it
-        # (possible when the context has a sequence per candidate).
-        adopt = not self.options.index_only and len(cands) <= self.session.max_candidates
-        scores = self.session.score(cands, keep=adopt, cancel=self.cancel)
-        if self.options.sample and self._rng is None:  # made on first use: a greedy question draws nothing
-            self._rng = np.random.default_rng(self.options.seed)
-        choice, probs = select([sc.mean for sc in scores], tau=self.options.tau, sample=self.options.sample,
-                               rng=self._rng)
-        seconds = time.perf_counter() - t0
-        self._scored_tokens = scores[choice].tokens
-        return rats[choice].action, RationaleScored(
-            turn=turn,
-            candidates=tuple(
-                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
-                                   count=int(sc.count), prob=float(p))
-                for r, sc, p in zip(rats, scores, probs, strict=True)
-            ),
-            chosen=choice,
-            seconds=seconds,
-            library=lib.source,
-        ), adopt
+        """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
+        the next call on the session). The point before is this turn's base: a move taken back returns there."""
+        self._base = self.session.checkpoint()
+        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), cancel=self.cancel)
+
+    def _has_image(self) -> bool:
+        return self.image is not None or self.tools.n_images() > 0
 
     def _ssr_paste(self, scored: RationaleScored, adopt: bool) -> None:
         """Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended."""
@@ -381,7 +386,7 @@ class _Run:
         elif adopt:
             self.session.adopt(scored.chosen)
         else:
-            self.session.append_tokens(self._scored_tokens)
+            self.session.append_tokens(self.ssr.tokens)
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
         # counted as action time): see _head.
         self.close_pending = THINK_CLOSE
@@ -496,49 +501,8 @@ class _Run:
 
     def _stream(self, call: Callable[[Callable[[str, int], None], threading.Event], Generation],
                 make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
-        """Run a generation in a worker thread and yield an event per streamed piece.
-
-        The session is touched by the worker only while this generator waits for it. The user's
-        cancel event is mirrored into the worker's stop event within ~50 ms; closing this generator
-        early stops and joins the worker.
-        """
-        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        stop = threading.Event()
-        done = object()
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["gen"] = call(lambda piece, tok: q.put(piece), stop)
-            except BaseException as e:  # re-raised in the caller's thread below
-                box["err"] = e
-            finally:
-                q.put(done)
-
-        th = threading.Thread(target=work, name="agent-generate", daemon=True)
-        th.start()
-        try:
-            while True:
-                try:
-                    item = q.get(timeout=0.05)
-                except queue.Empty:
-                    if self.cancel.is_set():
-                        stop.set()
-                    continue
-                if item is done:
-                    break
-                ev = make_event(item)
-                if ev is not None:
-                    yield ev
-                if self.cancel.is_set():
-                    stop.set()
-        finally:
-            if th.is_alive():
-                stop.set()
-                th.join()
-        if "err" in box:
-            raise box["err"]
-        gen: Generation = box["gen"]
+        """:func:`streaming.stream` of one generation; counts its tokens; a cancelled one raises Cancelled."""
+        gen = yield from stream(call, make_event, self.cancel)
         self.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()

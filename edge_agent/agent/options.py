@@ -7,7 +7,7 @@ implements them). Does not know llama_cpp, the loop's control flow or the chat f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,6 +70,8 @@ class AgentOptions:
     tau: float = 1.0
     sample: bool = False  # SSR: one seeded categorical draw instead of argmax
     index_only: bool = False  # SSR ablation: score "[k]" instead of the rationale's text
+    ssr_score: str = "raw"  # raw: mean log-prob (the paper) | pmi: minus the candidate's mean after a neutral question
+    neutral: Mapping[str, float] | None = None  # pmi: candidate text -> its mean log-prob after a neutral question
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
@@ -88,7 +90,7 @@ class AgentOptions:
 
         kw: dict[str, Any] = dict(
             mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
-            index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
+            index_only=settings.ssr_index_only, ssr_score=settings.ssr_score, seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
             instructions=settings.system_prompt,

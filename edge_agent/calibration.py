@@ -1,0 +1,77 @@
+"""SSR's neutral scores: each rationale's mean log-prob after a neutral question, once per model and library.
+
+Why: the paper's score (a rationale's mean token log-prob after the context) also measures how likely
+the rationale's words are anywhere: on an instruct model not trained for SSR, "I should search the web
+for facts" won whatever the context held (the search had just found the fact). Domain-conditional PMI
+(Holtzman et al. 2021, "Surface Form Competition") divides that out: score = mean log p(c | context) -
+mean log p(c | neutral context), where the neutral context is the same system prompt followed by a user
+turn with an empty question. That baseline depends only on the model, the system prompt and the
+candidate texts: it is computed once (one short user turn and one scoring pass after the system prompt)
+and kept in ``home/neutral-scores.json``, keyed by the model's identity (file, KV type, build: what
+changes the numbers), the system prompt and the neutral question.
+
+Knows: the neutral question, the key, the file. Does not know: the loop, selection, llama.cpp (the
+scoring is a callable the engine hands in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edge_agent.files import atomic_write
+
+NEUTRAL_QUESTION = ""  # the user turn of the neutral context: "<|im_start|>user\n<|im_end|>\n" then "<think>\n"
+FILE_NAME = "neutral-scores.json"
+MAX_ENTRIES = 64  # (model, system prompt) pairs kept; the oldest go first
+
+Score = Callable[[str, Sequence[str]], Sequence[float]]  # (system prompt, candidates) -> neutral means
+
+
+def neutral_key(identity: Mapping[str, Any], system: str) -> str:
+    blob = json.dumps({"identity": dict(identity), "system": system, "question": NEUTRAL_QUESTION},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class NeutralScores:
+    """Neutral means per candidate text, in memory and on disk (``path``; None: memory only)."""
+
+    def __init__(self, identity: Mapping[str, Any], path: Path | None) -> None:
+        self.identity, self.path = dict(identity), path
+        self._lock = threading.Lock()
+        self._table: dict[str, dict[str, float]] = self._read()
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return {str(k): {str(t): float(v) for t, v in row.items()} for k, row in data.items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}  # none yet, or unreadable: computed again (a few hundred ms) and rewritten
+
+    def get(self, system: str, texts: Sequence[str], score: Score) -> dict[str, float]:
+        """The neutral mean of each of ``texts`` after ``system``; the missing ones scored with ``score``."""
+        key = neutral_key(self.identity, system)
+        with self._lock:
+            row = self._table.setdefault(key, {})
+            missing = [t for t in dict.fromkeys(texts) if t not in row]
+            if missing:
+                row.update(zip(missing, map(float, score(system, missing)), strict=True))
+                self._save()
+            return {t: row[t] for t in texts}
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        while len(self._table) > MAX_ENTRIES:
+            self._table.pop(next(iter(self._table)))
+        try:
+            atomic_write(self.path, json.dumps(self._table, indent=0, sort_keys=False) + "\n")
+        except OSError:
+            pass  # a read-only or full home: kept in memory for this process, computed again next time
