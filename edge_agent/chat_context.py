@@ -245,11 +245,15 @@ class QuestionContext:
                 reason = "the context is full: earlier answers kept as text"
         s, sys_key, how = o.system_session(system)
         b = o.boundaries[-1]
+        # A system prompt the read-ahead evaluated (while loading or typing) was evaluated by this process
+        # for this question: it counts as evaluated and as read ahead, never as reused.
+        found_how = o.how_found(b, how)
+        system_ahead = b.cp.n_cells if how == "live" and found_how == "evaluated" else 0
+        how = found_how
         pairs = self._fit(s, b, question, image)
         if not pairs and not self.continue_from:  # a new chat: what was read ahead may be kept
-            ahead = o.how_found(b, how)  # a system prompt the read-ahead evaluated is not this question's work
-            how = "live" if how == "live" and ahead == "evaluated" else ahead
-            return self._extend(s, b, sys_key, "new", how, question_segments(question, image), cancel, t0)
+            return self._extend(s, b, sys_key, "new", how, question_segments(question, image), cancel, t0,
+                                system_ahead=system_ahead)
         o.pending.drop()  # the chat is rebuilt from its text: nothing read ahead fits before it
         self.base, self.system_key = b, sys_key
         reused = s.n_cells if how != "evaluated" else 0
@@ -260,21 +264,24 @@ class QuestionContext:
         if not reason:
             reason = "history as text"
         return Opened(s, "rebuilt", reason=reason, tokens_reused=reused,
-                      tokens_evaluated=s.n_evaluated - n0,
+                      tokens_evaluated=s.n_evaluated - n0, tokens_read_ahead=system_ahead,
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
     def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
-                segs: list[Segment], cancel: threading.Event | None, t0: float) -> Opened:
+                segs: list[Segment], cancel: threading.Event | None, t0: float, *, system_ahead: int = 0) -> Opened:
         """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
-        the rest evaluated now (``how``: how the system prompt was found, for a new chat)."""
+        the rest evaluated now (``how``: how the system prompt was found, for a new chat; ``system_ahead``:
+        its cells when the read-ahead evaluated it). Tokens evaluated count the kept read-ahead too (this
+        process evaluated them for this question); tokens read ahead say how many of them were."""
         self.base, self.system_key, self.session = b, sys_key, s
         n0 = s.n_evaluated - (b.cp.n_cells if how == "evaluated" else 0)  # an evaluated system prompt counts
         ext = self.owner.pending.extend(s, b.cp, elements(s, segs), cancel=cancel, image_cancel=cancel)
         self.owner.pending.forget()  # the turn is this question's now (rolled back with it if abandoned)
         return Opened(s, source, tokens_reused=b.cp.n_cells if how != "evaluated" else 0,
-                      tokens_evaluated=s.n_evaluated - n0, images=ext.images, system_restored=how == "restored",
-                      tokens_read_ahead=ext.kept_cells, question_read_ahead=ext.kept_question,
-                      images_read_ahead=ext.kept_images, seconds=time.perf_counter() - t0)
+                      tokens_evaluated=s.n_evaluated - n0 + ext.kept_cells, images=ext.images,
+                      system_restored=how == "restored", tokens_read_ahead=ext.kept_cells + system_ahead,
+                      question_read_ahead=ext.kept_question, images_read_ahead=ext.kept_images,
+                      seconds=time.perf_counter() - t0)
 
     def _fit(self, s: SessionLike, b: _Boundary, question: str, image: bytes | None) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""

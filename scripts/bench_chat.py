@@ -289,8 +289,8 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
             "scoring_s": med(r["scoring"] for r in rows),
             "enter_over_scoring": med(r["ttfr"] / r["scoring"] for r in rows),
             "on_over_off": med(r["ttfr"] / o["ttfr"] for r, o in zip(rows, offs, strict=True)),
-            "tokens_at_enter_on": max(r["opened"].tokens_evaluated for r in rows),
-            "tokens_at_enter_off": max(r["opened"].tokens_evaluated for r in offs),
+            "tokens_at_enter_on": max(r["opened"].tokens_at_enter for r in rows),
+            "tokens_at_enter_off": max(r["opened"].tokens_at_enter for r in offs),
             "question_tokens_read_ahead": min(r["opened"].question_tokens_read_ahead for r in rows),
             "tokens_read_ahead": min(r["opened"].tokens_read_ahead for r in rows),
         }

@@ -71,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         path = Path(args.model)
     else:
-        from scripts.make_standin_models import make_standin_models
+        from scripts.make_standin_models import TokenizerMissing, make_standin_models
 
-        path = make_standin_models(args.standin_dir, args.standin)["text"]
+        try:
+            path = make_standin_models(args.standin_dir, args.standin)["text"]
+        except TokenizerMissing as e:
+            ap.error(str(e))
     kv: dict[str, list[dict[str, float]]] = {k: [] for k in KV_VARIANTS}
     batch: dict[int, list[float]] = {b: [] for b in BATCHES}
     kv_bytes: dict[str, int] = {}

@@ -102,9 +102,12 @@ def resolve_files(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tupl
         files: dict[str, Path | None] = {"text": Path(args.model), "mmproj": Path(args.mmproj),
                                          "prophet": Path(args.prophet) if args.prophet else None}
         return Path(args.model).stem, files
-    from scripts.make_standin_models import make_standin_models
+    from scripts.make_standin_models import TokenizerMissing, make_standin_models
 
-    paths = make_standin_models(args.standin_dir, args.standin)
+    try:
+        paths = make_standin_models(args.standin_dir, args.standin)
+    except TokenizerMissing as e:
+        ap.error(str(e))
     return args.standin, {"text": paths["text"], "mmproj": paths["mmproj"], "prophet": paths["prophet"]}
 
 
@@ -319,7 +322,9 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
     answer_times = []
     for t, e in stamped:
         if isinstance(e, ev.ContextOpened):
-            p.update(open_s=e.seconds, open_tokens=e.tokens_evaluated, system_restored=e.system_restored,
+            # tokens evaluated after Enter (what was read ahead counts in tokens_evaluated too)
+            p.update(open_s=e.seconds, open_tokens=e.tokens_evaluated - e.tokens_read_ahead,
+                     open_read_ahead=e.tokens_read_ahead, system_restored=e.system_restored,
                      open_reused=e.tokens_reused)
         elif isinstance(e, ev.ImageEvaluated):
             key = "image" if e.turn == 0 else "crop"

@@ -60,15 +60,14 @@ Q4_K_M mix is llama.cpp's (``llama_tensor_get_type``): Q4_K everywhere except th
 norms F32. The Q8_0 mmproj keeps the patch embedding, position embedding, norms and biases in F32.
 Check: the tensor bytes this script writes differ from the catalog's published file sizes
 (Qwen3VL-2B-Instruct-Q4_K_M.gguf 1,107,409,952; 4B 2,497,281,664; mmproj Q8_0 445,053,216 / 453,974,304)
-by the metadata alone (5.95 MB of the real tokenizer's merges; 18.7 KB) - see :func:`expected_sizes`.
+by the metadata alone (the tokenizer, ~5.95 MB, and a few KB of keys) - see :func:`expected_sizes`; the
+2B files written, tokenizer included: 1,107,409,728 and 445,052,928 bytes (224 and 288 bytes short).
 
-Tokenizer: the real Qwen tokenizer (151,387 merges) is not available here. The vocabulary is the
-tiny test model's byte-level BPE (256 bytes + its merges, ``scripts/make_tiny_models.py``), filled
-with ordinary word tokens (" w1234": text no merge produces) to Qwen's ids, Qwen's 26 added tokens at
-their real ids (151643..151668: ``<|endoftext|>`` ``<|im_start|>`` ``<|im_end|>`` ... ``<tool_call>``
-... ``</think>``), then padded with unused ``[PADn]`` entries to 151,936 like the real GGUF. So token ids of special tokens and the logits row (151,936 floats) are
-real; ordinary text tokenizes into more, shorter tokens than with Qwen's merges (prompts are longer
-in tokens, which the benchmark reports).
+Tokenizer: Qwen3-VL's (``scripts/standin_tokenizer.py``): the tokens, types and 151,387 merges of the
+real Qwen2.5-Coder-0.5B-Instruct GGUF (installed by ``scripts/install_qwen_models.py``; a clear error
+names that command when it is missing), with Qwen3's ``<tool_response>``, ``</tool_response>``,
+``<think>``, ``</think>`` at 151665-151668 as user-defined tokens. So every text takes the tokens it
+takes on Qwen3-VL, and the file sizes equal the published ones but for a few KB of keys.
 
 Weights: written directly as quantized blocks from a seeded ``numpy`` generator (no F32 copy of the
 model exists at any time: memory stays at one tensor's bytes), with block scales chosen so each
@@ -95,14 +94,14 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `scripts` and `edge_agent` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.make_tiny_models import ARCH, CHAT_TEMPLATE, QWEN_ADDED_TOKENS, build_vocab, print_files  # noqa: E402
+from scripts.make_tiny_models import ARCH, CHAT_TEMPLATE, print_files  # noqa: E402
+from scripts.standin_tokenizer import TokenizerMissing, qwen3vl_vocabulary, tokenizer_source  # noqa: E402
 
 # Bump when the files this script writes change in any way: the cache key.
-VERSION = 2
+VERSION = 3
 
 Q = gguf.GGMLQuantizationType
 QK_K = 256
-QWEN_FIRST_ADDED_ID = 151643  # <|endoftext|> in Qwen2/Qwen3 tokenizers
 
 
 @dataclass(frozen=True)
@@ -308,26 +307,7 @@ def blocks(t: Tensor, rng: np.random.Generator) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # files
 # ----------------------------------------------------------------------------------------------
-def vocabulary(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
-    """(tokens, types, merges): the tiny BPE, filler words up to Qwen's added tokens at their real ids,
-    then unused ``[PADn]`` entries to ``n_vocab`` (as the real GGUF pads 151,669 to 151,936).
-
-    The filler ids are NORMAL tokens with text (" w1234"), not unused entries: random weights pick
-    tokens about uniformly, and a draw of an unused (empty) token would be rejected by every grammar and
-    make each step pay for masking the whole vocabulary, which a real model (whose 151,643 ordinary
-    tokens all have text) does not."""
-    tokens, types, merges = build_vocab()
-    n_added = len(QWEN_ADDED_TOKENS)
-    base, base_types = tokens[:-n_added], types[:-n_added]
-    normal = int(gguf.TokenType.NORMAL)
-    toks = base + [f"\u0120w{i}" for i in range(len(base), QWEN_FIRST_ADDED_ID)] + tokens[-n_added:]
-    kinds = base_types + [normal] * (QWEN_FIRST_ADDED_ID - len(base)) + types[-n_added:]
-    toks += [f"[PAD{i}]" for i in range(len(toks), n_vocab)]
-    kinds += [int(gguf.TokenType.UNUSED)] * (n_vocab - len(kinds))
-    return toks, kinds, merges
-
-
-def _text_metadata(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
+def _text_metadata(w: gguf.GGUFWriter, s: Shape, name: str, tokenizer: Path) -> None:
     w.add_type("model")
     w.add_name(name)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
@@ -344,7 +324,9 @@ def _text_metadata(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_array(f"{ARCH}.rope.dimension_sections", [*s.mrope, 0])
     w.add_uint32(f"{ARCH}.n_deepstack_layers", len(s.deepstack))
-    tokens, types, merges = vocabulary(s.vocab)
+    tokens, types, merges = qwen3vl_vocabulary(tokenizer)
+    if len(tokens) != s.vocab:
+        raise ValueError(f"the tokenizer has {len(tokens)} tokens, the shape {s.vocab}")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -446,21 +428,27 @@ def make_standin_models(
     check: bool = True,
     shape: Shape | None = None,
     progress: Callable[[str], None] | None = None,
+    tokenizer: Path | None = None,
 ) -> dict[str, Path]:
     """Write (or reuse) the stand-in files for ``size`` ("2b"/"4b") in ``out_dir``; {key: path}.
 
     ``shape``: another :class:`Shape` (tests: ``SHAPES["2b"].reduced(4, 4)``); its files get a suffix.
     ``check``: load each text model with the mmproj in llama.cpp and decode text and an image; raise
-    when a logit is NaN or infinite.
+    when a logit is NaN or infinite. ``tokenizer``: the real Qwen GGUF to take the tokenizer from
+    (default: the installed one, ``standin_tokenizer.tokenizer_source``; TokenizerMissing without it).
     """
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     s = shape or SHAPES[size]
+    source = tokenizer or tokenizer_source()  # before anything is written: TokenizerMissing names the fix
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tag = size if shape is None else f"{size}-L{s.layers}-V{s.v_depth}"
     paths = {k: out / v.replace(f"-{size}-", f"-{tag}-") for k, v in file_names(size).items()}
     manifest = out / f"standin-qwen3vl-{tag}.json"
-    key = json.loads(json.dumps({"version": VERSION, "seed": seed, "shape": s.__dict__, "gguf": _gguf_version()}))
+    from edge_agent.runtime.model import file_identity
+
+    key = json.loads(json.dumps({"version": VERSION, "seed": seed, "shape": s.__dict__, "gguf": _gguf_version(),
+                                 "tokenizer": file_identity(source)}))
     todo = set(paths) if force else _stale(manifest, key, paths)
     if not todo:
         say(f"stand-in {tag}: reusing {out} (script version {VERSION})")
@@ -472,7 +460,7 @@ def make_standin_models(
     for k in ("text", "prophet"):
         if k in todo:
             name = f"standin-qwen3vl-{tag}" + ("-prophet" if k == "prophet" else "")
-            write_gguf(paths[k], ARCH, lambda w, name=name: _text_metadata(w, s, name), text_plan(s), rngs[k], say)
+            write_gguf(paths[k], ARCH, lambda w, name=name: _text_metadata(w, s, name, source), text_plan(s), rngs[k], say)
     if "mmproj" in todo:
         write_gguf(paths["mmproj"], "clip", lambda w: _mmproj_metadata(w, s, f"standin-qwen3vl-{tag}-mmproj"),
                    mmproj_plan(s), rngs["mmproj"], say)
@@ -540,7 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     for size in sizes:
         t0 = time.perf_counter()
-        paths = make_standin_models(args.out_dir, size, seed=args.seed, force=args.force, check=not args.no_check)
+        try:
+            paths = make_standin_models(args.out_dir, size, seed=args.seed, force=args.force, check=not args.no_check)
+        except TokenizerMissing as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         print_files(paths, label=f"{size} ", unit="MiB")
         print(f"{size}: ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0

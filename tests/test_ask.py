@@ -170,5 +170,11 @@ def test_ask_reads_the_photo_while_the_prophet_loads(env, tiny_models, photo, mo
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert seen == [True]
     opened = next(row for row in rows if row["event"] == "context_opened")
-    assert opened["tokens_read_ahead"] > 0 and opened["tokens_evaluated"] == 0
+    # everything was read ahead while the models loaded (the system prompt, the photo, the question):
+    # evaluated by this process for this question, nothing at Enter, nothing reused
+    assert opened["tokens_read_ahead"] > 0 and opened["tokens_evaluated"] == opened["tokens_read_ahead"]
+    assert opened["tokens_reused"] == 0 and opened["source"] == "new" and not opened["system_restored"]
     assert [row["read_ahead"] for row in rows if row["event"] == "image_evaluated" and row["turn"] == 0] == [True]
+    totals = rows[-1]["totals"]  # the answer's totals say the same: nothing reused on a fresh home
+    assert totals["tokens_reused"] == 0 and totals["tokens_read_ahead"] == opened["tokens_read_ahead"]
+    assert totals["tokens_evaluated"] > opened["tokens_evaluated"]  # + the turns' own tokens

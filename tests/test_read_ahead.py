@@ -102,7 +102,8 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
         ra, rb = list(ea.ask(q1, img, options=opts)), list(eb.ask(q1, img, options=opts))
         assert_same(ra, rb)
         o = opened(ra)
-        assert o.question_tokens_read_ahead > 0 and o.tokens_evaluated < opened(rb).tokens_evaluated
+        assert o.question_tokens_read_ahead > 0 and o.tokens_at_enter < opened(rb).tokens_at_enter
+        assert o.tokens_evaluated + o.tokens_reused == opened(rb).tokens_evaluated + opened(rb).tokens_reused
         if img is not None:
             assert [e.read_ahead for e in ra if e.kind == "image_evaluated" and e.turn == 0] == [True]
         ka, kb = ra[-1].context, rb[-1].context
@@ -138,7 +139,7 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
         if scenario in ("typed", "typed_on", "edited", "reattached"):
             assert opened(ra).question_tokens_read_ahead > 0
         if scenario == "typed":  # ends in "?": read whole, nothing left for Enter
-            assert opened(ra).tokens_evaluated == 0
+            assert opened(ra).tokens_at_enter == 0 < opened(ra).tokens_evaluated
         assert a.active_session.history == b.active_session.history  # token for token the same context
     finally:
         ea.close()
@@ -212,7 +213,7 @@ def test_a_question_sent_while_the_photo_is_read_takes_it_over(tiny_models, sett
         assert events[-1].kind == "final_answer"
         assert decodes == ["read-ahead"] and m.vision_encodes == 1
         o = opened(events)
-        assert o.tokens_read_ahead >= 576 and o.tokens_evaluated < 40
+        assert o.tokens_read_ahead >= 576 and o.tokens_at_enter < 40
     finally:
         e.close()
         m.close()
@@ -235,8 +236,9 @@ def test_type_ahead_off_reads_the_photo_but_not_the_words(tiny_models, edge_home
 
 
 def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home):
-    """A new chat's first question: a system prompt evaluated at Enter counts in its tokens evaluated; one
-    the read-ahead evaluated while the question was typed counts as kept."""
+    """A new chat's first question: the system prompt this process evaluated counts in its tokens evaluated,
+    whether at Enter or by the read-ahead while the question was typed (then also as read ahead); reused
+    means kept from an earlier question or restored from a saved state (none here)."""
     settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 4,
                               "max_turns": 1, "state_cache_mb": 0})
     opts = AgentOptions.from_settings(settings)
@@ -248,13 +250,15 @@ def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home)
             if ahead:
                 type_slowly(e, "What is it?", None, "")
             o = opened(list(e.ask("What is it?", None, options=opts)))
-            counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored))
+            counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored, o.tokens_read_ahead,
+                           e.contexts.boundaries[0].cp.n_cells))
         finally:
             e.close()
             m.close()
-    (src0, kept0, read0, restored0), (src1, kept1, read1, restored1) = counts
+    (src0, kept0, read0, restored0, ahead0, system), (src1, kept1, read1, restored1, ahead1, _) = counts
     assert (src0, src1, restored0, restored1) == ("new", "new", False, False)
-    assert kept0 == 0 and read0 > kept1 > 100 and kept1 + read1 < read0 and read1 == 0
+    assert kept0 == kept1 == 0 and ahead0 == 0 and system > 100
+    assert read0 == read1 > system and ahead1 == read1  # all of it read ahead ("?": the whole turn)
 
 
 def test_the_scored_rationale_is_shown_before_it_is_adopted_and_nothing_changes(tiny_models, settings, photo):

@@ -51,10 +51,12 @@ def test_shape_table_is_the_cited_config() -> None:
 
 
 @pytest.fixture(scope="module")
-def reduced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The 2B stand-in at 4 text / 4 vision blocks, full widths and vocabulary (~0.9 GB written, seconds)."""
+def reduced(tmp_path_factory: pytest.TempPathFactory, qwen05_gguf: Path) -> dict[str, Path]:
+    """The 2B stand-in at 4 text / 4 vision blocks, full widths and vocabulary (~0.9 GB written, seconds),
+    with Qwen3-VL's tokenizer taken from the real Qwen 0.5B GGUF."""
     out = tmp_path_factory.mktemp("standin")
-    return make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None)
+    return make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None,
+                               tokenizer=qwen05_gguf)
 
 
 def test_reduced_depth_files_hold_the_config_shapes(reduced: dict[str, Path]) -> None:
@@ -108,15 +110,102 @@ def test_reduced_depth_model_decodes_text_and_image_with_finite_logits(reduced: 
     assert 0.5 < info["logit_std"] < 10
 
 
-def test_cached_files_are_reused_and_a_damaged_one_is_rewritten(reduced: dict[str, Path]) -> None:
-    out = reduced["text"].parent
+def test_cached_files_are_reused_and_a_damaged_one_is_rewritten(reduced: dict[str, Path], qwen05_gguf: Path) -> None:
+    out, tok = reduced["text"].parent, qwen05_gguf
     before = {k: p.stat().st_mtime_ns for k, p in reduced.items()}
-    again = make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None)
+    again = make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None,
+                                tokenizer=tok)
     assert {k: p.stat().st_mtime_ns for k, p in again.items()} == before
     size, head = reduced["mmproj"].stat().st_size, reduced["mmproj"].read_bytes()[-4096:]
     with open(reduced["mmproj"], "r+b") as f:  # truncated: the manifest's size no longer matches
         f.truncate(1000)
-    make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None)
+    make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None,
+                        tokenizer=tok)
     assert reduced["mmproj"].stat().st_size == size
     assert reduced["mmproj"].read_bytes()[-4096:] == head  # the same bytes again (its own seeded stream)
     assert reduced["text"].stat().st_mtime_ns == before["text"]  # the intact files were kept
+
+
+# ----------------------------------------------------------------------------------------------
+# the tokenizer: Qwen3-VL's (the real Qwen2.5 file's tokens, types and merges + Qwen3's four)
+# ----------------------------------------------------------------------------------------------
+QWEN3_ADDED = {"<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667, "</think>": 151668}
+
+
+def _agent_texts() -> list[tuple[str, bool]]:
+    """(text, special) of everything the agent evaluates as text, as it evaluates it: the system prompt
+    (every tool, an image), the question's user turn, each rationale (scored as plain text), each action
+    head with the think block's close before it and each action's fixed rest, and a search observation
+    (untrusted: special tokens not parsed) in its tool-response turn."""
+    from edge_agent.agent.actions import HEADS, TAIL_REST, TAIL_STOP
+    from edge_agent.agent.prompts import (
+        THINK_CLOSE,
+        Text,
+        observation_segments,
+        question_segments,
+        system_prompt,
+    )
+    from edge_agent.agent.rationales import load_library
+    from edge_agent.tools.observations import results
+
+    class R:
+        def __init__(self, title: str, url: str, snippet: str) -> None:
+            self.title, self.url, self.snippet = title, url, snippet
+
+    found = [R("Lima - Wikipedia", "https://en.wikipedia.org/wiki/Lima",
+               "Lima is the capital and largest city of Peru, with 10,151,200 inhabitants (2024); \"Ciudad de los Reyes\"."),
+             R("Peru | Facts & History", "https://www.britannica.com/place/Peru", "Peru's capital: Lima. Area 1,285,216 km2.")]
+    obs = results("text_search", '"capital of Peru"', "searxng", found)
+    texts = [(system_prompt(("image_search", "text_search", "zoom"), has_image=True), True)]
+    texts += [(seg.text, seg.special) for seg in question_segments("What does the small sign say?", None)
+              if isinstance(seg, Text)]
+    texts += [(r.text, False) for r in load_library().rationales]
+    texts += [(THINK_CLOSE + head, True) for head in HEADS.values()]
+    texts += [(TAIL_STOP[a] + TAIL_REST[a], True) for a in TAIL_REST]
+    texts += [(seg.text, seg.special) for seg in observation_segments(obs) if isinstance(seg, Text)]
+    return texts
+
+
+def _qwen3_ids(real: object, text: str, special: bool) -> list[int]:
+    """What Qwen3-VL's tokenizer gives: the real Qwen2.5 ids, but the four added tokens (parsed where
+    special tokens are) as their own ids."""
+    import re
+
+    if not special:
+        return real.tokenize(text, special=False)  # type: ignore[attr-defined]
+    out: list[int] = []
+    for part in re.split("(" + "|".join(map(re.escape, QWEN3_ADDED)) + ")", text):
+        out += [QWEN3_ADDED[part]] if part in QWEN3_ADDED else real.tokenize(part, special=True)  # type: ignore[attr-defined]
+    return out
+
+
+def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, Path], qwen05_gguf: Path) -> None:
+    """The system prompt, the question turn, the rationales, each action head and a search observation
+    take the same ids with the stand-in as with the real Qwen GGUF (Qwen2.5's, but for Qwen3's four added
+    tokens, which the stand-in has at 151665-151668)."""
+    from edge_agent import modelfile
+    from edge_agent.runtime import Model
+
+    tokens = modelfile.read_tokens(reduced["text"])
+    assert {t: tokens.index(t) for t in QWEN3_ADDED} == QWEN3_ADDED
+    texts = _agent_texts()
+    with Model.load(qwen05_gguf, n_ctx=256, n_seq_max=1) as real, Model.load(reduced["text"], n_ctx=256, n_seq_max=1) as stand:
+        for text, special in texts:
+            assert stand.tokenize(text, special=special) == _qwen3_ids(real, text, special), text[:80]
+        system = stand.tokenize(texts[0][0], special=True)
+        # Qwen's merges: the system prompt takes ~3.5 characters a token (the tiny model's merges took 629 tokens)
+        assert len(texts[0][0]) / len(system) > 3.2
+        used = {t for text, special in texts for t in stand.tokenize(text, special=special)}
+        assert {151667, 151668, 151665, 151666} <= used  # the four added tokens are where the agent writes them
+
+
+def test_missing_real_tokenizer_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_agent import catalog
+    from scripts import make_standin_models as msm
+
+    monkeypatch.setattr(catalog, "find_wheel_gguf", lambda name: None)
+    assert msm.main([str(tmp_path / "out"), "--size", "2b"]) == 1
+    err = capsys.readouterr().err
+    assert "scripts/install_qwen_models.py" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

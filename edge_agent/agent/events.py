@@ -247,8 +247,9 @@ class FinalAnswer(Event):
     answer: str
     turns: int
     stop_reason: str  # answered | turn_limit | no_answer (it only repeated its instructions) | cancelled
-    # reasoning/action/tool/total seconds; tokens_evaluated (prompt tokens this question evaluated, all
-    # models, images in embeddings), tokens_reused (context tokens kept in the KV cache or restored) ...
+    # reasoning/action/tool/total seconds; tokens_evaluated (prompt tokens this process evaluated for this
+    # question, read ahead or not; all models, images in embeddings), tokens_read_ahead (of them, read
+    # before it was sent), tokens_reused (context tokens kept from an earlier question or restored) ...
     totals: dict[str, float] = field(default_factory=dict)
     context: str = ""  # key of the saved context state at the end of this answer ('' when none)
 
@@ -260,13 +261,20 @@ class ContextOpened(Event):
     kind: ClassVar[str] = "context_opened"
     source: str  # new | live (the chat's KV cache) | restored (its saved state) | rebuilt (history as text)
     reason: str  # why rebuilt: "no saved state", "context full", "the tools changed" ...
-    tokens_reused: int  # context tokens not evaluated again
-    tokens_evaluated: int  # tokens evaluated to open it (images in embeddings)
+    tokens_reused: int  # context tokens kept from an earlier question or restored from a saved state
+    tokens_evaluated: int  # tokens this process evaluated to open it, read ahead or not (images in embeddings)
     system_restored: bool  # the system prompt came from a saved state
     n_ctx_used: int  # KV cells in use after opening
     seconds: float
-    tokens_read_ahead: int = 0  # KV cells of the user turn read before the question was sent (image included)
+    # of tokens_evaluated, those read before the question was sent: the user turn's KV cells (image
+    # included), and the system prompt when the read-ahead evaluated it (while loading or typing)
+    tokens_read_ahead: int = 0
     question_tokens_read_ahead: int = 0  # tokens of the question's own text among them
+
+    @property
+    def tokens_at_enter(self) -> int:
+        """Tokens evaluated after the question was sent (what it waited for)."""
+        return self.tokens_evaluated - self.tokens_read_ahead
 
 
 @dataclass(frozen=True)

@@ -542,13 +542,14 @@ class _Run:
         totals["turns"] = float(self.turn)
         totals["generated_tokens"] = float(self.n_generated)
         totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
-        # Prompt tokens this question evaluated (all models; an image counts its embeddings) and the
-        # context tokens it did not evaluate because they were kept in the KV cache or restored.
+        # Prompt tokens this process evaluated for this question (all models; an image counts its
+        # embeddings; read ahead or not) and the context tokens it did not evaluate because they were kept
+        # from an earlier question or restored.
         evaluated = reused = n_pos = ahead = 0
         if self.opened is not None:
             evaluated = self.session.n_evaluated - self.evaluated0
             reused, n_pos = self.opened.tokens_reused, self.session.n_pos
-            ahead = self.opened.tokens_read_ahead  # read before the question was sent: not in tokens_evaluated
+            ahead = self.opened.tokens_read_ahead  # read before the question was sent: in tokens_evaluated too
         if self.drafter is not None:
             evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
             totals.update(self.drafter.totals())

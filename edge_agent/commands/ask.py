@@ -300,6 +300,7 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
     if opened is not None:
         lines.append(f"context: {opened.source}" + (f" ({opened.reason})" if opened.reason else "")
                      + f", {opened.tokens_reused:,} tokens kept, {opened.tokens_evaluated:,} read"
+                     + (f" ({opened.tokens_read_ahead:,} ahead)" if opened.tokens_read_ahead else "")
                      + (", system prompt restored" if opened.system_restored else ""))
     final = next((e for e in reversed(events) if isinstance(e, ev.FinalAnswer)), None)
     if final is not None:

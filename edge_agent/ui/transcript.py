@@ -356,7 +356,7 @@ def context_line(e: ev.ContextOpened | ev.ImageEvaluated) -> Text:
     parts = []
     if e.tokens_reused:
         parts.append(f"{e.tokens_reused:,} tokens kept")
-    parts.append(f"{e.tokens_evaluated:,} read in {ms(e.seconds)}")
+    parts.append(f"{e.tokens_at_enter:,} read in {ms(e.seconds)}")
     if e.tokens_read_ahead:  # read while the question was typed (the photo on attach)
         parts.append(f"{e.question_tokens_read_ahead:,} question tokens read ahead")
     if e.system_restored:
