@@ -77,6 +77,7 @@ from edge_agent.agent.prompts import (
     observation_segments,
     system_prompt,
 )
+from edge_agent.agent.rationales import ANY_ACTION
 from edge_agent.agent.ssr import SsrChooser
 from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
@@ -312,6 +313,7 @@ class _Run:
                 yield scored
                 self._ssr_paste(scored, False)
                 action = scored.candidates[scored.chosen].action
+                action = None if action == ANY_ACTION else action
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -370,7 +372,7 @@ class _Run:
         return append_segments(self.session, segments, cancel=self.cancel)
 
     # ---- reasoning ------------------------------------------------------------------------------
-    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored, bool]:
+    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str | None, RationaleScored, bool]:
         """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
         the next call on the session). The point before is this turn's base: a move taken back returns there."""
         self._base = self.session.checkpoint()

@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_agent.agent.events import RationaleCandidate, RationaleScored
 from edge_agent.agent.options import AgentOptions
-from edge_agent.agent.rationales import Rationale, index_label, select
+from edge_agent.agent.rationales import ANY_ACTION, Rationale, index_label, select
 from edge_agent.runtime.types import ContinuationScore, SessionLike
 
 
@@ -42,9 +42,10 @@ class SsrChooser:
         self.tokens: Sequence[int] = ()  # the chosen rationale's tokens (pasted when not adopted)
 
     def choose(self, session: SessionLike, turn: int, allowed: frozenset[str], *, has_image: bool,
-               cancel: threading.Event | None = None) -> tuple[str, RationaleScored, bool]:
-        """Score the rationales for ``allowed`` and choose one: its action, the event, and whether the chosen
-        one can be adopted (its cells are kept). Nothing is pasted (the caller pastes, next on the session)."""
+               cancel: threading.Event | None = None) -> tuple[str | None, RationaleScored, bool]:
+        """Score the rationales for ``allowed`` and choose one: its action (None: a rationale that implies
+        none, the model chooses), the event, and whether the chosen one can be adopted (its cells are
+        kept). Nothing is pasted (the caller pastes, next on the session)."""
         lib = self.options.library
         idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
             or lib.for_actions({"answer"})
@@ -61,7 +62,8 @@ class SsrChooser:
             values = [v - n for v, n in zip(values, self._neutral(cands), strict=True)]
         self._last = _Scored(rats, cands, list(scores), values)
         choice, probs = self._select(values)
-        return rats[choice].action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
+        action = None if rats[choice].action == ANY_ACTION else rats[choice].action
+        return action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
 
     def rechoose(self, session: SessionLike, turn: int, left: frozenset[str], *, has_image: bool,
                  cancel: threading.Event | None = None) -> RationaleScored:
@@ -69,7 +71,7 @@ class SsrChooser:
         scoring's rationales whose action is in ``left``, or a new scoring when none is. Never adopted."""
         last = self._last
         assert last is not None, "rechoose() follows choose()"
-        keep = [k for k, r in enumerate(last.rationales) if r.action in left]
+        keep = [k for k, r in enumerate(last.rationales) if r.action in left or r.action == ANY_ACTION]
         if not keep:
             return self.choose(session, turn, left, has_image=has_image, cancel=cancel)[1]
         self._last = _Scored([last.rationales[k] for k in keep], [last.candidates[k] for k in keep],

@@ -38,6 +38,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
 
     tools: Counter[str] = Counter()
     searches: list[dict[str, str]] = []
+    called: dict[int, str] = {}  # turn -> the search's query (image searches: "image N")
+    withdrawn = 0
     drafts = {"rounds": 0, "accepted": 0, "drafted": 0}
     final: ev.FinalAnswer | None = None
     errors: list[str] = []
@@ -52,9 +54,13 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             turn(e.turn)["reasoning"] = e.text
         elif isinstance(e, ev.ToolCalled):
             tools[e.name] += 1
+            args = e.arguments
+            called[e.turn] = str(args.get("query", "")) if "query" in args else f"image {args.get('img_idx', 0)}"
         elif isinstance(e, ev.ToolFinished):
             if "search" in e.name:  # text_search, image_search (zoom is local)
-                searches.append({"name": e.name, "status": e.status})
+                searches.append({"name": e.name, "status": e.status, "query": called.get(e.turn, "")})
+        elif isinstance(e, ev.MoveWithdrawn):
+            withdrawn += 1
         elif isinstance(e, ev.DraftVerified):
             drafts["rounds"] += 1
             drafts["accepted"] += e.accepted
@@ -84,6 +90,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "totals": totals,
         "tools": dict(sorted(tools.items())),
         "searches": searches,
+        "withdrawn_moves": withdrawn,
         "drafts": drafts,
         "turn_log": turn_log,
         "model_seconds": model_seconds,
