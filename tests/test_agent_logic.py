@@ -198,7 +198,9 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     ev = steps(events)
     r1, tool, fin1, r2, final = ev[2], ev[4], ev[5], ev[7], ev[-1]
     assert r1.candidates[r1.chosen].action == "zoom" and fin1.action == "zoom"
-    assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 6
+    assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 5
+    assert "answer_evidence" not in [c.id for c in r1.candidates]  # no tool result yet: no evidence
+    assert len(r2.candidates) == 6  # the crop is evidence
     assert tool.ok and tool.image_index == 1 and tool.image_path and tool.status == "local"
     assert r2.candidates[r2.chosen].action == "answer"
     assert final.answer == "red" and final.stop_reason == "answered" and final.turns == 2
@@ -300,9 +302,9 @@ def test_index_only_scores_indices_and_pastes_text():
     s = FakeSession(lambda text, n: -0.1 if text == "[5]" else -2.0, ["blue</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(index_only=True)))
-    assert s.scored[0] == ["[1]", "[2]", "[3]", "[4]", "[5]", "[6]"]
+    assert s.scored[0] == ["[1]", "[2]", "[3]", "[5]", "[6]"]  # [4], answer from the evidence: none yet
     r = steps(events)[2]
-    assert r.chosen == 4 and r.candidates[4].id == "answer_image"
+    assert r.chosen == 3 and r.candidates[3].id == "answer_image"
     assert "[5] I should answer from the image" in s.text  # numbered in the system prompt
     assert "<think>\nI should answer from the image\n</think>" in s.text
 
@@ -407,7 +409,8 @@ def test_text_only_questions_never_offer_image_rationales():
     assert ids == ["text_search", "answer_evidence", "answer_knowledge"]
     with_image = [lib.rationales[i].id for i in lib.for_actions(allowed | {"zoom", "image_search"})]
     assert "answer_image" in with_image and "zoom" in with_image
-    with pytest.raises(RationaleLibraryError, match="needs_image must be true or false"):
+    assert "answer_evidence" not in [lib.rationales[i].id for i in lib.for_actions(allowed, has_evidence=False)]
+    with pytest.raises(RationaleLibraryError, match="needs_image and needs_evidence must be true or false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}], source="x.json")
 
 
@@ -471,15 +474,14 @@ def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
 def test_pmi_scores_subtract_the_neutral_score_and_decide():
     """ssr_score pmi: p comes from mean - neutral mean; a rationale likely everywhere (raw best) loses to one
     that fits this context better than a neutral one. The raw score is reported unchanged."""
-    raw = {"I should search the web for facts": -0.5, "I should answer from the evidence": -2.0,
-           "I should answer from what I know": -1.5}
-    neutral = {"I should search the web for facts": -0.4, "I should answer from the evidence": -3.0,
-               "I should answer from what I know": -1.6}
+    raw = {"I should search the web for facts": -0.5, "I should answer from what I know": -1.0,
+           "I should answer from the evidence": -2.0}  # (not a candidate before a tool result)
+    neutral = {"I should search the web for facts": -0.4, "I should answer from what I know": -1.6}
     s = FakeSession(lambda text, n: raw[text], ["Lima</answer>"])
     opts = AgentOptions(ssr_score="pmi", neutral=neutral)
     events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()), options=opts))
     r = next(e for e in events if e.kind == "rationale_scored")
-    assert r.score_kind == "pmi" and r.candidates[r.chosen].id == "answer_evidence"
+    assert r.score_kind == "pmi" and r.candidates[r.chosen].id == "answer_knowledge"
     assert [c.score for c in r.candidates] == [raw[c.text] for c in r.candidates]
     assert [c.neutral for c in r.candidates] == [neutral[c.text] for c in r.candidates]
     vals = np.array([raw[c.text] - neutral[c.text] for c in r.candidates])

@@ -113,9 +113,10 @@ def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo
             seen.add(f.action)
         scored = [e for e in events if e.kind == "rationale_scored"]
         assert all(abs(sum(c.prob for c in e.candidates) - 1) < 1e-9 for e in scored)
-        # every rationale but the searches': no image search backend is configured, and text search is
-        # offline with nothing cached (neither can bring anything: withdrawn)
-        assert [c.id for c in scored[0].candidates] == [r.id for r in builtin_library() if "search" not in r.action]
+        # every rationale but the searches' (no image search backend is configured, and text search is
+        # offline with nothing cached: neither can bring anything) and the evidence's (no tool result yet)
+        assert [c.id for c in scored[0].candidates] == [r.id for r in builtin_library()
+                                                        if "search" not in r.action and not r.needs_evidence]
     assert len(seen) >= 2  # sampling explored more than one move
 
 
@@ -218,13 +219,14 @@ def test_smollm2_text_only_episode(smol_engine, mode):
 
 
 def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
-    """Index-only SSR scores "[1]".."[6]" (one batch) and still pastes the chosen rationale's text."""
+    """Index-only SSR scores the answer rationales' "[k]" (one batch) and still pastes the chosen one's text."""
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, index_only=True, policy=lambda t, a: {"answer"})
     events = list(engine.ask("What colour?", photo, options=opts))
     scored = next(e for e in events if e.kind == "rationale_scored")
-    assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 3
+    # answer from the image / from knowledge (from the evidence: no tool result yet)
+    assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 2
     chosen = scored.candidates[scored.chosen].text
     text = spy.sessions[-1].inner.text()
     assert "[1] I should search the web with the image" in text  # the numbered plans in the system prompt

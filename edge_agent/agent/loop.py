@@ -153,6 +153,7 @@ class _Run:
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
         self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
+        self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
@@ -309,7 +310,7 @@ class _Run:
             action = None
             if self.options.mode == "ssr":
                 scored = self.ssr.rechoose(self.session, turn, frozenset(left), has_image=self._has_image(),
-                                           cancel=self.cancel)
+                                           has_evidence=self.evidence, cancel=self.cancel)
                 yield scored
                 self._ssr_paste(scored, False)
                 action = scored.candidates[scored.chosen].action
@@ -368,6 +369,8 @@ class _Run:
         observation = self._within_budget(out.observation)
         if not out.ok:  # our words (what failed, what is left), not a page's: never to be the answer
             self.ours.append(observation)
+        else:
+            self.evidence = True  # "answer from the evidence" applies from now on
         segments = observation_segments(observation, out.image, note=note)
         return append_segments(self.session, segments, cancel=self.cancel)
 
@@ -376,7 +379,8 @@ class _Run:
         """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
         the next call on the session). The point before is this turn's base: a move taken back returns there."""
         self._base = self.session.checkpoint()
-        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), cancel=self.cancel)
+        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
+                               cancel=self.cancel)
 
     def _has_image(self) -> bool:
         return self.image is not None or self.tools.n_images() > 0

@@ -42,6 +42,8 @@ class Rationale:
     text: str
     action: str  # one of ACTIONS
     needs_image: bool = False  # e.g. "answer from the image": offered only when there is an image
+    # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the context
+    needs_evidence: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,16 @@ class Library:
     def __iter__(self):
         return iter(self.rationales)
 
-    def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True) -> list[int]:
+    def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True,
+                    has_evidence: bool = True) -> list[int]:
         """Indices of the rationales whose action is allowed (keeps library order).
 
         Without an image, rationales that need one are left out: a text-only question must not be
-        answered "from the image".
+        answered "from the image"; before any tool result, none is answered "from the evidence".
         """
         return [i for i, r in enumerate(self.rationales)
-                if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)]
+                if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)
+                and (has_evidence or not r.needs_evidence)]
 
 
 def builtin_library(name: str = "") -> Library:
@@ -124,10 +128,12 @@ def parse_library(data: Any, *, source: str) -> Library:
             raise RationaleLibraryError(
                 f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
         needs_image = item.get("needs_image", action in ("zoom", "image_search"))
-        if not isinstance(needs_image, bool):
-            raise RationaleLibraryError(f"Rationale {rid!r} in {where}: needs_image must be true or false.")
+        needs_evidence = item.get("needs_evidence", False)
+        if not isinstance(needs_image, bool) or not isinstance(needs_evidence, bool):
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where}: needs_image and needs_evidence must be true or false.")
         seen.add(rid)
-        out.append(Rationale(rid, text, action, needs_image))
+        out.append(Rationale(rid, text, action, needs_image, needs_evidence))
     if not any(r.action in ("answer", ANY_ACTION) for r in out):
         raise RationaleLibraryError(
             f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")

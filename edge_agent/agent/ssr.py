@@ -42,13 +42,14 @@ class SsrChooser:
         self.tokens: Sequence[int] = ()  # the chosen rationale's tokens (pasted when not adopted)
 
     def choose(self, session: SessionLike, turn: int, allowed: frozenset[str], *, has_image: bool,
+               has_evidence: bool = True,
                cancel: threading.Event | None = None) -> tuple[str | None, RationaleScored, bool]:
         """Score the rationales for ``allowed`` and choose one: its action (None: a rationale that implies
         none, the model chooses), the event, and whether the chosen one can be adopted (its cells are
         kept). Nothing is pasted (the caller pastes, next on the session)."""
         lib = self.options.library
-        idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
-            or lib.for_actions({"answer"})
+        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
+            or lib.for_actions({"answer"}, has_image=has_image, has_evidence=has_evidence) or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
         cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()
@@ -66,14 +67,14 @@ class SsrChooser:
         return action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
 
     def rechoose(self, session: SessionLike, turn: int, left: frozenset[str], *, has_image: bool,
-                 cancel: threading.Event | None = None) -> RationaleScored:
+                 has_evidence: bool = True, cancel: threading.Event | None = None) -> RationaleScored:
         """After a move was taken back (the context is again the one last scored): the best of the same
         scoring's rationales whose action is in ``left``, or a new scoring when none is. Never adopted."""
         last = self._last
         assert last is not None, "rechoose() follows choose()"
         keep = [k for k, r in enumerate(last.rationales) if r.action in left or r.action == ANY_ACTION]
         if not keep:
-            return self.choose(session, turn, left, has_image=has_image, cancel=cancel)[1]
+            return self.choose(session, turn, left, has_image=has_image, has_evidence=has_evidence, cancel=cancel)[1]
         self._last = _Scored([last.rationales[k] for k in keep], [last.candidates[k] for k in keep],
                              [last.scores[k] for k in keep], [last.values[k] for k in keep])
         choice, probs = self._select(self._last.values)
