@@ -69,6 +69,11 @@ class ChatContexts:
         ``continue_from`` ('' for a new chat); ``history`` for a rebuild."""
         return QuestionContext(self, continue_from, list(history))
 
+    def direct(self, continue_from: str = "", has_history: bool = False) -> DirectQuestion:
+        """The context of one question of the ``direct`` mode (``agent.direct.DirectContext``): continuing
+        the plain chat saved as ``continue_from``; ``has_history``: the chat has earlier exchanges."""
+        return DirectQuestion(self, continue_from, has_history)
+
     # ---- the live session's boundaries ------------------------------------------------------------
     def live_at(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
         """The live session rolled back to its boundary ``key`` (later boundaries forgotten), except a
@@ -83,12 +88,12 @@ class ChatContexts:
                 return self.live, b
         return None
 
-    def restore_saved(self, key: str) -> tuple[ChatSessionLike, _Boundary] | None:
-        """The state saved under ``key`` restored into a new live session; None when there is none or it
-        does not fit (a state that does not fit is removed)."""
+    def restore_saved(self, key: str, st: SessionState | None = None) -> tuple[ChatSessionLike, _Boundary] | None:
+        """The state saved under ``key`` (``st``: read already) restored into a new live session; None when
+        there is none or it does not fit (a state that does not fit is removed)."""
         if self.store is None:
             return None
-        st = self.store.get(key, self.model.identity)
+        st = st if st is not None else self.store.get(key, self.model.identity)
         if st is None:
             return None
         try:
@@ -317,3 +322,70 @@ class QuestionContext:
                 o.live.rollback(b.cp)
                 del o.boundaries[i + 1 :]
                 return
+
+
+DIRECT = "direct"  # the system_key of a plain chat's boundaries: never an agent's system prompt key
+
+
+class DirectQuestion:
+    """``agent.direct.DirectContext`` for one question of one chat: the prompt (the chat rendered by the
+    model's template) is matched against the chat's context, live in the KV cache or restored from its
+    saved state (or, failing both, whatever the live session holds), keeping the longest common prefix
+    and evaluating the rest (``agent.direct.hold``). So the context is always exactly the prompt of the
+    visible exchanges, whatever was kept. An agent's context is never taken for a plain chat's: its
+    boundaries and states carry another system key."""
+
+    def __init__(self, owner: ChatContexts, continue_from: str, has_history: bool) -> None:
+        self.owner, self.continue_from, self.has_history = owner, continue_from, has_history
+        self.session: ChatSessionLike | None = None
+
+    def _base(self) -> tuple[ChatSessionLike, str, str]:
+        """(session, how it was found: live | restored | other | fresh, why not the chat's own)."""
+        o, key = self.owner, self.continue_from
+        o.pending.drop()  # what was read ahead for an agent's question is not this prompt
+        why = ""
+        live = next((b for b in o.boundaries if b.key == key), None) if key and o.live is not None else None
+        if live is not None and o.live is not None:
+            if live.system_key == DIRECT:
+                return o.live, "live", ""
+            why = "the chat was not a plain chat"
+        elif key:
+            st = o.store.get(key, o.model.identity) if o.store is not None else None
+            if st is not None and st.extra.get("system_key") == DIRECT:
+                found = o.restore_saved(key, st)
+                if found is not None:
+                    return found[0], "restored", ""
+            why = "no saved state" if st is None else "the chat was not a plain chat"
+        if o.live is not None:
+            return o.live, "other", why
+        o.live, o.boundaries = o.model.session(), []
+        return o.live, "fresh", why
+
+    def open(self, segments: Sequence[Segment], *, cancel: threading.Event | None = None) -> Opened:
+        from edge_agent.agent.direct import hold
+
+        s, how, why = self._base()
+        n0 = s.n_evaluated
+        held = hold(s, segments, cancel=cancel)
+        o = self.owner
+        o.boundaries = [b for b in o.boundaries if b.cp.n_history <= held.kept]  # still what the session holds
+        self.session = s
+        if how in ("live", "restored"):
+            source = how
+        else:
+            source = "rebuilt" if self.has_history else "new"
+        return Opened(s, source, reason=why if source == "rebuilt" else "", tokens_reused=held.kept_cells,
+                      tokens_evaluated=s.n_evaluated - n0, images=held.images, seconds=held.seconds)
+
+    def answered(self, session: SessionLike) -> str:
+        o = self.owner
+        if self.session is None or session is not self.session:
+            raise ValueError("answered() takes the session this question's open() handed out")
+        key = o.mark(self.session, DIRECT, "plain chat")
+        if o.store is not None and self.continue_from and self.continue_from != key:
+            o.store.discard(self.continue_from)  # the chat goes on from here: its older state is superseded
+        return key
+
+    def abandon(self) -> None:
+        """Nothing to undo: the next prompt is matched against whatever the session holds."""
+        self.owner.pending.forget()

@@ -125,6 +125,7 @@ class Continuation:
     chat_id: int
     exchanges: list[tuple[str, str, str]] = field(default_factory=list)  # (question, answer, context key)
     image: str | None = None
+    images: list[str | None] = field(default_factory=list)  # the image each exchange's question was asked with
     models: dict[str, str] = field(default_factory=dict)  # the files of its last answer ({}: not recorded)
 
     @property
@@ -136,6 +137,12 @@ class Continuation:
     @property
     def history(self) -> list[tuple[str, str]]:
         return [(q, a) for q, a, _ in self.exchanges if a]
+
+    @property
+    def turns(self) -> list[tuple[str, str, str | None]]:
+        """The answered exchanges with the image each question was asked with: (question, answer, image)."""
+        images = self.images + [None] * (len(self.exchanges) - len(self.images))
+        return [(q, a, img) for (q, a, _), img in zip(self.exchanges, images, strict=True) if a]
 
 
 class ChatStoreError(EdgeAgentError):
@@ -374,12 +381,14 @@ class ChatStore:
         row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()
         out = Continuation(chat_id, models=_models(row[0] if row else ""))
         question: str | None = None
+        image: str | None = None
         for r in rows:
             if r["role"] == "user":
-                question = r["text"]
+                question, image = r["text"], r["image"]
                 out.image = r["image"] or out.image
             elif question is not None:
                 out.exchanges.append((question, r["text"], r["context"]))
+                out.images.append(image)
                 question = None
         return out
 

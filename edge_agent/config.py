@@ -38,7 +38,7 @@ def default_home() -> Path:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": ("ssr", "freeform"),
+    "mode": ("ssr", "freeform", "direct"),
     "text_search": ("wikipedia", "searxng", "brave"),
     "image_search": ("none", "gcv", "serpapi"),
     "extra_buffers": ("auto", "on", "off"),
@@ -119,7 +119,8 @@ class Settings:
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------
-    mode: str = _doc("Reasoning mode: ssr (scored rationales) or freeform (the model writes its reasoning).", default="ssr")
+    mode: str = _doc("Reasoning mode: ssr (scored rationales), freeform (the model writes its reasoning) or direct "
+                     "(the model alone in a plain chat: no tools, no agent).", default="ssr")
     max_turns: int = _doc("Most tool calls per question; then one more turn must answer.", default=5)
     ssr_tau: float = _doc("SSR softmax temperature over rationale scores.", default=1.0)
     ssr_sample: bool = _doc("SSR: sample a rationale (seeded) instead of taking the best.", default=False)

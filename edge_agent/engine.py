@@ -295,7 +295,7 @@ class Engine:
                 raise ConfigError("The question is empty. Type a question about the image.")
             with self._images:
                 loaded = self._load_image(image)
-            pairs = _history_pairs(history)
+            entries = _history_entries(history)
         except EdgeAgentError as e:
             yield RunStarted(question=question, image=label, mode=mode, seprod=False, model=self.model_name)
             yield AgentError(turn=0, title=e.title, message=e.message, fatal=True)
@@ -305,33 +305,13 @@ class Engine:
         hold = contextlib.ExitStack()
         try:
             hold.enter_context(self._reader.paused())  # read-ahead stops; what it read is the question's
-            store = None
-            if loaded is not None:
-                run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-                px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-                store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
-                                   crop_max_pixels=self.settings.crop_max_tokens * px * px,
-                                   original_png=self._fitted_png(image, loaded))
-            toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
-            opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
-            if opts.mode != mode:
-                opts = _replace(opts, mode=mode)
-            if seed is not None and seed != opts.seed:
-                opts = _replace(opts, seed=seed)
-            if not opts.model_name:
-                opts = _replace(opts, model_name=self.model_name)
-            if opts.mode == "ssr" and opts.ssr_score == "pmi" and opts.neutral is None:
-                texts = [index_label(k) if opts.index_only else r.text for k, r in enumerate(opts.library)]
-                opts = _replace(opts, neutral=self.neutral.get(system_for(toolbox, opts), texts, self._score_neutral))
-            use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
-            if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
-                use_drafter.reset(new_chat=not context)
-            events = run_agent(
-                None, question, tools=toolbox,
-                image=toolbox.image_png(0) if store is not None else None,
-                options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
-                context=self.contexts.question(context or "", pairs),
-            )
+            if mode == "direct":
+                events = self._direct(question, image, loaded, entries, context=context, cancel=cancel,
+                                      options=options, seed=seed, label=label)
+            else:
+                events = self._agent(question, image, loaded, [(q, a) for q, a, _ in entries], mode=mode,
+                                     context=context, cancel=cancel, seprod=seprod, options=options, seed=seed,
+                                     label=label)
             try:  # model text leaves the engine without control characters (printed, stored, rendered)
                 for event in events:
                     yield clean_event(event)
@@ -343,6 +323,65 @@ class Engine:
             self._busy.release()
             if self.measured is not None:
                 self.measured.save()
+
+    def _agent(self, question: str, image: str | Path | bytes | None, loaded: LoadedImage | None,
+               pairs: list[tuple[str, str]], *, mode: str, context: str | None, cancel: threading.Event | None,
+               seprod: bool | None, options: AgentOptions | None, seed: int | None,
+               label: str | None) -> Iterator[Event]:
+        """The agent's turn loop (``agent.loop.run_agent``) on the chat's context, with the photo and its crops."""
+        store = None
+        if loaded is not None:
+            run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
+            store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
+                               crop_max_pixels=self.settings.crop_max_tokens * px * px,
+                               original_png=self._fitted_png(image, loaded))
+        toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
+        opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
+        if opts.mode != mode:
+            opts = _replace(opts, mode=mode)
+        if seed is not None and seed != opts.seed:
+            opts = _replace(opts, seed=seed)
+        if not opts.model_name:
+            opts = _replace(opts, model_name=self.model_name)
+        if opts.mode == "ssr" and opts.ssr_score == "pmi" and opts.neutral is None:
+            texts = [index_label(k) if opts.index_only else r.text for k, r in enumerate(opts.library)]
+            opts = _replace(opts, neutral=self.neutral.get(system_for(toolbox, opts), texts, self._score_neutral))
+        use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
+        if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
+            use_drafter.reset(new_chat=not context)
+        return run_agent(None, question, tools=toolbox, image=toolbox.image_png(0) if store is not None else None,
+                         options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
+                         context=self.contexts.question(context or "", pairs))
+
+    def _direct(self, question: str, image: str | Path | bytes | None, loaded: LoadedImage | None,
+                entries: list[tuple[str, str, str | None]], *, context: str | None, cancel: threading.Event | None,
+                options: AgentOptions | None, seed: int | None, label: str | None) -> Iterator[Event]:
+        """The ``direct`` mode: the model alone in a plain chat (``agent.direct``), its prompt rendered by
+        the model's own chat template; earlier exchanges carry the images they were asked with."""
+        from edge_agent.agent.direct import Exchange, run_direct
+        from edge_agent.runtime.chat_template import render
+
+        opts = options or AgentOptions.from_settings(self.settings, mode="direct", library=self.library)
+        opts = _replace(opts, mode="direct", model_name=opts.model_name or self.model_name,
+                        seed=opts.seed if seed is None else seed)
+        history = [Exchange(q, a, self._history_images(img)) for q, a, img in entries]
+        pngs = (self._fitted_png(image, loaded),) if loaded is not None else ()
+        return run_direct(self.contexts.direct(context or "", bool(history)),
+                          lambda msgs: render(self.model.chat_template, msgs), question, history=history,
+                          images=pngs, options=opts, cancel=cancel, image_label=label)
+
+    def _history_images(self, path: str | None) -> tuple[bytes, ...]:
+        """An earlier question's image as the model read it (none when it is gone or cannot be read)."""
+        if not path or not self.model.has_vision:
+            return ()
+        try:
+            with self._images:
+                loaded = self._load_image(path)
+            assert loaded is not None
+            return (self._fitted_png(path, loaded),)
+        except EdgeAgentError:
+            return ()
 
     def _score_neutral(self, system: str, texts: Sequence[str]) -> list[float]:
         """Each of ``texts``' mean log-prob after ``system`` and an empty question (``calibration``): once per
@@ -396,6 +435,10 @@ class Engine:
                 loaded = self._load_image(target.image)  # ImageError on a text-only model: the question says so
             assert loaded is not None
             png = self._fitted_png(target.image, loaded)
+        if self.settings.mode == "direct":  # a plain chat reads its prompt whole at Enter; the photo's encode now
+            if png is not None:
+                self.model.encode_image(png)
+            return None
         options = AgentOptions.from_settings(self.settings, mode=self.settings.mode, library=self.library)
         system = system_for(Toolbox(None, self.tools, vision=self.model.has_vision), options)
         return self.contexts.read_ahead(system, target.context, png, target.text, closed=target.closed, cancel=stop)
@@ -512,16 +555,17 @@ def _replace(opts: AgentOptions, **kw: Any) -> AgentOptions:
     return dataclasses.replace(opts, **kw)
 
 
-def _history_pairs(history: Sequence[Any] | None) -> list[tuple[str, str]]:
-    """Earlier exchanges as (question, answer): tuples/lists of two strings or dicts with those keys."""
-    out: list[tuple[str, str]] = []
+def _history_entries(history: Sequence[Any] | None) -> list[tuple[str, str, str | None]]:
+    """Earlier exchanges as (question, answer, image file or None): (question, answer) or (question, answer,
+    image) tuples/lists, or dicts with those keys (``image`` optional)."""
+    out: list[tuple[str, str, str | None]] = []
     for h in history or ():
         if isinstance(h, dict):
-            q, a = h.get("question"), h.get("answer")
-        elif isinstance(h, tuple | list) and len(h) == 2:
-            q, a = h
+            q, a, img = h.get("question"), h.get("answer"), h.get("image")
+        elif isinstance(h, tuple | list) and len(h) in (2, 3):
+            q, a, img = (*h, None)[:3]
         else:
             raise ConfigError(f"History entries must be (question, answer) pairs, not {type(h).__name__}.")
         if q and a:
-            out.append((str(q), str(a)))
+            out.append((str(q), str(a), str(img) if img else None))
     return out

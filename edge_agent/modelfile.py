@@ -86,6 +86,7 @@ class ModelInfo:
     tokenizer_model: str = ""
     eos_token_id: int | None = None
     has_chat_template: bool = False
+    chat_template: str = field(default="", repr=False, compare=False)  # tokenizer.chat_template (jinja2)
     n_deepstack: int = 0  # text side: extra input widths consumed by deepstack layers (Qwen3-VL)
     # mmproj files
     projector_type: str = ""
@@ -180,6 +181,7 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
         tokenizer_model=str(meta.get("tokenizer.ggml.model", "")),
         eos_token_id=eos if isinstance(eos, int) else None,
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
+        chat_template=str(meta.get("tokenizer.chat_template") or ""),
         n_deepstack=_int(meta.get(f"{arch}.n_deepstack_layers")),
     )
 

@@ -40,7 +40,7 @@ def test_json_lines_end_with_the_final_answer(env, tiny_models, photo, mode):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert rows[0]["event"] == "run_started" and rows[0]["mode"] == mode and rows[0]["image"] == str(photo)
-    assert rows[-1]["event"] == "final_answer" and rows[-1]["stop_reason"] in ("answered", "turn_limit")
+    assert rows[-1]["event"] == "final_answer" and rows[-1]["stop_reason"] in ("answered", "length", "turn_limit")
     assert {"reasoning", "action", "tool", "total"} <= set(rows[-1]["totals"])
     kinds = {row["event"] for row in rows}
     assert ("rationale_scored" in kinds) == (mode == "ssr") and ("reasoning_done" in kinds) == (mode == "freeform")
@@ -178,3 +178,24 @@ def test_ask_reads_the_photo_while_the_prophet_loads(env, tiny_models, photo, mo
     totals = rows[-1]["totals"]  # the answer's totals say the same: nothing reused on a fresh home
     assert totals["tokens_reused"] == 0 and totals["tokens_read_ahead"] == opened["tokens_read_ahead"]
     assert totals["tokens_evaluated"] > opened["tokens_evaluated"]  # + the turns' own tokens
+
+
+def test_a_cut_answer_says_so_with_the_setting_to_raise(env, tiny_models, monkeypatch):
+    """An answer that stopped at answer_max_tokens: stop_reason "length" in --json; on stderr a line that
+    says it was cut and how to raise the limit (issue 30 item 4)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("EDGE_AGENT_ANSWER_MAX_TOKENS", "2")
+    monkeypatch.setenv("EDGE_AGENT_MAX_TURNS", "1")
+    args = ["What is in a bicycle? Explain step by step.", "--model", str(tiny_models["text"]), "--mmproj",
+            str(tiny_models["mmproj"]), "--offline",
+            "--mode", "freeform"]
+    r = run(*args, "--json")
+    assert r.exit_code in (0, 1), r.output
+    final = json.loads(r.output.strip().splitlines()[-1])
+    assert final["event"] == "final_answer" and final["stop_reason"] == "length"
+    assert final["totals"]["answer_tokens"] == 2
+    p = subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", *args], capture_output=True, text=True,
+                       timeout=120)
+    assert "cut off at 2 tokens" in p.stderr and "config set answer_max_tokens" in p.stderr, p.stderr

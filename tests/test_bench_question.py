@@ -23,8 +23,8 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert ph["ssr"]["image_tokens"] > 0 and not ph["ssr"]["image_read_ahead"]
     assert ph["ssr_read_ahead"]["image_read_ahead"] and ph["ssr_read_ahead"]["image_read_s"] == 0
     assert ph["freeform"]["reasoning_tokens"] > 0 and ph["ssr"]["scoring_s"] > 0
-    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] == "answered" for v in ph)
-    assert res["memory"]["seprod_question"]["stop_reason"] == "answered"
+    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph)
+    assert res["memory"]["seprod_question"]["stop_reason"] in ("answered", "length")  # 4 tokens: cut
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
     assert res["logits_finite"] is True and ph["ssr"]["scores_finite"] is True
     assert res["system_prompt"]["tokens"] > 100  # the system prompt, kept (restored) by later questions

@@ -362,7 +362,7 @@ def test_a_full_context_is_rebuilt_compactly_and_still_answers(tiny_models, edge
     key, history, seen = "", [], []
     for q in ["What is it?", "And then?", "Why?", "Where?", "When?"]:
         events = list(engine.ask(q, photo, options=opts, context=key, history=history))
-        assert events[-1].kind == "final_answer" and events[-1].stop_reason == "answered"
+        assert events[-1].kind == "final_answer" and events[-1].stop_reason in ("answered", "length")
         seen.append((opened(events).source, opened(events).reason))
         key = events[-1].context
         history.append((q, events[-1].answer))

@@ -68,7 +68,7 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         await type_and_enter(pilot, "What does the sign say?")
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
-        assert view.status in ("answered", "turn_limit"), view.status
+        assert view.status in ("answered", "length", "turn_limit"), view.status
         image_read = [e for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "image"]
         assert image_read and image_read[0].read_ahead  # read into the context on attach, not at Enter
         assert app.host.engine.model.vision_encodes == encodes + 1 + sum(
@@ -138,7 +138,7 @@ async def test_real_engine_escape_cancels_then_next_question_runs(real_settings,
         await type_and_enter(pilot, "And now briefly?")
         await settle(pilot)
         second = app.chat_screen.transcript.answers()[1]
-        assert second.status in ("answered", "turn_limit")
+        assert second.status in ("answered", "length", "turn_limit")
         statuses = [m.status for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"]
         assert statuses == ["cancelled", second.status]
         # free-form mode was used: the generated reasoning is in the block
@@ -153,12 +153,20 @@ async def test_real_engine_mode_switch_reaches_the_agent(real_settings, photo):
         await pilot.press("ctrl+r")
         await type_and_enter(pilot, "What is this?")
         await settle(pilot)
-        await pilot.press("ctrl+r")
+        await pilot.press("ctrl+r")  # free-form -> direct: the model alone, a plain chat
+        assert "direct" in str(app.chat_screen.status.render())
         await type_and_enter(pilot, "And this?")
         await settle(pilot)
-        modes = [e.mode for e in stored_events(app) if isinstance(e, ev.RunStarted)]
-        assert modes == ["freeform", "ssr"]
-        assert any(isinstance(e, ev.ReasoningDone) for e in stored_events(app))
+        await pilot.press("ctrl+r")  # direct -> SSR
+        events = stored_events(app)
+        modes = [e.mode for e in events if isinstance(e, ev.RunStarted)]
+        assert modes == ["freeform", "direct"]
+        assert any(isinstance(e, ev.ReasoningDone) for e in events)
+        answers = app.chat_screen.transcript.answers()
+        assert answers[1].status in ("answered", "length") and not answers[1].turns  # no turn blocks
+        plain = [m for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"][1]
+        assert not any(isinstance(e, ev.RationaleScored | ev.ToolCalled) for e in plain.events)
+        assert any(isinstance(e, ev.AnswerToken) for e in plain.events)
     assert Settings.load().mode == "ssr"
 
 
@@ -233,7 +241,7 @@ async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_ho
         assert app.chat_screen.image is None and app.store.list_chats() == []
         await type_and_enter(pilot, "Hello?")  # no image: the model answers
         await settle(pilot)
-        assert app.chat_screen.transcript.answers()[0].status in ("answered", "turn_limit")
+        assert app.chat_screen.transcript.answers()[0].status in ("answered", "length", "turn_limit")
 
 
 async def test_first_run_screen_then_choosing_local_files_loads_them(edge_home, tmp_path, tiny_models):
@@ -265,3 +273,20 @@ async def test_first_run_screen_then_choosing_local_files_loads_them(edge_home, 
         assert app.host.state == "ready" and app.host.sees_images
     saved = Settings.load()
     assert (saved.model, saved.mmproj) == (str(tiny_models["text"]), str(tiny_models["mmproj"]))
+
+
+async def test_a_cut_answer_says_so_in_the_app(real_settings):
+    """An answer stopped at answer_max_tokens does not look finished: its footer says it was cut, at how
+    many tokens, and which setting raises it (issue 30 item 4)."""
+    settings = real_settings.updated({"answer_max_tokens": 2, "max_turns": 1, "mode": "freeform"})
+    app = EdgeAgentApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "Explain in detail how a bicycle works, step by step.")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status == "length"
+        footer = str(view.query_one(".answer-footer", Static).render())
+        assert "cut off at 2 tokens (answer_max_tokens)" in footer and "Ctrl+S" in footer
+        stored = [m for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"]
+        assert stored[0].status == "length"

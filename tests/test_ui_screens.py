@@ -244,7 +244,7 @@ async def test_retry_and_edit_last_question(settings, tmp_path, image):
         # the edited question takes the place of the last exchange (the retried "second", which took the
         # first "second"'s place): neither is part of what it continues (issue 23 item 1)
         assert e.asked[-1][0] == "second, edited"
-        assert [q for q, _ in e.histories[-1]] == ["first"]
+        assert [h[0] for h in e.histories[-1]] == ["first"]
 
 
 @pytest.mark.asyncio

@@ -246,7 +246,9 @@ class FinalAnswer(Event):
     kind: ClassVar[str] = "final_answer"
     answer: str
     turns: int
-    stop_reason: str  # answered | turn_limit | no_answer (it only repeated its instructions) | cancelled
+    # answered | length (cut at answer_max_tokens) | turn_limit | no_answer (it only repeated its
+    # instructions) | cancelled
+    stop_reason: str
     # reasoning/action/tool/total seconds; tokens_evaluated (prompt tokens this process evaluated for this
     # question, read ahead or not; all models, images in embeddings), tokens_read_ahead (of them, read
     # before it was sent), tokens_reused (context tokens kept from an earlier question or restored) ...

@@ -65,7 +65,7 @@ from edge_agent.agent.events import (
     TurnStarted,
 )
 from edge_agent.agent.intent import stated_action
-from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
+from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
     ANSWER_CLOSE,
@@ -130,8 +130,8 @@ class _Run:
     def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
                  options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
-        if options.mode not in REASONING_MODES:
-            raise ValueError(f"mode must be one of {REASONING_MODES}, not {options.mode!r}")
+        if options.mode not in AGENT_MODES:  # "direct" has no turns: agent.direct.run_direct
+            raise ValueError(f"mode must be one of {AGENT_MODES}, not {options.mode!r}")
         self.context = context
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
@@ -345,7 +345,8 @@ class _Run:
                              message=f"The model repeated our instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
-        yield self._final("turn_limit" if final else "answered", answer, context=key)
+        cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
+        yield self._final("length" if cut else "turn_limit" if final else "answered", answer, context=key)
 
     def _tool_call(self, action: str) -> ToolCall:
         """The rest of a tool call whose head is in the session, under the tool's grammar."""

@@ -15,7 +15,8 @@ from edge_agent.agent.events import Event
 from edge_agent.agent.rationales import Library, builtin_library
 from edge_agent.runtime.types import SessionLike
 
-REASONING_MODES = ("ssr", "freeform")  # how a turn reasons: scored rationales or written text
+AGENT_MODES = ("ssr", "freeform")  # how the agent's turn reasons: scored rationales or written text
+REASONING_MODES = (*AGENT_MODES, "direct")  # direct: the model alone in a plain chat (agent.direct), no turns
 
 # (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
 # that force a path (e.g. zoom in turn 1, then answer); the default allows everything available.
@@ -65,7 +66,7 @@ class DraftHooks(Protocol):
 
 @dataclass
 class AgentOptions:
-    mode: str = "ssr"  # ssr | freeform
+    mode: str = "ssr"  # ssr | freeform | direct
     max_turns: int = 5  # tool turns; then one more turn that must answer
     tau: float = 1.0
     sample: bool = False  # SSR: one seeded categorical draw instead of argmax

@@ -37,8 +37,9 @@ def _is_file(arg: str) -> bool:
 @click.argument("args", nargs=-1, required=True, metavar="[IMAGE] QUESTION")
 @click.option("--model", default=None, help="Agent model: catalog name or GGUF path.")
 @click.option("--mmproj", default=None, help="Vision projector (mmproj) GGUF for the model.")
-@click.option("--mode", type=click.Choice(["ssr", "freeform"]), default=None,
-              help="ssr: score pre-written rationales (fast); freeform: the model writes its reasoning.")
+@click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None,
+              help="ssr: score pre-written rationales (fast); freeform: the model writes its reasoning; "
+                   "direct: the model alone in a plain chat (no tools, no agent).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
 @click.option("--seed", type=int, default=None, help="Random seed (sampling, SSR sampling).")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
@@ -212,7 +213,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
     writer = _ChatWriter(store, chat, question, shown, engine.files)
     status = "error"
     try:
-        for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.history):
+        for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.turns):
             events.append(e)
             writer.add(e)
             if isinstance(e, ev.FinalAnswer):
@@ -244,6 +245,11 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
         # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
         if last.answer:
             click.echo(last.answer)
+        if last.stop_reason == "length":  # right under the answer: it does not look finished because it is not
+            n = int(last.totals.get("answer_tokens", settings.answer_max_tokens))
+            click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
+                       f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
+                       err=True)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
             click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)

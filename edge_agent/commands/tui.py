@@ -14,14 +14,14 @@ import click
 @click.option("--mmproj", default=None, help="Vision projector GGUF for --model.")
 @click.option("--prophet", default=None, help="SeProD prophet model: a catalog name or a GGUF path.")
 @click.option("--prophet-mmproj", default=None, help="Vision projector GGUF for --prophet.")
-@click.option("--mode", type=click.Choice(["ssr", "freeform"]), default=None, help="Reasoning mode.")
+@click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None, help="Reasoning mode.")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--chat", "chat_id", type=int, default=None, help="Open this chat (see the chat list, Ctrl+O).")
 def command(model, mmproj, prophet, prophet_mmproj, mode, offline, chat_id) -> None:
     """Open the app: attach an image, ask, watch the reasoning.
 
     \b
-    Keys: Ctrl+F attach image · Esc stop answer · Ctrl+T reasoning · Ctrl+R SSR/free-form
+    Keys: Ctrl+F attach image · Esc stop answer · Ctrl+T reasoning · Ctrl+R mode (SSR, free-form, direct)
           Ctrl+O chats · Ctrl+N new chat · Ctrl+S settings · Ctrl+P all commands · Ctrl+Q quit
     """
     from edge_agent.config import Settings

@@ -93,6 +93,12 @@ class Model:
             **handle.memory_bytes(self.arch),
             "mmproj": int(mmproj.stat().st_size) if mmproj and not self.vision_shared else 0,
         }
+        from edge_agent.runtime.chat_template import template_of
+
+        tok = self.tokenizer  # the texts llama-cpp-python renders a template with ("" for none)
+        self.chat_template = template_of(getattr(info, "chat_template", ""),
+                                         tok.token_text(tok.bos) if tok.bos >= 0 else "",
+                                         tok.token_text(tok.eos) if tok.eos >= 0 else "")
         self._facts: ModelFacts = ModelFacts(name=self.path.name, identity=self.identity,
                                              mmproj_identity=self.mmproj_identity,
                                              image_px_per_token=self.image_px_per_token)

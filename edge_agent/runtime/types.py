@@ -33,6 +33,9 @@ class ImageChunk:
     encode_seconds: float = 0.0  # vision encoder (0 when the embedding was reused)
     decode_seconds: float = 0.0  # evaluating the embeddings into the context
     reused: bool = False  # the embedding came from the cache (same image, same mmproj bytes)
+    # the projector's marker tokens around it in the session's history (Qwen3-VL: <|vision_start|>, <|vision_end|>)
+    wrap_before: int = 0
+    wrap_after: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,17 @@ class SessionState:
     @property
     def nbytes(self) -> int:
         return int(self.kv.nbytes + self.logits.nbytes + 4 * len(self.history))
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A model's chat template (jinja2, as its GGUF's ``tokenizer.chat_template``) and the BOS / EOS token
+    texts it is rendered with (``runtime.chat_template.render``)."""
+
+    template: str
+    bos: str = ""
+    eos: str = ""
+    source: str = "gguf"  # gguf: the file's own; chatml: the file has none, plain ChatML is used
 
 
 class StateError(Exception):
@@ -197,6 +211,12 @@ class ChatSessionLike(SessionLike, Protocol):
         """The images in the context, in order (their digests: which images it holds)."""
         ...
 
+    @property
+    def history(self) -> Sequence[int]:
+        """Every token of the context in order (a pending one too); an image is one ``-1`` entry (its
+        chunk is the next one of ``images``): what a prompt is matched against to keep a common prefix."""
+        ...
+
     def key(self) -> str:
         """The key of the content (model identity + exact token and image sequence): saved states."""
         ...
@@ -254,6 +274,7 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
     memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size (0: tower shared)}
+    chat_template: ChatTemplate  # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
 
     @property
     def n_threads(self) -> int:

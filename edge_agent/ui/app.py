@@ -181,6 +181,8 @@ class EdgeAgentApp(App[None]):
                             lambda: self.change_settings({"mode": "ssr"}))
         yield SystemCommand("Mode: free-form", "The model writes its reasoning each turn",
                             lambda: self.change_settings({"mode": "freeform"}))
+        yield SystemCommand("Mode: direct", "The model alone in a plain chat: no tools, no agent",
+                            lambda: self.change_settings({"mode": "direct"}))
         yield SystemCommand(f"SeProD {'off' if s.seprod else 'on'}", "Prophet drafting (needs a prophet model)",
                             lambda: self.change_settings({"seprod": not self.settings.seprod}))
         yield SystemCommand(f"Go {'online' if s.offline else 'offline'}",

@@ -37,7 +37,7 @@ from edge_agent.ui.prompt import (
     parse_slash,
     path_like,
 )
-from edge_agent.ui.statusbar import StatusBar
+from edge_agent.ui.statusbar import MODE_LABEL, StatusBar, next_mode
 from edge_agent.ui.transcript import AnswerView, Transcript, UserMessage
 
 EMPTY_HINT = (
@@ -109,7 +109,7 @@ class ChatScreen(Screen):
         Binding("ctrl+f", "pick_image", "Attach image"),
         Binding("ctrl+d", "detach_image", "Detach image", show=False, priority=True),
         Binding("ctrl+t", "toggle_reasoning", "Reasoning"),
-        Binding("ctrl+r", "toggle_mode", "SSR/free-form"),
+        Binding("ctrl+r", "toggle_mode", "Mode"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+s", "app.settings", "Settings"),
@@ -320,8 +320,8 @@ class ChatScreen(Screen):
             self.export(self.chat_id, arg or None)
         elif name == "settings":
             await self.run_action("app.settings")
-        elif name == "mode" and arg in ("ssr", "freeform", "free-form"):
-            self.post_message(SettingsRequested({"mode": "freeform" if arg.startswith("free") else "ssr"}))
+        elif name == "mode" and arg.replace("-", "") in MODE_LABEL:
+            self.post_message(SettingsRequested({"mode": arg.replace("-", "")}))
         elif name == "offline" and arg in ("on", "off", ""):
             self.post_message(SettingsRequested({"offline": arg != "off"}))
         elif name == "help":
@@ -404,7 +404,7 @@ class ChatScreen(Screen):
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.host.ask(Question(message_id, question, image, cont.history, cont.context), self)
+        self.host.ask(Question(message_id, question, image, cont.turns, cont.context), self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)
@@ -463,7 +463,7 @@ class ChatScreen(Screen):
             a.set_expanded(self.reasoning_open)
 
     def action_toggle_mode(self) -> None:
-        self.post_message(SettingsRequested({"mode": "freeform" if self.host.settings.mode == "ssr" else "ssr"}))
+        self.post_message(SettingsRequested({"mode": next_mode(self.host.settings.mode)}))
 
     # --- chats ---
     def action_chats(self) -> None:

@@ -95,12 +95,12 @@ def reload_fields() -> frozenset[str]:
 class Question:
     """One question of a chat as the engine gets it: its answer is stored as message ``message_id``;
     ``context``: the key the chat's last kept answer was saved under; ``history``: the chat's
-    (question, answer) pairs, for a rebuild."""
+    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt)."""
 
     message_id: int
     text: str
     image: str | None
-    history: list[tuple[str, str]]
+    history: list[tuple[str, str, str | None]]
     context: str
 
 

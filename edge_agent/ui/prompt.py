@@ -18,7 +18,7 @@ SLASH_HELP = (
     "/detach  ask without the image (Ctrl+D)   /retry  answer the last question again\n"
     "/edit  put the last question back in the prompt to change and resend\n"
     "/new  new chat   /chats  list chats   /export  export this chat\n"
-    "/mode ssr|freeform   /offline on|off   /settings   /help"
+    "/mode ssr|freeform|direct   /offline on|off   /settings   /help"
 )
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".heic", ".avif")
 PLACEHOLDER_VISION = "Ask about your image…  (/image PATH attaches one; /help)"

@@ -51,7 +51,8 @@ FIELDS: list[tuple[str, str]] = [
 ]
 MODEL_FIELDS = ("model", "mmproj", "prophet", "prophet_mmproj")
 CHOICES: dict[str, list[tuple[str, str]]] = {
-    "mode": [("SSR: scored rationales", "ssr"), ("free-form: the model writes its reasoning", "freeform")],
+    "mode": [("SSR: scored rationales", "ssr"), ("free-form: the model writes its reasoning", "freeform"),
+             ("direct: the model alone in a plain chat (no tools)", "direct")],
     "text_search": [("Wikipedia (no key)", "wikipedia"), ("SearXNG (your instance: searxng_url)", "searxng"),
                     ("Brave Search (brave_api_key)", "brave")],
     "image_search": [("none (off)", "none"), ("Google Cloud Vision (gcv_api_key)", "gcv"),

@@ -16,6 +16,15 @@ from textual.widgets import Static
 
 from edge_agent.config import Settings
 
+# The reasoning modes as the app names them, in the order Ctrl+R goes through them.
+MODE_LABEL = {"ssr": "SSR", "freeform": "free-form", "direct": "direct"}
+
+
+def next_mode(mode: str) -> str:
+    """The mode after ``mode`` (Ctrl+R): SSR -> free-form -> direct (a plain chat) -> SSR."""
+    order = list(MODE_LABEL)
+    return order[(order.index(mode) + 1) % len(order)] if mode in order else order[0]
+
 
 def model_label(value: str) -> str:
     """A catalog name stays as it is; a path shows its file name."""
@@ -63,7 +72,7 @@ class StatusBar(Static):
         if self.prophet_name:
             out.append((2, Text(f" + prophet {self.prophet_name}", style="magenta")))  # glued to the model
         mode = Text()
-        mode.append("SSR" if s.mode == "ssr" else "free-form", style="bold cyan")
+        mode.append(MODE_LABEL.get(s.mode, s.mode), style="bold cyan")
         if s.mode == "ssr":
             mode.append(f" τ {s.ssr_tau:g}", style="cyan")
         out.append((4, mode))

@@ -30,6 +30,7 @@ STATUS_TEXT = {
     "running": ("thinking…", "yellow"),
     "answered": ("answered", "green"),
     "turn_limit": ("turn limit reached", "yellow"),
+    "length": ("cut off at answer_max_tokens (raise it in the settings, Ctrl+S)", "yellow"),
     "no_answer": ("no answer found (the model only repeated its instructions): /retry or rephrase", "yellow"),
     "cancelled": ("cancelled (/retry answers it again)", "yellow"),
     "error": ("failed", "red"),
@@ -82,6 +83,7 @@ class AnswerView(Vertical):
         self.replaced = replaced
         self.status = "running"
         self.final: ev.FinalAnswer | None = None
+        self.mode = ""  # the run's mode (RunStarted): a plain chat ("direct") has no turn blocks
         self.answer_tokens = 0
         self.prophet_tokens = 0
         self._stream: MarkdownStream | None = None
@@ -136,6 +138,10 @@ class AnswerView(Vertical):
         e = clean_event(e)
         self._phase(e)
         turn = getattr(e, "turn", None)
+        if isinstance(e, ev.RunStarted):
+            self.mode = e.mode
+        elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
+            return  # the model alone: nothing but the answer
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
             self._context_lines.append(context_line(e))
             self._context_note.update(Text("\n").join(self._context_lines))
@@ -206,6 +212,9 @@ class AnswerView(Vertical):
     def _update_footer(self) -> None:
         """The line under a finished answer: status, turns, time, speed; replaced; the error."""
         label, style = STATUS_TEXT.get(self.status, (self.status, "dim"))
+        if self.status == "length" and self.final is not None and self.final.totals.get("answer_tokens"):
+            label = label.replace("at answer_max_tokens", f"at {int(self.final.totals['answer_tokens'])} tokens "
+                                  "(answer_max_tokens)")
         foot = Text(label, style=style)
         if self.turns:
             foot.append(f" · {len(self.turns)} turn{'s' if len(self.turns) != 1 else ''}", style="dim")

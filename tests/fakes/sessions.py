@@ -71,6 +71,11 @@ class LoopSession:
     def text(self) -> str:
         return "".join(t for kind, t, _ in self.log)
 
+    @property
+    def history(self) -> list[int]:
+        """The text as code points (an image is its "<IMG>" text here, as ``checkpoint`` counts it)."""
+        return [ord(c) for c in self.text]
+
     def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
         self.log.append(("text", text, special))
         self.n_pos += len(text)
@@ -190,6 +195,9 @@ class LoopModel:
     image_px_per_token = 32
 
     def __init__(self, make: Callable[[], LoopSession], *, has_vision: bool = False) -> None:
+        from edge_agent.runtime.chat_template import template_of
+
+        self.chat_template = template_of("", "", EOS)  # plain ChatML
         self.make = make
         self.has_vision = has_vision
         self.path = Path("fake.gguf")

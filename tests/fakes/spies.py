@@ -84,6 +84,10 @@ class SpySession:
     def images(self) -> Sequence[ImageChunk]:
         return self.inner.images
 
+    @property
+    def history(self) -> Sequence[int]:
+        return self.inner.history
+
     def checkpoint(self) -> Checkpoint:
         return self.inner.checkpoint()
 
@@ -129,6 +133,7 @@ class SpyModel:
         self.mmproj_path = inner.mmproj_path
         self.identity, self.memory_bytes = inner.identity, inner.memory_bytes
         self.image_px_per_token = inner.image_px_per_token
+        self.chat_template = inner.chat_template
 
     def _spy(self, s: Session) -> SpySession:
         spy = SpySession(s, self)
