@@ -43,7 +43,7 @@ class NeutralScores:
 
     def __init__(self, identity: Mapping[str, Any], path: Path | None) -> None:
         self.identity, self.path = dict(identity), path
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a scoring may reach get() again (the system prompt first read)
         self._table: dict[str, dict[str, float]] = self._read()
 
     def _read(self) -> dict[str, dict[str, float]]:
@@ -55,15 +55,27 @@ class NeutralScores:
         except (OSError, ValueError, AttributeError, TypeError):
             return {}  # none yet, or unreadable: computed again (a few hundred ms) and rewritten
 
+    def row(self, system: str) -> dict[str, float]:
+        """The neutral means known after ``system`` (candidate text -> mean): the live dict, filled in place
+        by :meth:`add`, so a question's options can hold it before its context opens."""
+        with self._lock:
+            return self._table.setdefault(neutral_key(self.identity, system), {})
+
+    def missing(self, system: str, texts: Sequence[str]) -> list[str]:
+        row = self.row(system)
+        return [t for t in dict.fromkeys(texts) if t not in row]
+
+    def add(self, system: str, texts: Sequence[str], means: Sequence[float]) -> None:
+        with self._lock:
+            self.row(system).update(zip(texts, map(float, means), strict=True))
+            self._save()
+
     def get(self, system: str, texts: Sequence[str], score: Score) -> dict[str, float]:
         """The neutral mean of each of ``texts`` after ``system``; the missing ones scored with ``score``."""
-        key = neutral_key(self.identity, system)
         with self._lock:
-            row = self._table.setdefault(key, {})
-            missing = [t for t in dict.fromkeys(texts) if t not in row]
-            if missing:
-                row.update(zip(missing, map(float, score(system, missing)), strict=True))
-                self._save()
+            if missing := self.missing(system, texts):
+                self.add(system, missing, score(system, missing))
+            row = self.row(system)
             return {t: row[t] for t in texts}
 
     def _save(self) -> None:
