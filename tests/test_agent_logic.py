@@ -502,3 +502,25 @@ def test_a_tool_message_as_the_answer_is_no_answer():
     assert events[-1].stop_reason == "no_answer" and events[-1].answer == ""
     err = next(e for e in events if e.kind == "error")
     assert err.title == "No answer found" and not err.fatal
+
+
+def test_the_answer_check_searches_when_the_model_is_not_sure():
+    """SSR chose to answer from what it knows, but the answer's first tokens are improbable (mean log-prob
+    below answer_check): the answer is taken back before it stays in the context, the search runs, and the
+    agent answers from the evidence. A sure answer is kept whole: the check's tokens are its start."""
+    search = _searching("capital of Tuvalu")
+    s = FakeSession(favour(["what I know", "from the evidence"]),
+                    ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"], logprob=[-2.0, 0.0, 0.0])
+    events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
+                            options=AgentOptions(answer_check=-0.3)))
+    w = next(e for e in events if e.kind == "move_withdrawn")
+    assert w.action == "answer" and "not sure" in w.reason and "-2.00" in w.reason
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
+    assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
+    sure = FakeSession(favour(["what I know"]), ["Funa", "futi</answer>"], logprob=[-0.1])
+    events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
+    assert events[-1].answer == "Funafuti" and events[-1].turns == 1
+    assert "".join(e.text for e in events if e.kind == "answer_token") == "Funafuti"
+    assert not [e for e in events if e.kind == "move_withdrawn"]
+    assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")

@@ -181,3 +181,23 @@ def test_a_question_answered_from_a_local_factbook_service(qwen05_gguf, edge_hom
     assert final.kind == "final_answer" and final.stop_reason == "answered", final
     assert "funafuti" in final.answer.lower(), final.answer
     assert len(done) == 1, "no second search after the fact was found"
+
+
+def test_the_answer_checks_tokens_are_the_answers_start(qwen):
+    """A sure answer (the check passes) keeps the check's decoded tokens as its start and continues from
+    them: the same answer and the same context as answering in one decode without the check."""
+    from edge_agent.agent.rationales import Library, Rationale
+
+    # the answer's rationale wins against a search rationale the model finds absurd
+    lib = Library((Rationale("know", "I should answer from what I know", "answer"),
+                   Rationale("search", "zq xv kj", "text_search")), "test")
+    runs = []
+    for check in (None, -19.0):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=12, answer_check=check, library=lib)
+        events = list(run_agent(s, "What is the capital of France?", tools=Toolbox(None, FakeSearch()),
+                                options=opts))
+        runs.append((events[-1].answer, list(s.history), [e.kind for e in events]))
+    (a0, h0, k0), (a1, h1, k1) = runs
+    assert "move_withdrawn" not in k1 and "tool_called" not in k0 + k1
+    assert a0 == a1 and h0 == h1, (a0, a1)

@@ -1,29 +1,27 @@
 """The agent's turn loop: a generator of typed events (SSR and free-form modes).
 
-Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a
-tool runs and how its result re-enters the context, the turn limit, cancellation, per-turn timings,
-and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike`` and
-to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor
-anything that touches the network.
+Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool
+runs and how its result re-enters the context, moves taken back, the turn limit, cancellation,
+per-turn timings, and the two SeProD hook points. Talks to the model only through
+``runtime.types.SessionLike`` and to the tools only through ``toolbox.ToolExecutor``; imports neither
+llama_cpp, textual, nor anything that touches the network.
 
 One turn::
 
     [SeProD grounding draft, only in the turn after a zoom]          <- drafter.ground()
-    reasoning   SSR: score the library's candidates in one batch right after "<think>\\n",
-                     p = softmax(mean / tau), paste the chosen text, close the think block
-                free-form: the model writes up to freeform_max_tokens, until "</think>"
-    action      SSR: the head of the rationale's action is appended, the tail generated under its
-                     grammar (so the action always parses and matches the rationale)
-                free-form: the head generated under a grammar admitting every allowed action
+    reasoning   SSR: the library's candidates scored in one batch after "<think>\n" (agent.ssr), the chosen
+                     text pasted; free-form: the model writes up to freeform_max_tokens, until "</think>"
+    action      SSR: the rationale's head appended, the tail generated under its grammar; free-form: the
+                action its reasoning states (agent.intent), else the model's choice under a grammar
+                admitting every allowed action. A move that brings nothing new is taken back (MoveWithdrawn)
     answer ->   [SeProD answering draft: the accepted text starts the answer] <- drafter.answer()
                 the answer streamed under the answer grammar; FinalAnswer
     tool   ->   the tool runs; its observation (and a crop, as a new image) comes back as a
                 <tool_response> user turn; the next think block opens
 
-Mistakes (an action cut off, a refused box, a search that failed) are observations the model reads
-and AgentError(fatal=False) events; a user-fixable failure of the model itself (context full)
-ends the stream with AgentError(fatal=True); bugs propagate. After ``max_turns`` tool turns the
-model is told to answer and only the answer action is allowed.
+Mistakes (an action cut off, a refused box, a search that failed) are observations the model reads and
+AgentError(fatal=False) events; a user-fixable failure of the model itself (context full) ends the stream
+with AgentError(fatal=True); bugs propagate. After ``max_turns`` tool turns only the answer is allowed.
 """
 
 from __future__ import annotations
@@ -85,6 +83,7 @@ from edge_agent.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 
 THINK_STOP = "</think>"
+ANSWER_CHECK_TOKENS = 6  # the answer's first tokens SSR's answer check reads (kept as the answer's start)
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
 
 
@@ -154,6 +153,7 @@ class _Run:
         self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
+        self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
@@ -291,22 +291,28 @@ class _Run:
         the best remaining rationale of the same scoring, free-form the model. When only the answer is
         left, the agent answers with what it has."""
         left = set(allowed)
+        checked = False
         while True:
             try:
                 action = self._head(action, frozenset(left))
                 if action == "answer":
-                    yield from self._answer_turn(turn, final, reasoning_s, t0)
-                    return "answer", None, None
-                call = self._tool_call(action)
+                    unsure = None if checked or not self._checks_answer(left) else self._unsure()
+                    checked = True
+                    if unsure is None:
+                        yield from self._answer_turn(turn, final, reasoning_s, t0)
+                        return "answer", None, None
+                    call = ToolCall("answer", {})
+                else:
+                    call = self._tool_call(action)
             except ActionError as e:
                 return action or "invalid", None, str(e)
-            why = self.tools.nothing_new(call)
+            why = unsure if action == "answer" else self.tools.nothing_new(call)
             if why is None or self._base is None:
                 return action, call, None
             yield MoveWithdrawn(turn=turn, action=action, arguments=dict(call.arguments), reason=why)
             self.session.rollback(self._base)
             self.close_pending = ""
-            left = (left - {action}) | {"answer"}
+            left = left - {action} if action == "answer" else (left - {action}) | {"answer"}
             action = None
             if self.options.mode == "ssr":
                 scored = self.ssr.rechoose(self.session, turn, frozenset(left), has_image=self._has_image(),
@@ -315,6 +321,24 @@ class _Run:
                 self._ssr_paste(scored, False)
                 action = scored.candidates[scored.chosen].action
                 action = None if action == ANY_ACTION else action
+
+    def _checks_answer(self, left: set[str]) -> bool:
+        """SSR's answer check applies: an answer before any tool result, with another move still allowed."""
+        return (self.options.mode == "ssr" and self.options.answer_check is not None and not self.evidence
+                and bool(left - {"answer"}))
+
+    def _unsure(self) -> str | None:
+        """Decode the answer's first tokens (greedy, under its grammar): None when their mean log-prob
+        reaches ``answer_check`` (they stay as the answer's start: :meth:`_answer` continues from them), else
+        why the model is not sure of its answer (the caller takes the answer back and searches)."""
+        gen = self._generate(max_tokens=ANSWER_CHECK_TOKENS, grammar=tail_grammar("answer"),
+                             stop=[TAIL_STOP["answer"]])
+        mean, threshold = sum(gen.logprobs) / max(1, len(gen.logprobs)), self.options.answer_check or 0.0
+        if mean >= threshold:
+            self._probe = gen
+            return None
+        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of its "
+                f"first tokens, below answer_check {threshold:g}): it searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -468,6 +492,7 @@ class _Run:
             self.answer_tokens = len(v.lead) + v.accepted
             budget -= self.answer_tokens
         held = {"cut": False}
+        probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
         def piece_event(piece: str) -> Event | None:
             # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
@@ -481,7 +506,14 @@ class _Run:
             self.answer_parts.append(piece)
             return AnswerToken(turn=turn, text=piece)
 
-        if budget > 0:  # the accepted draft may have used the whole budget
+        if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
+            if (first := piece_event(probe.text)) is not None:
+                yield first
+            self.answer_tokens += len(probe.tokens)
+            budget -= len(probe.tokens)
+            if probe.stop_reason in ("stop", "eos"):
+                self.answer_end, budget = probe.stop_reason, 0
+        if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
             gen = yield from self._stream(
                 lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
