@@ -20,7 +20,11 @@ cleared first:
 - ``ssr``: the photo read with the question (vision encode + its tokens decoded);
 - ``freeform``: the same, reasoning written by the model;
 - ``ssr_read_ahead``: the photo and the typed question read ahead (``Engine.read_ahead``, as the app
-  does on attach and while typing; untimed), then the SSR question.
+  does on attach and while typing; untimed), then the SSR question;
+- ``oneshot``: what a person could use instead, llama.cpp alone answering the same photo question in
+  one shot (``scripts/oneshot.py``, a process of its own: the image through mtmd's helper, the
+  question, a 32-token answer; no agent, no tools) at llama.cpp's own defaults (f16 KV cache, flash
+  attention off, batch 512; every core). ``--no-oneshot`` skips it.
 The first question of the run evaluates the system prompt (no saved state yet): ``system_prompt``
 compares its context opening with the later ones, which restore the saved state.
 
@@ -44,7 +48,11 @@ Top-level JSON keys (contract of issue 20): ``ssr_over_freeform_question``, ``im
 of an SSR question spent reading the photo: encode + decode), ``peak_rss_mb``,
 ``peak_rss_mb_with_prophet``, ``prefill_tokens_per_s``, ``decode_tokens_per_s``, ``decode_overhead``,
 ``vision_encode_s``, ``shape``; also ``logits_finite`` (every raw generate's log-probs and every SSR
-scoring finite). The machine is shared and noisy: read ratios, not seconds.
+scoring finite). Issue 28: ``oneshot_s``, ``ssr_over_oneshot`` and ``read_ahead_over_oneshot`` (question
+wall seconds / one-shot seconds), ``answer_decode_over_llamacpp_defaults`` (the app's answer ms/token /
+llama.cpp's defaults after as many cells) and ``prefill_over_llamacpp_defaults`` (llama.cpp's defaults'
+prefill tokens/s / the app runtime's, the same 256 tokens, sampled in the same rounds). The machine is
+shared and noisy: read ratios, not seconds.
 """
 
 from __future__ import annotations
@@ -68,10 +76,12 @@ if str(ROOT) not in sys.path:
 from PIL import Image, ImageDraw  # noqa: E402
 
 from scripts.benchmodels import filler_tokens, proc_status_mb  # noqa: E402
+from scripts.oneshot import OneShot  # noqa: E402
+from scripts.question_report import VARIANTS, record, summarise, table  # noqa: E402,F401  (record: the API)
 
 QUESTION = "What does the small sign on the door say?"
-VARIANTS = ("ssr", "freeform", "ssr_read_ahead")
 PREFILL_TOKENS = 256
+ONESHOT_N_CTX = 4096  # llama-mtmd-cli's default context
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,8 +203,8 @@ class RawDecode:
     cell, so a token costs more after 1,800 cells than after 64 (2B stand-in, q8_0 KV: ~110 vs ~78
     ms). ``decode_overhead`` compares the app's answer tokens with the raw decode at that length."""
 
-    def __init__(self, model: Any, cores: int, contexts: Any = None) -> None:
-        self.model, self.counts, self.contexts = model, sorted({1, cores}), contexts
+    def __init__(self, model: Any, cores: int, contexts: Any = None, baseline: Baseline | None = None) -> None:
+        self.model, self.counts, self.contexts, self.baseline = model, sorted({1, cores}), contexts, baseline
         self.samples: dict[str, list[float]] = {str(n): [] for n in self.counts}
         self.deep: dict[str, list[float]] = {str(n): [] for n in self.counts}
         self.generate: list[float] = []
@@ -215,6 +225,8 @@ class RawDecode:
             s.append_tokens(filler_tokens(m, cells))
             state_file.write_bytes(pickle.dumps(s.save_state("bench-raw")))
             self._state_file, self.depth = state_file, cells
+            if self.baseline is not None:
+                self.baseline.set_depth(cells)
         finally:
             self._forget()
 
@@ -233,6 +245,8 @@ class RawDecode:
                 state = pickle.loads(self._state_file.read_bytes())  # written by set_depth above
                 self._sample(m.restore(state), toks[64:], self.deep, self.generate_deep, n_tokens)
                 del state
+            if self.baseline is not None:
+                self.baseline.round(n_tokens)
         finally:
             self._forget()
 
@@ -280,6 +294,51 @@ class RawDecode:
                 "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
                 "sampling_overhead": round(gen / shallow[app], 3) if gen and app in shallow else None,
                 "samples": {n: len(v) for n, v in self.samples.items()}, "logprobs_finite": self.finite}
+
+
+class Baseline:
+    """llama.cpp alone at its own defaults (``scripts/oneshot.py``, in a process of its own) beside the app:
+    the one-shot question, and in each round of raw samples a prefill of the same ``PREFILL_TOKENS`` filler
+    tokens by it and by the app's runtime (the app's KV type, batch and threads), and its decode after as
+    many cells as the app's answer is decoded after (the app's side of that: ``RawDecode``)."""
+
+    def __init__(self, worker: Any, model: Any) -> None:
+        self.w, self.model = worker, model  # the app's model: its tokenizer gives the worker the same ids
+        self.prefill: list[float] = []
+        self.app_prefill: list[float] = []
+        self.deep: list[float] = []
+        self.depth = 0
+
+    def set_depth(self, cells: int) -> None:
+        self.w.call(cmd="set_depth", tokens=filler_tokens(self.model, cells))
+        self.depth = cells
+
+    def round(self, n_tokens: int) -> None:
+        toks = filler_tokens(self.model, PREFILL_TOKENS)
+        self.prefill.append(self.w.call(cmd="prefill", tokens=toks)["prefill_s"])
+        s = self.model.session()  # the caller forgets it afterwards
+        t0 = time.perf_counter()
+        s.append_tokens(toks)
+        self.app_prefill.append(time.perf_counter() - t0)
+        if self.depth:
+            deep = filler_tokens(self.model, self.depth + n_tokens)[self.depth :]
+            self.deep.append(self.w.call(cmd="decode", tokens=deep)["decode_ms"])
+
+    def ask(self, answer_tokens: int, photo: Path) -> dict[str, Any]:
+        """The one-shot question, in the phases' terms."""
+        r = self.w.call(cmd="ask", image=str(photo), question=QUESTION, answer_tokens=answer_tokens)
+        return {"question_s": r["oneshot_s"], "image_read_s": r["image_s"], "oneshot_image_s": r["image_s"],
+                "question_open_s": r["text_s"], "answer_s": r["answer_s"], "answer_tokens": r["answer_tokens"],
+                "tokens_evaluated": r["prompt_tokens"] + r["answer_tokens"], "logits_finite": r["logits_finite"],
+                "answer_ms_per_token": 1000 * r["answer_s"] / max(1, r["answer_tokens"])}
+
+    def result(self) -> dict[str, Any]:
+        med = statistics.median
+        return {"threads": self.w.ready.get("threads"), "kv": "f16, flash attention off", "n_batch": 512,
+                "prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.prefill), 2) if self.prefill else None,
+                "app_prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.app_prefill), 2) if self.app_prefill else None,
+                "depth_cells": self.depth, "decode_ms_at_depth": round(med(self.deep), 2) if self.deep else None,
+                "samples": len(self.prefill)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,11 +427,16 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
 
 def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer_tokens: int,
                   freeform_tokens: int, say: Callable[[str], None], peak: AppPeak) -> dict[str, Any]:
-    """A first (cold) question, then ``reps`` rounds of every variant in rotating order; a round of
-    raw decode samples after each question (its memory not in ``peak``)."""
+    """A first (cold) question, then ``reps`` rounds of every variant in rotating order (the one-shot
+    baseline among them when ``raw`` has one); a round of raw decode samples after each question (its
+    memory not in ``peak``)."""
     kw = {"answer_tokens": answer_tokens, "freeform_tokens": freeform_tokens}
+    variants = tuple(v for v in VARIANTS if v != "oneshot" or raw.baseline is not None)
 
     def ask(variant: str) -> dict[str, Any]:
+        if variant == "oneshot":
+            assert raw.baseline is not None
+            return raw.baseline.ask(answer_tokens, photo)
         peak.start()
         try:
             return ask_once(engine, photo, variant, **kw)
@@ -385,9 +449,9 @@ def run_questions(engine: Any, photo: Path, reps: int, raw: RawDecode, *, answer
         raw.set_depth(max(64, live.n_cells - answer_tokens // 2), photo.with_name("raw-depth.state"))
     raw.round()
     say(f"  first question (system prompt evaluated): {cold['question_s']:.1f} s")
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(reps):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
+        order = variants[r % len(variants):] + variants[: r % len(variants)]
         for v in order:
             runs[v].append(ask(v))
             raw.round()
@@ -407,107 +471,6 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# report
-# ----------------------------------------------------------------------------------------------
-def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str, Any]) -> dict[str, Any]:
-    m = q["medians"]
-    ssr, ff = m["ssr"], m["freeform"]
-    # the app's answer tokens against llama.cpp decoding after as many cells (attention reads them all)
-    best_s = (raw.get("best_decode_ms_at_depth") or raw["best_decode_ms"]) / 1000
-    app_ms = ssr.get("answer_ms_per_token")
-    cold, warm = q["cold"], ssr
-    return {
-        "shape": shape,
-        "ssr_over_freeform_question": round(ssr["question_s"] / ff["question_s"], 3),
-        "image_read_share": round(ssr["image_read_s"] / ssr["question_s"], 3),
-        "peak_rss_mb": round(mem["peak_rss_mb"], 1),
-        "peak_rss_mb_with_prophet": None if mem.get("peak_rss_mb_with_prophet") is None
-        else round(mem["peak_rss_mb_with_prophet"], 1),
-        "prefill_tokens_per_s": max(raw["prefill_tokens_per_s"].values()),
-        "prefill_tokens_per_s_app": raw["prefill_tokens_per_s"].get(str(raw["app_threads"]["batch"])),
-        "decode_tokens_per_s": round(1000 / raw["best_decode_ms"], 2),
-        "decode_tokens_per_s_at_depth": round(1 / best_s, 2),
-        "decode_overhead_vs_short_context": round(app_ms / raw["best_decode_ms"], 3) if app_ms else None,
-        "decode_overhead": round(app_ms / 1000 / best_s, 3) if app_ms else None,
-        "vision_encode_s": ssr.get("image_encode_s"),
-        "read_ahead_over_ssr_question": round(m["ssr_read_ahead"]["question_s"] / ssr["question_s"], 3),
-        # context opening without the photo: the first question evaluates the system prompt, the
-        # later ones restore its saved state (or keep it in the KV cache)
-        "system_prompt": {"tokens": warm.get("open_reused"),  # what a later question's context kept
-                          "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
-                          "open_s_restored": warm.get("question_open_s")},
-        "app_answer_ms_per_token": app_ms,
-        # every raw generate's log-probs and every SSR question's rationale scores were finite numbers
-        "logits_finite": bool(raw.get("logprobs_finite", True)
-                              and all(r.get("scores_finite", True) for rs in q["runs"].values() for r in rs)),
-        "raw": raw,
-        "memory": mem,
-        "phases": m,
-        "cold_question": cold,
-        "runs": q["runs"],
-    }
-
-
-def record(res: dict[str, Any], command: str) -> dict[str, Any]:
-    """Put this run's costs under its shape in ``footprint.QUESTION_COSTS`` (other shapes kept)."""
-    from edge_agent import footprint
-
-    ph = res["phases"]
-    entry = {
-        "cores": res["cores"], "command": command, "date": time.strftime("%Y-%m-%d"),
-        "ssr_question_s": round(ph["ssr"]["question_s"], 1),
-        "freeform_question_s": round(ph["freeform"]["question_s"], 1),
-        "read_ahead_question_s": round(ph["ssr_read_ahead"]["question_s"], 1),
-        "ssr_over_freeform_question": res["ssr_over_freeform_question"],
-        "answer_tokens_per_s": round(1000 / res["app_answer_ms_per_token"], 2) if res["app_answer_ms_per_token"] else None,
-        **{k: res[k] for k in ("decode_tokens_per_s", "prefill_tokens_per_s", "vision_encode_s", "peak_rss_mb",
-                               "peak_rss_mb_with_prophet", "decode_overhead", "image_read_share")},
-    }
-    path = footprint.QUESTION_COSTS
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    data.setdefault("about", "What one photo question cost on the Qwen3-VL stand-ins "
-                             "(scripts/bench_question.py --record); the app's first-run screen quotes it.")
-    data.setdefault("shapes", {})[res["shape"]] = entry
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    return entry
-
-
-PHASE_ROWS = [
-    ("vision encode of the photo", "image_encode_s", None),
-    ("photo tokens decoded", "image_decode_s", "image_tokens"),
-    ("context opened (system prompt restored + question)", "question_open_s", "question_tokens"),
-    ("SSR scoring (both turns)", "scoring_s", None),
-    ("free-form reasoning (both turns)", "reasoning_s", "reasoning_tokens"),
-    ("zoom action decode", "zoom_action_s", None),
-    ("zoom: crop made", "zoom_tool_s", None),
-    ("zoom: crop encode + decode", "zoom_observe_s", "crop_tokens"),
-    ("answer decode", "answer_s", "answer_tokens"),
-    ("question (wall)", "question_s", "tokens_evaluated"),
-]
-
-
-def table(res: dict[str, Any]) -> str:
-    """The phase table (Markdown) of a result."""
-    ph = res["phases"]
-    cols = list(VARIANTS)
-    lines = ["| phase | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for label, key, tok in PHASE_ROWS:
-        cells = []
-        for v in cols:
-            x = ph[v].get(key)
-            n = ph[v].get(tok) if tok else None
-            if key.startswith("image_") and ph[v].get("image_read_ahead"):
-                cells.append("read ahead")
-            else:
-                cells.append("-" if not x else f"{x:.2f} s" + (f" ({n:.0f} tok)" if n else ""))
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     ap.add_argument("--standin", default="2b", choices=["2b", "4b"], help="stand-in size (default 2b)")
@@ -518,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each variant (default 2)")
     ap.add_argument("--quick", action="store_true", help="one repetition, fewer decode samples")
     ap.add_argument("--no-prophet", action="store_true", help="skip loading the prophet")
+    ap.add_argument("--no-oneshot", action="store_true", help="skip the one-shot baseline (llama.cpp alone)")
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--freeform-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -546,19 +510,27 @@ def main(argv: list[str] | None = None) -> int:
         peak.start()  # loading the agent, then each question (not the raw rounds between them)
         engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens)
         peak.stop()
+        worker = None
         try:
+            if not args.no_oneshot:
+                say("starting the one-shot baseline (llama.cpp alone, its own process)")
+                worker = OneShot(files["text"], files["mmproj"], n_ctx=ONESHOT_N_CTX, threads=cores)  # type: ignore[arg-type]
             say("raw llama.cpp speed")
             prefill = raw_prefill(engine.model, cores)
-            decode = RawDecode(engine.model, cores, engine.contexts)
+            base = Baseline(worker, engine.model) if worker is not None else None
+            decode = RawDecode(engine.model, cores, engine.contexts, base)
             decode.round()
             say(f"  prefill tokens/s by batch threads {prefill}")
             q = run_questions(engine, photo, args.reps, decode, answer_tokens=args.answer_tokens,
                               freeform_tokens=args.freeform_tokens, say=say, peak=peak)
-            raw = {"prefill_tokens": PREFILL_TOKENS, "prefill_tokens_per_s": prefill, **decode.result()}
+            raw = {"prefill_tokens": PREFILL_TOKENS, "prefill_tokens_per_s": prefill, **decode.result(),
+                   "llamacpp_defaults": base.result() if base is not None else None}
             say(f"  decode {raw}")
             mem: dict[str, Any] = {"peak_rss_mb": peak.mb, "process_peak_rss_mb": peak_rss_mb(),
                                    "agent": engine.memory()["agent"]}
         finally:
+            if worker is not None:
+                worker.close()
             engine.close()
         if files.get("prophet") is not None and not args.no_prophet:
             say("loading the agent and the prophet (SeProD on)")

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 
 KEYS = {"ssr_over_freeform_question", "image_read_share", "peak_rss_mb", "peak_rss_mb_with_prophet",
-        "prefill_tokens_per_s", "decode_tokens_per_s", "decode_overhead", "vision_encode_s", "shape"}
+        "prefill_tokens_per_s", "decode_tokens_per_s", "decode_overhead", "vision_encode_s", "shape",
+        # issue 28: the one-shot baseline (llama.cpp alone), and the app against llama.cpp's own defaults
+        "oneshot_s", "ssr_over_oneshot", "read_ahead_over_oneshot", "answer_decode_over_llamacpp_defaults",
+        "prefill_over_llamacpp_defaults"}
 
 
 def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, monkeypatch):
@@ -23,7 +26,17 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert ph["ssr"]["image_tokens"] > 0 and not ph["ssr"]["image_read_ahead"]
     assert ph["ssr_read_ahead"]["image_read_ahead"] and ph["ssr_read_ahead"]["image_read_s"] == 0
     assert ph["freeform"]["reasoning_tokens"] > 0 and ph["ssr"]["scoring_s"] > 0
-    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph)
+    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph
+               if v != "oneshot")
+    # the one-shot baseline: the photo, the question and a fixed-length answer, llama.cpp alone
+    one = ph["oneshot"]
+    assert one["answer_tokens"] == 4 and one["tokens_evaluated"] > ph["ssr"]["image_tokens"] and one["logits_finite"]
+    assert res["ssr_over_oneshot"] == round(ph["ssr"]["question_s"] / one["question_s"], 3) > 0
+    assert res["read_ahead_over_oneshot"] == round(ph["ssr_read_ahead"]["question_s"] / one["question_s"], 3)
+    base = res["raw"]["llamacpp_defaults"]
+    assert base["decode_ms_at_depth"] > 0 and base["depth_cells"] == res["raw"]["depth_cells"]
+    assert res["answer_decode_over_llamacpp_defaults"] > 0 and res["prefill_over_llamacpp_defaults"] > 0
+    assert "one-shot: llama.cpp alone" in bench_question.table(res)
     assert res["memory"]["seprod_question"]["stop_reason"] in ("answered", "length")  # 4 tokens: cut
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
     assert res["logits_finite"] is True and ph["ssr"]["scores_finite"] is True

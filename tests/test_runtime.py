@@ -403,8 +403,12 @@ def test_sampling_is_seeded(tiny):
 INFINITE = 'root ::= "ab " root'  # never complete: EOS is never allowed
 
 
-def test_cancel_from_callback_stops_after_that_token(tiny):
+@pytest.mark.parametrize("forced_batches", [False, True])
+def test_cancel_from_callback_stops_after_that_token(tiny, forced_batches):
+    """Token by token, the token that set the cancel is not decoded; in a verified batch of forced text
+    (``runtime.forced``: "ab ab ..." is all forced) it was evaluated with the batch and the rest is dropped."""
     s = tiny.session()
+    s.forced_batches = forced_batches
     s.append_text(CONTEXT)
     cancel = threading.Event()
     seen: list[int] = []
@@ -416,7 +420,9 @@ def test_cancel_from_callback_stops_after_that_token(tiny):
 
     g = s.generate(max_tokens=100, grammar=INFINITE, on_token=on_token, cancel=cancel)
     assert g.stop_reason == "cancelled" and len(g.tokens) == 3
-    assert g.n_eval == 2  # the token that triggered the cancel is not decoded
+    if not forced_batches:
+        assert g.n_eval == 2  # the token that triggered the cancel is not decoded
+    assert s.kv_seq_ranges() == {0: (0, s.n_cells - 1)} and s.n_cells + s.n_pending == len(s.history)
     again = s.generate(max_tokens=5, cancel=cancel)  # already cancelled: nothing sampled, no exception
     assert again.stop_reason == "cancelled" and again.tokens == []
 

@@ -80,6 +80,9 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     else:
         raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
 
+    if not question.strip():  # before any model loads
+        raise EdgeAgentError('The question is empty. Give one in quotes: edge-agent ask "What is the capital of '
+                             'Peru?" (about a photo: edge-agent ask photo.jpg "What is this?")', title="Empty question")
     flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
     settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
                               "offline": True if offline else None})

@@ -7,6 +7,10 @@ kept candidate's cells (``adopt``). Does not know prompts, rationales or drafts,
 state: ``Session.score`` / ``Session.adopt`` hand these functions the context's logits and position
 and apply what they return (:class:`Scored`, :class:`Adopted`). Reaches llama.cpp through the
 :class:`~edge_agent.runtime.handle.Handle` only.
+
+Costs (SmolLM2-135M, 1 thread of a shared 2-core VM, ~600-token context): scoring the built-in six
+rationales (41 tokens, 23 distinct prefixes, 17 inner trie nodes evaluated) takes the time of ~7-10
+decoded tokens; see scripts/bench_runtime.py.
 """
 
 from __future__ import annotations

@@ -111,6 +111,32 @@ class Sampler:
             return None
         return int(idx[ok][vals[ok] == best].min())  # the lowest id among equal best logits, as argmax
 
+    def forced_text(self, ids: np.ndarray, chars: str, max_chars: int) -> str:
+        """The text the grammar forces next, as far as one probe character at a time shows it: while
+        exactly one of the probe tokens ``ids`` (single-character tokens of ``chars``) is allowed, that
+        character is forced. Leaves this sampler's grammar as it is (a clone is advanced). A guess for
+        a draft, never trusted: the caller verifies every token against the model."""
+        if self.gram is None or not len(ids):
+            return ""
+        clone = C.llama_sampler_clone(self.gram)
+        out: list[str] = []
+        try:
+            data = np.zeros(len(ids), dtype=TOKEN_DATA)
+            while len(out) < max_chars:
+                data["id"] = ids
+                data["logit"] = 0.0
+                arr = C.llama_token_data_array(data=data.ctypes.data_as(C.llama_token_data_p), size=len(data),
+                                               selected=-1, sorted=False)
+                C.llama_sampler_apply(clone, ctypes.byref(arr))
+                ok = np.flatnonzero(np.isfinite(data["logit"]))
+                if len(ok) != 1:
+                    break
+                out.append(chars[int(ok[0])])
+                C.llama_sampler_accept(clone, int(ids[int(ok[0])]))
+        finally:
+            C.llama_sampler_free(clone)
+        return "".join(out)
+
     def accept(self, token: int) -> None:
         """Advance the grammar past ``token`` (call once per appended token)."""
         if self.gram is not None:

@@ -25,16 +25,12 @@ llama_decode through the handle's C-level abort flag (``Model.interrupt()`` does
 Layers: a session reaches llama.cpp only through its :class:`~edge_agent.runtime.handle.Handle`, text
 through the model's :class:`~edge_agent.runtime.tokenizer.Tokenizer`; it does not import ``model``
 (``Model.session()`` / ``Model.restore()`` call :meth:`Session.open` with what the model knows).
-Batched scoring (``batch``) and sampling (``sampling``) return values that the session applies.
-
-Costs (SmolLM2-135M, 1 thread of a shared 2-core VM, ~600-token context): scoring the built-in six
-rationales (41 tokens, 23 distinct prefixes, 17 inner trie nodes evaluated) takes the time of ~7-10
-decoded tokens; see scripts/bench_runtime.py.
+Batched scoring (``batch``), sampling (``sampling``) and verified forced text (``forced``) return
+values that the session applies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -44,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
-from edge_agent.runtime import batch, vision
+from edge_agent.runtime import batch, forced, vision
 from edge_agent.runtime import state as state_mod
 from edge_agent.runtime._lib import recent_errors
 from edge_agent.runtime.handle import ContextFull, Handle
@@ -69,6 +65,8 @@ class ModelFacts:
 
 class Session:
     """Seq 0 of a model's KV cache. Get one from ``Model.session()`` or ``Model.restore()``."""
+
+    forced_batches = True  # generate(): forced text in one verified batch (False: token by token)
 
     def __init__(self, handle: Handle, tokenizer: Tokenizer, facts: ModelFacts) -> None:  # use open()
         self._h = handle
@@ -268,17 +266,12 @@ class Session:
             try:
                 with vision.prepare(self._h, image) as prep:
                     result: ImageChunk | None = None
-                    at = len(self.history)  # where the image's placeholder goes (after mtmd's opening markers)
                     for part in prep.parts:
                         if isinstance(part, vision.ImagePart):
-                            at = len(self.history)
                             result = self._eval_image_chunk(part.chunk, prep, state_mod.image_digest(image))
                         else:
                             self._append(part)
                     assert result is not None
-                    result = dataclasses.replace(result, wrap_before=at - cp.n_history,
-                                                 wrap_after=len(self.history) - at - 1)
-                    self.images[-1] = result
                     return result
             except BaseException:
                 self._rollback(cp)
@@ -295,11 +288,14 @@ class Session:
         if new_pos != self.n_pos + n_pos:
             raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
         px = self._facts.image_px_per_token
+        at = next(i for i, p in enumerate(prep.parts) if isinstance(p, vision.ImagePart))  # mtmd's markers around it
+        wrap = [sum(len(p) for p in ps if not isinstance(p, vision.ImagePart)) for ps in (prep.parts[:at],
+                                                                                          prep.parts[at + 1:])]
         chunk_info = ImageChunk(
             n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else prep.width,
             height=ny * px if px else prep.height, digest=digest,
             encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
-            reused=reused,
+            reused=reused, wrap_before=wrap[0], wrap_after=wrap[1],
         )
         self.history.append(IMAGE)
         self.images.append(chunk_info)
@@ -462,11 +458,7 @@ class Session:
             try:
                 got = batch.adopt(self._h, kept, index, n_tokens, self.n_pos)
                 if got.tokens:
-                    self.history.extend(got.tokens)
-                    self.n_pos += len(got.tokens)
-                    self.n_cells += got.n_kv
-                    self._pending = [] if got.logits is not None else [got.tokens[-1]]
-                    self._logits = got.logits
+                    self._took(got.tokens, got.n_kv, got.logits)
                 return len(got.tokens)
             finally:
                 self._drop_kept()
@@ -497,6 +489,8 @@ class Session:
           in one last call with token id -1. The pieces concatenate to ``Generation.text``.
         - ``cancel``: checked before each token and after each callback, and it aborts a running
           decode (through the model's abort flag); stop_reason "cancelled".
+        - Under a grammar, forced text (``], "label": "``) is evaluated in one batch and verified: only
+          tokens decoding would sample are kept (``runtime.forced``; ``forced_batches = False``: not).
         The last sampled token is left pending (not decoded) until the session needs it.
         ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
         """
@@ -507,11 +501,16 @@ class Session:
             run = Run(StopStream(stop), on_token)
             with Sampler(self._h, grammar=grammar, temperature=temperature, seed=seed) as sampler:
                 n = self._start_generation(max_tokens, run)
-                for i in range(n):
+                probe = forced.probe_of(self._tok) if grammar is not None and self.forced_batches else None
+                i = 0
+                while i < n:
                     if self._stops_before(i, run, cancel):
                         break
                     self._sample_next(run, sampler, last=i == n - 1)
-                    if run.reason in ("eos", "stop"):
+                    i += 1
+                    if run.reason == "length" and probe is not None and i < n and not (cancel and cancel.is_set()):
+                        i += self._jump(run, sampler, probe, n - i, cancel)
+                    if run.reason in ("eos", "stop", "cancelled"):
                         break
                     if cancel is not None and cancel.is_set():
                         run.reason = "cancelled"
@@ -551,6 +550,24 @@ class Session:
                 return True
         return False
 
+    def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int, cancel: threading.Event | None) -> int:
+        """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0: none)."""
+        assert len(self._pending) == 1
+        got = forced.jump(self._h, sampler, run, self._tok, probe, self._pending[0], self.n_pos - 1,
+                          room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(), cancel=cancel)
+        if got is not None:
+            self.n_evaluated += got.n_eval
+            self._took(got.tokens, got.n_kv, got.logits)
+        return len(got.tokens) if got is not None else 0
+
+    def _took(self, tokens: list[int], n_kv: int, logits: np.ndarray | None) -> None:
+        """``tokens`` join the history, ``n_kv`` cells seq 0; with ``logits`` nothing is pending, else the last token."""
+        self.history.extend(tokens)
+        self.n_pos += len(tokens)
+        self.n_cells += n_kv
+        self._pending = [] if logits is not None else [tokens[-1]]
+        self._logits = logits
+
     def _sample_next(self, run: Run, sampler: Sampler, *, last: bool) -> None:
         """Sample one token from the current logits, append it (pending), stream its text."""
         logits = self._logits
@@ -574,16 +591,9 @@ class Session:
     def kv_seq_ranges(self) -> dict[int, tuple[int, int]]:
         """{seq: (min pos, max pos)} for every sequence holding cells (tests use it to find leaks)."""
         with self._h.lock:
-            out = {}
-            for s in range(self._h.n_seq_max):
-                rng = self._h.seq_range(s)
-                if rng is not None:
-                    out[s] = rng
-            return out
+            ranges = {s: self._h.seq_range(s) for s in range(self._h.n_seq_max)}
+            return {s: rng for s, rng in ranges.items() if rng is not None}
 
     def text(self) -> str:
         """The conversation as text (special tokens rendered; an image as ``<image>``), for debugging."""
-        parts = []
-        for t in self.history:
-            parts.append("<image>" if t == IMAGE else self._tok.detokenize([t], special=True))
-        return "".join(parts)
+        return "".join("<image>" if t == IMAGE else self._tok.detokenize([t], special=True) for t in self.history)
