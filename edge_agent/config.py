@@ -131,7 +131,7 @@ class Settings:
     ssr_answer_check: float = _doc(
         "SSR: before answering from what it knows (no tool result read yet, a search still possible), the agent "
         "decodes the answer's first 6 tokens; when their mean log-prob is below this it is not sure and searches "
-        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.3)
+        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.", default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
     freeform_max_tokens: int = _doc("Free-form mode: most reasoning tokens per turn.", default=128)

@@ -385,7 +385,7 @@ def test_engine_input_errors_are_fatal_events(edge_home):
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
 
-    model = LoopModel(lambda: FakeSession(favour(["from what I know"]), ["hi</answer>"]))
+    model = LoopModel(lambda: FakeSession(favour(["full sentence"]), ["hi</answer>"]))
     engine = Engine(model, Settings.load({"state_cache_mb": 0}))  # a fake session has no KV to save
     real = edge_home / "x.png"
     Image.new("RGB", (64, 48), "red").save(real)
@@ -474,9 +474,10 @@ def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
 def test_pmi_scores_subtract_the_neutral_score_and_decide():
     """ssr_score pmi: p comes from mean - neutral mean; a rationale likely everywhere (raw best) loses to one
     that fits this context better than a neutral one. The raw score is reported unchanged."""
-    raw = {"I should search the web for facts": -0.5, "I should answer from what I know": -1.0,
+    know = builtin_library().rationales[-1].text
+    raw = {"I should search the web for facts": -0.5, know: -1.0,
            "I should answer from the evidence": -2.0}  # (not a candidate before a tool result)
-    neutral = {"I should search the web for facts": -0.4, "I should answer from what I know": -1.6}
+    neutral = {"I should search the web for facts": -0.4, know: -1.6}
     s = FakeSession(lambda text, n: raw[text], ["Lima</answer>"])
     opts = AgentOptions(ssr_score="pmi", neutral=neutral)
     events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()), options=opts))
@@ -496,7 +497,7 @@ def test_a_tool_message_as_the_answer_is_no_answer():
     """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer found"."""
     miss = "No cached result for \"largest planet\" (offline). Answer from what you have seen or know."
     search = FakeSearchTools(text=lambda q: outcome("text_search", "offline", miss, query=q))
-    s = FakeSession(favour(["the web for facts", "what I know"]),
+    s = FakeSession(favour(["the web for facts", "full sentence"]),
                     ['largest planet"}}\n</tool_call>', "Answer from what you have seen or know</answer>"])
     events = list(run_agent(s, "What is the largest planet?", tools=Toolbox(None, search)))
     assert events[-1].stop_reason == "no_answer" and events[-1].answer == ""
@@ -509,7 +510,7 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     below answer_check): the answer is taken back before it stays in the context, the search runs, and the
     agent answers from the evidence. A sure answer is kept whole: the check's tokens are its start."""
     search = _searching("capital of Tuvalu")
-    s = FakeSession(favour(["what I know", "from the evidence"]),
+    s = FakeSession(favour(["full sentence", "from the evidence"]),
                     ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"], logprob=[-2.0, 0.0, 0.0])
     events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
                             options=AgentOptions(answer_check=-0.3)))
@@ -518,7 +519,7 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
     assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
     assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
-    sure = FakeSession(favour(["what I know"]), ["Funa", "futi</answer>"], logprob=[-0.1])
+    sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
     events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
     assert events[-1].answer == "Funafuti" and events[-1].turns == 1
     assert "".join(e.text for e in events if e.kind == "answer_token") == "Funafuti"
