@@ -10,8 +10,8 @@ candidate texts: it is computed once (one short user turn and one scoring pass a
 and kept in ``home/neutral-scores.json``, keyed by the model's identity (file, KV type, build: what
 changes the numbers), the system prompt and the neutral question.
 
-Knows: the neutral question, the key, the file. Does not know: the loop, selection, llama.cpp (the
-scoring is a callable the engine hands in).
+Knows: the neutral question, the key, the file, how to read the scores on a session holding exactly a
+system prompt. Does not know: the loop, selection, llama.cpp (a ``SessionLike`` is handed in).
 """
 
 from __future__ import annotations
@@ -23,13 +23,27 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edge_agent.agent.context import append_segments
+from edge_agent.agent.prompts import question_segments
 from edge_agent.files import atomic_write
+from edge_agent.runtime.types import SessionLike
 
 NEUTRAL_QUESTION = ""  # the user turn of the neutral context: "<|im_start|>user\n<|im_end|>\n" then "<think>\n"
 FILE_NAME = "neutral-scores.json"
 MAX_ENTRIES = 64  # (model, system prompt) pairs kept; the oldest go first
 
 Score = Callable[[str, Sequence[str]], Sequence[float]]  # (system prompt, candidates) -> neutral means
+
+
+def neutral_means(s: SessionLike, texts: Sequence[str]) -> list[float]:
+    """Each of ``texts``' mean log-prob after the neutral question, on a session holding exactly a system
+    prompt (one short user turn and one scoring pass; the session is rolled back to where it was)."""
+    cp = s.checkpoint()
+    try:
+        append_segments(s, question_segments(NEUTRAL_QUESTION, None))
+        return [sc.mean for sc in s.score(texts)]
+    finally:
+        s.rollback(cp)
 
 
 def neutral_key(identity: Mapping[str, Any], system: str) -> str:

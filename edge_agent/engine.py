@@ -31,15 +31,14 @@ from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_agent.agent.context import append_segments
 from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import run_agent, system_for
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
-from edge_agent.agent.prompts import check_n_ctx, question_segments
+from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.agent.rationales import Library, index_label, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
 from edge_agent.calibration import FILE_NAME as NEUTRAL_FILE
-from edge_agent.calibration import NEUTRAL_QUESTION, NeutralScores
+from edge_agent.calibration import NeutralScores, neutral_means
 from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
@@ -409,16 +408,8 @@ class Engine:
             return
         if missing := self.neutral.missing(system, texts):
             self.contexts.to_boundary(s)
-            self.neutral.add(system, missing, self._neutral_on(s, missing))
+            self.neutral.add(system, missing, neutral_means(s, missing))
 
-    @staticmethod
-    def _neutral_on(s: Any, texts: Sequence[str]) -> list[float]:
-        cp = s.checkpoint()
-        try:
-            append_segments(s, question_segments(NEUTRAL_QUESTION, None))
-            return [sc.mean for sc in s.score(texts)]
-        finally:
-            s.rollback(cp)
 
     # ---- read-ahead ------------------------------------------------------------------------------
     def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "",

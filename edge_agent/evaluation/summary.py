@@ -76,13 +76,9 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         elif isinstance(e, ev.FinalAnswer):
             final = e
     turn_log = [turns[k] for k in sorted(turns)]
-    turn_model = sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
-                     for t in turn_log)
-    totals = dict(final.totals) if final else {}
-    if "total" in totals and "tool" in totals:
-        model_seconds = max(0.0, float(totals["total"]) - float(totals["tool"]))
-    else:
-        model_seconds = turn_model
+    turn_model, totals = _turn_model_seconds(turn_log), dict(final.totals) if final else {}
+    model_seconds = (max(0.0, float(totals["total"]) - float(totals["tool"])) if "total" in totals and "tool" in totals
+                     else turn_model)
     return {
         "prediction": final.answer if final else "",
         "turns": final.turns if final else len(turn_log),
@@ -98,6 +94,11 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "agent_errors": errors,
         "error": fatal if final is None else None,
     }
+
+
+def _turn_model_seconds(turn_log: list[dict[str, Any]]) -> float:
+    return sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
+               for t in turn_log)
 
 
 def make_record(q: Question, mode: ModeSpec, events: Iterable[ev.Event], *, wall_seconds: float | None = None,
