@@ -281,7 +281,15 @@ class ChatScreen(ImageActions):
                 self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
                             severity="error")
             return False
-        return not self._say_busy()
+        if self._say_busy():
+            return False
+        holder = self.host.claim(self.chat_id) if self.chat_id is not None else None
+        if holder is not None:  # another process is answering in this chat: one writer at a time
+            self.notify(f"Chat {self.chat_id} is being answered by {holder}. Ask again when it is done, or in a new "
+                        "chat (Ctrl+N).", title="Chat busy", severity="warning", timeout=8)
+            return False
+        self.host.release(self.chat_id)  # only asked whether it is free: ask() holds it for the answer
+        return True
 
     async def action_retry(self) -> None:
         """Answer the last question again (a new answer; also after a stopped or failed one), with
@@ -318,6 +326,9 @@ class ChatScreen(ImageActions):
         self._replace_last = False
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
+        if self.host.claim(self.chat_id) is not None:  # taken between the check and now
+            self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy", severity="warning")
+            return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
         self.store.add_user_message(self.chat_id, question, image, replace_last=replace_last)
@@ -335,7 +346,7 @@ class ChatScreen(ImageActions):
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.host.ask(Question(message_id, question, image, cont.turns, cont.context), self)
+        self.host.ask(Question(message_id, question, image, cont.turns, cont.context, self.chat_id), self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)
