@@ -96,7 +96,8 @@ def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(en
     rows = [json.loads(x) for x in follow.stdout.splitlines()]
     opened = next(r for r in rows if r["event"] == "context_opened")
     assert opened["source"] == "restored" and opened["tokens_reused"] > 0
-    assert not [r for r in rows if r["event"] == "image_evaluated"]  # the photo stays in the restored context
+    # the photo stays in the restored context (a zoom's crop, which random weights may choose, is read anew)
+    assert not [r for r in rows if r["event"] == "image_evaluated" and r["source"] == "image"]
     assert rows[-1]["totals"]["tokens_reused"] == opened["tokens_reused"]
     from edge_agent.chats import ChatStore
     from edge_agent.config import Settings

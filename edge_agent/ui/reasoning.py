@@ -169,9 +169,9 @@ class TurnView(Collapsible):
         elif isinstance(e, ev.AgentError):
             await self._add(Static(Text(f"{e.title}: {e.message}"), classes="turn-error"))
         elif isinstance(e, ev.MoveWithdrawn):
-            what = e.arguments.get("query") or e.arguments.get("img_idx", "")
-            await self._add(Static(Text(f"{e.action} {what!r} taken back, not run: {e.reason}", style="dim"),
-                                   classes="draft"))
+            what = e.arguments.get("query", e.arguments.get("img_idx"))
+            move = e.action if what is None else f"{e.action} {what!r}"
+            await self._add(Static(Text(f"{move} taken back: {e.reason}", style="dim"), classes="draft"))
         elif isinstance(e, ev.TurnFinished):
             self.action = e.action
             self._retitle(e)
