@@ -278,7 +278,7 @@ def test_the_scored_rationale_is_shown_before_it_is_adopted_and_nothing_changes(
             s = a.active_session
             assert s is not None
             if ev.kind in ("context_opened", "rationale_scored"):
-                at[ev.kind] = s.n_pos
+                at.setdefault(ev.kind, s.n_pos)  # the first turn's scores
             ra.append(ev)
         assert at["rationale_scored"] == at["context_opened"]  # nothing of the rationale pasted yet
         rb = list(eb.ask(q1, photo, options=opts))
