@@ -39,8 +39,8 @@ from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
 
 # 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
-# 4: messages.replaced (an exchange a /retry or /edit replaced)
-SCHEMA_VERSION = 4
+# 4: messages.replaced (an exchange a /retry or /edit replaced); 5: messages_fts (full-text search of the texts)
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -72,11 +72,41 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
 """
 _TABLES = ("chats", "messages", "events")
-_MIGRATIONS = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
-    "ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",
+
+
+def _fts5() -> bool:
+    """This Python's SQLite has FTS5 (the usual builds do; without it the search reads titles and texts with LIKE)."""
+    try:
+        sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    except sqlite3.Error:
+        return False
+    return True
+
+
+HAS_FTS5 = _fts5()
+# The messages' texts indexed for search, kept in step by triggers (an external-content FTS5 table).
+_FTS = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(text, content='messages', content_rowid='id')",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_ai AFTER INSERT ON messages BEGIN "
+    "INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_ad AFTER DELETE ON messages BEGIN "
+    "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); END",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_au AFTER UPDATE OF text ON messages BEGIN "
+    "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); "
+    "INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END",
+    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+) if HAS_FTS5 else ()
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
+    ("ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",),
+    ("ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",),
+    ("ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",),
+    _FTS,
 )
+
+
+def _statements() -> list[str]:
+    """A new file's schema: the tables, then the search index."""
+    return [s for s in _SCHEMA.split(";") if s.strip()] + list(_FTS)
 
 
 @dataclass(frozen=True)
@@ -215,11 +245,11 @@ class ChatStore:
                     src.backup(mem)
                 finally:
                     src.close()
-            statements = [s for s in _SCHEMA.split(";") if s.strip()]
-            version = sqlitedb.ensure_schema(mem, SCHEMA_VERSION, statements, tables=_TABLES)
+            version = sqlitedb.ensure_schema(mem, SCHEMA_VERSION, _statements(), tables=_TABLES)
             if 0 < version < SCHEMA_VERSION:
-                for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
-                    mem.execute(sql)
+                for step in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                    for sql in step:
+                        mem.execute(sql)
             mem.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as e2:
             mem.close()
@@ -232,13 +262,13 @@ class ChatStore:
         db = sqlitedb.connect(self.path, check_same_thread=False)
         try:
             db.row_factory = sqlite3.Row
-            statements = [s for s in _SCHEMA.split(";") if s.strip()]
-            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, statements, tables=_TABLES)
-            if 0 < version < SCHEMA_VERSION:  # older files: add the columns, nothing else changed
+            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, _statements(), tables=_TABLES)
+            if 0 < version < SCHEMA_VERSION:  # older files: add the columns (and the search index)
                 with sqlitedb.transaction(db):
                     version = sqlitedb.user_version(db)  # another process may have migrated it since
-                    for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
-                        db.execute(sql)
+                    for step in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                        for sql in step:
+                            db.execute(sql)
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 version = SCHEMA_VERSION
             if version > SCHEMA_VERSION:
@@ -306,6 +336,29 @@ class ChatStore:
             "LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ChatSummary(r["id"], r["title"], r["created"], r["updated"], r["n"]) for r in rows]
+
+    def search(self, text: str, limit: int = 200) -> dict[int, str]:
+        """Chats whose messages hold every word of ``text`` (as prefixes: "derail" finds "derailleur"), best
+        match first: {chat id: a snippet of the message, the words in [brackets]}. Full-text search (FTS5)."""
+        words = [w.replace('"', '""') for w in text.split()]
+        if not words:
+            return {}
+        if not HAS_FTS5:
+            rows = self._exec("SELECT chat_id, text FROM messages WHERE " + " AND ".join(["text LIKE ?"] * len(words))
+                              + " ORDER BY id DESC LIMIT ?", (*[f"%{w}%" for w in words], limit)).fetchall()
+            return {r[0]: r[1][:80] for r in reversed(rows)}
+        query = " ".join(f'"{w}"*' for w in words)
+        try:
+            rows = self._exec(
+                "SELECT m.chat_id, snippet(messages_fts, 0, '[', ']', '…', 10) FROM messages_fts "
+                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ? "
+                "ORDER BY bm25(messages_fts) LIMIT ?", (query, limit)).fetchall()
+        except sqlite3.OperationalError:  # a query FTS5 cannot parse: nothing found, never an error
+            return {}
+        out: dict[int, str] = {}
+        for chat_id, snip in rows:
+            out.setdefault(chat_id, " ".join(str(snip).split()))
+        return out
 
     def rename(self, chat_id: int, title: str) -> None:
         title = " ".join(title.split())

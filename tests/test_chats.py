@@ -219,4 +219,7 @@ def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
     m = store.start_answer(1)
     store.add_event(m, ev.FinalAnswer(answer="Yes.", turns=1, stop_reason="answered", context="abc"))
     assert store.continuation(1).context == "abc" and store.continuation(1).history[-1] == ("New?", "Yes.")
+    # the messages written before the search index existed are found too (issue 30 item 8), and new ones
+    assert list(store.search("old answ")) == [1] and list(store.search("yes")) == [1]
+    assert store.search("nowhere") == {} and store.search('"unbalanced') == {}
     store.close()

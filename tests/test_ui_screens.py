@@ -169,6 +169,54 @@ async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path)
         assert app.store.load(app.chat_screen.chat_id).title == "Peru capital"
 
 
+@pytest.mark.asyncio
+async def test_the_chat_list_searches_the_messages_text(settings, tmp_path):
+    """The search finds words said in a chat's messages, not only its title (SQLite FTS5), and shows where
+    (issue 30 item 8); a chat with none of them is left out."""
+    from edge_agent.chats import ChatStore
+
+    store = ChatStore(settings.chats_path)
+    bikes = store.new_chat()
+    store.add_user_message(bikes, "How does a bicycle work?")
+    store.add_event(store.start_answer(bikes), ev.FinalAnswer(
+        answer="The chain turns the rear wheel; the derailleur moves it between sprockets.", turns=1,
+        stop_reason="answered"))
+    other = store.new_chat()
+    store.add_user_message(other, "What is the capital of Peru?")
+    store.add_event(store.start_answer(other), ev.FinalAnswer(answer="Lima.", turns=1, stop_reason="answered"))
+    store.close()
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("slash", *"derail")
+        await pilot.pause()
+        assert [c.id for c in app.screen.chats] == [bikes]
+        shown = str(app.screen.query_one("#chat-list").get_option_at_index(0).prompt)
+        assert "derailleur" in shown  # where it was said
+        await pilot.press(*" sprockets")
+        await pilot.pause()
+        assert [c.id for c in app.screen.chats] == [bikes]
+        app.screen.query_one("#chat-search", Input).value = "lima"
+        await pilot.pause()
+        assert [c.id for c in app.screen.chats] == [other]
+
+
+@pytest.mark.asyncio
+async def test_a_key_copies_the_last_answer_to_the_clipboard(settings, tmp_path):
+    """Ctrl+Y copies the last answer (as Textual offers: the terminal's clipboard; issue 30 item 8)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        await pilot.press("ctrl+y")
+        await pilot.pause()
+        assert app.clipboard == "The sign says **OPEN**: the shop is open."
+        assert any(n.title == "Copied" for n in app._notifications)
+
+
 # --- a long chat opens at once -----------------------------------------------------------------------
 
 

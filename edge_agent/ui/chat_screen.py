@@ -89,6 +89,7 @@ class ChatScreen(ImageActions):
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+s", "app.settings", "Settings"),
+        Binding("ctrl+y", "copy_answer", "Copy answer", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -398,6 +399,19 @@ class ChatScreen(ImageActions):
         self.status.state = "ready"
         self.notify("Stopped. Ask again when you like.", title="Answer cancelled", timeout=3)
         self.query_one(PromptInput).focus()
+
+    def action_copy_answer(self) -> None:
+        """Ctrl+Y: the answer in focus (clicked), else the last one, to the clipboard (the terminal's, through
+        Textual: OSC 52, which most terminals take)."""
+        answers = self.transcript.answers()
+        focused = next((a for a in answers if a.has_focus_within), None)
+        answer = focused or next((a for a in reversed(answers) if a.text.strip()), None)
+        if answer is None or not answer.text.strip():
+            self.notify("There is no answer to copy yet.", title="Nothing to copy", timeout=3)
+            return
+        self.app.copy_to_clipboard(answer.text.strip())
+        self.notify(f"The answer ({len(answer.text.strip())} characters) is on the clipboard.", title="Copied",
+                    timeout=3)
 
     # --- reasoning, mode, settings ---
     def action_toggle_reasoning(self) -> None:

@@ -1,7 +1,8 @@
 """The chat list (search, resume, rename, delete, export) and the small rename dialog.
 
 Delete asks first: ``d`` arms it for the highlighted chat, a second ``d`` deletes, anything else
-(another chat, Esc) disarms it. Typing in the search box (``/`` focuses it) narrows the list by title.
+(another chat, Esc) disarms it. Typing in the search box (``/`` focuses it) narrows the list to the chats
+whose title or messages hold the words (``ChatStore.search``: full text), each with where it was said.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
             yield Static("[b]Chats[/b]", id="chats-title")
-            yield Input(placeholder="/ search chats by title", id="chat-search")
+            yield Input(placeholder="/ search the chats (titles and what was said)", id="chat-search")
             yield OptionList(id="chat-list")
             yield Static("Enter resume · / search · n new · r rename · d delete · e export · Esc close",
                          id="chats-help")
@@ -94,7 +95,9 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
 
     def reload(self, highlight: int | None = None, *, focus_list: bool = True) -> None:
         words = self.query_text.casefold().split()
-        self.chats = [c for c in self.store.list_chats() if all(w in c.title.casefold() for w in words)]
+        found = self.store.search(self.query_text) if words else {}  # the messages' texts (full-text search)
+        self.chats = [c for c in self.store.list_chats()
+                      if c.id in found or all(w in c.title.casefold() for w in words)]
         ol = self.query_one(OptionList)
         ol.clear_options()
         for c in self.chats:
@@ -102,9 +105,11 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
             t.append("● " if c.id == self.current else "  ", style="green")
             t.append(c.title, style="bold")
             t.append(f"  {c.n_messages} messages · {when(c.updated)}", style="dim")
+            if c.id in found:
+                t.append(f"\n    {found[c.id]}", style="italic")
             ol.add_option(Option(t, id=str(c.id)))
         if not self.chats:
-            empty = f"No chat title has {self.query_text!r}." if words else "No chats yet. Press n to start one."
+            empty = f"No chat has {self.query_text!r}." if words else "No chats yet. Press n to start one."
             ol.add_option(Option(Text(empty, style="dim"), disabled=True))
         elif highlight is not None and highlight < len(self.chats):
             ol.highlighted = highlight

@@ -22,7 +22,8 @@ SLASH_HELP = (
 )
 KEY_HELP = (
     "Esc stop the answer · Ctrl+F attach an image · Ctrl+D detach it · Ctrl+T reasoning · Ctrl+R mode "
-    "(SSR, free-form, direct)\nCtrl+O chats · Ctrl+N new chat · Ctrl+S settings · Ctrl+P every command · Ctrl+Q quit"
+    "(SSR, free-form, direct)\nCtrl+Y copy the answer · Ctrl+O chats (/ searches them) · Ctrl+N new chat · "
+    "Ctrl+S settings · Ctrl+P every command · Ctrl+Q quit"
 )
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".heic", ".avif")
 PLACEHOLDER_VISION = "Ask about your image…  (/image PATH attaches one; /help)"
