@@ -93,7 +93,13 @@ def cli(ctx: click.Context) -> None:
         ctx.invoke(cli.get_command(ctx, "tui"))
 
 
+ARGV: list[str] | None = None  # the command line of this process, when it was started as `edge-agent ...`
+
+
 def main() -> None:
+    import edge_agent.cli as this  # the module the commands import (not __main__ under `python -m`)
+
+    this.ARGV = sys.argv[1:]
     cli(prog_name="edge-agent")
 
 

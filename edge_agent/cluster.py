@@ -43,6 +43,13 @@ from edge_agent.tools.cache import CacheEntry, SearchCache
 
 TASK_RETRIES = 2  # a question whose worker dies is run again this many times, then recorded as an error
 INSTALL = "pip install 'edge-agent[cluster]'"
+NODE_CHECK_S = 2.0  # how often the driver asks Ray whether the workers' nodes are still alive
+
+
+class ClusterLost(EdgeAgentError):
+    """Ray lost a node the workers ran on: the run stops; what finished is kept (the runner stored it)."""
+
+    title = "Ray lost a node"
 
 
 def import_ray() -> Any:
@@ -103,6 +110,9 @@ class EvalWorker:
         self.cache = _RecordingCache(self.tmp / "search-cache.sqlite3")
         self.cache_loaded = False
         self.node = _node_label()
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def prepare(self, shipped: dict[str, Any]) -> dict[str, Any]:
         """Fill the private search cache from the driver's (``shipped["cache"]``: a reference into the object
@@ -126,7 +136,7 @@ class EvalWorker:
             tools = getattr(self.engine, "tools", None)
             if tools is not None and hasattr(tools, "cache"):
                 tools.cache = self.cache  # searches read the shipped copy; live ones are recorded
-        return {"node": self.node, "pid": os.getpid(), "files": self.engine.model_files()}
+        return {"node": self.node, "node_id": self.node_id, "pid": os.getpid(), "files": self.engine.model_files()}
 
     def run(self, q: Question, modes: list[ModeSpec], shipped: dict[str, Any]) -> dict[str, Any]:
         """Question ``q`` in each of ``modes``: its records, the search entries fetched live for it, and
@@ -307,8 +317,27 @@ class RayWorkers:
         self.ready_at = time.perf_counter()  # every worker has its models loaded (the benchmark times from here)
         self.model_files = dict(ready[0]["files"])
         self.nodes = [r["node"] for r in ready]
-        self.stats = [{"node": r["node"], "pid": r["pid"], "done": 0, "restarts": 0, "busy": False} for r in ready]
+        self.stats = [{"node": r["node"], "node_id": r.get("node_id", ""), "pid": r["pid"], "done": 0, "restarts": 0,
+                       "busy": False} for r in ready]
         return actors
+
+    def lost_nodes(self) -> list[str]:
+        """The workers' nodes Ray reports dead (their labels); [] while all live (or Ray cannot say)."""
+        try:
+            dead = {n.get("NodeID") for n in self.ray.nodes() if not n.get("Alive", True)}
+        except Exception:  # noqa: BLE001 - the GCS itself gone: the next call on a worker says so
+            return []
+        with self._lock:
+            return sorted({w["node"] for w in self.stats if w.get("node_id") in dead})
+
+    def _check_nodes(self, running: int) -> None:
+        """Stop the run when a node the workers ran on is lost: say which, and that a rerun resumes (the
+        questions it was running are not recorded, so the rerun asks them; the finished ones are kept)."""
+        lost = self.lost_nodes()
+        if lost:
+            raise ClusterLost(
+                f"Ray lost {'the node' if len(lost) == 1 else 'the nodes'} {', '.join(lost)} (marked dead: its raylet, "
+                f"or an agent of it, stopped); {running} question(s) running there were not finished.")
 
     def _dispatch(self, ray: Any, actors: list[Any], work: Work,
                   cancel: threading.Event | None) -> Iterator[list[dict[str, Any]]]:
@@ -316,7 +345,11 @@ class RayWorkers:
         todo = list(work)
         running: dict[Any, tuple[int, Question, list[ModeSpec]]] = {}
         idle = list(range(len(actors)))
+        checked = time.monotonic()
         while todo or running:
+            if time.monotonic() - checked > NODE_CHECK_S:
+                self._check_nodes(len(running))
+                checked = time.monotonic()
             while idle and todo and not (cancel is not None and cancel.is_set()):
                 i = idle.pop(0)
                 q, modes = todo.pop(0)
@@ -329,12 +362,14 @@ class RayWorkers:
                 i, q, modes = running.pop(ref)
                 idle.append(i)
                 self._set(i, busy=False)
-                yield self._collect(ray, ref, i, q, modes)
+                yield self._collect(ray, ref, i, q, modes, len(running) + 1)
 
-    def _collect(self, ray: Any, ref: Any, i: int, q: Question, modes: list[ModeSpec]) -> list[dict[str, Any]]:
+    def _collect(self, ray: Any, ref: Any, i: int, q: Question, modes: list[ModeSpec],
+                 running: int = 1) -> list[dict[str, Any]]:
         try:
             out = ray.get(ref)
         except ray.exceptions.RayActorError as e:  # the process died on every try: the question's result
+            self._check_nodes(running)  # ...unless its node is gone: then nothing of it is recorded
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             error = (f"Worker process died {TASK_RETRIES + 1} times running this question ({type(e).__name__}: "
                      f"{reason}). Rerun the same command to try it again.")

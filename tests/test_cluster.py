@@ -9,6 +9,7 @@ the records a local run gives (answer, moves, rationale choices), and each (ques
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -339,6 +340,75 @@ def test_cluster_ray_alone_starts_a_local_cluster_and_stops_it(tiny_models, tiny
     finally:
         for pid in _ray_processes(temp):
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """{pid: command line} of every process below ``pid``."""
+    rows = [line.split(None, 2) for line in subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+                                                            text=True).stdout.splitlines()]
+    kids: dict[int, list[tuple[int, str]]] = {}
+    for r in rows:
+        if len(r) == 3:
+            kids.setdefault(int(r[1]), []).append((int(r[0]), r[2]))
+    out, todo = {}, [pid]
+    while todo:
+        for child, args in kids.get(todo.pop(), []):
+            out[child] = args
+            todo.append(child)
+    return out
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_says_so_keeps_the_results_and_a_rerun_resumes(tiny_models, tiny_set, edge_home,
+                                                                           tmp_path):
+    """The only node of the run's cluster goes down mid-run (its RuntimeEnvAgent killed: Ray marks the node
+    dead and ends the driver): the command says what was lost, keeps every finished result and says that
+    running it again resumes; it does (issue 30 item 10)."""
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGE_AGENT_", "RAY_"))}
+    env.update(TINY_ENV, EDGE_AGENT_HOME=str(edge_home), RAY_TMPDIR=temp)
+    out = tmp_path / "out"
+    args = ["eval", *_tiny_args(tiny_set, out, tiny_models, "ssr,freeform"), "--no-plot", "--cluster", "ray",
+            "--workers", "2"]
+    log = (tmp_path / "driver.log").open("w")
+    results = out / E.RESULTS_FILE
+    ray_kids: dict[int, str] = {}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT, stdout=log,
+                                stderr=log)
+        try:
+            wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=300,
+                       what="two stored results")
+            ray_kids = _descendants(proc.pid)  # the cluster this run started (its agents, workers)
+            agent = next((p for p, a in ray_kids.items() if a.startswith("ray::RuntimeEnvAgent")), None)
+            assert agent is not None, ray_kids
+            os.kill(agent, signal.SIGKILL)
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log.close()
+        text = (tmp_path / "driver.log").read_text()
+        kept = results.read_bytes().count(b"\n")
+        assert proc.returncode not in (0, 130) and "Traceback" not in text, text
+        assert "lost" in text and f"{kept} of 8 results are saved" in text and str(results) in text, text
+        assert "run the same command again" in text.lower()
+        for pid in [*_ray_processes(temp), *ray_kids]:  # what Ray left of the lost cluster
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        again = subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert f"Resuming: {kept} of 8" in again.stdout + again.stderr
+        keys = [(r["mode"], r["id"]) for r in _records(out)]
+        assert len(keys) == 8 == len(set(keys))
+    finally:
+        log.close()
+        for pid in [*_ray_processes(temp), *ray_kids]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp, ignore_errors=True)
 
 

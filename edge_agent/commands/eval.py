@@ -105,6 +105,31 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     })
     specs, libs, run_settings = _plan(settings, modes, libraries)
     out_dir = out_dir or Path(f"eval-{E.dataset_name(data)}")
+
+    def counts() -> tuple[int, int]:  # (results saved, results in all)
+        return len(E.ResultsStore(out_dir).open().records), len(E.load_dataset(data, limit=limit)) * len(specs)
+
+    from edge_agent import cli
+    from edge_agent.commands import cluster_watch
+
+    if cluster and not cluster_watch.watched() and cli.ARGV is not None:  # from a shell: watched (Ray may end it)
+        sys.exit(cluster_watch.run_watched(cli.ARGV, out_dir / E.RESULTS_FILE, counts))
+    outcome = "error"
+    try:
+        _run(data, specs, libs, settings, run_settings, out_dir, counts, limit=limit, cluster=cluster, workers=workers,
+             threads_per_worker=threads_per_worker, gpus_per_worker=gpus_per_worker, no_plot=no_plot, as_json=as_json)
+        outcome = "finished"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    finally:
+        cluster_watch.mark_done(outcome)
+
+
+def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Settings, run_settings: Settings,
+         out_dir: Path, counts: Any, *, limit: int | None, cluster: str | None, workers: int | None,
+         threads_per_worker: int, gpus_per_worker: float, no_plot: bool, as_json: bool) -> None:
+    """The eval itself (in the watched child when ``--cluster`` runs from a shell)."""
     fp = fingerprint(settings, data)
     if libs:  # what each column scored: an edited library file is a different configuration
         fp["rationales_compared"] = {name: library_digest(lib) for name, lib in libs.items()}
@@ -128,6 +153,14 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
         click.echo(f"\nInterrupted. {saved} results are saved in {out_dir / E.RESULTS_FILE}; "
                    "run the same command again to continue.", err=True)
         sys.exit(130)
+    except EdgeAgentError as e:
+        if type(e).__name__ != "ClusterLost":
+            raise
+        progress.close()
+        saved, total = counts()
+        raise EdgeAgentError(f"{e.message} {saved} of {total} results are saved in {out_dir / E.RESULTS_FILE} and "
+                             "kept. Run the same command again to resume (start the node or the cluster again first "
+                             "if you started it yourself).", title=e.title) from None
     progress.close()
     _finish(run, no_plot=no_plot, as_json=as_json)
 
