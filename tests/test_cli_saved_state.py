@@ -427,7 +427,7 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
     jpeg = image.with_suffix(".jpg")
     Image.open(image).convert("RGB").save(jpeg)
     r = edge("models", "verify", str(jpeg))
-    assert r.returncode == 2 and "not a GGUF file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF file") == 1
+    assert r.returncode == 2 and "not a GGUF model file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF model file") == 1
 
 
 # --- item 16: HEIC photos -----------------------------------------------------------------------------

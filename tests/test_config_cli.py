@@ -27,7 +27,7 @@ def test_bad_values_are_clear_errors(tmp_path):
     env = {"EDGE_AGENT_HOME": str(tmp_path)}
     with pytest.raises(ConfigError, match="mode must be one of ssr, freeform"):
         Settings.load({"mode": "telepathy"}, env=env)
-    with pytest.raises(ConfigError, match="max_turns .* must be a int"):
+    with pytest.raises(ConfigError, match="max_turns .* must be a whole number"):
         Settings.load(env={**env, "EDGE_AGENT_MAX_TURNS": "many"})
     with pytest.raises(ConfigError, match="Unknown setting 'colour'"):
         Settings.load({"colour": "red"}, env=env)

@@ -160,7 +160,7 @@ def test_random_bytes(tmp_path, seed):
     p = tmp_path / "random.gguf"
     body = rng.integers(0, 256, size=int(rng.integers(30, 5000)), dtype=np.uint8).tobytes()
     p.write_bytes(body)
-    raises_fix(modelfile.inspect, p, match="not a GGUF file")
+    raises_fix(modelfile.inspect, p, match="not a GGUF model file")
     p.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + body)
     raises_fix(modelfile.inspect, p, match="truncated or corrupt|tensor type|no general.architecture")
 

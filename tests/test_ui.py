@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from textual.widgets import Markdown, Static
+from textual.widgets import Input, Markdown, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chats import ChatStore
@@ -17,7 +17,7 @@ from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.chats_screen import ChatsScreen
 from edge_agent.ui.first_run import FirstRunScreen
 from edge_agent.ui.preview import half_blocks, looks_like_image_path, open_image, with_box
-from edge_agent.ui.prompt import PromptInput, parse_slash
+from edge_agent.ui.prompt import AttachmentBar, PromptInput, parse_slash
 from edge_agent.ui.reasoning import TurnView
 from edge_agent.ui.settings_screen import SettingsScreen
 from edge_agent.ui.tool_view import ToolView
@@ -253,6 +253,27 @@ async def test_settings_screen_saves_and_rejects_bad_values(settings, tmp_path, 
 
 
 @pytest.mark.asyncio
+async def test_settings_screen_says_how_to_save_and_enter_saves(settings, tmp_path, edge_home):
+    """The screen says that Ctrl+S saves; Enter in a field saves too (issue 30 item 9)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        title = str(screen.query_one("#settings-title", Static).render())
+        assert "Ctrl+S" in title and "Enter" in title and "Esc" in title
+        field = screen.query_one("#f-max_turns", Input)
+        field.focus()
+        field.value = "4"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen) and app.settings.max_turns == 4
+    assert Settings.load().max_turns == 4
+
+
+@pytest.mark.asyncio
 async def test_export_chat_writes_markdown_json_and_crops(settings, tmp_path, image):
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -356,6 +377,9 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
         assert isinstance(app.screen, FirstRunScreen)
         text = " ".join(str(w.render()) for w in app.screen.query(Static))
         assert "No model" in text
+        # it offers a text-only demo, so it does not say a vision model is required (issue 30 item 9)
+        welcome = str(app.screen.query_one("#welcome", Static).render())
+        assert "needs a vision-language model" not in welcome and "text only" in welcome, welcome
         await pilot.click("#use-demo")
         await settle(pilot)
         assert calls == ["", "smollm2-135m-demo"]
@@ -646,3 +670,35 @@ app.run(headless=True, size=(100, 30), auto_pilot=pilot)
     assert answer.status == "interrupted"
     assert [e.kind for e in answer.events][:3] == ["run_started", "turn_started", "rationale_scored"]
     store.close()
+
+
+@pytest.mark.asyncio
+async def test_help_stays_in_the_transcript(settings, tmp_path):
+    """/help is a block in the transcript that stays (it was a toast that vanished; issue 30 item 9)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "/help")
+        await settle(pilot)
+        app.clear_notifications()
+        shown = [str(w.render()) for w in app.chat_screen.transcript.query(".help").results(Static)]
+        assert shown and "/image PATH" in shown[-1] and "/mode ssr|freeform|direct" in shown[-1]
+        assert "Ctrl+R" in shown[-1]  # the keys too
+
+
+@pytest.mark.asyncio
+async def test_at_80x24_the_status_bar_keeps_the_mode_and_seprod_and_hints_are_whole(settings, tmp_path):
+    """A small terminal: the model names give way before the mode and SeProD do; the attachment hint
+    wraps instead of being cut (issue 30 item 9)."""
+    app, _ = scripted_app(settings.updated({"seprod": True}), tmp_path, vision=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        bar = app.chat_screen.status
+        bar.set_models("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct", text_only=True)
+        bar.tokens_per_second, bar.context, bar.network_down = 12.3, "context restored", True
+        await pilot.pause()
+        shown = str(bar.render())
+        assert "SSR" in shown and "SeProD" in shown and "ready" in shown and "no network" in shown, shown
+        assert shown.startswith("qwen2.5")  # the model's name is cut short, not dropped
+        hint = app.chat_screen.query_one(AttachmentBar)
+        assert hint.size.height >= 2 and "vision model" in str(hint.render())

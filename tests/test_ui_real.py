@@ -290,3 +290,19 @@ async def test_a_cut_answer_says_so_in_the_app(real_settings):
         assert "cut off at 2 tokens (answer_max_tokens)" in footer and "Ctrl+S" in footer
         stored = [m for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"]
         assert stored[0].status == "length"
+
+
+async def test_a_photo_deleted_after_attaching_is_asked_about_as_it_was_read(real_settings, tmp_path):
+    """The photo was read on attach: deleting the file before the question does not lose it (issue 30 item 9)."""
+    photo = make_image(tmp_path / "gone.png", (96, 64))
+    app = EdgeAgentApp(real_settings.updated({"max_turns": 1}))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {photo}")
+        await pilot_wait_until(pilot, lambda: app.host.engine.read_ahead_idle(0.01), what="the photo read ahead")
+        photo.unlink()
+        await type_and_enter(pilot, "What colour is it?")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        assert view.status in ("answered", "length", "turn_limit"), (view.status, view.detail)
+        assert any(isinstance(e, ev.ImageEvaluated) and e.source == "image" for e in stored_events(app))

@@ -324,3 +324,56 @@ async def test_image_on_a_text_only_model_is_refused_at_once(settings, tmp_path,
             assert app.chat_screen.image is None
         assert engines[0].asked == [] and engines[0].prepared == []
         assert all(img is None for _, img, _ in engines[0].read)  # nothing of the image read ahead
+
+
+def _tool_turn_script(asked: Asked) -> list[ev.Event]:
+    """A search turn whose result took 13.16 s to read into the context, then the answer."""
+    return [
+        ev.RunStarted(question=asked.question, image=None, mode="ssr", seprod=False, model="m"),
+        ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=400, system_restored=False,
+                         n_ctx_used=400, seconds=2.5),
+        ev.TurnStarted(turn=1),
+        ev.ToolCalled(turn=1, name="text_search", arguments={"query": "bicycle"}, action_seconds=1.5),
+        ev.ToolFinished(turn=1, name="text_search", ok=True, observation="1. Bicycle ...", seconds=1.0,
+                        status="cached"),
+        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.5, action_seconds=1.5, tool_seconds=1.0,
+                        observe_seconds=13.16),
+        ev.TurnStarted(turn=2),
+        ev.AnswerToken(turn=2, text="Pedals."),
+        ev.TurnFinished(turn=2, action="answer", reasoning_seconds=0.4, action_seconds=1.0, tool_seconds=0.0),
+        ev.FinalAnswer(answer="Pedals.", turns=2, stop_reason="answered",
+                       totals={"total": 20.06, "prompt": 2.5, "observe": 13.16}),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_turn_timings_include_reading_the_tool_result(settings, tmp_path):
+    """A turn's line says how long its tool's result took to read into the context (as `ask`'s trace does),
+    so the turns and the context line add up to the question's time (issue 30 item 5)."""
+    app, _ = scripted_app(settings, tmp_path, script=_tool_turn_script)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "How does a bicycle work?")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        title = str(view.turns[1].title)
+        assert "reading the result 13.2 s" in title, title
+        assert "reading the result" not in str(view.turns[2].title)  # an answer turn reads no result
+
+
+@pytest.mark.asyncio
+async def test_a_seprod_answer_is_shown_once(settings, tmp_path):
+    """The prophet's part of the answer is said in words and counts, not repeated as text above the answer
+    (issue 30 item 9: it was shown three times); the same when the chat is opened again."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What does the sign say?")
+        await settle(pilot)
+        for _ in range(2):
+            view = app.chat_screen.transcript.answers()[-1]
+            note = str(view.query_one(".prophet-note", Static).render())
+            assert "The sign says" not in note and "3 tokens" in note and "3/4 drafted" in note, note
+            assert view.text.startswith("The sign says")
+            await app.chat_screen.open_chat(app.store.load(app.chat_screen.chat_id))
+            await settle(pilot)

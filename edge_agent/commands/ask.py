@@ -80,18 +80,41 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     else:
         raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
 
+    if not question.strip():  # before any model loads
+        raise EdgeAgentError('The question is empty. Give one in quotes: edge-agent ask "What is the capital of '
+                             'Peru?" (about a photo: edge-agent ask photo.jpg "What is this?")', title="Empty question")
     flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
     settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
                               "offline": True if offline else None})
     from edge_agent.chats import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
+    follow_up, lock = continue_ or chat_id is not None, None
     try:
-        chat, image = _chat_for(store, continue_ or chat_id is not None, chat_id, image)
+        if follow_up and not no_save:  # one writer per chat: from reading its context to saving the answer
+            lock = _lock_chat(settings, store, chat_id)
+            chat_id = lock.chat_id if lock is not None else chat_id
+        chat, image = _chat_for(store, follow_up, chat_id, image)
         settings = _chat_models(settings, chat, flags, say=None if as_json else _note)
         _ask(settings, store if not no_save else None, chat, question, image, as_json=as_json, mode=mode)
     finally:
+        if lock is not None:
+            lock.release()
         store.close()
+
+
+def _lock_chat(settings: Settings, store: Any, chat_id: int | None) -> Any:
+    """The lock of the chat this follow-up goes to (None: there is no chat yet), waiting, with a line on
+    stderr, while another question (another `ask`, the app) is answering in it."""
+    from edge_agent.chatlock import ChatLock
+
+    cid = chat_id if chat_id is not None else store.latest_chat()
+    if cid is None:
+        return None
+    lock = ChatLock(settings.home, cid, "edge-agent ask")
+    lock.acquire(on_wait=lambda who: _note(f"chat {cid} is being answered by {who}; waiting for it to finish "
+                                           "(Ctrl-C stops waiting) ..."))
+    return lock
 
 
 def _note(text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import fields
 from pathlib import Path
 
@@ -44,8 +45,34 @@ def set_(key: str, value: str) -> None:
     s = Settings.load({key: value}, check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
     _check_files(s, key)
     path = s.save()
-    shown = "***" if key in SECRET_FIELDS else getattr(s, key)
-    click.echo(f"{key} = {shown}  (saved to {path})")
+    if key in SECRET_FIELDS:  # a key is never printed; an emptied one is said to be gone
+        click.echo(f"{key} {'= ***' if getattr(s, key) else 'removed'}  (saved to {path})")
+    else:
+        click.echo(f"{key} = {getattr(s, key)}  (saved to {path})")
+
+
+@command.command("unset")
+@click.argument("key")
+def unset(key: str) -> None:
+    """Remove KEY from the config file: it takes its default again (an API key is removed)."""
+    from edge_agent.config import _dump_toml, _read_config
+    from edge_agent.files import atomic_write
+
+    default = Settings()
+    if key not in {f.name for f in fields(Settings)} or key == "home":
+        names = ", ".join(sorted(f.name for f in fields(Settings) if f.name != "home"))
+        raise ConfigError(f"Unknown setting {key!r}. Known settings: {names}.")
+    path = Settings.load().config_path
+    values = _read_config(path) if path.exists() else {}
+    if values.pop(key, None) is not None:
+        atomic_write(path, _dump_toml(values), private=True)
+    if key in SECRET_FIELDS:
+        click.echo(f"{key} removed  ({path})")
+    else:
+        click.echo(f"{key} = {getattr(default, key)} (the default)  ({path})")
+    env = f"EDGE_AGENT_{key.upper()}"
+    if env in os.environ:
+        click.echo(f"Note: {env} is set in the environment and still overrides the file.", err=True)
 
 
 def _check_files(s: Settings, key: str) -> None:

@@ -31,7 +31,6 @@ values that the session applies.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -270,17 +269,12 @@ class Session:
             try:
                 with vision.prepare(self._h, image) as prep:
                     result: ImageChunk | None = None
-                    at = len(self.history)  # where the image's placeholder goes (after mtmd's opening markers)
                     for part in prep.parts:
                         if isinstance(part, vision.ImagePart):
-                            at = len(self.history)
                             result = self._eval_image_chunk(part.chunk, prep, state_mod.image_digest(image))
                         else:
                             self._append(part)
                     assert result is not None
-                    result = dataclasses.replace(result, wrap_before=at - cp.n_history,
-                                                 wrap_after=len(self.history) - at - 1)
-                    self.images[-1] = result
                     return result
             except BaseException:
                 self._rollback(cp)

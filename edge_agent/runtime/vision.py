@@ -188,7 +188,9 @@ def decode_chunk(h: Handle, chunk: object, prep: Prepared, digest: str, n_pos: i
     if new_pos != n_pos + n_positions:
         raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - n_pos}, expected {n_positions}.")
     px = px_per_token
+    at = next(i for i, p in enumerate(prep.parts) if isinstance(p, ImagePart))  # mtmd's markers around it
+    wrap = [sum(len(p) for p in ps if not isinstance(p, ImagePart)) for ps in (prep.parts[:at], prep.parts[at + 1:])]
     return ImageChunk(n_tokens=n_tok, n_pos=n_positions, nx=nx, ny=ny, width=nx * px if px else prep.width,
                       height=ny * px if px else prep.height, digest=digest,
                       encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
-                      reused=reused)
+                      reused=reused, wrap_before=wrap[0], wrap_after=wrap[1])

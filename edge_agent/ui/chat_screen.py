@@ -16,19 +16,20 @@ from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message as UIMessage
-from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, Message
 from edge_agent.errors import EdgeAgentError
+from edge_agent.ui.chat_images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel
 from edge_agent.ui.host import EngineHost, Question
 from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
-from edge_agent.ui.preview import ImagePreview, looks_like_image_path, open_image
+from edge_agent.ui.preview import looks_like_image_path
 from edge_agent.ui.prompt import (
+    KEY_HELP,
     PLACEHOLDER_TEXT,
     PLACEHOLDER_VISION,
     SLASH_HELP,
@@ -50,9 +51,6 @@ EMPTY_HINT_TEXT_ONLY = (
     "For questions about images choose a vision model: Ctrl+S, or `edge-agent models pull qwen3-vl-2b-instruct`.\n"
     "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. Ctrl+P: all commands."
 )
-
-TEXT_ONLY_IMAGE = ("The loaded model is text only (no mmproj): it cannot look at images. Choose a vision model in "
-                   "the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`, or ask without an image.")
 
 OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
 
@@ -81,29 +79,7 @@ class EarlierMessages(Static):
         self.post_message(self.Pressed())
 
 
-class ImagePanel(Vertical):
-    DEFAULT_CSS = """
-    ImagePanel { width: 36; padding: 0 1; border-left: vkey $panel; }
-    ImagePanel #current-image { height: auto; }
-    ImagePanel .panel-title { color: $text-muted; text-style: bold; height: 1; }
-    ImagePanel #image-list { color: $text-muted; height: auto; margin: 1 0 0 0; }
-    """
-
-    def compose(self) -> ComposeResult:
-        yield Static("Image", classes="panel-title")
-        yield ImagePreview(None, width=32, height=16, id="current-image")
-        yield Static(id="image-list")
-
-    def show(self, current: str | None, images: list[str]) -> None:
-        self.query_one("#current-image", ImagePreview).show(current)
-        t = Text()
-        for i, p in enumerate(images, 1):
-            t.append(("▶ " if p == current else "  ") + f"{i}. {Path(p).name}\n",
-                     style="bold" if p == current else "dim")
-        self.query_one("#image-list", Static).update(t)
-
-
-class ChatScreen(Screen):
+class ChatScreen(ImageActions):
     BINDINGS = [
         Binding("escape", "cancel", "Stop answer"),
         Binding("ctrl+f", "pick_image", "Attach image"),
@@ -214,54 +190,6 @@ class ChatScreen(Screen):
         bar = self.query_one(ProgressBar)
         bar.update(total=None if fraction < 0 else 1.0, progress=max(fraction, 0.0))
 
-    # --- images ---
-    def attach(self, path: str | Path) -> bool:
-        """Attach an image for the next questions; False (and says why) when it cannot be: not an image,
-        or a loaded model that reads text only."""
-        if not self.host.sees_images:
-            self.notify(TEXT_ONLY_IMAGE, title="Model cannot see images", severity="error", timeout=8)
-            return False
-        try:
-            open_image(path)  # decodes once: a broken file fails here, not inside the model
-        except EdgeAgentError as e:
-            self.notify(e.message, title=e.title, severity="error", timeout=8)
-            return False
-        p = str(Path(path).expanduser().resolve())
-        self.image = p
-        if p not in self.images:
-            self.images.append(p)
-        self._show_images()
-        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
-        self.read_ahead()  # the photo is read into the chat's context while the question is typed
-        return True
-
-    def _show_images(self) -> None:
-        self.query_one(ImagePanel).show(self.image, self.images)
-        self.query_one(AttachmentBar).show(self.image, len(self.images))
-
-    def action_detach_image(self) -> None:
-        """The next questions go without an image (the chat keeps its earlier ones: /image N)."""
-        if self.image is None:
-            self.notify("No image is attached.", title="Nothing to detach", timeout=3)
-            return
-        name = Path(self.image).name
-        self.image = None
-        self._show_images()
-        self.read_ahead()  # the photo leaves what was read ahead; the chat's context stays
-        self.notify(f"{name} detached: the next question goes without an image. /image 1 attaches it again.",
-                    title="Image detached", timeout=4)
-
-    def action_pick_image(self) -> None:
-        from edge_agent.ui.picker import ImagePickerScreen
-
-        start = Path(self.image).parent if self.image else None
-
-        def chosen(path: Path | None) -> None:
-            if path is not None:
-                self.attach(path)
-
-        self.app.push_screen(ImagePickerScreen(start), chosen)
-
     @on(Input.Changed, "#prompt")
     def read_ahead(self) -> None:
         """What is given so far (the photo, the words typed) is read into the chat's context meanwhile;
@@ -324,8 +252,11 @@ class ChatScreen(Screen):
             self.post_message(SettingsRequested({"mode": arg.replace("-", "")}))
         elif name == "offline" and arg in ("on", "off", ""):
             self.post_message(SettingsRequested({"offline": arg != "off"}))
-        elif name == "help":
-            self.notify(SLASH_HELP, title="Commands", timeout=12)
+        elif name == "help":  # a block in the transcript that stays (a toast vanished before it was read)
+            for hint in self.query(".empty-hint"):
+                await hint.remove()
+            await self.transcript.mount(Static(Text(f"{KEY_HELP}\n{SLASH_HELP}", style="dim"), classes="help"))
+            self.transcript.scroll_end(animate=False)
         else:
             self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
 
@@ -350,7 +281,15 @@ class ChatScreen(Screen):
                 self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
                             severity="error")
             return False
-        return not self._say_busy()
+        if self._say_busy():
+            return False
+        holder = self.host.claim(self.chat_id) if self.chat_id is not None else None
+        if holder is not None:  # another process is answering in this chat: one writer at a time
+            self.notify(f"Chat {self.chat_id} is being answered by {holder}. Ask again when it is done, or in a new "
+                        "chat (Ctrl+N).", title="Chat busy", severity="warning", timeout=8)
+            return False
+        self.host.release(self.chat_id)  # only asked whether it is free: ask() holds it for the answer
+        return True
 
     async def action_retry(self) -> None:
         """Answer the last question again (a new answer; also after a stopped or failed one), with
@@ -387,6 +326,9 @@ class ChatScreen(Screen):
         self._replace_last = False
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
+        if self.host.claim(self.chat_id) is not None:  # taken between the check and now
+            self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy", severity="warning")
+            return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
         self.store.add_user_message(self.chat_id, question, image, replace_last=replace_last)
@@ -404,7 +346,7 @@ class ChatScreen(Screen):
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.host.ask(Question(message_id, question, image, cont.turns, cont.context), self)
+        self.host.ask(Question(message_id, question, image, cont.turns, cont.context, self.chat_id), self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)

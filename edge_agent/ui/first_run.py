@@ -116,8 +116,8 @@ class FirstRunScreen(Screen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="first-run"):
-            yield Static(Text.assemble(("edge-agent", "bold"), " needs a vision-language model to run."),
-                         id="welcome")
+            yield Static(Text.assemble(("edge-agent", "bold"), " needs a model to run: a vision-language model to "
+                                       "ask about images, or the demo, which reads text only."), id="welcome")
             problem = Text()
             problem.append(self.problem_title + "\n", style="bold red")
             problem.append(self.problem)

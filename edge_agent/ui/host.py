@@ -23,6 +23,7 @@ from textual.message_pump import MessagePump
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.prompts import check_n_ctx
+from edge_agent.chatlock import ChatLock
 from edge_agent.chats import ChatStore
 from edge_agent.config import Settings
 from edge_agent.errors import Cancelled, EdgeAgentError
@@ -102,6 +103,7 @@ class Question:
     image: str | None
     history: list[tuple[str, str, str | None]]
     context: str
+    chat_id: int | None = None  # the chat whose lock (edge_agent.chatlock) the answer holds until it is saved
 
 
 class EngineHost:
@@ -122,6 +124,8 @@ class EngineHost:
         self._loading_with = settings  # the settings the newest load started with
         self._unsaved: dict[str, Any] = {}  # model files waiting for a load to succeed before saving
         self._cancels: dict[int, threading.Event] = {}  # message id -> its ask's cancel event
+        self._locks: dict[int, tuple[ChatLock, int]] = {}  # chat id -> its lock and the answers holding it
+        self._locks_guard = threading.Lock()
 
     # --- what the screens read ---
     @property
@@ -187,8 +191,8 @@ class EngineHost:
         if late and not m.engine.update_settings(self.settings, late):  # changed while it loaded
             self.load()
             return False
-        if self._unsaved:
-            self._save(self._unsaved)
+        if self._unsaved:  # the whole pair that loaded (not only what the last try changed: issue 30 item 3)
+            self._save({k: getattr(self._loading_with, k) for k in MODEL_FIELDS})
             self._unsaved = {}
         return True
 
@@ -238,6 +242,29 @@ class EngineHost:
             base.updated(values).save()
         except (EdgeAgentError, OSError) as e:
             self.app.notify(str(e), title="Settings not saved", severity="error")
+
+    # --- one writer per chat ---
+    def claim(self, chat_id: int) -> str | None:
+        """Hold chat ``chat_id``'s lock for a question (None); when another process (an ``ask``, another app)
+        is answering in it, who that is (and nothing is held)."""
+        with self._locks_guard:
+            lock, n = self._locks.get(chat_id, (ChatLock(self.settings.home, chat_id, "the edge-agent app"), 0))
+            if n == 0 and not lock.try_acquire():
+                return lock.holder()
+            self._locks[chat_id] = (lock, n + 1)
+            return None
+
+    def release(self, chat_id: int | None) -> None:
+        """A question of ``chat_id`` is done (its answer saved): the lock goes when no other one holds it."""
+        with self._locks_guard:
+            if chat_id is None or chat_id not in self._locks:
+                return
+            lock, n = self._locks[chat_id]
+            if n <= 1:
+                del self._locks[chat_id]
+                lock.release()
+            else:
+                self._locks[chat_id] = (lock, n - 1)
 
     # --- questions ---
     def prepare_image(self, path: str) -> None:
@@ -309,5 +336,6 @@ class EngineHost:
             finally:
                 self.store.finish_answer(q.message_id, status)
                 self._cancels.pop(q.message_id, None)
+                self.release(q.chat_id)
         reply_to.post_message(AskFinished(q.message_id, status, title, message))
 

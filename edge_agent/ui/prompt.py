@@ -20,6 +20,10 @@ SLASH_HELP = (
     "/new  new chat   /chats  list chats   /export  export this chat\n"
     "/mode ssr|freeform|direct   /offline on|off   /settings   /help"
 )
+KEY_HELP = (
+    "Esc stop the answer · Ctrl+F attach an image · Ctrl+D detach it · Ctrl+T reasoning · Ctrl+R mode "
+    "(SSR, free-form, direct)\nCtrl+O chats · Ctrl+N new chat · Ctrl+S settings · Ctrl+P every command · Ctrl+Q quit"
+)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".heic", ".avif")
 PLACEHOLDER_VISION = "Ask about your image…  (/image PATH attaches one; /help)"
 PLACEHOLDER_TEXT = "Ask a question…  (this model reads text only; /help)"
@@ -105,7 +109,7 @@ class AttachmentBar(Static):
     """Which image the next question is about."""
 
     DEFAULT_CSS = """
-    AttachmentBar { height: 1; padding: 0 1; color: $text-muted; }
+    AttachmentBar { height: auto; padding: 0 1; color: $text-muted; }
     """
 
     text_only = False  # the loaded model reads no images: say what it can do instead

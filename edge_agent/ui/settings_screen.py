@@ -122,7 +122,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="settings"):
-            yield Static("[b]Settings[/b]  (saved to the config file; Esc cancels)", id="settings-title")
+            yield Static("[b]Settings[/b]  Ctrl+S or Enter saves (to the config file) · Esc cancels",
+                         id="settings-title")
             with VerticalScroll():
                 for name, kind in FIELDS:
                     value = getattr(self.settings, name)
@@ -164,6 +165,11 @@ class SettingsScreen(ModalScreen[Settings | None]):
             self.notify(e.message, title=e.title, severity="error")
             return
         self.dismiss(new)
+
+    @on(Input.Submitted)
+    def submitted(self) -> None:
+        """Enter in a field saves, as the title says."""
+        self.action_save()
 
     @on(Button.Pressed, "#cancel")
     def cancel(self) -> None:

@@ -62,7 +62,9 @@ class StatusBar(Static):
         self.refresh()  # the reactives above repaint by themselves; settings and models do not
 
     def parts(self) -> list[tuple[int, Text]]:
-        """The bar's parts in order, each with its rank (the lowest is dropped first when space is short)."""
+        """The bar's parts in order, each with its rank: below 5 (context, speed, the prophet's name) dropped,
+        lowest first, when space is short; then the model's name (5) is cut short; the mode, SeProD, the
+        network and the state always stay."""
         s = self.settings
         model = Text()
         model.append(self.model_name, style="bold")
@@ -75,9 +77,9 @@ class StatusBar(Static):
         mode.append(MODE_LABEL.get(s.mode, s.mode), style="bold cyan")
         if s.mode == "ssr":
             mode.append(f" τ {s.ssr_tau:g}", style="cyan")
-        out.append((4, mode))
+        out.append((7, mode))
         seprod = self.prophet_name and s.seprod
-        out.append((3, Text(f"SeProD τ {s.seprod_tau:g}", style="magenta") if seprod else Text("SeProD off", style="dim")))
+        out.append((6, Text(f"SeProD τ {s.seprod_tau:g}", style="magenta") if seprod else Text("SeProD off", style="dim")))
         if s.offline:
             out.append((9, Text("offline", style="yellow")))
         else:

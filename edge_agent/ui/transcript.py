@@ -166,12 +166,7 @@ class AnswerView(Vertical):
         self.answer_tokens += 1
         if e.from_prophet:
             self.prophet_tokens += 1
-            note = Text("Answer starts with the prophet's draft: ", style="dim")
-            note.append(e.text if not self.text else self.text + e.text, style="black on magenta")
-            if self._prophet_draft is not None:
-                d = self._prophet_draft
-                note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
-            self._note.update(note)
+            self._note.update(self._prophet_note())
         self.text += e.text
         shown = readable_markdown(self.text)
         if not shown.startswith(self._shown):  # an escape changed with the new text (rare): write it whole
@@ -181,6 +176,16 @@ class AnswerView(Vertical):
             self._stream = Markdown.get_stream(self._md)
         await self._stream.write(shown[len(self._shown):])
         self._shown = shown
+
+    def _prophet_note(self) -> Text:
+        """Where the answer's start came from, in words and counts: the text itself is the answer below
+        (and the prophet's draft is in its turn's block), not repeated here."""
+        d = self._prophet_draft
+        n = d.accepted if d is not None else self.prophet_tokens
+        note = Text(f"The answer's first {n} tokens are the prophet's draft", style="magenta")
+        if d is not None:
+            note.append(f" ({d.accepted}/{d.drafted} drafted tokens accepted)", style="dim")
+        return note
 
     async def _set_answer(self, text: str) -> None:
         if self._stream is not None:
@@ -242,11 +247,7 @@ class AnswerView(Vertical):
             else:
                 await self.apply(e)
         if self.prophet_tokens and self._prophet_draft is not None:
-            d = self._prophet_draft
-            note = Text("Answer starts with the prophet's draft: ", style="dim")
-            note.append(d.accepted_text, style="black on magenta")
-            note.append(f"  ({d.accepted}/{d.drafted} drafted tokens accepted)", style="magenta")
-            self._note.update(note)
+            self._note.update(self._prophet_note())
         if text:
             await self._set_answer(text)
         await self.finish("answered" if status == "done" else status)
@@ -320,6 +321,7 @@ class Transcript(VerticalScroll):
     DEFAULT_CSS = """
     Transcript { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
     Transcript .empty-hint { color: $text-muted; margin: 1 2; height: auto; }
+    Transcript .help { margin: 1 2; height: auto; }
     """
 
     def mark_last_replaced(self) -> None:
