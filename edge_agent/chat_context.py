@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge_agent.agent.context import Opened, append_segments
@@ -63,6 +63,10 @@ class ChatContexts:
         # the next question's user turn as far as it is known, after the last boundary; never saved
         self.pending = PendingTurn()
         self.found_ahead: tuple[_Boundary, str] | None = None  # a boundary the read-ahead restored / evaluated
+        # called with the session whenever it is found holding exactly a system prompt (a new chat's context,
+        # a read-ahead after it), before the rest is read: the engine's SSR neutral scores, read there once
+        # (``to_boundary`` first); it must leave the session as it found it
+        self.on_system: Callable[[ChatSessionLike, str], None] | None = None
 
     def question(self, continue_from: str = "", history: Sequence[tuple[str, str]] = ()) -> QuestionContext:
         """The context of one question: continuing the chat whose last answer was saved as
@@ -131,9 +135,11 @@ class ChatContexts:
         key = self.system_key(system)
         found = self.live_at(key)
         if found is not None:
+            self._system_ready(found[0], system)
             return found[0], key, "live"
         found = self.restore_saved(key)
         if found is not None:
+            self._system_ready(found[0], system)
             return found[0], key, "restored"
         s = self.model.session()
         self.live, self.boundaries = s, []
@@ -141,7 +147,18 @@ class ChatContexts:
         s.append_text(system)
         # keyed by what the session holds (first_tokens tokenizes as append_text does: the same key)
         key = self._system_keys[system] = self.mark(s, "", "system prompt")
+        self._system_ready(s, system)
         return s, key, "evaluated"
+
+    def _system_ready(self, s: ChatSessionLike, system: str) -> None:
+        if self.on_system is not None:
+            self.on_system(s, system)
+
+    def to_boundary(self, s: ChatSessionLike) -> None:
+        """For an ``on_system`` hook that must read after the system prompt: what was read ahead after it
+        is rolled back first (read again by the question)."""
+        if self.pending.session is s:
+            self.pending.drop()
 
     def continuing(self, key: str, sys_key: str) -> tuple[tuple[ChatSessionLike, _Boundary] | None, str, str]:
         """The chat saved as ``key``: ((session, boundary) or None, "live" | "restored", why not)."""

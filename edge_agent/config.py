@@ -43,12 +43,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "image_search": ("none", "gcv", "serpapi"),
     "extra_buffers": ("auto", "on", "off"),
     "kv_type": ("auto", "f16", "q8_0"),
+    "ssr_score": ("pmi", "raw"),
 }
 # name -> (low, high or None, low excluded): the values that can work
 RANGES: dict[str, tuple[float, float | None, bool]] = {
     "n_ctx": (256, 262144, False),  # llama.cpp's least; Qwen3-VL's longest context
     "max_turns": (1, 50, False),
     "ssr_tau": (0, 100, True),
+    "ssr_answer_check": (-20, 0, False),
     "freeform_max_tokens": (1, 8192, False),
     "answer_max_tokens": (1, 8192, False),
     "temperature": (0, 5, False),
@@ -127,6 +129,13 @@ class Settings:
     max_turns: int = _doc("Most tool calls per question; then one more turn must answer.", default=5)
     ssr_tau: float = _doc("SSR softmax temperature over rationale scores.", default=1.0)
     ssr_sample: bool = _doc("SSR: sample a rationale (seeded) instead of taking the best.", default=False)
+    ssr_score: str = _doc(
+        "SSR score of a rationale: pmi (its mean log-prob minus its mean log-prob after a neutral question: how "
+        "well it fits this context, Holtzman et al. 2021) or raw (the paper's mean log-prob).", default="pmi")
+    ssr_answer_check: float = _doc(
+        "SSR: before answering from what it knows (no tool result read yet, a search still possible), the agent "
+        "decodes the answer's first 6 tokens; when their mean log-prob is below this it is not sure and searches "
+        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.", default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
     freeform_max_tokens: int = _doc("Free-form mode: most reasoning tokens per turn.", default=128)

@@ -35,8 +35,10 @@ from edge_agent.agent.events import AgentError, Event, RunStarted
 from edge_agent.agent.loop import run_agent, system_for
 from edge_agent.agent.options import REASONING_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import check_n_ctx
-from edge_agent.agent.rationales import Library, load_library
+from edge_agent.agent.rationales import Library, index_label, load_library
 from edge_agent.agent.toolbox import SearchLike, Toolbox
+from edge_agent.calibration import FILE_NAME as NEUTRAL_FILE
+from edge_agent.calibration import NeutralScores, neutral_means
 from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
@@ -102,6 +104,11 @@ class Engine:
         # the files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records
         self.files = dict(files) if files is not None else _loaded_files(model, prophet)
         self.contexts = self._contexts(model, settings)
+        # SSR's neutral scores (ssr_score pmi), computed once per model, system prompt and library: when a
+        # system prompt is first evaluated or restored (the read-ahead's work while the person types)
+        self.neutral = NeutralScores(model.identity, settings.home / NEUTRAL_FILE)
+        self.contexts.on_system = self._prime_neutral
+        self._wanted: list[str] = []  # the current question's SSR candidates, when they need neutral scores
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
         self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
@@ -340,6 +347,9 @@ class Engine:
             opts = _replace(opts, seed=seed)
         if not opts.model_name:
             opts = _replace(opts, model_name=self.model_name)
+        self._wanted = []
+        if opts.mode == "ssr" and opts.ssr_score == "pmi" and opts.neutral is None:
+            opts = _replace(opts, neutral=self._neutral_row(toolbox, opts, continuing=bool(context)))
         use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
         if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
             use_drafter.reset(new_chat=not context)
@@ -375,6 +385,31 @@ class Engine:
             return (self._fitted_png(path, loaded),)
         except EdgeAgentError:
             return ()
+
+    def _neutral_row(self, toolbox: Toolbox, opts: AgentOptions, *, continuing: bool) -> dict[str, float]:
+        """The neutral scores the question's candidates need (``calibration``): read by :meth:`_prime_neutral`
+        when its context opens on the system prompt (a new chat: nothing else is evaluated or counted); a
+        follow-up does not pass there, so its missing ones (a library this process has not scored) are
+        read now, on the system prompt's session (the chat then continues from its saved state)."""
+        system = system_for(toolbox, opts)
+        self._wanted = [index_label(k) if opts.index_only else r.text for k, r in enumerate(opts.library)]
+        if continuing and self.neutral.missing(system, self._wanted):
+            s, _key, _how = self.contexts.system_session(system)  # -> _prime_neutral
+        return self.neutral.row(system)
+
+    def _prime_neutral(self, s: Any, system: str) -> None:
+        """``ChatContexts.on_system``: the neutral scores after ``system`` of the settings' library and of the
+        question's candidates, on the session holding exactly it, unless known (then nothing is evaluated)."""
+        lib = self.library
+        texts = [*self._wanted, *(r.text for r in lib)]
+        if self.settings.ssr_index_only:
+            texts += [index_label(k) for k in range(len(lib))]
+        if self.settings.ssr_score != "pmi" and not self._wanted:
+            return
+        if missing := self.neutral.missing(system, texts):
+            self.contexts.to_boundary(s)
+            self.neutral.add(system, missing, neutral_means(s, missing))
+
 
     # ---- read-ahead ------------------------------------------------------------------------------
     def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "",

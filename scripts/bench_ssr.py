@@ -107,6 +107,9 @@ class CannedSearch:
     def unconfigured(self, tool: str) -> str | None:
         return None
 
+    def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
+        return None
+
     def close(self) -> None:
         pass
 

@@ -198,7 +198,9 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     ev = steps(events)
     r1, tool, fin1, r2, final = ev[2], ev[4], ev[5], ev[7], ev[-1]
     assert r1.candidates[r1.chosen].action == "zoom" and fin1.action == "zoom"
-    assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 6
+    assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 5
+    assert "answer_evidence" not in [c.id for c in r1.candidates]  # no tool result yet: no evidence
+    assert len(r2.candidates) == 6  # the crop is evidence
     assert tool.ok and tool.image_index == 1 and tool.image_path and tool.status == "local"
     assert r2.candidates[r2.chosen].action == "answer"
     assert final.answer == "red" and final.stop_reason == "answered" and final.turns == 2
@@ -256,22 +258,35 @@ def test_malformed_action_and_refused_box_become_observations():
 
 
 def test_freeform_streams_reasoning_and_chooses_any_action():
-    outs = ["I will zoom.</think>", "<tool_call>", 'image_zoom_in_tool"', ZOOM_TAIL, "Done." + EOS, "<answer>",
+    """A reasoning that states no plan ("Hmm.") leaves the choice to the model, in two grammar steps."""
+    outs = ["Hmm.</think>", "<tool_call>", 'image_zoom_in_tool"', ZOOM_TAIL, "Done." + EOS, "<answer>",
             "red</answer>"]
     s = FakeSession(outputs=outs)
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
     reasoning = "".join(e.text for e in events if e.kind == "reasoning_token" and e.turn == 1)
-    assert reasoning.startswith("I will zoom.")
+    assert reasoning.startswith("Hmm.")
     done = [e for e in events if e.kind == "reasoning_done"]
-    assert done[0].text == "I will zoom." and done[1].text == "Done."
+    assert done[0].text == "Hmm." and done[1].text == "Done."
     convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
-    assert convo.count("</think>") == 2 and "I will zoom.</think>\n\n<tool_call>" in convo
+    assert convo.count("</think>") == 2 and "Hmm.</think>\n\n<tool_call>" in convo
     assert s.n_score == 0 and events[-1].answer == "red"
     assert s.grammars[1] == CHOICE_GRAMMAR and "image_search" in s.grammars[2]  # the model chooses
-    assert "I will zoom.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
+    assert "Hmm.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
     assert EOS not in s.text and "<think>\nDone.\n</think>\n\n<answer>red" in s.text  # EOS taken back
     assert s.stops[1:4] == [(">",), ('"',), ("}",)]
+
+
+def test_freeform_action_follows_the_stated_plan():
+    """"I will zoom." is followed by a zoom (its head prefilled, no choice decoded), "I will answer." by an
+    answer: the reasoning and the action agree, as SSR's rationale and action do by grammar."""
+    s = FakeSession(outputs=["I will zoom in on the sign.</think>", ZOOM_TAIL, "Now I will answer." + EOS,
+                             "red</answer>"])
+    tb = toolbox()
+    events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(mode="freeform")))
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["zoom", "answer"]
+    assert CHOICE_GRAMMAR not in s.grammars, "no head was left to the model"
+    assert "I will zoom in on the sign.</think>\n\n" + HEADS["zoom"] in s.text and events[-1].answer == "red"
 
 
 def test_policy_forces_actions_and_no_image_hides_image_tools():
@@ -287,9 +302,9 @@ def test_index_only_scores_indices_and_pastes_text():
     s = FakeSession(lambda text, n: -0.1 if text == "[5]" else -2.0, ["blue</answer>"])
     tb = toolbox()
     events = list(run_agent(s, "Q?", tools=tb, image=tb.image_png(0), options=AgentOptions(index_only=True)))
-    assert s.scored[0] == ["[1]", "[2]", "[3]", "[4]", "[5]", "[6]"]
+    assert s.scored[0] == ["[1]", "[2]", "[3]", "[5]", "[6]"]  # [4], answer from the evidence: none yet
     r = steps(events)[2]
-    assert r.chosen == 4 and r.candidates[4].id == "answer_image"
+    assert r.chosen == 3 and r.candidates[3].id == "answer_image"
     assert "[5] I should answer from the image" in s.text  # numbered in the system prompt
     assert "<think>\nI should answer from the image\n</think>" in s.text
 
@@ -370,7 +385,7 @@ def test_engine_input_errors_are_fatal_events(edge_home):
     from edge_agent.config import Settings
     from edge_agent.engine import Engine
 
-    model = LoopModel(lambda: FakeSession(favour(["from what I know"]), ["hi</answer>"]))
+    model = LoopModel(lambda: FakeSession(favour(["full sentence"]), ["hi</answer>"]))
     engine = Engine(model, Settings.load({"state_cache_mb": 0}))  # a fake session has no KV to save
     real = edge_home / "x.png"
     Image.new("RGB", (64, 48), "red").save(real)
@@ -394,7 +409,8 @@ def test_text_only_questions_never_offer_image_rationales():
     assert ids == ["text_search", "answer_evidence", "answer_knowledge"]
     with_image = [lib.rationales[i].id for i in lib.for_actions(allowed | {"zoom", "image_search"})]
     assert "answer_image" in with_image and "zoom" in with_image
-    with pytest.raises(RationaleLibraryError, match="needs_image must be true or false"):
+    assert "answer_evidence" not in [lib.rationales[i].id for i in lib.for_actions(allowed, has_evidence=False)]
+    with pytest.raises(RationaleLibraryError, match="needs_image and needs_evidence must be true or false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}], source="x.json")
 
 
@@ -411,3 +427,101 @@ def test_a_repeated_search_is_answered_without_searching_again():
     assert search.queries == ["Eiffel Tower", "Eiffel Tower height"]
     assert first.ok and other.ok and not again.ok
     assert 'already searched for "eiffel tower"' in again.observation
+
+
+# ---- moves that cannot bring anything new; calibrated scores; our words are not answers --------------
+def _searching(query: str) -> FakeSearchTools:
+    return FakeSearchTools(text=lambda q: outcome("text_search", "live", f"1. Lima | capital of Peru ({q})",
+                                             results=(result("Lima", "http://x", "capital"),), query=q))
+
+
+def test_the_same_search_again_is_taken_back_and_the_best_other_rationale_answers():
+    """SSR keeps choosing "search" with the same query: the second one is taken back before it runs or
+    enters the context (MoveWithdrawn), the best remaining rationale of the same scoring is pasted, and the
+    agent answers in turn 2. One search was sent; the context holds one tool call."""
+    search = _searching("capital of Peru")
+    s = FakeSession(favour(["the web for facts", "the web for facts"]),
+                    ['capital of Peru"}}\n</tool_call>', 'Capital of  PERU"}}\n</tool_call>', "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search)))
+    kinds = [e.kind for e in steps(events)]
+    assert kinds.count("move_withdrawn") == 1 and kinds.count("tool_called") == 1
+    w = next(e for e in events if e.kind == "move_withdrawn")
+    assert (w.turn, w.action, w.arguments) == (2, "text_search", {"query": "Capital of  PERU"})
+    assert "already searched" in w.reason
+    turn2 = [e for e in events if e.kind == "rationale_scored" and e.turn == 2]
+    assert [e.rechosen for e in turn2] == [False, True]
+    assert turn2[1].candidates[turn2[1].chosen].action == "answer"
+    assert all(c.action != "text_search" for c in turn2[1].candidates)
+    assert search.queries == ["capital of Peru"] and events[-1].answer == "Lima" and events[-1].turns == 2
+    convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
+    assert convo.count("<tool_call>") == 1 and "PERU" not in s.text
+    assert s.text.endswith(turn2[1].candidates[turn2[1].chosen].text + "\n</think>\n\n<answer>Lima</answer><|im_end|>\n")
+
+
+def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
+    """Free-form: the reasoning says it will search again, the query repeats: taken back to after the
+    reasoning; only the answer is left, so the head is the answer's."""
+    search = _searching("capital of Peru")
+    s = FakeSession(outputs=["I will search for it.</think>", 'capital of Peru"}}\n</tool_call>',
+                             "I will search again.</think>", 'capital of peru"}}\n</tool_call>', "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search),
+                            options=AgentOptions(mode="freeform")))
+    assert [e.kind for e in events].count("move_withdrawn") == 1 and search.queries == ["capital of Peru"]
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert s.text.endswith("I will search again.</think>\n\n<answer>Lima</answer><|im_end|>\n")
+
+
+def test_pmi_scores_subtract_the_neutral_score_and_decide():
+    """ssr_score pmi: p comes from mean - neutral mean; a rationale likely everywhere (raw best) loses to one
+    that fits this context better than a neutral one. The raw score is reported unchanged."""
+    know = builtin_library().rationales[-1].text
+    raw = {"I should search the web for facts": -0.5, know: -1.0,
+           "I should answer from the evidence": -2.0}  # (not a candidate before a tool result)
+    neutral = {"I should search the web for facts": -0.4, know: -1.6}
+    s = FakeSession(lambda text, n: raw[text], ["Lima</answer>"])
+    opts = AgentOptions(ssr_score="pmi", neutral=neutral)
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()), options=opts))
+    r = next(e for e in events if e.kind == "rationale_scored")
+    assert r.score_kind == "pmi" and r.candidates[r.chosen].id == "answer_knowledge"
+    assert [c.score for c in r.candidates] == [raw[c.text] for c in r.candidates]
+    assert [c.neutral for c in r.candidates] == [neutral[c.text] for c in r.candidates]
+    vals = np.array([raw[c.text] - neutral[c.text] for c in r.candidates])
+    assert np.allclose([c.prob for c in r.candidates], np.exp(vals) / np.exp(vals).sum())
+    raw_run = list(run_agent(FakeSession(lambda text, n: raw[text], ['q"}}', 'q"}}', "Lima</answer>"]), "Q?",
+                             tools=Toolbox(None, FakeSearch())))
+    r0 = next(e for e in raw_run if e.kind == "rationale_scored")
+    assert r0.score_kind == "raw" and r0.candidates[r0.chosen].id == "text_search" and r0.candidates[0].neutral is None
+
+
+def test_a_tool_message_as_the_answer_is_no_answer():
+    """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer found"."""
+    miss = "No cached result for \"largest planet\" (offline). Answer from what you have seen or know."
+    search = FakeSearchTools(text=lambda q: outcome("text_search", "offline", miss, query=q))
+    s = FakeSession(favour(["the web for facts", "full sentence"]),
+                    ['largest planet"}}\n</tool_call>', "Answer from what you have seen or know</answer>"])
+    events = list(run_agent(s, "What is the largest planet?", tools=Toolbox(None, search)))
+    assert events[-1].stop_reason == "no_answer" and events[-1].answer == ""
+    err = next(e for e in events if e.kind == "error")
+    assert err.title == "No answer found" and not err.fatal
+
+
+def test_the_answer_check_searches_when_the_model_is_not_sure():
+    """SSR chose to answer from what it knows, but the answer's first tokens are improbable (mean log-prob
+    below answer_check): the answer is taken back before it stays in the context, the search runs, and the
+    agent answers from the evidence. A sure answer is kept whole: the check's tokens are its start."""
+    search = _searching("capital of Tuvalu")
+    s = FakeSession(favour(["full sentence", "from the evidence"]),
+                    ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"], logprob=[-2.0, 0.0, 0.0])
+    events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
+                            options=AgentOptions(answer_check=-0.3)))
+    w = next(e for e in events if e.kind == "move_withdrawn")
+    assert w.action == "answer" and "not sure" in w.reason and "-2.00" in w.reason
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
+    assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
+    sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
+    events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
+    assert events[-1].answer == "Funafuti" and events[-1].turns == 1
+    assert "".join(e.text for e in events if e.kind == "answer_token") == "Funafuti"
+    assert not [e for e in events if e.kind == "move_withdrawn"]
+    assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")

@@ -113,8 +113,10 @@ def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo
             seen.add(f.action)
         scored = [e for e in events if e.kind == "rationale_scored"]
         assert all(abs(sum(c.prob for c in e.candidates) - 1) < 1e-9 for e in scored)
-        # every rationale but image search's: no image search backend is configured (withdrawn)
-        assert [c.id for c in scored[0].candidates] == [r.id for r in builtin_library() if r.action != "image_search"]
+        # every rationale but the searches' (no image search backend is configured, and text search is
+        # offline with nothing cached: neither can bring anything) and the evidence's (no tool result yet)
+        assert [c.id for c in scored[0].candidates] == [r.id for r in builtin_library()
+                                                        if "search" not in r.action and not r.needs_evidence]
     assert len(seen) >= 2  # sampling explored more than one move
 
 
@@ -172,21 +174,26 @@ def test_bad_image_is_a_fatal_error_event(tiny_vl, settings, tmp_path):
 
 @pytest.fixture(scope="module")
 def smol_engine(smollm2_gguf, tmp_path_factory):
-    """SmolLM2 behind one engine for the module: the system prompt's KV is evaluated once."""
+    """SmolLM2 behind one engine for the module (the system prompt's KV is evaluated once), searching a
+    Wikipedia-shaped server on 127.0.0.1."""
+    from tests.fakes.search_servers import FakeBackend
+
+    wiki = FakeBackend("wikipedia").start()
     home = tmp_path_factory.mktemp("smol-home")
-    st = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6,
+    st = Settings.load({"wikipedia_url": wiki.url, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6,
                         "freeform_max_tokens": 8, "max_turns": 3}, env={"EDGE_AGENT_HOME": str(home)})
     m = Model.load(smollm2_gguf, n_ctx=2048, n_threads=1, n_threads_batch=1, n_seq_max=8)
     engine = Engine(m, st, tools=SearchTools.from_settings(st))
     yield engine
     engine.close()
+    wiki.stop()
 
 
 @pytest.mark.smollm2
 @pytest.mark.parametrize("mode", ["ssr", "freeform"])
 def test_smollm2_text_only_episode(smol_engine, mode):
-    """No image: only text_search and answer exist; a search turn (offline: a cache miss the model
-    reads) then an answer; unforced, no image tool is ever called."""
+    """No image: only text_search and answer exist; a search turn (live, on loopback) then an answer;
+    unforced, no image tool is ever called."""
     engine, settings = smol_engine, smol_engine.settings
     opts = AgentOptions.from_settings(settings, mode=mode,
                                       policy=lambda t, a: {"text_search"} if t == 1 else {"answer"})
@@ -194,7 +201,7 @@ def test_smollm2_text_only_episode(smol_engine, mode):
     kinds = [e.kind for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer", kinds
     done = next(e for e in events if e.kind == "tool_finished")
-    assert done.name == "text_search" and done.status == "offline" and "offline" in done.observation
+    assert done.name == "text_search" and done.status in ("live", "cached") and done.ok
     if mode == "ssr":
         scored = [e for e in events if e.kind == "rationale_scored"]
         assert {c.action for c in scored[0].candidates} == {"text_search"}
@@ -212,13 +219,14 @@ def test_smollm2_text_only_episode(smol_engine, mode):
 
 
 def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
-    """Index-only SSR scores "[1]".."[6]" (one batch) and still pastes the chosen rationale's text."""
+    """Index-only SSR scores the answer rationales' "[k]" (one batch) and still pastes the chosen one's text."""
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, index_only=True, policy=lambda t, a: {"answer"})
     events = list(engine.ask("What colour?", photo, options=opts))
     scored = next(e for e in events if e.kind == "rationale_scored")
-    assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 3
+    # answer from the image / from knowledge (from the evidence: no tool result yet)
+    assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 2
     chosen = scored.candidates[scored.chosen].text
     text = spy.sessions[-1].inner.text()
     assert "[1] I should search the web with the image" in text  # the numbered plans in the system prompt

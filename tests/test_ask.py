@@ -50,7 +50,8 @@ def test_human_output_is_the_answer_then_a_trace(env, tiny_models, photo):
     r = run(str(photo), "What colour is it?", "--model", str(tiny_models["text"]), "--mmproj",
             str(tiny_models["mmproj"]), "--offline", "--max-turns", "1")
     assert r.exit_code == 0, r.output
-    assert len(r.stdout.splitlines()) == 1  # the answer alone on stdout; the trace on stderr
+    # the answer alone on stdout (random weights may write a newline inside it); the trace on stderr
+    assert r.stdout.strip() and "trace:" not in r.stdout and "turn 1:" not in r.stdout
     lines = r.stderr.splitlines()
     trace = lines.index("trace:")
     assert lines[trace + 1].startswith("turn 1: ")
@@ -95,7 +96,8 @@ def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(en
     rows = [json.loads(x) for x in follow.stdout.splitlines()]
     opened = next(r for r in rows if r["event"] == "context_opened")
     assert opened["source"] == "restored" and opened["tokens_reused"] > 0
-    assert not [r for r in rows if r["event"] == "image_evaluated"]  # the photo stays in the restored context
+    # the photo stays in the restored context (a zoom's crop, which random weights may choose, is read anew)
+    assert not [r for r in rows if r["event"] == "image_evaluated" and r["source"] == "image"]
     assert rows[-1]["totals"]["tokens_reused"] == opened["tokens_reused"]
     from edge_agent.chats import ChatStore
     from edge_agent.config import Settings

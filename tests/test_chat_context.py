@@ -138,7 +138,7 @@ def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_mod
     """Greedy: the follow-up answered in the kept KV cache == the whole transcript evaluated anew."""
     m = SpyModel(load(tiny_models))  # records every image appended, for the replay
     engine = Engine(m, settings)
-    opts = AgentOptions.from_settings(settings, policy=zoom_then_answer)
+    opts = AgentOptions.from_settings(settings, policy=zoom_then_answer, ssr_score="raw")  # as run_agent gets below
     first = list(engine.ask("What does the sign say?", photo, options=opts))
     transcript, pngs = list(m.inner.active_session.history), list(m.pngs)
     assert len(pngs) == 2  # the photo and a crop

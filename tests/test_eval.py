@@ -136,13 +136,28 @@ def test_normalize_and_match():
     assert E.match_answer("304", ["3 0 4", "304"]) == (True, True)
     assert E.match_answer("", ["x"]) == (False, False)
     assert E.match_answer("anything", ["the", "!!"]) == (False, False)  # answers that normalise to nothing never match
+    assert E.match_answer("Chirripó Grande", ["Cerro Chirripo", "Chirripo"]) == (False, True)  # accents folded
+    assert E.match_answer("Bogotá", ["Bogota"]) == (True, True)
+
+
+def test_success_has_a_wilson_interval_and_repeats_are_counted():
+    """95% Wilson interval (known values); a normalised query run twice in a question is one repeat."""
+    from edge_agent.evaluation.metrics import repeated_searches, wilson
+
+    lo, hi = wilson(8, 10)
+    assert (round(lo, 3), round(hi, 3)) == (0.49, 0.943)
+    assert wilson(0, 5)[0] == 0.0 and wilson(5, 5)[1] == 1.0 and wilson(0, 0) is None
+    rec = {"searches": [{"name": "text_search", "status": "live", "query": "Capital of Peru"},
+                        {"name": "text_search", "status": "cached", "query": " capital of  peru"},
+                        {"name": "text_search", "status": "live", "query": "Lima"}]}
+    assert repeated_searches(rec) == 1
 
 
 def test_parse_modes():
     """Mode names are case-insensitive, aliases accepted, order kept, unknown ones refused with the choices."""
     assert [m.name for m in E.parse_modes("Free-Form, SSR+SeProD,ssr,ssr")] == ["freeform", "ssr+seprod", "ssr"]
     assert E.parse_modes("ssr+seprod")[0].seprod and E.parse_modes("ssr+seprod")[0].engine_mode == "ssr"
-    with pytest.raises(ConfigError, match="freeform, ssr, ssr\\+seprod"):
+    with pytest.raises(ConfigError, match="freeform, ssr, ssr\\+seprod, direct"):
         E.parse_modes("ssr,bogus")
     with pytest.raises(ConfigError):
         E.parse_modes(" , ")

@@ -103,8 +103,8 @@ def test_our_searxng_client_reads_the_service(service, tmp_path):
     assert len(out.results) == 3
     lines = out.observation.splitlines()
     assert lines[0] == 'Search results for "What is the capital of Peru?" (searxng):'
-    assert lines[1].startswith("1. Peru - Government - Capital | https://www.cia.gov/")
-    assert lines[2].strip().startswith("name: Lima;")
+    assert lines[1].startswith("1. Peru - Government - Capital: name: Lima;")  # one line a result, no URL
+    assert len(lines) == 4 and lines[2].startswith("2. ")
 
 
 @pytest.mark.parametrize("query", ["capital of Peru", "Peru capital city", "What is the capital of Peru?",
@@ -129,10 +129,11 @@ def test_queries_are_data_not_syntax(index):
 
 def test_the_service_is_threaded(service):
     queries = ["capital of Peru", "Bolivia currency", "Sudan anthem", "France highest point"] * 4
+    before = threading.active_count()  # what the rest of the suite left running is not the service's
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda q: get_json(f"{service.url}/search?q={q.replace(' ', '+')}&format=json"), queries))
     assert all(status == 200 and body["results"] for status, body in got)
-    assert threading.active_count() < 50
+    assert threading.active_count() - before < 20  # no thread kept per request (16 requests, 8 at a time)
 
 
 def test_every_question_is_answerable_from_its_countrys_indexed_text(countries, index):

@@ -90,9 +90,9 @@ def test_unconfigured_tools_are_never_offered(edge_home, tmp_path):
     assert Toolbox(image_store(tmp_path), None).available_actions() == {"zoom", "answer"}
 
 
-def test_a_repeated_call_is_refused_and_withdrawn(edge_home):
-    """An identical query is not sent again; repeated twice, the tool is not offered again; the message is
-    true to what the first one gave (here: nothing found, not "its results are above")."""
+def test_a_repeated_search_brings_nothing_new_and_is_not_run(edge_home):
+    """The same normalised query again is "nothing new" (the loop takes such a move back); run() refuses it
+    without sending it; another query is still offered. The reason is true to what the first one gave."""
     wiki = FakeBackend("wikipedia").start()
     try:
         tools = search_tools(edge_home, wikipedia_url=wiki.url)
@@ -100,14 +100,37 @@ def test_a_repeated_call_is_refused_and_withdrawn(edge_home):
         wiki.fail_next("no_results")
         first = tb.run(ToolCall("text_search", {"query": "Pepón"}))
         assert first.ok and first.status == "live" and not first.results
-        again = tb.run(ToolCall("text_search", {"query": "  pepón "}))
-        assert wiki.count == 1
-        assert not again.ok and 'already searched for "pepón": it found nothing' in again.observation
-        assert "text_search" in tb.available_actions()  # one repeat: told to vary the query
-        third = tb.run(ToolCall("text_search", {"query": "PEPÓN"}))
-        assert wiki.count == 1 and "text_search is not offered again" in third.observation
-        assert tb.available_actions() == {"answer"}
+        why = tb.nothing_new(ToolCall("text_search", {"query": "  pepón "}))
+        assert why == 'this question already searched for "pepón" (it found nothing)'
+        again = tb.run(ToolCall("text_search", {"query": "PEPÓN"}))
+        assert wiki.count == 1 and not again.ok and again.status == "refused" and why in again.observation
+        assert tb.nothing_new(ToolCall("text_search", {"query": "Pepón Peru"})) is None
+        assert tb.available_actions() == {"text_search", "answer"}
         tools.close()
+    finally:
+        wiki.stop()
+
+
+def test_offline_a_search_that_can_only_miss_is_not_offered(edge_home):
+    """Offline with nothing cached for the backend: text_search is not offered at all. With one query
+    cached: offered, that query may run (a cache hit), any other is nothing new."""
+    wiki = FakeBackend("wikipedia").start()
+    try:
+        online = search_tools(edge_home, wikipedia_url=wiki.url)
+        offline = search_tools(edge_home, wikipedia_url=wiki.url, offline=True)
+        empty = Toolbox(None, offline)
+        assert empty.available_actions() == {"answer"}
+        assert empty.withdrawn["text_search"] == "it is offline and nothing is cached for text_search"
+        assert online.text_search("Eiffel Tower").status == "live"
+        tb = Toolbox(None, offline)
+        assert tb.available_actions() == {"text_search", "answer"}
+        assert tb.nothing_new(ToolCall("text_search", {"query": "eiffel  TOWER"})) is None
+        assert tb.nothing_new(ToolCall("text_search", {"query": "Capital of Peru"})) == \
+            'it is offline and "Capital of Peru" is not in the cache'
+        hit = tb.run(ToolCall("text_search", {"query": "Eiffel Tower"}))
+        assert hit.ok and hit.status == "cached" and wiki.count == 1
+        online.close()
+        offline.close()
     finally:
         wiki.stop()
 

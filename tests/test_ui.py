@@ -702,3 +702,40 @@ async def test_at_80x24_the_status_bar_keeps_the_mode_and_seprod_and_hints_are_w
         assert shown.startswith("qwen2.5")  # the model's name is cut short, not dropped
         hint = app.chat_screen.query_one(AttachmentBar)
         assert hint.size.height >= 2 and "vision model" in str(hint.render())
+
+
+@pytest.mark.asyncio
+async def test_a_move_taken_back_is_shown_in_its_turn(settings):
+    """The turn shows the search that was taken back (nothing new) and the second choice's scores."""
+    cand = [ev.RationaleCandidate("text_search", "I should search the web for facts", "text_search", -1.0, -8.0, 8, 0.7),
+            ev.RationaleCandidate("answer_evidence", "I should answer from the evidence", "answer", -2.0, -12.0, 6, 0.3)]
+
+    def script(asked):
+        yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
+        yield ev.TurnStarted(turn=1)
+        yield ev.RationaleScored(turn=1, candidates=tuple(cand), chosen=0, seconds=0.01, score_kind="pmi")
+        yield ev.MoveWithdrawn(turn=1, action="text_search", arguments={"query": "capital of Peru"},
+                               reason='this question already searched for "capital of peru" (its results are above)')
+        yield ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0, score_kind="pmi", rechosen=True)
+        yield ev.AnswerToken(turn=1, text="Lima")
+        yield ev.TurnFinished(turn=1, action="answer", reasoning_seconds=0.01, action_seconds=0.1, tool_seconds=0.0)
+        yield ev.FinalAnswer(answer="Lima", turns=1, stop_reason="answered")
+
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=script))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What is the capital of Peru?")
+        await settle(pilot)
+        turn = app.chat_screen.transcript.answers()[0].turns[1]
+        text = " ".join(str(w.render()) for w in turn.query(Static))
+        assert "text_search 'capital of Peru' taken back: this question already searched" in text
+        assert len(turn.query(".rationales")) == 2  # the scores, then the choice among the rest
+    from rich.console import Console
+
+    from edge_agent.ui.reasoning import rationale_table
+
+    console = Console(width=140, record=True, color_system=None)
+    console.print(rationale_table(ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0,
+                                                     score_kind="pmi", rechosen=True)))
+    head = console.export_text().splitlines()[0]
+    assert "the best of the other 1 rationales, from the same scores (calibrated" in head

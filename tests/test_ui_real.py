@@ -78,8 +78,9 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         started = next(e for e in events if isinstance(e, ev.RunStarted))
         assert started.image == str(photo.resolve()) and started.mode == "ssr"
         scored = [e for e in events if isinstance(e, ev.RationaleScored)]
-        # image_search is not configured, so its rationale is not scored (issue 12's tool policy)
-        assert scored and len(scored[0].candidates) == 5
+        # image_search is not configured and text search offline with nothing cached, so their rationales
+        # are not scored (the tool policy), nor is "answer from the evidence" before any tool result
+        assert scored and [c.id for c in scored[0].candidates] == ["zoom", "answer_image", "answer_knowledge"]
         assert "image_search" not in {c.action for c in scored[0].candidates}
         assert abs(sum(c.prob for c in scored[0].candidates) - 1) < 1e-6
         assert len(view.turns[1].query(".rationales")) == 1

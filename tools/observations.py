@@ -38,16 +38,20 @@ def subject(query: str) -> str:
 
 
 def results(tool: str, what: str, backend: str, found: Sequence[ResultLike], note: str = "") -> str:
-    """The compact, numbered observation of a search that answered (``note``: e.g. it is a stale copy)."""
+    """The compact, numbered observation of a search that answered (``note``: e.g. it is a stale copy):
+    one line per result, ``N. title: snippet``. No URLs: the model cannot open them, they cost ~20 tokens
+    a result, and on the real Qwen 0.5B an answer written after results with URLs copied the first
+    result's title line (1 of 7 dev questions right) where title-and-snippet lines gave the fact (7 of 7).
+    The person sees the URLs (ToolFinished.results)."""
     kind = "Search results for" if tool == "text_search" else "Reverse image search results for"
     head = f"{kind} {what} ({backend}{'; ' + note if note else ''}):"
     if not found:
         return f"{head}\nNo results."
     lines = [head]
     for i, r in enumerate(found, 1):
-        lines.append(f"{i}. {r.title}" + (f" | {r.url}" if r.url else ""))
-        if r.snippet:
-            lines.append("   " + clean_text(r.snippet, OBS_SNIPPET_CHARS))
+        snippet = clean_text(r.snippet, OBS_SNIPPET_CHARS) if r.snippet else ""
+        title = r.title or r.url
+        lines.append(f"{i}. {title}: {snippet}" if snippet else f"{i}. {title}")
     return "\n".join(lines)
 
 

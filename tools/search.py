@@ -196,6 +196,25 @@ class SearchTools:
         backend misses, written for a person; None when it may work."""
         return (self.text_backend if tool == "text_search" else self.image_backend).missing()
 
+    def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
+        """Offline: why this search can only miss the cache (``query`` for text_search, ``image``'s bytes for
+        image_search; neither: the cache holds nothing at all for the tool's backend). None when online
+        or cached. Reads the cache, never the network."""
+        if not self.offline:
+            return None
+        b = self.text_backend if tool == "text_search" else self.image_backend
+        if query is None and image is None:
+            held = self.cache.stats().get("by_backend", {}).get(f"{tool}/{b.name}", 0)
+            return None if held else f"it is offline and nothing is cached for {tool}"
+        if image is not None:
+            norm, sha, what = "", hashlib.sha256(bytes(image)).hexdigest(), "this image"
+        else:
+            q = clean_text(query, MAX_QUERY_CHARS)
+            norm, sha, what = query_key(q), "", words.subject(q)
+        if self.cache.get(make_key(tool, b.name, norm, sha, b.cache_params())) is not None:
+            return None
+        return f"it is offline and {what} is not in the cache"
+
     # --- the two tools --------------------------------------------------------------------------
     def text_search(self, query: str, *, refresh: bool = False) -> SearchOutcome:
         """Search the web (the configured text backend) for ``query``. ``refresh``: skip a fresh cache hit."""

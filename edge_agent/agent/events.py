@@ -96,6 +96,8 @@ class RationaleCandidate:
     sum: float
     count: int
     prob: float
+    # the same rationale's mean log-prob after a neutral question (score "pmi": p from score - neutral)
+    neutral: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class RationaleScored(Event):
     chosen: int  # index into candidates
     seconds: float
     library: str = ""  # the library scored: "built-in" or its file (Library.source); "" in older events
+    score_kind: str = "raw"  # raw (the paper's mean log-prob) | pmi (mean minus its mean after a neutral question)
+    rechosen: bool = False  # the first choice's move was taken back (MoveWithdrawn): the best of the rest
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,18 @@ class ToolCalled(Event):
     name: str
     arguments: dict[str, Any]
     action_seconds: float  # time to generate the action
+
+
+@dataclass(frozen=True)
+class MoveWithdrawn(Event):
+    """A move that could bring nothing new (the same search again, offline and not cached) was taken back
+    before it ran or reached the context; the turn chooses another move."""
+
+    kind: ClassVar[str] = "move_withdrawn"
+    turn: int
+    action: str
+    arguments: dict[str, Any]
+    reason: str
 
 
 @dataclass(frozen=True)

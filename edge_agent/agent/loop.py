@@ -1,40 +1,34 @@
 """The agent's turn loop: a generator of typed events (SSR and free-form modes).
 
-Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a
-tool runs and how its result re-enters the context, the turn limit, cancellation, per-turn timings,
-and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike`` and
-to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor
-anything that touches the network.
+Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool
+runs and how its result re-enters the context, moves taken back, the turn limit, cancellation,
+per-turn timings, and the two SeProD hook points. Talks to the model only through
+``runtime.types.SessionLike`` and to the tools only through ``toolbox.ToolExecutor``; imports neither
+llama_cpp, textual, nor anything that touches the network.
 
 One turn::
 
     [SeProD grounding draft, only in the turn after a zoom]          <- drafter.ground()
-    reasoning   SSR: score the library's candidates in one batch right after "<think>\\n",
-                     p = softmax(mean / tau), paste the chosen text, close the think block
-                free-form: the model writes up to freeform_max_tokens, until "</think>"
-    action      SSR: the head of the rationale's action is appended, the tail generated under its
-                     grammar (so the action always parses and matches the rationale)
-                free-form: the head generated under a grammar admitting every allowed action
+    reasoning   SSR: the library's candidates scored in one batch after "<think>\n" (agent.ssr), the chosen
+                     text pasted; free-form: the model writes up to freeform_max_tokens, until "</think>"
+    action      SSR: the rationale's head appended, the tail generated under its grammar; free-form: the
+                action its reasoning states (agent.intent), else the model's choice under a grammar
+                admitting every allowed action. A move that brings nothing new is taken back (MoveWithdrawn)
     answer ->   [SeProD answering draft: the accepted text starts the answer] <- drafter.answer()
                 the answer streamed under the answer grammar; FinalAnswer
     tool   ->   the tool runs; its observation (and a crop, as a new image) comes back as a
                 <tool_response> user turn; the next think block opens
 
-Mistakes (an action cut off, a refused box, a search that failed) are observations the model reads
-and AgentError(fatal=False) events; a user-fixable failure of the model itself (context full)
-ends the stream with AgentError(fatal=True); bugs propagate. After ``max_turns`` tool turns the
-model is told to answer and only the answer action is allowed.
+Mistakes (an action cut off, a refused box, a search that failed) are observations the model reads and
+AgentError(fatal=False) events; a user-fixable failure of the model itself (context full) ends the stream
+with AgentError(fatal=True); bugs propagate. After ``max_turns`` tool turns only the answer is allowed.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import Any
-
-import numpy as np
 
 from edge_agent.agent.actions import (
     CHOICE_GRAMMAR,
@@ -58,7 +52,7 @@ from edge_agent.agent.events import (
     Event,
     FinalAnswer,
     ImageEvaluated,
-    RationaleCandidate,
+    MoveWithdrawn,
     RationaleScored,
     ReasoningDone,
     ReasoningToken,
@@ -68,6 +62,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
+from edge_agent.agent.intent import stated_action
 from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ACTION_OF_TOOL,
@@ -80,12 +75,15 @@ from edge_agent.agent.prompts import (
     observation_segments,
     system_prompt,
 )
-from edge_agent.agent.rationales import index_label, select
+from edge_agent.agent.rationales import ANY_ACTION
+from edge_agent.agent.ssr import SsrChooser
+from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
 from edge_agent.errors import Cancelled, EdgeAgentError
-from edge_agent.runtime.types import Generation, ImageChunk, SessionLike
+from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 
 THINK_STOP = "</think>"
+ANSWER_CHECK_TOKENS = 6  # the answer's first tokens SSR's answer check reads (kept as the answer's start)
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
 
 
@@ -146,13 +144,16 @@ class _Run:
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
-        self._rng: np.random.Generator | None = None  # SSR sampling's draws, seeded by the options
+        self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
         self.turn = 0
         self.answer_parts: list[str] = []
         self.current_image = image  # what the prophet looks at: the latest crop, else the original
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        self._scored_tokens: Sequence[int] = ()  # SSR: the chosen rationale's tokens (pasted when not adopted)
+        self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
+        self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
+        self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
         self.n_generated = 0
         self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
@@ -227,6 +228,7 @@ class _Run:
         # ---- reasoning ----
         t0 = time.perf_counter()
         yield from self._ground(turn)
+        action: str | None
         if self.options.mode == "ssr":
             action, scored, adopt = self._ssr_reason(turn, allowed)
             reasoning_s = time.perf_counter() - t0
@@ -235,23 +237,17 @@ class _Run:
             self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
             reasoning_s += time.perf_counter() - t0
         else:
-            yield from self._free_reason(turn)
-            action = None
+            reasoning = yield from self._free_reason(turn)
+            action = stated_action(reasoning, allowed)  # a reasoning that says it will search, searches
             reasoning_s = time.perf_counter() - t0
+            self._base = self.session.checkpoint()
         self._check()
 
         # ---- action ----
         t0 = time.perf_counter()
-        error: str | None = None
-        call = None
-        try:
-            action = self._head(action, allowed)
-            if action == "answer":
-                yield from self._answer_turn(turn, final, reasoning_s, t0)
-                return True
-            call = self._tool_call(action)
-        except ActionError as e:
-            error = str(e)
+        action, call, error = yield from self._act(turn, action, allowed, final, reasoning_s, t0)
+        if action == "answer":
+            return True
         action_s = time.perf_counter() - t0
         self._check()
 
@@ -281,10 +277,68 @@ class _Run:
             if self.drafter is not None:
                 self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
         self._add(reasoning_s, action_s, tool_s, observe_s)
-        yield TurnFinished(turn=turn, action=action if call is not None and action else "invalid",
+        yield TurnFinished(turn=turn, action=action if call is not None else "invalid",
                            reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
         return False
+
+    def _act(self, turn: int, action: str | None, allowed: frozenset[str], final: bool, reasoning_s: float,
+             t0: float) -> Generator[Event, None, tuple[str, ToolCall | None, str | None]]:
+        """The action: its head, then the answer (to FinalAnswer) or the tool call's tail. Returns (action,
+        call, error). A call that could bring nothing new (``ToolExecutor.nothing_new``: the same search
+        again, offline and not cached) is taken back before it runs or stays in the context (rolled back
+        to before the pasted rationale / the head) and the turn chooses again without that action: SSR
+        the best remaining rationale of the same scoring, free-form the model. When only the answer is
+        left, the agent answers with what it has."""
+        left = set(allowed)
+        checked = False
+        while True:
+            try:
+                action = self._head(action, frozenset(left))
+                if action == "answer":
+                    unsure = None if checked or not self._checks_answer(left) else self._unsure()
+                    checked = True
+                    if unsure is None:
+                        yield from self._answer_turn(turn, final, reasoning_s, t0)
+                        return "answer", None, None
+                    call = ToolCall("answer", {})
+                else:
+                    call = self._tool_call(action)
+            except ActionError as e:
+                return action or "invalid", None, str(e)
+            why = unsure if action == "answer" else self.tools.nothing_new(call)
+            if why is None or self._base is None:
+                return action, call, None
+            yield MoveWithdrawn(turn=turn, action=action, arguments=dict(call.arguments), reason=why)
+            self.session.rollback(self._base)
+            self.close_pending = ""
+            left = left - {action} if action == "answer" else (left - {action}) | {"answer"}
+            action = None
+            if self.options.mode == "ssr":
+                scored = self.ssr.rechoose(self.session, turn, frozenset(left), has_image=self._has_image(),
+                                           has_evidence=self.evidence, cancel=self.cancel)
+                yield scored
+                self._ssr_paste(scored, False)
+                action = scored.candidates[scored.chosen].action
+                action = None if action == ANY_ACTION else action
+
+    def _checks_answer(self, left: set[str]) -> bool:
+        """SSR's answer check applies: an answer before any tool result, with another move still allowed."""
+        return (self.options.mode == "ssr" and self.options.answer_check is not None and not self.evidence
+                and bool(left - {"answer"}))
+
+    def _unsure(self) -> str | None:
+        """Decode the answer's first tokens (greedy, under its grammar): None when their mean log-prob
+        reaches ``answer_check`` (they stay as the answer's start: :meth:`_answer` continues from them), else
+        why the model is not sure of its answer (the caller takes the answer back and searches)."""
+        gen = self._generate(max_tokens=ANSWER_CHECK_TOKENS, grammar=tail_grammar("answer"),
+                             stop=[TAIL_STOP["answer"]])
+        mean, threshold = sum(gen.logprobs) / max(1, len(gen.logprobs)), self.options.answer_check or 0.0
+        if mean >= threshold:
+            self._probe = gen
+            return None
+        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of its "
+                f"first tokens, below answer_check {threshold:g}): it searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -310,9 +364,9 @@ class _Run:
                            tool_seconds=0.0)
         self._close_answer()
         key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer):  # e.g. "You have no tool calls left": not an answer
+        if echoes_instructions(answer, self.ours):  # "You have no tool calls left", a tool's message: not an answer
             yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message=f"The model repeated its instructions instead of answering ({answer!r}).")
+                             message=f"The model repeated our instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
         cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
@@ -338,42 +392,23 @@ class _Run:
         """A tool's outcome back into the context (a crop as a new image); returns the crops evaluated."""
         note = TURN_LIMIT_NOTE if turn >= self.options.max_turns else ""
         observation = self._within_budget(out.observation)
+        if not out.ok:  # our words (what failed, what is left), not a page's: never to be the answer
+            self.ours.append(observation)
+        else:
+            self.evidence = True  # "answer from the evidence" applies from now on
         segments = observation_segments(observation, out.image, note=note)
         return append_segments(self.session, segments, cancel=self.cancel)
 
     # ---- reasoning ------------------------------------------------------------------------------
-    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str, RationaleScored, bool]:
-        """Score the rationales and choose one: its action, the event, and whether the chosen one is to be
-        adopted (its kept cells). Nothing is pasted yet (:meth:`_ssr_paste`, the next call on the session)."""
-        lib = self.options.library
-        has_image = self.image is not None or self.tools.n_images() > 0
-        idx = lib.for_actions(allowed, has_image=has_image) or lib.for_actions({"answer"}, has_image=has_image) \
-            or lib.for_actions({"answer"})
-        rats = [lib.rationales[k] for k in idx]
-        cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
-        t0 = time.perf_counter()
-        # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
-        # place so the chosen one can be adopted into the conversation without re-evaluating it
-        # (possible when the context has a sequence per candidate).
-        adopt = not self.options.index_only and len(cands) <= self.session.max_candidates
-        scores = self.session.score(cands, keep=adopt, cancel=self.cancel)
-        if self.options.sample and self._rng is None:  # made on first use: a greedy question draws nothing
-            self._rng = np.random.default_rng(self.options.seed)
-        choice, probs = select([sc.mean for sc in scores], tau=self.options.tau, sample=self.options.sample,
-                               rng=self._rng)
-        seconds = time.perf_counter() - t0
-        self._scored_tokens = scores[choice].tokens
-        return rats[choice].action, RationaleScored(
-            turn=turn,
-            candidates=tuple(
-                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
-                                   count=int(sc.count), prob=float(p))
-                for r, sc, p in zip(rats, scores, probs, strict=True)
-            ),
-            chosen=choice,
-            seconds=seconds,
-            library=lib.source,
-        ), adopt
+    def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str | None, RationaleScored, bool]:
+        """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
+        the next call on the session). The point before is this turn's base: a move taken back returns there."""
+        self._base = self.session.checkpoint()
+        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
+                               cancel=self.cancel)
+
+    def _has_image(self) -> bool:
+        return self.image is not None or self.tools.n_images() > 0
 
     def _ssr_paste(self, scored: RationaleScored, adopt: bool) -> None:
         """Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended."""
@@ -382,7 +417,7 @@ class _Run:
         elif adopt:
             self.session.adopt(scored.chosen)
         else:
-            self.session.append_tokens(self._scored_tokens)
+            self.session.append_tokens(self.ssr.tokens)
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
         # counted as action time): see _head.
         self.close_pending = THINK_CLOSE
@@ -457,6 +492,7 @@ class _Run:
             self.answer_tokens = len(v.lead) + v.accepted
             budget -= self.answer_tokens
         held = {"cut": False}
+        probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
         def piece_event(piece: str) -> Event | None:
             # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
@@ -470,7 +506,14 @@ class _Run:
             self.answer_parts.append(piece)
             return AnswerToken(turn=turn, text=piece)
 
-        if budget > 0:  # the accepted draft may have used the whole budget
+        if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
+            if (first := piece_event(probe.text)) is not None:
+                yield first
+            self.answer_tokens += len(probe.tokens)
+            budget -= len(probe.tokens)
+            if probe.stop_reason in ("stop", "eos"):
+                self.answer_end, budget = probe.stop_reason, 0
+        if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
             gen = yield from self._stream(
                 lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
@@ -497,49 +540,8 @@ class _Run:
 
     def _stream(self, call: Callable[[Callable[[str, int], None], threading.Event], Generation],
                 make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
-        """Run a generation in a worker thread and yield an event per streamed piece.
-
-        The session is touched by the worker only while this generator waits for it. The user's
-        cancel event is mirrored into the worker's stop event within ~50 ms; closing this generator
-        early stops and joins the worker.
-        """
-        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        stop = threading.Event()
-        done = object()
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["gen"] = call(lambda piece, tok: q.put(piece), stop)
-            except BaseException as e:  # re-raised in the caller's thread below
-                box["err"] = e
-            finally:
-                q.put(done)
-
-        th = threading.Thread(target=work, name="agent-generate", daemon=True)
-        th.start()
-        try:
-            while True:
-                try:
-                    item = q.get(timeout=0.05)
-                except queue.Empty:
-                    if self.cancel.is_set():
-                        stop.set()
-                    continue
-                if item is done:
-                    break
-                ev = make_event(item)
-                if ev is not None:
-                    yield ev
-                if self.cancel.is_set():
-                    stop.set()
-        finally:
-            if th.is_alive():
-                stop.set()
-                th.join()
-        if "err" in box:
-            raise box["err"]
-        gen: Generation = box["gen"]
+        """:func:`streaming.stream` of one generation; counts its tokens; a cancelled one raises Cancelled."""
+        gen = yield from stream(call, make_event, self.cancel)
         self.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()

@@ -7,7 +7,7 @@ implements them). Does not know llama_cpp, the loop's control flow or the chat f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ from edge_agent.agent.rationales import Library, builtin_library
 from edge_agent.runtime.types import SessionLike
 
 AGENT_MODES = ("ssr", "freeform")  # how the agent's turn reasons: scored rationales or written text
+CHECK_OFF = -20.0  # ssr_answer_check at or below this: no check (a mean log-prob that low is no answer at all)
 REASONING_MODES = (*AGENT_MODES, "direct")  # direct: the model alone in a plain chat (agent.direct), no turns
 
 # (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
@@ -71,6 +72,11 @@ class AgentOptions:
     tau: float = 1.0
     sample: bool = False  # SSR: one seeded categorical draw instead of argmax
     index_only: bool = False  # SSR ablation: score "[k]" instead of the rationale's text
+    ssr_score: str = "raw"  # raw: mean log-prob (the paper) | pmi: minus the candidate's mean after a neutral question
+    neutral: Mapping[str, float] | None = None  # pmi: candidate text -> its mean log-prob after a neutral question
+    # SSR, an answer before any tool result: the least mean log-prob of its first tokens to answer without
+    # searching first (None: no check; loop.ANSWER_CHECK_TOKENS tokens, kept as the answer's start)
+    answer_check: float | None = None
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
@@ -89,7 +95,8 @@ class AgentOptions:
 
         kw: dict[str, Any] = dict(
             mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
-            index_only=settings.ssr_index_only, seed=settings.seed, temperature=settings.temperature,
+            index_only=settings.ssr_index_only, ssr_score=settings.ssr_score,
+            answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None, seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
             instructions=settings.system_prompt,

@@ -169,22 +169,28 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[^\W_]+", text.casefold())
 
 
-def _instruction_texts() -> list[list[str]]:
-    """The words of every instruction the model reads (system prompts, notes), one list per sentence."""
+def _sentences(texts: Sequence[str]) -> list[list[str]]:
     out = []
-    for text in (SYSTEM, SYSTEM_TEXT_ONLY, TURN_LIMIT_NOTE):
-        out += [_words(sentence) for sentence in re.split(r"(?<=[.!?])\s+", text)]
+    for text in texts:
+        out += [_words(sentence) for sentence in re.split(r"(?<=[.!?:])\s+|\n+", text)]
     return [w for w in out if w]
 
 
-def echoes_instructions(answer: str) -> bool:
-    """True when ``answer`` merely repeats the prompt's own instruction text (e.g. SmolLM2 answering
-    "You have no tool calls left"): a run of 3+ words from one instruction sentence, or nothing but
-    whole instruction sentences. Such an answer is not presented as one."""
+@functools.cache
+def _instruction_texts() -> tuple[tuple[str, ...], ...]:
+    """The words of every instruction the model reads (system prompts, notes), one tuple per sentence."""
+    return tuple(tuple(w) for w in _sentences((SYSTEM, SYSTEM_TEXT_ONLY, TURN_LIMIT_NOTE)))
+
+
+def echoes_instructions(answer: str, ours: Sequence[str] = ()) -> bool:
+    """True when ``answer`` merely repeats text we wrote for the model: the instructions (e.g. SmolLM2
+    answering "You have no tool calls left") or ``ours``, this question's tool messages ("No cached
+    result for ... (offline)", a search failure): a run of 3+ words from one such sentence, or nothing
+    but whole such sentences. Such an answer is not presented as one."""
     words = _words(answer)
     if len(words) < 3:
         return False
-    sentences = _instruction_texts()
+    sentences = [list(s) for s in _instruction_texts()] + _sentences(ours)
 
     def inside(run: list[str], sentence: list[str]) -> bool:
         n = len(run)

@@ -20,6 +20,9 @@ from edge_agent.errors import ConfigError
 
 # The action types a rationale may imply; each maps to one tool (or to answering).
 ACTIONS = ("image_search", "text_search", "zoom", "answer")
+# A rationale that implies no action (the library-size ablation's one-rationale library): the model then
+# chooses the action as in free-form, under the grammar of every allowed action.
+ANY_ACTION = "any"
 # Strings that would break the chat format if pasted inside <think>...</think>.
 FORBIDDEN = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>",
              "<tool_response>", "</tool_response>", "<|")
@@ -39,6 +42,8 @@ class Rationale:
     text: str
     action: str  # one of ACTIONS
     needs_image: bool = False  # e.g. "answer from the image": offered only when there is an image
+    # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the context
+    needs_evidence: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,19 +57,24 @@ class Library:
     def __iter__(self):
         return iter(self.rationales)
 
-    def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True) -> list[int]:
+    def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True,
+                    has_evidence: bool = True) -> list[int]:
         """Indices of the rationales whose action is allowed (keeps library order).
 
         Without an image, rationales that need one are left out: a text-only question must not be
-        answered "from the image".
+        answered "from the image"; before any tool result, none is answered "from the evidence".
         """
         return [i for i, r in enumerate(self.rationales)
-                if r.action in allowed and (has_image or not r.needs_image)]
+                if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)
+                and (has_evidence or not r.needs_evidence)]
 
 
-def builtin_library() -> Library:
-    text = resources.files("edge_agent").joinpath("data", "rationales.json").read_text(encoding="utf-8")
-    return parse_library(json.loads(text), source="built-in")
+def builtin_library(name: str = "") -> Library:
+    """The built-in library, or (``name``) one of the library-size ablation's (``k1``, ``k2``:
+    ``edge_agent/data/ablations/``)."""
+    parts = ("data", "ablations", f"{name}.json") if name else ("data", "rationales.json")
+    text = resources.files("edge_agent").joinpath(*parts).read_text(encoding="utf-8")
+    return parse_library(json.loads(text), source=f"built-in {name}" if name else "built-in")
 
 
 def load_library(path: str | Path | None = None) -> Library:
@@ -102,9 +112,10 @@ def parse_library(data: Any, *, source: str) -> Library:
             raise RationaleLibraryError(f"Rationale {n} in {where}: id must be a non-empty string.")
         if rid in seen:
             raise RationaleLibraryError(f"Rationale {n} in {where}: id {rid!r} is used twice.")
-        if action not in ACTIONS:
+        if action not in (*ACTIONS, ANY_ACTION):
             raise RationaleLibraryError(
-                f"Rationale {rid!r} in {where}: action must be one of {', '.join(ACTIONS)}, not {action!r}.")
+                f"Rationale {rid!r} in {where}: action must be one of {', '.join(ACTIONS)} (or {ANY_ACTION!r}: the "
+                f"model chooses), not {action!r}.")
         if not isinstance(text, str) or not text.strip():
             raise RationaleLibraryError(f"Rationale {rid!r} in {where}: text must be a non-empty string.")
         text = " ".join(text.split())  # one line: it sits between "<think>\n" and "\n</think>"
@@ -117,11 +128,13 @@ def parse_library(data: Any, *, source: str) -> Library:
             raise RationaleLibraryError(
                 f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
         needs_image = item.get("needs_image", action in ("zoom", "image_search"))
-        if not isinstance(needs_image, bool):
-            raise RationaleLibraryError(f"Rationale {rid!r} in {where}: needs_image must be true or false.")
+        needs_evidence = item.get("needs_evidence", False)
+        if not isinstance(needs_image, bool) or not isinstance(needs_evidence, bool):
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where}: needs_image and needs_evidence must be true or false.")
         seen.add(rid)
-        out.append(Rationale(rid, text, action, needs_image))
-    if not any(r.action == "answer" for r in out):
+        out.append(Rationale(rid, text, action, needs_image, needs_evidence))
+    if not any(r.action in ("answer", ANY_ACTION) for r in out):
         raise RationaleLibraryError(
             f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")
     return Library(tuple(out), source)

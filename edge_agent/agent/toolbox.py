@@ -7,10 +7,12 @@ a refused box, an unconfigured backend, an offline cache miss) becomes a :class:
 The tool-availability policy of one question lives here (the loop asks :meth:`Toolbox.available_actions`
 at the start of every turn, so the prompt's schemas, the SSR candidates and the free-form grammar
 follow it): a search whose backend is unconfigured is never offered; a search found unreachable
-(connection refused, DNS failure, timeout) is withdrawn for the rest of the question; a call repeated
-exactly is refused (a second time: the model is looping, the tool is withdrawn); image search is withdrawn once
-every image has been searched. The observation of a failed call says what failed and what is still
-possible.
+(connection refused, DNS failure, timeout) is withdrawn for the rest of the question; offline with
+nothing cached for a search, it is not offered; image search is withdrawn once every image has been
+searched. A move that cannot bring anything new (:meth:`Toolbox.nothing_new`: a search whose normalised
+query, or image, this question already ran; offline, a query that is not cached) is not run: the loop
+takes it back before it reaches the context and chooses another move. The observation of a failed call
+says what failed and what is still possible.
 Does not know: the network (the search object is handed in: :class:`SearchLike`, which
 ``edge_agent.tools.search.SearchTools`` implements and the tests' fakes too), models, the loop.
 """
@@ -39,6 +41,7 @@ class ToolOutcome:
     observation: str  # untrusted text the model reads inside <tool_response>
     seconds: float
     status: str  # zoom: local; search: live | cached | stale | offline | unconfigured | unreachable | error
+    # | refused (not run: it could bring nothing new)
     image: bytes | None = None  # zoom: PNG of the crop, appended to the context as a new image
     image_index: int | None = None
     image_path: str | None = None
@@ -61,6 +64,10 @@ class ToolExecutor(Protocol):
     def image_png(self, idx: int) -> bytes:
         """The model's PNG of image ``idx`` (0 = original)."""
 
+    def nothing_new(self, call: ToolCall) -> str | None:
+        """Why running ``call`` could bring nothing new to this question (None: it may), e.g. the same
+        normalised query again. The loop takes such a move back instead of running it."""
+
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome: ...
 
 
@@ -73,6 +80,11 @@ class SearchLike(Protocol):
 
     def unconfigured(self, tool: str) -> str | None:
         """Why ``tool`` (text_search | image_search) cannot work at all (a missing setting); None: it may."""
+        ...
+
+    def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
+        """Offline: why this search (``query`` / ``image``; neither: any search of ``tool``) can only miss
+        the cache. None when online, or when the cache holds it."""
         ...
 
     def close(self) -> None: ...
@@ -88,7 +100,6 @@ class Toolbox:
         self.vision = images is not None if vision is None else vision  # the model reads images
         self._searched: dict[tuple[str, str], str] = {}  # (tool, normalised query or image index) -> what it gave
         self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
-        self._repeats: dict[str, int] = {}  # tool -> identical calls refused
 
     def offered_actions(self) -> frozenset[str]:
         """What the system prompt offers: zoom and image search when the model reads images (attached
@@ -105,6 +116,9 @@ class Toolbox:
         acts = {"text_search", "answer"} if self.images is None else {"zoom", "text_search", "image_search", "answer"}
         for action in ("text_search", "image_search"):
             if action in acts and action not in self.withdrawn and (why := self._unconfigured(action)):
+                self.withdrawn[action] = why
+            if action in acts and action not in self.withdrawn and self.search is not None and (
+                    why := self.search.offline_miss(action)):
                 self.withdrawn[action] = why
         if "image_search" in acts and self.images is not None and all(
                 ("image_search", str(i)) in self._searched for i in range(len(self.images))):
@@ -131,8 +145,31 @@ class Toolbox:
             raise IndexError("no images")
         return self.images.model_png(idx)
 
+    def nothing_new(self, call: ToolCall) -> str | None:
+        """Why ``call`` could bring nothing new to this question: the same search again (normalised query,
+        or image), or offline a query or image that is not cached. None: it may (zoom always may)."""
+        if call.name == "text_search":
+            query = str(call.arguments.get("query", ""))
+            key = query_key(query)
+            if ("text_search", key) in self._searched:
+                return f'this question already searched for "{key}" ({self._searched[("text_search", key)]})'
+            return self.search.offline_miss("text_search", query=query) if self.search is not None else None
+        if call.name == "image_search" and self.images is not None:
+            try:
+                idx = self.images.check_index(call.arguments.get("img_idx", 0))
+            except ZoomError:
+                return None  # a bad index is the model's mistake: run() says so
+            if ("image_search", str(idx)) in self._searched:
+                return f"this question already searched with image {idx}"
+            if self.search is not None:
+                return self.search.offline_miss("image_search", image=jpeg_bytes(self.images[idx].image))
+        return None
+
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome:
         t0 = time.perf_counter()
+        if (why := self.nothing_new(call)) is not None:  # the loop takes such moves back; a caller that does not
+            return ToolOutcome(False, f"{call.name} was not run: {why}. {self.still_possible()}",
+                               time.perf_counter() - t0, "refused")
         try:
             if call.name == ZOOM_TOOL:
                 return self._zoom(call, t0)
@@ -164,8 +201,6 @@ class Toolbox:
             return out
         query = call.arguments["query"]
         key = query_key(query)  # the search cache's notion of "the same query"
-        if (repeat := self._repeat("text_search", key, t0)) is not None:
-            return repeat
         assert self.search is not None  # without one the tool is withdrawn: _refused answered above
         return self._from_search("text_search", key, self.search.text_search(query), t0)
 
@@ -178,22 +213,6 @@ class Toolbox:
         return ToolOutcome(False, f"{action} was not run: {why}. {self.still_possible()}", time.perf_counter() - t0,
                            status)
 
-    def _repeat(self, tool: str, key: str, t0: float) -> ToolOutcome | None:
-        """The same search twice in one question gives the same results: say so instead of re-running it.
-        A second repeat (the model is looping, as SmolLM2 does offline) withdraws the tool; image search has
-        nothing else to vary, so one repeat does."""
-        if (tool, key) not in self._searched:
-            return None
-        what = f'"{key}"' if tool == "text_search" else f"image {key}"
-        self._repeats[tool] = self._repeats.get(tool, 0) + 1
-        if self._repeats[tool] < 2 and tool == "text_search":
-            return ToolOutcome(False, f"You already searched for {what}: {self._searched[(tool, key)]}. Search for "
-                                      "something different, or answer.", time.perf_counter() - t0, "error")
-        self.withdrawn[tool] = f"it was called again with the same {'query' if tool == 'text_search' else 'image'}"
-        return ToolOutcome(False, f"You already searched for {what}: {self._searched[(tool, key)]}. "
-                                  f"{tool} is not offered again in this question. {self.still_possible()}",
-                           time.perf_counter() - t0, "error")
-
     def _image_search(self, call: ToolCall, t0: float) -> ToolOutcome:
         if self.images is None:
             return ToolOutcome(False, "There is no image to search with; use text_search or answer.",
@@ -201,8 +220,6 @@ class Toolbox:
         idx = self.images.check_index(call.arguments.get("img_idx", 0))
         if (out := self._refused("image_search", t0)) is not None:
             return out
-        if (repeat := self._repeat("image_search", str(idx), t0)) is not None:
-            return repeat
         assert self.search is not None  # without one the tool is withdrawn: _refused answered above
         o = self.search.image_search(jpeg_bytes(self.images[idx].image), "image/jpeg")
         return self._from_search("image_search", str(idx), o, t0)

@@ -312,6 +312,9 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
             per_turn.setdefault(e.turn, []).append(f"prophet {e.mode}: {e.accepted}/{e.drafted} tokens accepted")
         elif isinstance(e, ev.ToolCalled):
             per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
+        elif isinstance(e, ev.MoveWithdrawn):
+            args = f" {json.dumps(e.arguments, ensure_ascii=False)}" if e.arguments else ""
+            per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")
         elif isinstance(e, ev.ToolFinished):
             where = f" -> image {e.image_index}" if e.image_index is not None else ""
             per_turn.setdefault(e.turn, []).append(f"  {'ok' if e.ok else 'failed'} ({e.status}){where}: {_short(e.observation, 70)}")

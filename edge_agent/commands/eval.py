@@ -23,7 +23,7 @@ from edge_agent.errors import ConfigError, EdgeAgentError
 
 # Settings that change what the agent answers: a results folder is resumed only with the same ones.
 FINGERPRINT_SETTINGS = (
-    "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample",
+    "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample", "ssr_score", "ssr_answer_check",
     "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature", "system_prompt", "seed",
     "seprod_draft_len", "seprod_tau", "seprod_a0", "seprod_adaptive", "offline", "text_search", "image_search", "search_top_k",
 )
@@ -52,8 +52,9 @@ def engine_factory(settings: Settings, *, on_status=None):
 @click.command("eval")
 @click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--modes", default=None, metavar="LIST",
-              help="Comma-separated modes: freeform, ssr, ssr+seprod. Default: freeform,ssr "
-                   "(and ssr+seprod when a prophet is configured).")
+              help="Comma-separated modes: freeform, ssr, ssr+seprod, direct (the model alone, no tools), and the "
+                   "ablations ssr-index, ssr-k1, ssr-k2. Default: freeform,ssr (and ssr+seprod when a prophet is "
+                   "configured).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results folder (default: eval-<DATA name> in the current folder). Rerun with the same one to resume.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions.")
@@ -214,7 +215,7 @@ def library_digest(lib: Any) -> str:
     """A short hash of what a library makes the agent score (ids, actions, texts, image flags)."""
     import hashlib
 
-    rows = [[r.id, r.action, r.text, r.needs_image] for r in lib]
+    rows = [[r.id, r.action, r.text, r.needs_image] + ([True] if r.needs_evidence else []) for r in lib]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 

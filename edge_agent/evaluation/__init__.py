@@ -44,6 +44,7 @@ from edge_agent.evaluation.metrics import (
     distribution,
     mode_metrics,
     percentile,
+    wilson,
 )
 from edge_agent.evaluation.modes import MODES, ModeSpec, parse_modes, with_libraries
 from edge_agent.evaluation.plot import write_plot
@@ -94,6 +95,7 @@ __all__ = [
     "make_record",
     "match_answer",
     "mode_metrics",
+    "wilson",
     "normalize_answer",
     "parse_modes",
     "percentile",

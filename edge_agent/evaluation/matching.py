@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections.abc import Iterable
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -14,8 +15,10 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation + "“”‘’«»�
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, punctuation to spaces, articles dropped, whitespace collapsed (SQuAD-style)."""
-    text = str(text).lower().translate(_PUNCT)
+    """Lower case, accents folded ("Bolívar" = "Bolivar"), punctuation to spaces, articles dropped,
+    whitespace collapsed (SQuAD-style)."""
+    text = "".join(c for c in unicodedata.normalize("NFKD", str(text)) if not unicodedata.combining(c))
+    text = text.lower().translate(_PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

@@ -45,13 +45,48 @@ def _share(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The 95% Wilson score interval of a proportion k/n (sound for small n and for 0 or n successes)."""
+    if n <= 0:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def repeated_searches(record: dict[str, Any]) -> int:
+    """Searches in one question that ran a normalised query (or image) this question had already run."""
+    from edge_agent.tools.text import query_key
+
+    seen: set[tuple[str, str]] = set()
+    n = 0
+    for sr in record["searches"]:
+        key = (sr["name"], query_key(sr.get("query", "")))
+        n += key in seen
+        seen.add(key)
+    return n
+
+
+def intent_agreement(turn_logs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Free-form turns whose reasoning states a next step (``agent.intent``) and whether the action took it."""
+    from edge_agent.agent.intent import stated_action
+
+    stated = [(stated_action(t["reasoning"]), t["action"]) for t in turn_logs if t.get("reasoning")]
+    with_plan = [(s, a) for s, a in stated if s is not None and a is not None]
+    agree = sum(1 for s, a in with_plan if s == a)
+    return {"turns": len(stated), "with_plan": len(with_plan), "agree": agree, "share": _share(agree, len(with_plan))}
+
+
 def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Aggregate the records of one mode. Times in seconds; shares in 0..1 (None when undefined)."""
     n = len(records)
     turn_logs = [t for r in records for t in r["turn_log"]]
     reasoning = [t["reasoning_seconds"] for t in turn_logs if t["reasoning_seconds"] is not None]
     scored = [t for t in turn_logs if t["rationale"] is not None]
-    consistent = [t for t in scored if t["action"] == t["rationale_action"]]
+    typed = [t for t in scored if t["rationale_action"] != "any"]  # a rationale that implies no action: not checked
+    consistent = [t for t in typed if t["action"] == t["rationale_action"]]
     mix = Counter(t["rationale"] for t in scored)
     mix_by_action = Counter(t["rationale_action"] for t in scored)
     tools: Counter[str] = Counter()
@@ -74,7 +109,13 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "contains": _share(sum(r["contains"] for r in records), n),
             "exact_count": sum(r["exact"] for r in records),
             "contains_count": sum(r["contains"] for r in records),
+            "exact_ci95": wilson(sum(r["exact"] for r in records), n),
+            "contains_ci95": wilson(sum(r["contains"] for r in records), n),
         },
+        "searches_per_question": _share(sum(len(r["searches"]) for r in records), n),
+        "repeated_searches_per_question": _share(sum(repeated_searches(r) for r in records), n),
+        "withdrawn_moves_per_question": _share(sum(r.get("withdrawn_moves", 0) for r in records), n),
+        "reasoning_action_agreement": intent_agreement(turn_logs),
         "stop_reasons": dict(sorted(Counter(r["stop_reason"] for r in records).items())),
         "turns_per_question": distribution([r["turns"] for r in records]),
         "tool_calls": dict(sorted(tools.items())),
@@ -83,7 +124,7 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rationale_mix": {k: v / len(scored) for k, v in sorted(mix.items())},
         "rationale_mix_by_action": {k: v / len(scored) for k, v in sorted(mix_by_action.items())},
         "scored_turns": len(scored),
-        "action_consistency": _share(len(consistent), len(scored)),
+        "action_consistency": _share(len(consistent), len(typed)),
         "reasoning_seconds_per_turn": distribution(reasoning),
         "model_seconds_per_question": distribution([r["model_seconds"] for r in records]),
         "wall_seconds_per_question": distribution([r["wall_seconds"] for r in records if r.get("wall_seconds") is not None]),

@@ -70,6 +70,17 @@ def _num(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _ci(ci: Any) -> str:
+    return "" if not ci else f" [{100 * ci[0]:.0f}-{100 * ci[1]:.0f}%]"
+
+
+def _agreement(m: dict[str, Any]) -> str:
+    a = m.get("reasoning_action_agreement") or {}
+    if not a.get("turns"):
+        return "n/a"
+    return f"{_pct(a['share'])} of {a['with_plan']} turns stating a next step ({a['turns']} written)"
+
+
 def _cell(text: Any, width: int = 60) -> str:
     s = " ".join(str(text).split()).replace("|", "\\|")
     return s if len(s) <= width else s[: width - 1] + "…"
@@ -83,10 +94,15 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     other = "".join(f", {k} {searches[k]}" for k in ("unconfigured", "error") if searches.get(k))
     rows = [
         ("Questions", f"{m['questions']}" + (f" ({m['errors']} with errors)" if m["errors"] else "")),
-        ("Success, exact match", f"{_pct(s['exact'])} ({s['exact_count']}/{m['questions']})"),
-        ("Success, contains", f"{_pct(s['contains'])} ({s['contains_count']}/{m['questions']})"),
+        ("Success, exact match (95% CI)", f"{_pct(s['exact'])} ({s['exact_count']}/{m['questions']}){_ci(s.get('exact_ci95'))}"),
+        ("Success, contains (95% CI)",
+         f"{_pct(s['contains'])} ({s['contains_count']}/{m['questions']}){_ci(s.get('contains_ci95'))}"),
         ("Turns per question (mean / p95)", f"{_num(m['turns_per_question']['mean'])} / {_num(m['turns_per_question']['p95'])}"),
         ("Tool calls per question", _num(m["tool_calls_per_question"])),
+        ("Searches / repeated identical searches per question",
+         f"{_num(m.get('searches_per_question'))} / {_num(m.get('repeated_searches_per_question'))}"),
+        ("Moves taken back (nothing new) per question", _num(m.get("withdrawn_moves_per_question"))),
+        ("Reasoning/action type agreement (free-form)", _agreement(m)),
         ("Tool calls", tools),
         ("Action-type consistency", f"{_pct(m['action_consistency'])} of {m['scored_turns']} scored turns"
          if m["scored_turns"] else "n/a (no scored rationales)"),
@@ -126,13 +142,17 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     lines.append("| | " + " | ".join(modes) + " |")
     lines.append("|---|" + "---|" * len(modes))
     summary = [
-        ("Success (exact)", lambda m: _pct(m["success"]["exact"])),
-        ("Success (contains)", lambda m: _pct(m["success"]["contains"])),
+        ("Success (exact), 95% CI", lambda m: _pct(m["success"]["exact"]) + _ci(m["success"].get("exact_ci95"))),
+        ("Success (contains), 95% CI", lambda m: _pct(m["success"]["contains"]) + _ci(m["success"].get("contains_ci95"))),
         ("Turns per question", lambda m: _num(m["turns_per_question"]["mean"])),
+        ("Searches per question", lambda m: _num(m.get("searches_per_question"))),
+        ("Repeated identical searches per question", lambda m: _num(m.get("repeated_searches_per_question"))),
         ("Reasoning per turn, mean", lambda m: _ms(m["reasoning_seconds_per_turn"]["mean"])),
         ("Reasoning per turn, p95", lambda m: _ms(m["reasoning_seconds_per_turn"]["p95"])),
         ("Model time per question, mean", lambda m: _s(m["model_seconds_per_question"]["mean"])),
-        ("Action-type consistency", lambda m: _pct(m["action_consistency"])),
+        ("Action-type consistency (SSR)", lambda m: _pct(m["action_consistency"])),
+        ("Reasoning/action agreement (free-form)", lambda m: _pct((m.get("reasoning_action_agreement") or {}).get("share"))),
+        ("SeProD acceptance", lambda m: _pct(m["seprod"]["acceptance"])),
         ("Cache hits", lambda m: f"{m['cache_hits']}/{m['searches']['total']}"),
         ("Offline coverage", lambda m: f"{m['offline_coverage']['questions']}/{m['offline_coverage']['searched']}"),
     ]

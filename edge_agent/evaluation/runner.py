@@ -46,9 +46,29 @@ def _seed(engine: Any, q: Question) -> int:
 
 
 def default_ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
-    """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded."""
+    """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded; an
+    ablation (index-only, a smaller library) runs with options that differ in that one thing."""
     image = str(q.image) if q.image is not None else None
-    return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, seed=_seed(engine, q))
+    if not mode.is_ablation:
+        return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod,
+                          seed=_seed(engine, q))
+    opts = ablation_options(engine.settings, mode, seed=_seed(engine, q), library=getattr(engine, "library", None))
+    return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, options=opts)
+
+
+def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any = None) -> Any:
+    """The agent options of an ablation mode: the settings' options but index-only scoring, or the
+    one-rationale library (``k1``), or only ``keep_ids`` of the library the settings name."""
+    from edge_agent.agent.loop import AgentOptions  # agent logic only: no model, no network
+    from edge_agent.agent.rationales import Library, builtin_library, load_library
+
+    lib: Library = library if library is not None else load_library(settings.rationales)
+    if mode.ablation_library:
+        lib = builtin_library(mode.ablation_library)
+    elif mode.keep_ids:
+        lib = Library(tuple(r for r in lib if r.id in mode.keep_ids), f"{lib.source} ({', '.join(mode.keep_ids)})")
+    return AgentOptions.from_settings(settings, mode=mode.engine_mode, seed=seed, library=lib,
+                                      index_only=mode.index_only or settings.ssr_index_only)
 
 
 def library_ask(libraries: dict[str, Any]) -> AskFn:

@@ -38,6 +38,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
 
     tools: Counter[str] = Counter()
     searches: list[dict[str, str]] = []
+    called: dict[int, str] = {}  # turn -> the search's query (image searches: "image N")
+    withdrawn = 0
     drafts = {"rounds": 0, "accepted": 0, "drafted": 0}
     final: ev.FinalAnswer | None = None
     errors: list[str] = []
@@ -52,9 +54,13 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             turn(e.turn)["reasoning"] = e.text
         elif isinstance(e, ev.ToolCalled):
             tools[e.name] += 1
+            args = e.arguments
+            called[e.turn] = str(args.get("query", "")) if "query" in args else f"image {args.get('img_idx', 0)}"
         elif isinstance(e, ev.ToolFinished):
             if "search" in e.name:  # text_search, image_search (zoom is local)
-                searches.append({"name": e.name, "status": e.status})
+                searches.append({"name": e.name, "status": e.status, "query": called.get(e.turn, "")})
+        elif isinstance(e, ev.MoveWithdrawn):
+            withdrawn += 1
         elif isinstance(e, ev.DraftVerified):
             drafts["rounds"] += 1
             drafts["accepted"] += e.accepted
@@ -70,13 +76,9 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         elif isinstance(e, ev.FinalAnswer):
             final = e
     turn_log = [turns[k] for k in sorted(turns)]
-    turn_model = sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
-                     for t in turn_log)
-    totals = dict(final.totals) if final else {}
-    if "total" in totals and "tool" in totals:
-        model_seconds = max(0.0, float(totals["total"]) - float(totals["tool"]))
-    else:
-        model_seconds = turn_model
+    turn_model, totals = _turn_model_seconds(turn_log), dict(final.totals) if final else {}
+    model_seconds = (max(0.0, float(totals["total"]) - float(totals["tool"])) if "total" in totals and "tool" in totals
+                     else turn_model)
     return {
         "prediction": final.answer if final else "",
         "turns": final.turns if final else len(turn_log),
@@ -84,6 +86,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "totals": totals,
         "tools": dict(sorted(tools.items())),
         "searches": searches,
+        "withdrawn_moves": withdrawn,
         "drafts": drafts,
         "turn_log": turn_log,
         "model_seconds": model_seconds,
@@ -91,6 +94,11 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "agent_errors": errors,
         "error": fatal if final is None else None,
     }
+
+
+def _turn_model_seconds(turn_log: list[dict[str, Any]]) -> float:
+    return sum((t["reasoning_seconds"] or 0.0) + (t["action_seconds"] or 0.0) + (t["observe_seconds"] or 0.0)
+               for t in turn_log)
 
 
 def make_record(q: Question, mode: ModeSpec, events: Iterable[ev.Event], *, wall_seconds: float | None = None,

@@ -56,8 +56,14 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
             Text(c.text, style=style),
         )
     lib = getattr(e, "library", "")
-    where = "" if not lib else f" from {lib if lib == 'built-in' else Path(lib).name}"
-    head = Text(f"SSR: {len(e.candidates)} rationales{where} scored in one pass, {ms(e.seconds)}", style="dim")
+    where = "" if not lib else f" from {lib if lib.startswith('built-in') else Path(lib).name}"
+    kind = " (calibrated: minus each one's score after a neutral question)" if e.score_kind == "pmi" else ""
+    if e.rechosen:
+        head = Text(f"SSR: the best of the other {len(e.candidates)} rationales, from the same scores{kind}",
+                    style="dim")
+    else:
+        head = Text(f"SSR: {len(e.candidates)} rationales{where} scored in one pass, {ms(e.seconds)}{kind}",
+                    style="dim")
     return Group(head, table)
 
 
@@ -162,6 +168,10 @@ class TurnView(Collapsible):
             await self._tool.finish(e)
         elif isinstance(e, ev.AgentError):
             await self._add(Static(Text(f"{e.title}: {e.message}"), classes="turn-error"))
+        elif isinstance(e, ev.MoveWithdrawn):
+            what = e.arguments.get("query", e.arguments.get("img_idx"))
+            move = e.action if what is None else f"{e.action} {what!r}"
+            await self._add(Static(Text(f"{move} taken back: {e.reason}", style="dim"), classes="draft"))
         elif isinstance(e, ev.TurnFinished):
             self.action = e.action
             self._retitle(e)

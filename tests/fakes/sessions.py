@@ -52,7 +52,8 @@ class LoopSession:
 
     max_candidates = 8
 
-    def __init__(self, score_fn: ScoreFn | None = None, outputs: Sequence[Output] = ()) -> None:
+    def __init__(self, score_fn: ScoreFn | None = None, outputs: Sequence[Output] = (),
+                 logprob: Sequence[float] = ()) -> None:
         self.log: list[tuple[str, str, bool]] = []
         self.n_pos = 0
         self.n_cells = 0
@@ -62,6 +63,7 @@ class LoopSession:
         self.images: list[ImageChunk] = []
         self.score_fn: ScoreFn = score_fn or (lambda text, n: -len(text))
         self.outputs = list(outputs)
+        self.logprob = list(logprob)  # per generate call: the log-prob of each of its tokens (default 0)
         self.n_score = 0
         self.scored: list[list[str | Sequence[int]]] = []
         self.grammars: list[str | None] = []
@@ -182,7 +184,8 @@ class LoopSession:
                 on_token(ch, ord(ch))
         self.append_text(kept, special=True)
         self.pending = 1
-        return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason)
+        lp = self.logprob.pop(0) if self.logprob else 0.0  # what the model "thought" of each token, per call
+        return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason, logprobs=[lp] * len(kept))
 
 
 class LoopModel:

@@ -49,6 +49,9 @@ class FakeSearch:
     def unconfigured(self, tool: str) -> str | None:
         return self.unconfigured_tools.get(tool)
 
+    def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
+        return None  # the fake is online (the real cache's offline rule: tests/test_tool_policy.py)
+
     def close(self) -> None:
         self.closed = True
 

@@ -1,0 +1,57 @@
+"""What a free-form reasoning says it will do next: search, zoom, search by image, or answer.
+
+Knows: how a small instruct model states its next step in plain English ("I'll search for ...",
+"Let me zoom in on ...", "I don't need to search: the answer is ..."), as a few patterns, and the
+rule that the last stated plan wins. Used by the loop (free-form: the action follows the reasoning,
+the way SSR's action follows its rationale by grammar) and by the eval's reasoning/action agreement.
+Does not know: models, tokens, the chat format. Pure and cheap (a few regular expressions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+# "I'll", "I will", "I should", "I need to", "let me", "I'm going to", "I must", "I can", "we should",
+# "let's", "first, ...": a plan in the first person (a few words may sit between it and the verb).
+_PLAN = (r"(?:\bi(?:'ll| will| shall| should| need to| must| have to| can| could| would| am going to|'m going to|"
+         r" want to| ought to)|\blet me|\blet's|\bwe (?:should|need to|will|can)|\bnext,? i|\bfirst,? i)")
+_GAP = r"(?:\s+[\w'-]+){0,4}?\s+"
+_VERBS = {
+    "image_search": r"(?:reverse[- ]image[- ]search|search (?:the web )?(?:by|with|using) (?:the |this )?image|"
+                    r"image[- ]search|search for (?:this|the) image)",
+    "zoom": r"(?:zoom(?:ing)?|image_zoom_in_tool|crop(?:ping)?|enlarge|magnify|take a closer look|look closer|"
+            r"look more closely)",
+    "text_search": r"(?:search(?:ing)?|text_search|look(?:ing)? (?:it |this |that )?up|google|query|browse|"
+                   r"find (?:out|information|more)|check (?:online|the web))",
+    "answer": r"(?:answer|respond|reply|say|give (?:the|my|a|your) (?:final )?answer|provide (?:the|an|my) answer|"
+              r"conclude)",
+}
+_NEGATION = re.compile(r"\b(?:not|n't|no need|never|without|instead of)\b[\w\s']{0,20}$")
+_ANSWER_NOW = re.compile(r"(?:\bthe answer is\b|\bthe final answer\b|\banswer:\s|\bso the answer\b|"
+                         r"\bi (?:already )?know (?:the answer|that|this)\b|\bno need to (?:search|look))")
+_PATTERNS = [(action, re.compile(_PLAN + _GAP + r"(?:\w+\s+)?" + verb + r"\b")) for action, verb in _VERBS.items()]
+_FALLBACK = [(action, re.compile(r"\b" + verb + r"\b")) for action, verb in _VERBS.items() if action != "answer"]
+
+
+def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str | None:
+    """The action ``reasoning`` says it will take next (the last plan it states), or None when it states
+    none that is ``allowed``. "I don't need to search, the answer is ..." states an answer."""
+    text = " ".join(reasoning.casefold().replace("\u2019", "'").split())
+    found: list[tuple[int, str]] = []
+    for action, pattern in _PATTERNS:
+        for m in pattern.finditer(text):
+            if _NEGATION.search(text[max(0, m.start() - 30):m.end() - len(m.group(0).split()[-1])]):
+                continue  # "I don't need to search" / "I will not search"
+            found.append((m.end(), action))
+    for m in _ANSWER_NOW.finditer(text):
+        found.append((m.end(), "answer"))
+    if not found:  # no plan in the first person: a tool named as the next step ("Searching for ...")
+        for action, pattern in _FALLBACK:
+            hit = pattern.search(text)
+            if hit and not _NEGATION.search(text[max(0, hit.start() - 30):hit.start()]):
+                found.append((hit.end(), action))
+    for _end, action in sorted(found, reverse=True):
+        if allowed is None or action in allowed:
+            return action
+    return None

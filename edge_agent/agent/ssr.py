@@ -1,0 +1,112 @@
+"""SSR's choice of a rationale in one question: score, select, and choose again among the rest.
+
+Knows: which of the library's rationales are candidates for the allowed actions (with or without an
+image), the candidate strings (the text, or "[k]" in the index-only ablation), the ONE batched scoring
+call, the value a choice is made from (``ssr_score`` raw: the paper's mean token log-prob; pmi: minus
+the candidate's mean after a neutral question, ``edge_agent.calibration``), softmax selection with
+``tau`` (argmax or one seeded draw), the RationaleScored event, and choosing again from the same
+scores when the chosen move was taken back. Does not know: the chat format, the loop's turns, llama.cpp
+(a ``SessionLike`` is handed in).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_agent.agent.events import RationaleCandidate, RationaleScored
+from edge_agent.agent.options import AgentOptions
+from edge_agent.agent.rationales import ANY_ACTION, Rationale, index_label, select
+from edge_agent.runtime.types import ContinuationScore, SessionLike
+
+
+@dataclass
+class _Scored:
+    rationales: list[Rationale]
+    candidates: list[str]
+    scores: list[ContinuationScore]
+    values: list[float]  # what p came from: the mean, or the mean minus the neutral mean
+
+
+class SsrChooser:
+    """One question's SSR choices (the seeded draws continue across its turns)."""
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+        self._rng: np.random.Generator | None = None  # made on first use: a greedy question draws nothing
+        self._last: _Scored | None = None
+        self.tokens: Sequence[int] = ()  # the chosen rationale's tokens (pasted when not adopted)
+
+    def choose(self, session: SessionLike, turn: int, allowed: frozenset[str], *, has_image: bool,
+               has_evidence: bool = True,
+               cancel: threading.Event | None = None) -> tuple[str | None, RationaleScored, bool]:
+        """Score the rationales for ``allowed`` and choose one: its action (None: a rationale that implies
+        none, the model chooses), the event, and whether the chosen one can be adopted (its cells are
+        kept). Nothing is pasted (the caller pastes, next on the session)."""
+        lib = self.options.library
+        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
+            or lib.for_actions({"answer"}, has_image=has_image, has_evidence=has_evidence) or lib.for_actions({"answer"})
+        rats = [lib.rationales[k] for k in idx]
+        cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
+        t0 = time.perf_counter()
+        # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
+        # place so the chosen one can be adopted into the conversation without re-evaluating it
+        # (possible when the context has a sequence per candidate).
+        adopt = not self.options.index_only and len(cands) <= session.max_candidates
+        scores = session.score(cands, keep=adopt, cancel=cancel)
+        values = [sc.mean for sc in scores]  # the paper's score
+        if self.options.ssr_score == "pmi":  # how much better each fits this context than a neutral one
+            values = [v - n for v, n in zip(values, self._neutral(cands), strict=True)]
+        self._last = _Scored(rats, cands, list(scores), values)
+        choice, probs = self._select(values)
+        action = None if rats[choice].action == ANY_ACTION else rats[choice].action
+        return action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
+
+    def rechoose(self, session: SessionLike, turn: int, left: frozenset[str], *, has_image: bool,
+                 has_evidence: bool = True, cancel: threading.Event | None = None) -> RationaleScored:
+        """After a move was taken back (the context is again the one last scored): the best of the same
+        scoring's rationales whose action is in ``left``, or a new scoring when none is. Never adopted."""
+        last = self._last
+        assert last is not None, "rechoose() follows choose()"
+        keep = [k for k, r in enumerate(last.rationales) if r.action in left or r.action == ANY_ACTION]
+        if not keep:
+            return self.choose(session, turn, left, has_image=has_image, has_evidence=has_evidence, cancel=cancel)[1]
+        self._last = _Scored([last.rationales[k] for k in keep], [last.candidates[k] for k in keep],
+                             [last.scores[k] for k in keep], [last.values[k] for k in keep])
+        choice, probs = self._select(self._last.values)
+        return self._event(turn, choice, probs, 0.0, rechosen=True)
+
+    def _select(self, values: Sequence[float]) -> tuple[int, np.ndarray]:
+        if self.options.sample and self._rng is None:
+            self._rng = np.random.default_rng(self.options.seed)
+        choice, probs = select(list(values), tau=self.options.tau, sample=self.options.sample, rng=self._rng)
+        assert self._last is not None
+        self.tokens = self._last.scores[choice].tokens
+        return choice, probs
+
+    def _neutral(self, cands: Sequence[str]) -> list[float]:
+        table = self.options.neutral
+        missing = [c for c in cands if table is None or c not in table]
+        if table is None or missing:
+            raise ValueError(f"ssr_score 'pmi' needs each candidate's neutral score (AgentOptions.neutral): {missing}")
+        return [table[c] for c in cands]
+
+    def _event(self, turn: int, choice: int, probs: Sequence[float] | np.ndarray, seconds: float, *,
+               rechosen: bool = False) -> RationaleScored:
+        assert self._last is not None
+        last, pmi = self._last, self.options.ssr_score == "pmi"
+        neutral: list[float | None] = list(self._neutral(last.candidates)) if pmi else [None] * len(last.candidates)
+        return RationaleScored(
+            turn=turn,
+            candidates=tuple(
+                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
+                                   count=int(sc.count), prob=float(p), neutral=n)
+                for r, sc, p, n in zip(last.rationales, last.scores, probs, neutral, strict=True)
+            ),
+            chosen=choice, seconds=seconds, library=self.options.library.source,
+            score_kind="pmi" if pmi else "raw", rechosen=rechosen,
+        )

