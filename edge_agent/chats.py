@@ -18,16 +18,18 @@ was cut off by a crash and reads as ``interrupted``.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from edge_agent import recovery, sqlitedb
 from edge_agent.agent import events as ev
@@ -158,6 +160,9 @@ class ChatStore:
         self.path = Path(path)
         self._secrets = [s for s in secrets if s]
         self._lock = threading.RLock()
+        # why this store cannot be saved ('' when it can): then it is a copy in memory of the file (or an
+        # empty one), read and written as usual, and nothing reaches the disk (a read-only home)
+        self.read_only = ""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -169,9 +174,57 @@ class ChatStore:
             # Answers still 'running' were cut off when the app last died.
             self._db.execute("UPDATE messages SET status='interrupted' WHERE status='running'")
         except (sqlite3.DatabaseError, OSError) as e:
-            raise ChatStoreError(
-                f"Cannot open the chat history {self.path} ({e}). Move the file away to start a fresh one."
-            ) from e
+            why = self._unwritable(e)
+            if not why:
+                raise ChatStoreError(
+                    f"Cannot open the chat history {self.path} ({e}). It may be damaged: move it away (it is kept) "
+                    "to start a fresh one.") from e
+            self._db = self._in_memory(why)
+
+    def _unwritable(self, e: BaseException) -> int:
+        """Why the open failed when it is that the file or its folder cannot be written: EROFS (read-only,
+        also a folder root cannot write to), ENOSPC (the disk is full), EACCES; 0 for anything else."""
+        folder = self.path.parent
+        try:
+            if shutil.disk_usage(folder).free < 64 * 1024 or "disk is full" in str(e):
+                return errno.ENOSPC
+        except OSError:
+            pass
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM):
+            return e.errno
+        probe = _probe(folder)  # the folder's own answer: read-only, not allowed, or writable (0)
+        if probe:
+            return probe
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            return errno.EACCES
+        return errno.EROFS if "readonly" in str(e) else 0
+
+    def _in_memory(self, why: int) -> sqlite3.Connection:
+        """A read-only view: the file copied into memory (read without locks: nothing else can write to a
+        read-only folder), or an empty store when there is no file. Raises ChatStoreError when even reading fails."""
+        from edge_agent.files import write_error
+
+        err = OSError(why, os.strerror(why))
+        self.read_only = write_error(self.path, err, what=f"the chat history {self.path}").message
+        mem = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        mem.row_factory = sqlite3.Row
+        try:
+            if self.path.exists():
+                src = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+                try:
+                    src.backup(mem)
+                finally:
+                    src.close()
+            statements = [s for s in _SCHEMA.split(";") if s.strip()]
+            version = sqlitedb.ensure_schema(mem, SCHEMA_VERSION, statements, tables=_TABLES)
+            if 0 < version < SCHEMA_VERSION:
+                for sql in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                    mem.execute(sql)
+            mem.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as e2:
+            mem.close()
+            raise ChatStoreError(f"Cannot read the chat history {self.path} ({e2}).") from e2
+        return mem
 
     def _open(self) -> sqlite3.Connection:
         """The file opened, created or migrated to this schema, and checked (``PRAGMA quick_check``).
@@ -404,117 +457,46 @@ class ChatStore:
         return int(row[0]) if row else None
 
     # --- export ---
+    # --- export (edge_agent.chat_export) ---
     def export_json(self, chat_id: int) -> dict[str, Any]:
-        chat = self.load(chat_id)
-        return {
-            "format": "edge-agent-chat",
-            "version": SCHEMA_VERSION,
-            "id": chat.id,
-            "title": chat.title,
-            "created": chat.created,
-            "updated": chat.updated,
-            "models": chat.models,
-            "messages": [
-                {
-                    "role": m.role,
-                    "text": m.text,
-                    "image": m.image,
-                    "status": m.status,
-                    "replaced": m.replaced,
-                    "created": m.created,
-                    "events": [redact_tree(e.to_json(), self._secrets) for e in m.events],
-                }
-                for m in chat.messages
-            ],
-        }
+        from edge_agent.chat_export import export_json
+
+        return export_json(self, chat_id)
 
     def export_markdown(self, chat_id: int, *, image_ref=None) -> str:
         """The chat as Markdown. ``image_ref(path) -> str`` maps an image path to the link to write."""
-        chat = self.load(chat_id)
-        given = image_ref or (lambda p: p)
+        from edge_agent.chat_export import export_markdown
 
-        def ref(path: str) -> str:  # a link target Markdown reads whole: spaces, parentheses, é encoded
-            return quote(given(path), safe="/:~._-")
-
-        lines = [f"# {chat.title}", ""]
-        for m in chat.messages:
-            if m.role == "user":
-                lines += ["## You", ""]
-                if m.image:
-                    lines += [f"![attached image]({ref(m.image)})", ""]
-                lines += [m.text, ""]
-                continue
-            lines += ["## edge-agent", ""]
-            lines += _events_markdown(m.events, ref)
-            status = "" if m.status in ("answered", "done") else m.status
-            status = ", ".join(s for s in (status, "replaced by a later answer" if m.replaced else "") if s)
-            lines += ["**Answer**" + (f" ({status})" if status else ""), ""]
-            lines += [redact_tree(m.text, self._secrets) or "_(no answer)_", ""]
-        return "\n".join(lines).rstrip() + "\n"
+        return export_markdown(self, chat_id, image_ref=image_ref)
 
     def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
         """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
-        directory = Path(directory)
-        title = self.load_title(chat_id)
-        slug = "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")[:40] or "chat"
-        md_path, json_path = directory / f"{chat_id:04d}-{slug}.md", directory / f"{chat_id:04d}-{slug}.json"
-        self.export_to(chat_id, md=md_path, json_path=json_path)
-        return md_path, json_path
+        from edge_agent.chat_export import export
+
+        return export(self, chat_id, directory)
 
     def export_to(self, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
-        """Write the chat as Markdown to ``md`` (its images, attached and crops, copied into
-        ``<md stem>_files`` beside it, linked relatively) and/or as JSON to ``json_path`` (``files``: the
-        copies made for the Markdown). Used by the app's export and ``edge-agent chats export``."""
-        self.load(chat_id)  # no such chat: the error, before any folder is made
-        copied: dict[str, str] = {}
-        files = md.with_name(f"{md.stem}_files") if md is not None else None
+        """The chat as Markdown to ``md`` (its images copied beside it) and/or JSON to ``json_path``."""
+        from edge_agent.chat_export import export_to
 
-        def image_ref(path: str) -> str:
-            if path in copied:
-                return copied[path]
-            src = Path(path)
-            if files is None or not src.is_file():
-                copied[path] = path  # gone since: keep the original path as a reference
-                return path
-            files.mkdir(parents=True, exist_ok=True)
-            dst = files / f"{len(copied):02d}-{src.name}"
-            dst = _export_copy(src, dst)
-            copied[path] = f"{files.name}/{dst.name}"
-            return copied[path]
+        export_to(self, chat_id, md=md, json_path=json_path)
 
-        target = md or json_path
-        try:
-            if md is not None:
-                md.parent.mkdir(parents=True, exist_ok=True)
-                md.write_text(self.export_markdown(chat_id, image_ref=image_ref), encoding="utf-8")
-            if json_path is not None:
-                target = json_path
-                data = self.export_json(chat_id)
-                data["files"] = copied
-                json_path.parent.mkdir(parents=True, exist_ok=True)
-                json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        except OSError as e:
-            raise ChatStoreError(f"Cannot write the export to {target} ({e}). Pick a writable folder.",
-                                 title="Export failed") from e
+    @property
+    def secrets(self) -> list[str]:
+        """The secret values kept out of what this store writes and exports."""
+        return list(self._secrets)
 
 
-_NOT_VIEWABLE = (".heic", ".heif", ".avif")  # formats few Markdown viewers and browsers show
-
-
-def _export_copy(src: Path, dst: Path) -> Path:
-    """Copy ``src`` to ``dst``; a HEIC/HEIF/AVIF photo becomes a JPEG instead (``dst`` with .jpg: Markdown
-    viewers show JPEG, not HEIC). Returns the file written."""
-    if src.suffix.lower() in _NOT_VIEWABLE:
-        from edge_agent.tools.images import jpeg_bytes, load_image
-
-        try:
-            jpeg = dst.with_suffix(".jpg")
-            jpeg.write_bytes(jpeg_bytes(load_image(src).image))
-            return jpeg
-        except EdgeAgentError:
-            pass  # it cannot be decoded here: the file as it is
-    shutil.copyfile(src, dst)
-    return dst
+def _probe(folder: Path) -> int:
+    """0 when a file can be created in ``folder``, else why not (an errno: a read-only mount denies it even to
+    root, whatever the mode bits)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".edge-agent-probe-", dir=folder)
+    except OSError as e:
+        return e.errno or errno.EACCES
+    os.close(fd)
+    os.unlink(name)
+    return 0
 
 
 def _no_chat(chat_id: int) -> ChatStoreError:
@@ -540,39 +522,3 @@ def answer_text(events: Iterable[ev.Event]) -> str:
         if isinstance(e, ev.AnswerToken):
             parts.append(e.text)
     return "".join(parts)
-
-
-def _events_markdown(events: list[ev.Event], ref) -> list[str]:
-    lines: list[str] = []
-    for e in events:
-        if isinstance(e, ev.TurnStarted):
-            lines += [f"### Turn {e.turn}", ""]
-        elif isinstance(e, ev.RationaleScored):
-            lines += ["| | rationale | action | score | p |", "|---|---|---|---|---|"]
-            for i, c in enumerate(e.candidates):
-                mark = "**>**" if i == e.chosen else ""
-                text = c.text.replace("|", "\\|").replace("\n", " ")
-                lines.append(f"| {mark} | {text} | {c.action} | {c.score:.3f} | {c.prob:.2f} |")
-            lines.append("")
-        elif isinstance(e, ev.ReasoningDone):
-            lines += ["> " + line for line in (e.text or "").splitlines()] + [""]
-        elif isinstance(e, ev.DraftVerified):
-            lines += [f"Prophet ({e.mode}): accepted {e.accepted}/{e.drafted} tokens: `{e.accepted_text}`", ""]
-        elif isinstance(e, ev.ToolCalled):
-            lines += [f"Tool call: `{e.name}` `{json.dumps(e.arguments, ensure_ascii=False)}`", ""]
-        elif isinstance(e, ev.ToolFinished):
-            badge = f"[{e.status}]" if e.status else ""
-            lines += [f"Tool result {badge}: {'ok' if e.ok else 'failed'}", ""]
-            if e.image_path:
-                lines += [f"![crop]({ref(e.image_path)})", ""]
-            for r in e.results:
-                title = r.get("title", "")
-                url = r.get("url", "")
-                lines.append(f"- [{title}]({url}) {r.get('snippet', '')}".rstrip())
-            if e.results:
-                lines.append("")
-            elif e.observation and not e.image_path:
-                lines += ["```", e.observation, "```", ""]
-        elif isinstance(e, ev.AgentError):
-            lines += [f"**{e.title}**: {e.message}", ""]
-    return lines

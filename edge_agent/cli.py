@@ -62,6 +62,13 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"Error: {e}", err=True)
             ctx.exit(2)
+        except OSError as e:  # a write no command expected to fail (read-only home, full disk): said, not a traceback
+            from edge_agent.files import FULL, NOT_ALLOWED, READ_ONLY, write_error
+
+            if os.environ.get("EDGE_AGENT_DEBUG") or e.errno not in (*READ_ONLY, *FULL, *NOT_ALLOWED):
+                raise
+            click.echo(f"Error: {write_error(e.filename or 'a file', e)}", err=True)
+            ctx.exit(2)
         finally:  # a damaged file recovered on the way (chats, config, search cache): said once, here
             for message in take_notices():
                 click.echo(f"Note: {message}", err=True)

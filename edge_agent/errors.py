@@ -58,5 +58,16 @@ class CacheError(EdgeAgentError):
     title = "Cache problem"
 
 
+class WriteError(EdgeAgentError, OSError):
+    """A file could not be written (a read-only home, a full disk, no permission): says which file and how to
+    fix it. Also an ``OSError``, so code that tolerates failed writes (saved states) still catches it."""
+
+    title = "Not saved"
+
+    def __init__(self, message: str, *, errno: int | None = None, filename: str | None = None) -> None:
+        EdgeAgentError.__init__(self, message)
+        self.errno, self.filename = errno, filename
+
+
 class Cancelled(Exception):
     """Raised inside the engine when the user cancels; not an error, never shown as one."""

@@ -8,10 +8,34 @@ Knows: temp file in the same folder, fsync, ``os.replace`` (atomic on POSIX and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from edge_agent.errors import WriteError
+
+READ_ONLY, FULL = (errno.EROFS,), (errno.ENOSPC, errno.EDQUOT)
+NOT_ALLOWED = (errno.EACCES, errno.EPERM)
+
+
+def write_error(path: str | os.PathLike[str], e: OSError, *, what: str = "") -> WriteError:
+    """``e`` (writing ``path`` failed) as the error a person reads: which file, why, and how to fix it."""
+    path = Path(path)
+    folder = path.parent
+    name = what or str(path)
+    if e.errno in READ_ONLY:
+        why = (f"{folder} is on a read-only file system. Make it writable, or point EDGE_AGENT_HOME at a writable "
+               "folder")
+    elif e.errno in FULL:
+        why = f"the disk holding {folder} is full. Free some space and try again"
+    elif e.errno in NOT_ALLOWED:
+        why = (f"permission denied in {folder}. Make it writable (chmod u+w), or point EDGE_AGENT_HOME at a "
+               "writable folder")
+    else:
+        why = f"{e.strerror or e}"
+    return WriteError(f"Could not write {name}: {why}. Nothing was changed.", errno=e.errno, filename=str(path))
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Iterable[bytes | memoryview], *,
@@ -23,6 +47,16 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Iterable[byte
     never read as the file itself.
     """
     path = Path(path)
+    try:
+        return _atomic_write(path, data, private=private, fsync=fsync)
+    except WriteError:
+        raise
+    except OSError as e:  # a read-only home, a full disk: the old file (or none) is still there, whole
+        raise write_error(path, e) from None
+
+
+def _atomic_write(path: Path, data: bytes | str | Iterable[bytes | memoryview], *, private: bool,
+                  fsync: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         pieces: Iterable[bytes | memoryview] = [data.encode("utf-8")]

@@ -18,10 +18,13 @@ schema (``PRAGMA user_version`` 1) raises :class:`CacheError` saying to run ``ed
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
+import os
 import sqlite3
+import tempfile
 import time
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -106,6 +109,17 @@ class CacheEntry:
         return d
 
 
+def _unwritable(folder: Path) -> bool:
+    """Nothing can be created in ``folder`` (a read-only mount denies it even to root, whatever the mode bits)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".edge-agent-probe-", dir=folder)
+    except OSError as e:
+        return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC)
+    os.close(fd)
+    os.unlink(name)
+    return False
+
+
 def _damaged(message: str) -> CacheError:
     """A CacheError for a file that is not (or no longer) a cache we can read: `clear` may delete it."""
     e = CacheError(message)
@@ -120,6 +134,7 @@ class SearchCache:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._ready = False
+        self.read_only = False  # the folder cannot be written (a read-only home): served as it is, nothing stored
 
     # --- connections ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -128,11 +143,16 @@ class SearchCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its permissions.") from None
+            if e.errno != errno.EROFS:
+                raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its "
+                                 "permissions.") from None
         try:
-            conn = self._open()
+            conn = self._read_only() if self.read_only else self._open()
         except sqlite3.Error as e:
-            raise self._error(e) from None
+            if self.read_only or not _unwritable(self.path.parent):
+                raise self._error(e) from None
+            self.read_only = True  # searches still read what was cached; new results are not stored
+            conn = self._read_only()
         try:
             yield conn
         except sqlite3.Error as e:
@@ -161,6 +181,15 @@ class SearchCache:
                 raise
             return self._recover(recovery.Damaged(str(e)).reason)
         return conn
+
+    def _read_only(self) -> sqlite3.Connection:
+        """The file read as it is, without locks (nothing can write to a read-only folder); an empty cache in
+        memory when there is no file."""
+        if not self.path.exists():
+            conn = sqlite3.connect(":memory:")
+            conn.executescript(_SCHEMA)
+            return conn
+        return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
 
     def _recover(self, reason: str) -> sqlite3.Connection:
         from edge_agent import recovery
@@ -249,6 +278,8 @@ class SearchCache:
         if keep_newer:
             sql += " WHERE excluded.fetched_at > entries.fetched_at"
         written = 0
+        if self.read_only:  # a read-only home: the result is used, not stored
+            return 0
         with self._connect() as conn, sqlitedb.transaction(conn):
             for r in rows:
                 written += conn.execute(sql, r).rowcount

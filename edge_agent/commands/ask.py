@@ -96,7 +96,13 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
             chat_id = lock.chat_id if lock is not None else chat_id
         chat, image = _chat_for(store, follow_up, chat_id, image)
         settings = _chat_models(settings, chat, flags, say=None if as_json else _note)
-        _ask(settings, store if not no_save else None, chat, question, image, as_json=as_json, mode=mode)
+        unsaved = "not saved as a chat (--no-save)"
+        if store.read_only and not no_save:  # a read-only home, a full disk: the answer still comes, unsaved
+            unsaved = f"Not saved as a chat: {store.read_only} (--no-save asks without saving.)"
+            if as_json:
+                _note(unsaved)
+        saving = not no_save and not store.read_only
+        _ask(settings, store if saving else None, chat, question, image, as_json=as_json, mode=mode, unsaved=unsaved)
     finally:
         if lock is not None:
             lock.release()
@@ -212,7 +218,7 @@ class _ChatWriter:
 
 
 def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image: str | None, *, as_json: bool,
-         mode: str | None) -> None:
+         mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
     from edge_agent.engine import Engine  # heavy: llama.cpp
 
@@ -277,7 +283,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
         if store is not None:
             click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
         else:
-            click.echo("not saved as a chat (--no-save)", err=True)
+            click.echo(unsaved, err=True)
     if last.stop_reason == "cancelled":
         sys.exit(130)
     if last.stop_reason == "no_answer" or not last.answer:

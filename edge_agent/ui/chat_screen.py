@@ -98,6 +98,7 @@ class ChatScreen(ImageActions):
     ChatScreen #loading ProgressBar { width: 40; }
     ChatScreen #loading-label { width: 1fr; }
     ChatScreen PromptInput { margin: 0 1; }
+    ChatScreen #read-only { height: auto; padding: 0 1; background: $warning 30%; }
     """
 
     def __init__(self, host: EngineHost, history: list[str]) -> None:
@@ -118,6 +119,10 @@ class ChatScreen(ImageActions):
 
     def compose(self) -> ComposeResult:
         yield Header()
+        banner = Static(Text(f"Read-only: {self.store.read_only} Answers work; chats, settings and saved contexts "
+                             "of this session are not saved.", style="bold"), id="read-only")
+        banner.display = bool(self.store.read_only)
+        yield banner
         with Horizontal(id="main"):
             with Transcript(id="transcript"):
                 yield Static(self.empty_hint(), classes="empty-hint")
