@@ -110,13 +110,17 @@ class Settings:
     mmproj: str = _doc("Vision projector (mmproj) GGUF for the agent model. Empty: from the catalog / next to the model.", default="")
     prophet: str = _doc("SeProD prophet (base) model: a catalog name or a GGUF path. Empty: SeProD off.", default="")
     prophet_mmproj: str = _doc("mmproj GGUF for the prophet model.", default="")
-    n_ctx: int = _doc("Context length in tokens for each model.", default=8192)
+    n_ctx: int = _doc("Context length in tokens for each model: the most a chat's context holds (with kv_type auto "
+                      "a large model's starts smaller and grows to it).", default=8192)
     n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
     n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
     extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
     kv_type: str = _doc(
-        "KV cache type: auto (q8_0 when an f16 cache of n_ctx would exceed 512 MB: Qwen3-VL-2B at 8192 takes "
-        "476 MB instead of 896), f16 or q8_0.", default="auto")
+        "KV cache type: auto (f16 without flash attention on a CPU, what decodes and prefills fastest on the "
+        "2-core machines measured; when an f16 cache of n_ctx would exceed 512 MB the context starts at the "
+        "cells 512 MB hold and grows to n_ctx as a chat needs it: Qwen3-VL-2B starts at 4,096 cells, 448 MB), "
+        "f16 (all of n_ctx from the start) or q8_0 (half the memory, with flash attention: slower on a CPU).",
+        default="auto")
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------

@@ -32,7 +32,10 @@ VISION_BYTES_PER_IMAGE_TOKEN = MB // 2
 CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128),
                      ("qwen2.5-coder", "0.5B"): (24, 2, 64, 64), ("qwen2.5-coder", "1.5B"): (28, 2, 128, 128)}
 KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
-AUTO_Q8_KV_BYTES = 512 * MB  # kv_type auto: q8_0 above this many f16 bytes (runtime.model.auto_kv_type)
+# kv_type auto: an f16 cache (flash attention off on a CPU: the fastest there, scripts/bench_defaults.py)
+# whose context starts at the cells this many bytes hold when n_ctx would take more, and grows to n_ctx
+# as a chat needs it (runtime.handle.Handle.grow): Qwen3-VL-2B starts at 4,096 cells, 448 MiB
+AUTO_KV_START_BYTES = 512 * MB
 
 
 @dataclass(frozen=True)
@@ -43,17 +46,24 @@ class KvShape:
     head_v: int
 
     def resolve(self, n_ctx: int, kv_type: str) -> str:
-        """``kv_type`` with auto resolved: q8_0 when an f16 cache of ``n_ctx`` cells would exceed
-        ``AUTO_Q8_KV_BYTES``, else f16 (the runtime loads with this rule)."""
-        if kv_type != "auto":
-            return kv_type
-        per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
-        return "q8_0" if n_ctx * per * 2 > AUTO_Q8_KV_BYTES else "f16"
+        """``kv_type`` with auto resolved: f16 (the runtime loads with this rule)."""
+        return "f16" if kv_type == "auto" else kv_type
 
-    def bytes(self, n_ctx: int, kv_type: str) -> int:
-        """The KV cache of ``n_ctx`` cells (``kv_type`` auto resolved as the runtime does)."""
+    def start_cells(self, n_ctx: int, kv_type: str) -> int:
+        """The cells the context is created with: ``n_ctx``, but with auto, when an f16 cache of ``n_ctx``
+        would exceed ``AUTO_KV_START_BYTES``, the most that fit in it (in steps of 1,024; it grows to
+        ``n_ctx`` when a chat needs more)."""
+        per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v) * 2
+        if kv_type != "auto" or n_ctx * per <= AUTO_KV_START_BYTES:
+            return n_ctx
+        return min(n_ctx, max(1024, AUTO_KV_START_BYTES // per // 1024 * 1024))
+
+    def bytes(self, n_ctx: int, kv_type: str, *, grown: bool = False) -> int:
+        """The KV cache a context of ``n_ctx`` cells holds when loaded (``kv_type`` auto resolved as the
+        runtime does: its starting size), or once ``grown`` to ``n_ctx``."""
         per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
-        return int(n_ctx * per * KV_ELEMENT_BYTES.get(self.resolve(n_ctx, kv_type), 2.0))
+        cells = n_ctx if grown else self.start_cells(n_ctx, kv_type)
+        return int(cells * per * KV_ELEMENT_BYTES.get(self.resolve(n_ctx, kv_type), 2.0))
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ Usage:
     python scripts/bench_defaults.py [--standin 2b|4b] [--model GGUF] [--depth 1800] [--reps 3] [--json]
 
 - KV cache: llama.cpp's decode time per token (the app's decode threads) after 64 cells and after
-  ``--depth`` cells (the context an answer is decoded after in ``bench_question.py``: ~1,800) for
-  q8_0 + flash attention (the default above 512 MB, ``kv_type = auto``), f16 + flash attention and f16
-  without, with the KV bytes each takes at n_ctx 8192.
+  ``--depth`` cells (the context an answer is decoded after in ``bench_question.py``: ~1,800), and the
+  prefill time per token of 256 tokens after 0 and after ``--depth`` cells (a crop or a tool result is
+  read after ~1,300), for q8_0 + flash attention, f16 + flash attention and f16 without, with the KV
+  bytes each takes at n_ctx 8192 and 4096.
 - Batch size: a 600-token prefill with n_batch 256 (the app's) and 512.
 Variants are measured in rounds, interleaved (the machine is shared and noisy), one model loaded at
 a time; medians of ``--reps`` rounds. Random weights change no cost (see make_standin_models.py).
@@ -45,6 +46,19 @@ def decode_ms(model: Any, depth: int, n_tokens: int = 8) -> float:
         times.append(time.perf_counter() - t0)
     model.session()
     return 1000 * statistics.median(times)
+
+
+def prefill_ms(model: Any, depth: int, n: int = 256) -> float:
+    """ms per token of an ``n``-token prefill after ``depth`` cells (a new context each call)."""
+    toks = filler_tokens(model, depth + n)
+    s = model.session()
+    if depth:
+        s.append_tokens(toks[:depth])
+    t0 = time.perf_counter()
+    s.append_tokens(toks[depth:])
+    dt = time.perf_counter() - t0
+    model.session()
+    return 1000 * dt / n
 
 
 def prefill_s(model: Any, n: int = 600) -> float:
@@ -88,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             t, fa = KV_VARIANTS[k]
             with Model.load(path, None, n_ctx=8192, n_batch=256, kv_type=t, flash_attn=fa) as m:
                 kv_bytes[k], threads = m.memory_bytes["kv_cache"], m.n_threads
-                kv[k].append({"64": decode_ms(m, 64), str(args.depth): decode_ms(m, args.depth)})
+                kv[k].append({"64": decode_ms(m, 64), str(args.depth): decode_ms(m, args.depth),
+                              "prefill_0": prefill_ms(m, 0), "prefill_depth": prefill_ms(m, args.depth)})
         for b in (BATCHES if r % 2 == 0 else BATCHES[::-1]):
             with Model.load(path, None, n_ctx=8192, n_batch=b, kv_type="auto") as m:
                 batch[b].append(prefill_s(m))
@@ -101,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     d = str(args.depth)
     res = {
         "model": path.name, "decode_threads": threads, "depth": args.depth, "reps": args.reps,
-        "kv": {k: {"decode_ms_64": med(v, "64"), f"decode_ms_{d}": med(v, d), "kv_mib_at_8192": round(kv_bytes[k] / 2**20)}
+        "kv": {k: {"decode_ms_64": med(v, "64"), f"decode_ms_{d}": med(v, d), "prefill_ms_per_token_0": med(v, "prefill_0"),
+                   f"prefill_ms_per_token_{d}": med(v, "prefill_depth"), "kv_mib_at_8192": round(kv_bytes[k] / 2**20),
+                   "kv_mib_at_4096": round(kv_bytes[k] / 2**21)}
                for k, v in kv.items()},
         "q8_0_fa_over_f16_at_depth": round(med(kv["q8_0+fa"], d) / med(kv["f16"], d), 3),
+        "q8_0_fa_over_f16_prefill_at_depth": round(med(kv["q8_0+fa"], "prefill_depth") / med(kv["f16"], "prefill_depth"), 3),
         "prefill_600_s": {str(b): round(statistics.median(v), 2) for b, v in batch.items()},
         "batch_256_over_512": round(statistics.median(batch[256]) / statistics.median(batch[512]), 3),
     }
@@ -111,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(f"{path.name}, decode on {threads} threads; medians of {args.reps}")
-        print(f"| KV cache | decode after 64 cells | after {args.depth} | KV at n_ctx 8192 |\n|---|---|---|---|")
+        print(f"| KV cache | decode after 64 cells | after {d} | prefill after 0 | after {d} | KV at n_ctx 8192 |\n"
+              "|---|---|---|---|---|---|")
         for k, v in res["kv"].items():
-            print(f"| {k} | {v['decode_ms_64']} ms | {v[f'decode_ms_{d}']} ms | {v['kv_mib_at_8192']} MiB |")
+            print(f"| {k} | {v['decode_ms_64']} ms | {v[f'decode_ms_{d}']} ms | {v['prefill_ms_per_token_0']} ms/token | "
+                  f"{v[f'prefill_ms_per_token_{d}']} ms/token | {v['kv_mib_at_8192']} MiB |")
         print(f"600-token prefill: n_batch 256 {res['prefill_600_s']['256']} s, 512 {res['prefill_600_s']['512']} s "
               f"(ratio {res['batch_256_over_512']})")
     return 0

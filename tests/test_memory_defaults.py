@@ -36,24 +36,24 @@ def test_repacked_weights_are_read_and_not_kept_mapped(tiny_models) -> None:
 
 
 def test_auto_kv_type_follows_the_cache_size(tiny_models) -> None:
-    """q8_0 when an f16 cache would exceed 512 MiB (Qwen3-VL-2B at 8192: 896 MiB), f16 below; the
-    runtime's rule and footprint's agree."""
+    """f16 always; when an f16 cache of n_ctx would exceed 512 MiB (Qwen3-VL-2B at 8192: 896 MiB) the
+    context starts at the cells 512 MiB hold (4,096) and grows; the runtime's rule and footprint's agree."""
     from edge_agent import modelfile
     from edge_agent.runtime.model import auto_kv_type
 
     tiny = modelfile.inspect(tiny_models["text"])
-    assert auto_kv_type(tiny, 8192) == "f16"
+    assert auto_kv_type(tiny, 8192) == ("f16", 8192)
     big = modelfile.ModelInfo(path=Path("x.gguf"), kind="text", architecture="qwen3vl", name="2b", file_type="Q4_K_M",
                               quantization="Q4_K", size_bytes=1 << 30, n_tensors=0, n_embd=2048, n_layer=28,
                               metadata={"qwen3vl.block_count": 28, "qwen3vl.attention.head_count": 16,
                                         "qwen3vl.attention.head_count_kv": 8, "qwen3vl.attention.key_length": 128,
                                         "qwen3vl.attention.value_length": 128})
-    assert auto_kv_type(big, 8192) == "q8_0" and auto_kv_type(big, 4096) == "f16"
+    assert auto_kv_type(big, 8192) == ("f16", 4096) and auto_kv_type(big, 4096) == ("f16", 4096)
     shape = footprint.kv_shape_of_entry("qwen3-vl", "2B")
     assert shape is not None
     assert shape.bytes(8192, "f16") == 896 * 2**20
-    assert shape.bytes(8192, "auto") == shape.bytes(8192, "q8_0") == 476 * 2**20
-    assert shape.bytes(4096, "auto") == shape.bytes(4096, "f16")
+    assert shape.bytes(8192, "auto") == shape.bytes(4096, "f16") == 448 * 2**20  # q8_0 at 8192 took 476
+    assert shape.bytes(8192, "q8_0") == 476 * 2**20
 
 
 def test_auto_kv_type_loads_tiny_models_exactly_as_before(tiny_models) -> None:

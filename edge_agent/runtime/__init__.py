@@ -16,10 +16,12 @@ Layout, bottom up (each module imports only modules above it in this list; no ci
 - ``types``, ``cores``, ``scoring``, ``textstream``, ``state``: pure (no llama_cpp): the plain values
   and protocols, the CPU-core share, candidate tries, stop strings, saved-state files.
 - ``_lib``: the binding, process-wide set-up, the abort flag.
+- ``buffers``: the llama_batch of numpy buffers a handle decodes.
 - ``handle``: one loaded model's llama.cpp pointers and every call on them (decode, KV memory, logits,
-  vocabulary, lock, abort, core share, batch buffers, token-data buffer).
-- ``tokenizer``, ``vision``, ``sampling``, ``batch``: text <-> tokens, images through mtmd, choosing
-  the next token, batched scoring; each through the handle, returning values.
+  vocabulary, lock, abort, core share, growing the context, token-data buffer).
+- ``tokenizer``, ``vision``, ``sampling``, ``batch``, ``forced``: text <-> tokens, images through mtmd,
+  choosing the next token, batched scoring, forced text in one verified batch; each through the handle,
+  returning values.
 - ``session``: one sequence's state (history, positions, pending tokens, logits), applying them.
 - ``model``: files, tokenizer, identity; hands out sessions. ``embed``, ``quantize``: tools on top.
 """

@@ -23,15 +23,16 @@ import contextlib
 import ctypes
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from edge_agent.errors import Cancelled, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C, M
+from edge_agent.runtime.buffers import BatchBuffers
 from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, ComputeLane, CoreShare, Step
 from edge_agent.runtime.tower import VisionTower
 
@@ -54,7 +55,7 @@ class ContextFull(ModelRuntimeError):
 class Params:
     """How to load: the context's shape, threads and cache type (``Model.load`` checks the values)."""
 
-    n_ctx: int
+    n_ctx: int  # cells the context is created with
     n_seq_max: int
     n_batch: int
     n_threads: int
@@ -63,45 +64,7 @@ class Params:
     kv_type: str  # a key of _lib.KV_TYPES
     flash_attn: str  # auto | on | off
     image_tokens: tuple[int, int] = (0, 0)  # mtmd's (min, max) tokens per image; 0: the projector's
-
-
-class BatchBuffers:
-    """A llama_batch whose arrays are numpy buffers we own (filled with vectorised numpy, no per-token ctypes).
-
-    Shapes: tok/pos/nseq (cap,) int32, seq (cap, n_seq_max) int32, out (cap,) int8.
-    """
-
-    def __init__(self, cap: int, n_seq_max: int) -> None:
-        self.cap = cap
-        self.tok = np.zeros(cap, dtype=np.int32)
-        self.pos = np.zeros(cap, dtype=np.int32)
-        self.nseq = np.ones(cap, dtype=np.int32)
-        self.seq = np.zeros((cap, n_seq_max), dtype=np.int32)
-        self.out = np.zeros(cap, dtype=np.int8)
-        # seq_id is int32**: one pointer per row of self.seq.
-        self._ptrs = (self.seq.ctypes.data + np.arange(cap, dtype=np.uintp) * self.seq.strides[0]).astype(np.uintp)
-        i32p = ctypes.POINTER(ctypes.c_int32)
-        self.struct: Any = cast(Any, C.llama_batch())  # ctypes struct; its pointer fields point into the arrays above
-        self.struct.n_tokens = 0
-        self.struct.token = self.tok.ctypes.data_as(i32p)
-        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
-        self.struct.pos = self.pos.ctypes.data_as(i32p)
-        self.struct.n_seq_id = self.nseq.ctypes.data_as(i32p)
-        self.struct.seq_id = ctypes.cast(self._ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
-        self.struct.logits = self.out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-
-    def fill_run(self, tokens: Any, p0: int, *, last_logits: bool) -> int:
-        """Rows for ``tokens`` (at most ``cap``) in seq 0 at positions p0.., logits for the last row only
-        when ``last_logits``. Returns the row count."""
-        m = len(tokens)
-        self.tok[:m] = tokens
-        self.pos[:m] = np.arange(p0, p0 + m, dtype=np.int32)
-        self.nseq[:m] = 1
-        self.seq[:m, 0] = 0
-        self.out[:m] = 0
-        if last_logits and m:
-            self.out[m - 1] = 1
-        return m
+    n_ctx_max: int = 0  # the most cells it may grow to (:meth:`Handle.grow`); 0: n_ctx, it never grows
 
 
 class Handle:
@@ -195,17 +158,13 @@ class Handle:
         cp.kv_unified = True  # else each sequence gets n_ctx / n_seq_max cells
         cp.type_k = _lib.KV_TYPES[p.kv_type]
         cp.type_v = _lib.KV_TYPES[p.kv_type]
-        # auto: off on CPU-only builds and with an F32 KV cache, else llama.cpp's own choice.
-        # - CPU: measured A/B on SmolLM2-135M Q4_K_M, 1 thread, ~600-token context: scoring the
-        #   23-token library 334 vs 459 ms and decoding 25.8 vs 31.8 ms/token, off vs on. The price is
-        #   a larger compute buffer (166 vs 98 MiB at n_ctx 8192, n_batch 512), and batch-shape
-        #   dependent numerics: on SmolLM2 Q4_1 a 12-token draft scored in one batch vs decoded token
-        #   by token differed by up to 0.073 log-prob per token (0.013 in the mean) with it off, 1.5e-8
-        #   with it on. Pass flash_attn="on" where batched == token-by-token must hold exactly.
-        # - F32 KV (chosen for exactness): the CPU flash-attention kernel rounds through F16, which
-        #   made token-by-token and batched logprobs differ by 3e-4 on the tiny model (2.5e-6 off).
-        # - A q8_0 KV cache (the large-model default, see model.auto_kv_type) needs it on: llama.cpp
-        #   refuses a quantized V cache without flash attention.
+        # auto: off on CPU-only builds and with an F32 KV cache, else llama.cpp's own choice. CPU, off vs on:
+        # SmolLM2-135M Q4_K_M scored the library in 334 vs 459 ms and decoded 25.8 vs 31.8 ms/token; the 2B
+        # stand-in decodes after 1,800 cells at 98 vs 135 ms (f16; scripts/bench_defaults.py); off takes a
+        # larger compute buffer (166 vs 98 MiB at n_ctx 8192, n_batch 512). Batched vs token-by-token
+        # numerics: SmolLM2 Q4_1 0.073 log-prob off, 1.5e-8 on; on Q4_K weights the batched matmul kernels
+        # differ either way (Qwen2.5-0.5B: 0.25 in a logit). F32 KV: the CPU flash-attention kernel rounds
+        # through F16 (3e-4 on the tiny model, 2.5e-6 off). A q8_0 V cache needs it on (llama.cpp refuses).
         flash_attn = p.flash_attn
         if flash_attn == "auto" and p.kv_type == "q8_0":
             flash_attn = "on"
@@ -228,6 +187,29 @@ class Handle:
         self.n_batch = min(C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
         self.n_seq_max = C.llama_n_seq_max(self._ctx)
         self.batch = BatchBuffers(self.n_batch, self.n_seq_max)
+
+    @property
+    def n_ctx_max(self) -> int:
+        return max(self.params.n_ctx_max, self.n_ctx)
+
+    def grow(self, cells: int) -> None:
+        """Make room for ``cells`` cells when the context may grow that far (up to ``n_ctx_max``; at least
+        doubling, in steps of 1,024): the context is created again, larger, and seq 0's cells are copied
+        into it (their bytes, so every number is the same: a context's size changes none of them).
+        Scratch sequences are dropped; callers grow only between calls that use them. Costs two copies
+        of seq 0's KV bytes (~0.3 s at 4,096 f16 cells of a 2B model) and, meanwhile, their memory."""
+        if cells <= self.n_ctx or self.n_ctx >= self.n_ctx_max:
+            return
+        with self.lock:
+            n = min(self.n_ctx_max, max(2 * self.n_ctx, -(-cells // 1024) * 1024))
+            kv = self.state_bytes(0) if self.seq_range(0) is not None else None
+            C.llama_free(self._ctx)
+            self._ctx = None
+            self.params = replace(self.params, n_ctx=n)
+            self._create_context()
+            if kv is not None and not self.set_state_bytes(kv, 0):
+                raise ModelRuntimeError(f"Growing the context to {n} cells lost its contents "
+                                        f"({_lib.recent_errors() or 'no details'}). Start a new chat.")
 
     def _fits(self, tower: VisionTower, key: str) -> bool:
         return bool(key) and tower.key == key and bool(tower.ptr) and tower.n_embd_inp == self.n_embd_inp \

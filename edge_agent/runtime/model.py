@@ -60,7 +60,8 @@ class Model:
         self.mmproj_info = mmproj_info
         self.arch: str = info.architecture
         # the context as created (fixed for the model's life)
-        self.n_ctx, self.n_vocab, self.n_batch, self.n_seq_max = handle.n_ctx, handle.n_vocab, handle.n_batch, handle.n_seq_max
+        # n_ctx: the most cells a context may hold (it may start smaller and grow: Handle.grow)
+        self.n_ctx, self.n_vocab, self.n_batch, self.n_seq_max = handle.n_ctx_max, handle.n_vocab, handle.n_batch, handle.n_seq_max
         self.n_threads_batch = handle.n_threads_batch
         self.has_vision = handle.has_vision
         self.flash_attn = handle.flash_attn  # as applied: on, off, or auto (llama.cpp decides)
@@ -82,17 +83,15 @@ class Model:
             "model": file_identity(self.path),
             "vision": self.vision_identity,
             "kv_type": self.kv_type,
-            "flash_attn": handle.flash_attn,
-            "n_ctx": handle.n_ctx,
+            "flash_attn": handle.flash_attn,  # (not n_ctx: a context's size changes none of its numbers)
             "n_batch": handle.n_batch,
             "llama": _lib.library_identity(),
         }
         # the projector's weights: counted by the model that loaded them (0 here when shared)
         self.vision_shared = handle.vision_borrowed
-        self.memory_bytes: dict[str, int] = {
-            **handle.memory_bytes(self.arch),
-            "mmproj": int(mmproj.stat().st_size) if mmproj and not self.vision_shared else 0,
-        }
+        self._mmproj_bytes = int(mmproj.stat().st_size) if mmproj and not self.vision_shared else 0
+        self._memory: dict[str, int] = {}
+        self._memory = self.memory_bytes
         from edge_agent.runtime.chat_template import template_of
 
         tok = self.tokenizer  # the texts llama-cpp-python renders a template with ("" for none)
@@ -121,6 +120,7 @@ class Model:
         image_min_tokens: int = 0,
         image_max_tokens: int = 0,
         share_vision_with: Model | None = None,
+        n_ctx_start: int = 0,
     ) -> Model:
         """Validate the files in Python, then load them. Raises ModelFileError / ModelRuntimeError.
 
@@ -130,7 +130,9 @@ class Model:
         on CPU-only builds, where it measured slower, and with an f32 KV cache; else llama.cpp's choice).
         ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image becomes (0: the
         projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper on a CPU.
-        Sampling seeds are per ``generate`` call (``Session.generate(seed=...)``).
+        Sampling seeds are per ``generate`` call (``Session.generate(seed=...)``). ``n_ctx`` is the most
+        cells a context holds: it starts with ``n_ctx_start`` (0: kv_type auto's rule, else ``n_ctx``) and
+        grows when a session needs more (``Handle.grow``: the same numbers).
         ``share_vision_with``: a loaded model whose vision projector this one uses instead of loading
         its own copy when it is the same file with the same image-token limits and this model has the
         same embedding width and vocabulary (SeProD's prophet beside the agent: 0.42 GB less at the 2B
@@ -150,10 +152,12 @@ class Model:
         if n_seq_max < 1 or n_ctx < 16 or n_batch < 1:
             raise ModelRuntimeError("n_seq_max must be >= 1, n_ctx >= 16 and n_batch >= 1.")
         info, mm_info = _validate_files(path, mm)
+        start = n_ctx
         if kv_type == "auto":
-            kv_type = auto_kv_type(info, n_ctx)
+            kv_type, start = auto_kv_type(info, n_ctx)
+        start = min(n_ctx, n_ctx_start or start)
         params = Params(
-            n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
+            n_ctx=start, n_ctx_max=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
             n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
@@ -183,6 +187,14 @@ class Model:
         return cls.load(path, mmproj, **kw)
 
     # ------------------------------------------------------------------------------ the context now
+    @property
+    def memory_bytes(self) -> dict[str, int]:
+        """{"model": weights, "kv_cache": the KV cache as the context is now (it may grow), "mmproj": the
+        projector's weights (0 when another model's are shared)}; after close, as it was last."""
+        if not self.handle.closed:
+            self._memory = {**self.handle.memory_bytes(self.arch), "mmproj": self._mmproj_bytes}
+        return dict(self._memory)
+
     @property
     def n_threads(self) -> int:
         """Threads for token-by-token decoding (``share_cores`` may lower it)."""
@@ -288,18 +300,22 @@ class Model:
         return f"Model({self.path.name!r}, n_ctx={self.n_ctx}, vision={self.has_vision})"
 
 
-def auto_kv_type(info: Any, n_ctx: int) -> str:
-    """``kv_type="auto"``: q8_0 when an f16 cache of ``n_ctx`` cells would take more than 512 MiB, else f16.
+def auto_kv_type(info: Any, n_ctx: int) -> tuple[str, int]:
+    """``kv_type="auto"``: (f16, the cells the context starts with): ``n_ctx``, or when an f16 cache of
+    ``n_ctx`` would take more than 512 MiB, the cells 512 MiB hold (Qwen3-VL-2B: 4,096 of 8,192, 448 MiB);
+    the context grows to ``n_ctx`` when a chat needs it (``Handle.grow``).
 
-    Why: at the size we ship the KV cache is the largest thing after the weights. Qwen3-VL-2B at n_ctx
-    8192: 896 MiB in f16, 476 MiB in q8_0 (the app's peak resident memory must stay under 2.5 GB, the
-    weights are 1.05 GB); llama.cpp needs flash attention for a q8_0 V cache (``Handle`` turns it on).
-    Small models (the tiny test models, SmolLM2-135M: 180 MiB at 8192) keep f16: exact and cheap.
-    ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
-    ``footprint.KvShape.resolve``, which the memory estimates use too."""
+    Why: f16 without flash attention (a CPU build turns it off) decoded and prefilled fastest on both
+    2-core machines measured (``scripts/bench_defaults.py``; the README's defaults table), while q8_0 needs
+    flash attention, which the CPU kernels make slow as the context grows; and at the size we ship the
+    KV cache is the largest thing after the weights (the app's peak must stay under 2.5 GB with 1.05 GB of
+    weights): f16 at 4,096 cells takes the memory q8_0 took at 8,192 (448 vs 476 MiB), and a photo
+    question needs ~1,800. ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
+    ``footprint.KvShape``'s, which the memory estimates use too."""
     from edge_agent import footprint
 
-    return footprint.kv_shape_of_info(info).resolve(n_ctx, "auto")
+    shape = footprint.kv_shape_of_info(info)
+    return shape.resolve(n_ctx, "auto"), shape.start_cells(n_ctx, "auto")
 
 
 def vision_key(mmproj_identity: str, image_tokens: tuple[int, int]) -> str:

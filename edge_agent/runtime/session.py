@@ -157,12 +157,15 @@ class Session:
             self.n_cells -= 1
             self._pending = [self.history[-1]]
 
-    def _free_cells(self) -> int:
+    def _free_cells(self, need: int = 0) -> int:
+        """KV cells left; with ``need``: after growing the context when fewer are left (``Handle.grow``)."""
+        if need > self._h.n_ctx - self.n_cells:
+            self._h.grow(self.n_cells + need)
         return self._h.n_ctx - self.n_cells
 
     def _context_full(self, need: int) -> ModelRuntimeError:
         return ModelRuntimeError(
-            f"The context is full: {self.n_cells} of {self._h.n_ctx} tokens used, {need} more needed. "
+            f"The context is full: {self.n_cells} of {self._h.n_ctx_max} tokens used, {need} more needed. "
             "Start a new chat, or raise n_ctx in the settings.",
             title="Context full",
         )
@@ -172,7 +175,7 @@ class Session:
         toks = self._pending
         if not toks:
             return 0
-        if len(toks) > self._free_cells():
+        if len(toks) > self._free_cells(len(toks)):
             raise self._context_full(len(toks))
         b = self._h.batch
         assert b is not None
@@ -279,31 +282,18 @@ class Session:
 
     def _eval_image_chunk(self, chunk: object, prep: vision.Prepared, digest: str) -> ImageChunk:
         self._flush()
-        nx, ny, n_tok, n_pos = vision.chunk_shape(chunk)
-        if n_tok > self._free_cells():
+        n_tok = vision.chunk_shape(chunk)[2]
+        if n_tok > self._free_cells(n_tok):
             raise self._context_full(n_tok)
-        emb, reused = vision.embedding(self._h, chunk, digest, self._facts.mmproj_identity)
-        t0 = time.perf_counter()
-        new_pos = self._h.decode_image(chunk, emb.data, self.n_pos, 0, n_tok)
-        if new_pos != self.n_pos + n_pos:
-            raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - self.n_pos}, expected {n_pos}.")
-        px = self._facts.image_px_per_token
-        at = next(i for i, p in enumerate(prep.parts) if isinstance(p, vision.ImagePart))  # mtmd's markers around it
-        wrap = [sum(len(p) for p in ps if not isinstance(p, vision.ImagePart)) for ps in (prep.parts[:at],
-                                                                                          prep.parts[at + 1:])]
-        chunk_info = ImageChunk(
-            n_tokens=n_tok, n_pos=n_pos, nx=nx, ny=ny, width=nx * px if px else prep.width,
-            height=ny * px if px else prep.height, digest=digest,
-            encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
-            reused=reused, wrap_before=wrap[0], wrap_after=wrap[1],
-        )
+        info = vision.decode_chunk(self._h, chunk, prep, digest, self.n_pos, self._facts.mmproj_identity,
+                                   self._facts.image_px_per_token)
         self.history.append(IMAGE)
-        self.images.append(chunk_info)
-        self.n_pos = new_pos
+        self.images.append(info)
+        self.n_pos += info.n_pos
         self.n_cells += n_tok
         self.n_evaluated += n_tok
         self._logits = None  # the image decode outputs no logits; the closing text token will
-        return chunk_info
+        return info
 
     # ------------------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> Checkpoint:
@@ -369,6 +359,7 @@ class Session:
         """Load ``st`` into this (fresh, empty) session. Raises StateError (the context is left empty)."""
         if st.identity != self._facts.identity:
             raise state_mod.StateError("saved by another model, build or context setting")
+        self._h.grow(st.n_cells)
         if st.logits.shape != (self._tok.n_vocab,) or st.n_cells > self._h.n_ctx:
             raise state_mod.StateError("does not fit this model's vocabulary or context")
         took = self._h.set_state_bytes(st.kv, 0)
@@ -434,7 +425,8 @@ class Session:
             for s in range(0, len(toks), group):
                 try:
                     got = batch.score_group(self._h, toks[s : s + group], logits=self._logits, n_pos=self.n_pos,
-                                            free=self._free_cells(), keep=keep, scratch=self._scratch_for())
+                                            free=self._free_cells(sum(map(len, toks[s : s + group]))), keep=keep,
+                                            scratch=self._scratch_for())
                 except ContextFull as e:
                     raise self._context_full(e.need) from None
                 self.n_scored += got.n_rows
@@ -540,7 +532,7 @@ class Session:
             run.reason = "cancelled"
             return True
         if i > 0:
-            if self._free_cells() < 1:
+            if self._free_cells(1) < 1:
                 run.reason = "length"
                 return True
             try:

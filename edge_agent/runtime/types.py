@@ -273,8 +273,12 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     path: Path  # the text GGUF
     mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
-    memory_bytes: dict[str, int]  # {"model": weights, "kv_cache": ..., "mmproj": file size (0: tower shared)}
     chat_template: ChatTemplate  # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
+
+    @property
+    def memory_bytes(self) -> dict[str, int]:
+        """{"model": weights, "kv_cache": as the context is now (it may grow), "mmproj": file size (0: tower shared)}"""
+        ...
 
     @property
     def n_threads(self) -> int:

@@ -31,6 +31,7 @@ import numpy as np
 from edge_agent.errors import ImageError, ModelRuntimeError
 from edge_agent.runtime._lib import M, clear_errors, recent_errors
 from edge_agent.runtime.handle import Handle
+from edge_agent.runtime.types import ImageChunk
 
 CACHE_BYTES = 256 * 2**20
 
@@ -174,3 +175,22 @@ def _encode(h: Handle, chunk: object, key: str, n_tok: int) -> Embedding:
             _, old = _cache.popitem(last=False)
             _cache_bytes -= old.data.nbytes
     return emb
+
+
+def decode_chunk(h: Handle, chunk: object, prep: Prepared, digest: str, n_pos: int, mmproj_identity: str,
+                 px_per_token: int) -> ImageChunk:
+    """Decode an image chunk into seq 0 from position ``n_pos``: its embedding from the cache or encoded
+    now (:func:`embedding`), then mtmd's decode of it. Returns what was evaluated (the session applies it)."""
+    nx, ny, n_tok, n_positions = chunk_shape(chunk)
+    emb, reused = embedding(h, chunk, digest, mmproj_identity)
+    t0 = time.perf_counter()
+    new_pos = h.decode_image(chunk, emb.data, n_pos, 0, n_tok)
+    if new_pos != n_pos + n_positions:
+        raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - n_pos}, expected {n_positions}.")
+    px = px_per_token
+    at = next(i for i, p in enumerate(prep.parts) if isinstance(p, ImagePart))  # mtmd's markers around it
+    wrap = [sum(len(p) for p in ps if not isinstance(p, ImagePart)) for ps in (prep.parts[:at], prep.parts[at + 1:])]
+    return ImageChunk(n_tokens=n_tok, n_pos=n_positions, nx=nx, ny=ny, width=nx * px if px else prep.width,
+                      height=ny * px if px else prep.height, digest=digest,
+                      encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
+                      reused=reused, wrap_before=wrap[0], wrap_after=wrap[1])

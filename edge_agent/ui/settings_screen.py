@@ -48,6 +48,8 @@ FIELDS: list[tuple[str, str]] = [
     ("mmproj", "text"),
     ("prophet", "text"),
     ("prophet_mmproj", "text"),
+    ("n_ctx", "text"),
+    ("kv_type", "select"),
 ]
 MODEL_FIELDS = ("model", "mmproj", "prophet", "prophet_mmproj")
 CHOICES: dict[str, list[tuple[str, str]]] = {
@@ -55,6 +57,8 @@ CHOICES: dict[str, list[tuple[str, str]]] = {
              ("direct: the model alone in a plain chat (no tools)", "direct")],
     "text_search": [("Wikipedia (no key)", "wikipedia"), ("SearXNG (your instance: searxng_url)", "searxng"),
                     ("Brave Search (brave_api_key)", "brave")],
+    "kv_type": [("auto: f16, a large model's context growing to n_ctx as a chat needs it", "auto"),
+                ("f16: all of n_ctx from the start", "f16"), ("q8_0: half the memory, slower on a CPU", "q8_0")],
     "image_search": [("none (off)", "none"), ("Google Cloud Vision (gcv_api_key)", "gcv"),
                      ("SerpApi Google Lens (serpapi_api_key)", "serpapi")],
 }
