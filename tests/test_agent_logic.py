@@ -525,3 +525,21 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert "".join(e.text for e in events if e.kind == "answer_token") == "Funafuti"
     assert not [e for e in events if e.kind == "move_withdrawn"]
     assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
+
+
+@pytest.mark.parametrize("reasoning, action", [
+    ("I'll search for information about the capital of Peru.", "text_search"),
+    ("I need to look it up online.", "text_search"),
+    ("Searching for the independence year of Bhutan.", "text_search"),
+    ("Let me zoom in on the sign to read it.", "zoom"),
+    ("I don't need to search, the answer is Lima.", "answer"),
+    ("I will not search; I know that Lima is the capital.", "answer"),
+    ("The search results indicate that the code of El Salvador is .sv.", None),  # a noun, not a plan
+    ("The capital of Peru is Lima.", None),
+    ("I will search the web. Then I will answer.", "answer"),  # the last plan stated
+])
+def test_the_stated_next_step_of_a_reasoning(reasoning, action):
+    from edge_agent.agent.intent import stated_action
+
+    assert stated_action(reasoning) == action
+    assert stated_action(reasoning, {"answer"}) == (action if action == "answer" else None)

@@ -31,7 +31,10 @@ _NEGATION = re.compile(r"\b(?:not|n't|no need|never|without|instead of)\b[\w\s']
 _ANSWER_NOW = re.compile(r"(?:\bthe answer is\b|\bthe final answer\b|\banswer:\s|\bso the answer\b|"
                          r"\bi (?:already )?know (?:the answer|that|this)\b|\bno need to (?:search|look))")
 _PATTERNS = [(action, re.compile(_PLAN + _GAP + r"(?:\w+\s+)?" + verb + r"\b")) for action, verb in _VERBS.items()]
-_FALLBACK = [(action, re.compile(r"\b" + verb + r"\b")) for action, verb in _VERBS.items() if action != "answer"]
+# no plan in the first person: a next step named at the start of a sentence ("Searching for ...", "Zoom in
+# on ..."), never a noun ("The search results show ...")
+_FALLBACK = [(action, re.compile(r"(?:^|[.!?:;]\s+)" + verb + r"\b(?!\s+results?\b)"))
+             for action, verb in _VERBS.items() if action != "answer"]
 
 
 def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str | None:
