@@ -46,8 +46,7 @@ def test_sampling_under_a_grammar_only_returns_allowed_tokens(tiny_models) -> No
 def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) -> None:
     """At 151,936 tokens, random logits put a coordinate's few allowed tokens far below the top 64: the
     larger windows find the masked argmax (exactly), and the whole row is masked less often."""
-    from edge_agent.runtime import Model
-    from edge_agent.runtime import sampling
+    from edge_agent.runtime import Model, sampling
     from edge_agent.runtime.sampling import Sampler
 
     rng = np.random.default_rng(5)
@@ -59,7 +58,7 @@ def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) 
         real(self, data)
 
     with Model.load(qwen05_gguf, n_ctx=256, n_seq_max=1) as m:
-        for trial in range(12):
+        for _ in range(12):
             logits = rng.standard_normal(m.n_vocab).astype(np.float32)
             with Sampler(m.handle, grammar=tail_grammar("zoom"), temperature=0.0, seed=0) as smp:
                 for prefix in ([], m.tokenize("12", special=False), m.tokenize(', 5, 6, 7], "label": "', special=False)):
