@@ -41,3 +41,34 @@ def test_sampling_under_a_grammar_only_returns_allowed_tokens(tiny_models) -> No
         for _ in range(30):
             tok = smp.sample(rng.standard_normal(m.n_vocab).astype(np.float32))
             assert np.isfinite(smp._mask(np.zeros(m.n_vocab, dtype=np.float32))[tok])
+
+
+def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) -> None:
+    """At 151,936 tokens, random logits put a coordinate's few allowed tokens far below the top 64: the
+    larger windows find the masked argmax (exactly), and the whole row is masked less often."""
+    from edge_agent.runtime import Model, sampling
+    from edge_agent.runtime.sampling import Sampler
+
+    rng = np.random.default_rng(5)
+    used = {k: 0 for k in sampling.WINDOWS}
+    real = sampling.Sampler._apply
+
+    def counting(self: Sampler, data: np.ndarray) -> None:
+        used[len(data)] = used.get(len(data), 0) + 1
+        real(self, data)
+
+    with Model.load(qwen05_gguf, n_ctx=256, n_seq_max=1) as m:
+        for _ in range(12):
+            logits = rng.standard_normal(m.n_vocab).astype(np.float32)
+            with Sampler(m.handle, grammar=tail_grammar("zoom"), temperature=0.0, seed=0) as smp:
+                for prefix in ([], m.tokenize("12", special=False), m.tokenize(', 5, 6, 7], "label": "', special=False)):
+                    for t in prefix:
+                        smp.accept(t)
+                    want = int(np.argmax(smp._mask(logits)))
+                    sampling.Sampler._apply = counting  # type: ignore[method-assign]
+                    try:
+                        got = smp.sample(logits)
+                    finally:
+                        sampling.Sampler._apply = real  # type: ignore[method-assign]
+                    assert got == want
+    assert used[2048] + used[32768] > 0  # the larger windows were needed, and agreed with the full mask
