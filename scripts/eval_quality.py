@@ -44,7 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
     ap.add_argument("--modes", default=MAIN_MODES, help=f"main modes, on every question (default {MAIN_MODES})")
     ap.add_argument("--ablation-modes", default=ABLATION_MODES, help=f"default {ABLATION_MODES}")
-    ap.add_argument("--ablations", type=int, default=30, help="questions per set for the ablation modes (0: none)")
+    ap.add_argument("--ablations", type=int, default=20, help="questions per set for the ablation modes (0: none)")
     ap.add_argument("--model", default=AGENT)
     ap.add_argument("--prophet", default=PROPHET)
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
@@ -181,14 +181,22 @@ def main(argv: list[str] | None = None) -> int:
         extra = dict(s.split("=", 1) for s in args.settings)
         base = Settings.load({"model": args.model, "text_search": "searxng", "searxng_url": server.url,
                               **extra}, env={"EDGE_AGENT_HOME": str((out / "home").resolve())})
-        for set_name, data in sets.items():
-            limit = args.limit if set_name == "factbook" else args.known_limit
-            runs = [run_group(data, args.modes, out / f"{set_name}-main", base, limit)]
-            if args.ablations:
+        limits = {"factbook": args.limit, "known": args.known_limit}
+        runs: dict[str, list[Any]] = {name: [] for name in sets}
+        # The main modes on every set first (the known set, short, before the Factbook's), then the
+        # ablations: an interrupted run has the main table; rerunning resumes where it stopped.
+        for set_name in sorted(sets, key=lambda name: name != "known"):
+            runs[set_name].append(run_group(sets[set_name], args.modes, out / f"{set_name}-main", base,
+                                            limits[set_name]))
+        if args.ablations:
+            # drafts that do not depend on timing: every draft waited for, L_d pinned (seprod_adaptive false)
+            with_prophet = base.updated({"prophet": args.prophet, "seprod_adaptive": False})
+            for set_name, data in sets.items():
+                limit = limits[set_name]
                 n = min(args.ablations, limit) if limit else args.ablations
-                with_prophet = base.updated({"prophet": args.prophet})
-                runs.append(run_group(data, args.ablation_modes, out / f"{set_name}-ablations", with_prophet, n))
-            rows[set_name] = [row(name, m) for run in runs for name, m in run.metrics.items()]
+                runs[set_name].append(run_group(data, args.ablation_modes, out / f"{set_name}-ablations",
+                                                with_prophet, n))
+        rows = {name: [row(mode, m) for run in rs for mode, m in run.metrics.items()] for name, rs in runs.items()}
     finally:
         server.stop()
     md = markdown(rows, args)
