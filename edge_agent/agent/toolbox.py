@@ -89,6 +89,9 @@ class SearchLike(Protocol):
         the cache. None when online, or when the cache holds it."""
         ...
 
+    def set_offline(self, offline: bool) -> None:
+        """Serve searches from the cache only (or not) from the next search on (the ``offline`` setting)."""
+
     def close(self) -> None: ...
 
 
