@@ -35,6 +35,7 @@ from typing import Any
 
 from edge_agent.catalog import CatalogEntry
 from edge_agent.config import Settings
+from edge_agent.engine_face import EngineFace
 from edge_agent.errors import ConfigError, EdgeAgentError, ModelFileError
 from edge_agent.evaluation import AskFn, Question, default_ask, make_record, run_question
 from edge_agent.evaluation.modes import ModeSpec
@@ -105,7 +106,7 @@ class EvalWorker:
     def __init__(self, fields: dict[str, Any], ask: AskFn, pulls: list[CatalogEntry]) -> None:
         self.settings = dataclasses.replace(Settings.load(), **fields)
         self.ask, self.pulls = ask, pulls
-        self.engine: Any = None
+        self.engine: EngineFace | None = None
         self.tmp = _worker_tmp()
         self.cache = _RecordingCache(self.tmp / "search-cache.sqlite3")
         self.cache_loaded = False
@@ -130,12 +131,12 @@ class EvalWorker:
                 _pull_missing(self.settings, self.pulls)
                 from edge_agent.engine import Engine  # heavy: llama.cpp
 
-                self.engine = Engine.from_settings(self.settings)
+                engine = Engine.from_settings(self.settings)
             except EdgeAgentError as e:
                 return {"node": self.node, "pid": os.getpid(), "error": e.message}
-            tools = getattr(self.engine, "tools", None)
-            if tools is not None and hasattr(tools, "cache"):
-                tools.cache = self.cache  # searches read the shipped copy; live ones are recorded
+            if engine.tools is not None and hasattr(engine.tools, "cache"):
+                engine.tools.cache = self.cache  # searches read the shipped copy; live ones are recorded
+            self.engine = engine
         return {"node": self.node, "node_id": self.node_id, "pid": os.getpid(), "files": self.engine.model_files()}
 
     def run(self, q: Question, modes: list[ModeSpec], shipped: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +146,7 @@ class EvalWorker:
         if "error" in ready:
             raise ModelFileError(f"On node {self.node}: {ready['error']}")
         self.cache.fetched = []
+        assert self.engine is not None  # prepared above
         records = list(run_question(self.engine, q, modes, self.ask))
         return {"records": records, "entries": self.cache.fetched, "pid": os.getpid()}
 

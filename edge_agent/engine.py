@@ -41,6 +41,7 @@ from edge_agent.calibration import FILE_NAME as NEUTRAL_FILE
 from edge_agent.calibration import NeutralScores, neutral_means
 from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest, EngineFace
 from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
 from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.read_ahead import Reader, Target, stable_prefix
@@ -247,14 +248,11 @@ class Engine:
         if RELOAD_FIELDS.intersection(changed) or ("seprod" in changed and new.seprod and new.prophet
                                                    and self.drafter is None):
             return False
-        from edge_agent.agent.seprod import Drafter as SeProDDrafter
-        from edge_agent.tools.search import SearchTools
-
         self.settings = new
-        if isinstance(self.tools, SearchTools):
-            self.tools.offline = new.offline
-        if isinstance(self.drafter, SeProDDrafter):
-            self.drafter.tau, self.drafter.draft_len = new.seprod_tau, new.seprod_draft_len
+        if self.tools is not None:
+            self.tools.set_offline(new.offline)
+        if self.drafter is not None:
+            self.drafter.retune(tau=new.seprod_tau, draft_len=new.seprod_draft_len)
         return True
 
     def memory(self) -> dict[str, dict[str, int]]:
@@ -265,29 +263,13 @@ class Engine:
         return out
 
     # ---- asking ---------------------------------------------------------------------------------
-    def ask(
-        self,
-        question: str,
-        image: str | Path | bytes | None = None,
-        *,
-        cancel: threading.Event | None = None,
-        mode: str | None = None,
-        history: Sequence[Any] | None = None,
-        seprod: bool | None = None,
-        options: AgentOptions | None = None,
-        context: str | None = None,
-        seed: int | None = None,
-    ) -> Iterator[Event]:
-        """Answer one question (optionally about an image file). Yields the agent's events, ending
-        with FinalAnswer, or AgentError(fatal=True) for a problem the user can fix (a bad image, an
-        image for a text-only model, a full context). ``history``: earlier (question, answer) pairs
-        of the chat (used only when its context has to be rebuilt). ``context``: the key the chat's
-        last answer was saved under (``FinalAnswer.context``): the question continues that context
-        (live in the KV cache, or restored from disk) and evaluates only its own user turn.
-        ``seprod``: None -> on when a prophet is loaded and the setting is on. ``options`` (tests,
-        benchmarks): replaces the options built from the settings. ``seed``: this question's random
-        seed (the eval derives one per question id); None: the options' seed."""
-        mode = mode or (options.mode if options else self.settings.mode)
+    def ask(self, request: AskRequest, *, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Answer one question (``AskRequest``: optionally about an image, continuing a chat's context).
+        Yields the agent's events, ending with FinalAnswer, or AgentError(fatal=True) for a problem the
+        user can fix (a bad image, an image for a text-only model, a full context)."""
+        question, image, options = request.question, request.image, request.options
+        history, context, seprod, seed = request.history, request.context, request.seprod, request.seed
+        mode = request.mode or (options.mode if options else self.settings.mode)
         if isinstance(image, str) and not image.strip():
             image = None  # "" from a form field means no image
         label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
@@ -592,3 +574,8 @@ def _history_entries(history: Sequence[Any] | None) -> list[tuple[str, str, str 
         if q and a:
             out.append((str(q), str(a), str(img) if img else None))
     return out
+
+
+def _conforms(engine: Engine) -> EngineFace:
+    """mypy holds ``Engine`` to its face, what the app, ask, the eval and the cluster use (never called)."""
+    return engine

@@ -61,6 +61,7 @@ from edge_agent.agent.loop import AgentOptions  # noqa: E402
 from edge_agent.agent.prompts import question_segments  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
+from edge_agent.engine_face import AskRequest  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from scripts import benchmodels  # noqa: E402
 
@@ -111,7 +112,7 @@ class Bench:
         t0 = time.perf_counter()
         ttfr = None
         out: dict[str, Any] = {}
-        for e in engine.ask(question, None if text_only else self.image, options=opts, **kw):
+        for e in engine.ask(AskRequest(question, None if text_only else self.image, options=opts, **kw)):
             if e.kind == "rationale_scored" and ttfr is None:
                 ttfr = time.perf_counter() - t0
                 out["scoring"] = e.seconds  # the scoring pass alone (one batched decode + selection)

@@ -75,6 +75,7 @@ if str(ROOT) not in sys.path:
 
 from PIL import Image, ImageDraw  # noqa: E402
 
+from edge_agent.engine_face import AskRequest  # noqa: E402
 from scripts.benchmodels import filler_tokens, proc_status_mb  # noqa: E402
 from scripts.oneshot import OneShot  # noqa: E402
 from scripts.question_report import VARIANTS, record, summarise, table  # noqa: E402,F401  (record: the API)
@@ -364,7 +365,9 @@ def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, free
         else:  # older engines: the photo's vision encode only
             engine.prepare_image(photo)
     t0 = time.perf_counter()
-    stamped = [(time.perf_counter() - t0, e) for e in _events(engine.ask(QUESTION, photo, options=opts, seprod=seprod))]
+    stamped = [(time.perf_counter() - t0, e) for e in _events(engine.ask(AskRequest(QUESTION, photo,
+                                                                                    options=opts,
+                                                                                    seprod=seprod)))]
     wall = time.perf_counter() - t0
     return phases(stamped, wall)
 

@@ -62,6 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from edge_agent.agent import seprod, seprod_math  # noqa: E402
+from edge_agent.engine_face import AskRequest  # noqa: E402
 from scripts.benchmodels import proc_status_mb  # noqa: E402
 
 QUESTIONS = [
@@ -252,7 +253,7 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
         vision.clear_cache()  # every question reads its image afresh (fair to both variants)
         enc0 = sum(m.vision_encodes for m in models)
         t0 = time.perf_counter()
-        events = list(engine.ask(q, image, options=opts, seprod=on))
+        events = list(engine.ask(AskRequest(q, image, options=opts, seprod=on)))
         wall = time.perf_counter() - t0
         fin = events[-1]
         assert isinstance(fin, FinalAnswer), fin

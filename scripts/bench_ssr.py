@@ -53,6 +53,7 @@ from edge_agent.agent.loop import AgentOptions  # noqa: E402
 from edge_agent.agent.rationales import builtin_library, select  # noqa: E402
 from edge_agent.config import Settings  # noqa: E402
 from edge_agent.engine import Engine  # noqa: E402
+from edge_agent.engine_face import AskRequest  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from edge_agent.tools.backends import SearchResult  # noqa: E402
 from edge_agent.tools.search import SearchOutcome  # noqa: E402
@@ -239,8 +240,8 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
 
         # warm-up (allocations, first-touch of weights): one short episode, not measured
         warm = Engine(model, settings, tools=CannedSearch())
-        list(warm.ask(questions[0][0], questions[0][1], options=AgentOptions.from_settings(
-            settings, max_turns=1, policy=policy_for(has_image, 1))))
+        list(warm.ask(AskRequest(questions[0][0], questions[0][1], options=AgentOptions.from_settings(
+            settings, max_turns=1, policy=policy_for(has_image, 1)))))
 
         # pass 1: paired measurements at every turn's reasoning point
         rows: list[dict] = []
@@ -249,7 +250,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         for q, img in questions:
             opts = AgentOptions.from_settings(settings, mode="ssr", max_turns=args.turns,
                                               policy=policy_for(has_image, args.turns))
-            events = list(engine.ask(q, img, options=opts))
+            events = list(engine.ask(AskRequest(q, img, options=opts)))
             assert events[-1].kind == "final_answer", events[-1]
             print(f"  {label}: measured {q[:40]!r}", file=sys.stderr)
 
@@ -263,7 +264,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         for i, (q, img) in enumerate(questions):
             for mode in (("ssr", "freeform") if i % 2 == 0 else ("freeform", "ssr")):
                 opts = AgentOptions.from_settings(settings, mode=mode, max_turns=args.turns - 1)
-                for e in engines[mode].ask(q, img, options=opts):
+                for e in engines[mode].ask(AskRequest(q, img, options=opts)):
                     if e.kind == "turn_finished":
                         sums[mode]["reasoning"] += e.reasoning_seconds
                         sums[mode]["action"] += e.action_seconds

@@ -37,6 +37,7 @@ from edge_agent.agent.rationales import (
     softmax,
 )
 from edge_agent.agent.toolbox import Toolbox
+from edge_agent.engine_face import AskRequest
 from edge_agent.tools.zoom import ImageStore
 from tests.fakes.sessions import EOS, LoopModel
 from tests.fakes.sessions import LoopSession as FakeSession
@@ -393,9 +394,9 @@ def test_engine_input_errors_are_fatal_events(edge_home):
                     ({"question": "Q?", "image": str(real)}, "cannot look at images"),
                     ({"question": "Q?", "image": str(edge_home / "missing.png")}, "Image file not found"),
                     ({"question": "Q?", "history": ["just a string"]}, "pairs")]:
-        out = list(engine.ask(**kw))
+        out = list(engine.ask(AskRequest(**kw)))
         assert [e.kind for e in out] == ["run_started", "error"] and out[-1].fatal and msg in out[-1].message, kw
-    out = list(engine.ask("Q?", history=[{"question": "Earlier?", "answer": "Yes."}]))
+    out = list(engine.ask(AskRequest("Q?", history=[{"question": "Earlier?", "answer": "Yes."}])))
     assert out[-1].kind == "final_answer" and out[-1].answer == "hi"
 
 

@@ -14,6 +14,7 @@ from PIL import Image
 from edge_agent.agent.loop import AgentOptions
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.search_servers import FakeBackend
@@ -31,7 +32,7 @@ def run(model, settings, photo, mode):
     engine = Engine(model, settings, tools=tools)
     opts = AgentOptions.from_settings(settings, mode=mode, max_turns=2, action_max_tokens=96,
                                       policy=lambda t, a: {"text_search"} if t == 1 else {"answer"})
-    events = list(engine.ask("What does the sign say?", str(photo), options=opts))
+    events = list(engine.ask(AskRequest("What does the sign say?", str(photo), options=opts)))
     tools.close()
     return events
 

@@ -21,6 +21,7 @@ from edge_agent.agent.loop import AgentOptions
 from edge_agent.agent.rationales import builtin_library
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.spies import SpyModel
@@ -59,7 +60,7 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, mode=mode, policy=zoom_then_answer)
-    events = list(engine.ask("What does the white sign say?", photo, options=opts))
+    events = list(engine.ask(AskRequest("What does the white sign say?", photo, options=opts)))
     kinds = [e.kind for e in events if e.kind not in ("context_opened", "image_evaluated")]
     assert [e.kind for e in events][1:3] == ["context_opened", "image_evaluated"]
     reasoning = ["rationale_scored"] if mode == "ssr" else None
@@ -105,7 +106,7 @@ def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo
     seen = set()
     for seed in range(4):
         opts = AgentOptions.from_settings(settings, sample=True, seed=seed, tau=5.0, max_turns=2)
-        events = list(engine.ask("Where was this taken?", photo, options=opts))
+        events = list(engine.ask(AskRequest("Where was this taken?", photo, options=opts)))
         assert events[-1].kind == "final_answer"
         chosen = {e.turn: e.candidates[e.chosen].action for e in events if e.kind == "rationale_scored"}
         for f in (e for e in events if e.kind == "turn_finished"):
@@ -123,7 +124,7 @@ def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo
 def test_turn_limit_asks_for_an_answer(tiny_vl, settings, photo):
     engine = Engine(tiny_vl, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, max_turns=1, policy=lambda t, a: a - {"answer"})
-    events = list(engine.ask("Where?", photo, options=opts))
+    events = list(engine.ask(AskRequest("Where?", photo, options=opts)))
     final = events[-1]
     assert final.stop_reason in ("turn_limit", "length") and final.turns == 2  # length: the answer was cut
     last = [e for e in events if e.kind == "rationale_scored"][-1]
@@ -134,11 +135,12 @@ def test_system_prompt_kv_is_reused_across_questions(tiny_vl, settings, photo):
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, policy=lambda t, a: {"answer"})
-    a = list(engine.ask("What colour?", photo, options=opts))
-    b = list(engine.ask("What colour?", photo, options=opts))
+    a = list(engine.ask(AskRequest("What colour?", photo, options=opts)))
+    b = list(engine.ask(AskRequest("What colour?", photo, options=opts)))
     assert len(spy.sessions) == 1  # the second question rolled back to the system prompt
     assert a[-1].totals["n_pos"] == b[-1].totals["n_pos"] and a[-1].answer == b[-1].answer  # same state
-    c = list(engine.ask("Follow-up?", photo, options=opts, history=[("What colour?", a[-1].answer)]))
+    c = list(engine.ask(AskRequest("Follow-up?", photo, options=opts,
+                                   history=[("What colour?", a[-1].answer)])))
     assert c[-1].kind == "final_answer" and c[-1].totals["n_pos"] > a[-1].totals["n_pos"]
 
 
@@ -146,7 +148,7 @@ def test_cancel_stops_a_free_form_turn_quickly(tiny_vl, settings, photo):
     engine = Engine(tiny_vl, settings.updated({"freeform_max_tokens": 4000}), tools=None)
     cancel = threading.Event()
     out = []
-    for e in engine.ask("Q?", photo, mode="freeform", cancel=cancel):
+    for e in engine.ask(AskRequest("Q?", photo, mode="freeform"), cancel=cancel):
         out.append(e)
         if e.kind == "reasoning_token":
             cancel.set()
@@ -159,7 +161,7 @@ def test_user_errors_end_the_stream_with_a_fatal_error(tiny_models, settings, tm
     try:
         engine = Engine(text_only, settings)
         Image.new("RGB", (32, 32), "green").save(tmp_path / "a.png")  # a real image the model cannot see
-        out = list(engine.ask("What is this?", tmp_path / "a.png"))
+        out = list(engine.ask(AskRequest("What is this?", tmp_path / "a.png")))
         assert out[-1].kind == "error" and out[-1].fatal and "cannot look at images" in out[-1].message
     finally:
         text_only.close()
@@ -168,7 +170,7 @@ def test_user_errors_end_the_stream_with_a_fatal_error(tiny_models, settings, tm
 def test_bad_image_is_a_fatal_error_event(tiny_vl, settings, tmp_path):
     engine = Engine(tiny_vl, settings)
     (tmp_path / "a.png").write_bytes(b"not an image at all")
-    out = list(engine.ask("What is this?", tmp_path / "a.png"))
+    out = list(engine.ask(AskRequest("What is this?", tmp_path / "a.png")))
     assert [e.kind for e in out] == ["run_started", "error"] and out[-1].title == "Image problem"
 
 
@@ -197,7 +199,7 @@ def test_smollm2_text_only_episode(smol_engine, mode):
     engine, settings = smol_engine, smol_engine.settings
     opts = AgentOptions.from_settings(settings, mode=mode,
                                       policy=lambda t, a: {"text_search"} if t == 1 else {"answer"})
-    events = list(engine.ask("What is the capital of Peru?", None, options=opts))
+    events = list(engine.ask(AskRequest("What is the capital of Peru?", None, options=opts)))
     kinds = [e.kind for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer", kinds
     done = next(e for e in events if e.kind == "tool_finished")
@@ -210,8 +212,8 @@ def test_smollm2_text_only_episode(smol_engine, mode):
         assert [e.n_tokens <= 8 for e in events if e.kind == "reasoning_done"] == [True, True]
     fins = [e.action for e in events if e.kind == "turn_finished"]
     assert fins == ["text_search", "answer"] and events[-1].stop_reason in ("answered", "length")
-    events = list(engine.ask("What is the capital of Peru?", None,
-                             options=AgentOptions.from_settings(settings, mode=mode, max_turns=1, action_max_tokens=48)))
+    opts = AgentOptions.from_settings(settings, mode=mode, max_turns=1, action_max_tokens=48)
+    events = list(engine.ask(AskRequest("What is the capital of Peru?", None, options=opts)))
     assert events[-1].kind == "final_answer"
     assert all(e.name == "text_search" for e in events if e.kind == "tool_called")
     scored = [e for e in events if e.kind == "rationale_scored"]
@@ -223,7 +225,7 @@ def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, index_only=True, policy=lambda t, a: {"answer"})
-    events = list(engine.ask("What colour?", photo, options=opts))
+    events = list(engine.ask(AskRequest("What colour?", photo, options=opts)))
     scored = next(e for e in events if e.kind == "rationale_scored")
     # answer from the image / from knowledge (from the evidence: no tool result yet)
     assert [c.count for c in scored.candidates] == [len(tiny_vl.tokenize("[1]", special=False))] * 2

@@ -26,6 +26,7 @@ from edge_agent.agent.loop import AgentOptions
 from edge_agent.agent.prompts import question_segments
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.runtime.state import IMAGE, KeyHasher, SessionState, StateStore, dumps, sequence_key
 from edge_agent.runtime.types import ImageChunk
@@ -103,11 +104,11 @@ def test_followup_is_appended_to_the_live_context_and_evaluates_only_its_turn(mo
     (tokens evaluated / floor = 1) and report the rest as reused."""
     engine = Engine(model, settings)
     opts = AgentOptions.from_settings(settings, policy=answer_only)
-    first = list(engine.ask("What is it?", photo, options=opts))
+    first = list(engine.ask(AskRequest("What is it?", photo, options=opts)))
     assert opened(first).source == "new" and first[-1].context
     key, cells = first[-1].context, model.active_session.n_cells
     for q in ("And the colour?", "Where is the sign?"):
-        events = list(engine.ask(q, photo, options=opts, context=key))
+        events = list(engine.ask(AskRequest(q, photo, options=opts, context=key)))
         o, fin = opened(events), events[-1]
         assert o.source == "live" and o.tokens_reused == cells
         assert o.tokens_evaluated == user_turn_tokens(model, q)  # the image is not read again
@@ -122,11 +123,11 @@ def test_detach_and_reattach_keep_the_context(model, settings, photo):
     again: both follow-ups continue the live context and evaluate exactly their new user turn."""
     engine = Engine(model, settings)
     opts = AgentOptions.from_settings(settings, policy=answer_only)
-    first = list(engine.ask("What is it?", photo, options=opts))
+    first = list(engine.ask(AskRequest("What is it?", photo, options=opts)))
     key = first[-1].context
     for q, image in (("Is it old?", None), ("And the colour?", photo)):
         cells = model.active_session.n_cells
-        events = list(engine.ask(q, image, options=opts, context=key))
+        events = list(engine.ask(AskRequest(q, image, options=opts, context=key)))
         o = opened(events)
         assert (o.source, o.reason, o.tokens_reused) == ("live", "", cells)
         assert o.tokens_evaluated == user_turn_tokens(model, q)
@@ -139,10 +140,10 @@ def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_mod
     m = SpyModel(load(tiny_models))  # records every image appended, for the replay
     engine = Engine(m, settings)
     opts = AgentOptions.from_settings(settings, policy=zoom_then_answer, ssr_score="raw")  # as run_agent gets below
-    first = list(engine.ask("What does the sign say?", photo, options=opts))
+    first = list(engine.ask(AskRequest("What does the sign say?", photo, options=opts)))
     transcript, pngs = list(m.inner.active_session.history), list(m.pngs)
     assert len(pngs) == 2  # the photo and a crop
-    cont = list(engine.ask("And the colour?", photo, options=opts, context=first[-1].context))
+    cont = list(engine.ask(AskRequest("And the colour?", photo, options=opts, context=first[-1].context)))
     assert opened(cont).source == "live"
     live = list(m.inner.active_session.history)
 
@@ -217,18 +218,18 @@ def test_reopened_chat_is_restored_from_disk_after_a_restart(tiny_models, settin
     m1 = load(tiny_models)
     e1 = Engine(m1, settings)
     opts = AgentOptions.from_settings(settings, policy=answer_only)
-    first = list(e1.ask("What is it?", photo, options=opts))
+    first = list(e1.ask(AskRequest("What is it?", photo, options=opts)))
     cells = m1.active_session.n_cells
     e1.close()
     m2 = load(tiny_models)
     e2 = Engine(m2, settings)
-    events = list(e2.ask("And now?", photo, options=opts, context=first[-1].context,
-                         history=[("What is it?", first[-1].answer)]))
+    events = list(e2.ask(AskRequest("And now?", photo, options=opts, context=first[-1].context,
+                                    history=[("What is it?", first[-1].answer)])))
     o = opened(events)
     assert o.source == "restored" and o.tokens_reused == cells
     assert o.tokens_evaluated == user_turn_tokens(m2, "And now?")
     # a new chat on this machine restores the system prompt instead of evaluating it
-    fresh = opened(list(e2.ask("Other?", photo, options=opts)))
+    fresh = opened(list(e2.ask(AskRequest("Other?", photo, options=opts))))
     assert fresh.source == "new" and fresh.system_restored and fresh.tokens_reused > 0
     e2.close()
 
@@ -238,7 +239,7 @@ def test_damaged_truncated_and_foreign_state_files_are_ignored(tiny_models, sett
     opts = AgentOptions.from_settings(settings, policy=answer_only)
     m = load(tiny_models)
     e = Engine(m, settings)
-    first = list(e.ask("What is it?", photo, options=opts))
+    first = list(e.ask(AskRequest("What is it?", photo, options=opts)))
     e.close()
     key = first[-1].context
     path = settings.states_dir / f"{key}.kvstate"
@@ -255,7 +256,8 @@ def test_damaged_truncated_and_foreign_state_files_are_ignored(tiny_models, sett
                        ("foreign", foreign_bytes), ("garbage", b"not a state at all"), ("empty", b"")]:
         path.write_bytes(data)
         e = Engine(load(tiny_models), settings)
-        events = list(e.ask("And now?", photo, options=opts, context=key, history=[("What is it?", first[-1].answer)]))
+        events = list(e.ask(AskRequest("And now?", photo, options=opts, context=key,
+                                       history=[("What is it?", first[-1].answer)])))
         o = opened(events)
         assert o.source == "rebuilt" and o.reason == "no saved state", name
         assert events[-1].kind == "final_answer", name
@@ -336,17 +338,17 @@ def test_cancelled_followup_rolls_back_to_the_last_answer(model, settings, photo
     the next follow-up continues live from there as if the cancelled one never happened."""
     engine = Engine(model, settings)
     opts = AgentOptions.from_settings(settings, policy=answer_only)
-    first = list(engine.ask("What is it?", photo, options=opts))
+    first = list(engine.ask(AskRequest("What is it?", photo, options=opts)))
     key, cells = first[-1].context, model.active_session.n_cells
     cancel = threading.Event()
     events = []
-    for e in engine.ask("Tell me more?", photo, options=opts, context=key, cancel=cancel):
+    for e in engine.ask(AskRequest("Tell me more?", photo, options=opts, context=key), cancel=cancel):
         events.append(e)
         if e.kind == "turn_started":
             cancel.set()
     assert events[-1].kind == "final_answer" and events[-1].stop_reason == "cancelled" and not events[-1].context
     assert model.active_session.n_cells == cells  # rolled back to the clean boundary
-    again = list(engine.ask("And the colour?", photo, options=opts, context=key))
+    again = list(engine.ask(AskRequest("And the colour?", photo, options=opts, context=key)))
     assert opened(again).source == "live" and opened(again).tokens_reused == cells
     engine.close()
 
@@ -361,7 +363,7 @@ def test_a_full_context_is_rebuilt_compactly_and_still_answers(tiny_models, edge
     opts = AgentOptions.from_settings(settings, policy=answer_only)
     key, history, seen = "", [], []
     for q in ["What is it?", "And then?", "Why?", "Where?", "When?"]:
-        events = list(engine.ask(q, photo, options=opts, context=key, history=history))
+        events = list(engine.ask(AskRequest(q, photo, options=opts, context=key, history=history)))
         assert events[-1].kind == "final_answer" and events[-1].stop_reason in ("answered", "length")
         seen.append((opened(events).source, opened(events).reason))
         key = events[-1].context
@@ -374,10 +376,10 @@ def test_a_full_context_is_rebuilt_compactly_and_still_answers(tiny_models, edge
 def test_a_new_image_mid_chat_is_a_new_user_turn(model, settings, photo, tmp_path):
     engine = Engine(model, settings)
     opts = AgentOptions.from_settings(settings, policy=answer_only)
-    first = list(engine.ask("What is it?", photo, options=opts))
+    first = list(engine.ask(AskRequest("What is it?", photo, options=opts)))
     other = tmp_path / "other.png"
     Image.new("RGB", (320, 320), (200, 30, 30)).save(other)
-    events = list(engine.ask("And this one?", other, options=opts, context=first[-1].context))
+    events = list(engine.ask(AskRequest("And this one?", other, options=opts, context=first[-1].context)))
     o = opened(events)
     images = [e for e in events if e.kind == "image_evaluated"]
     assert o.source == "live" and len(images) == 1 and images[0].source == "image"
@@ -426,8 +428,8 @@ def test_an_image_read_ahead_is_not_encoded_again_and_answers_the_same(tiny_mode
     from edge_agent.runtime import vision
 
     def ask(engine):
-        events = list(engine.ask("What is on the sign?", photo, options=AgentOptions.from_settings(
-            settings, policy=answer_only)))
+        opts = AgentOptions.from_settings(settings, policy=answer_only)
+        events = list(engine.ask(AskRequest("What is on the sign?", photo, options=opts)))
         img = next(e for e in events if isinstance(e, ImageEvaluated))
         scores = [c.score for e in events if isinstance(e, RationaleScored) for c in e.candidates]
         fin = events[-1]

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from edge_agent.cli import cli
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest
 
 
 def test_config_set_rejects_more_threads_than_the_machine_has(edge_home):
@@ -250,7 +251,7 @@ def test_system_prompt_setting_reaches_the_model(edge_home, tiny_models, monkeyp
     monkeypatch.setattr(loop, "system_prompt", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
     with Model.load(tiny_models["text"], n_ctx=2048, n_threads=1, n_threads_batch=1) as m:
         opts = AgentOptions.from_settings(settings, max_turns=1, policy=lambda t, a: {"answer"})
-        events = list(Engine(m, settings).ask("Hi?", options=opts))
+        events = list(Engine(m, settings).ask(AskRequest("Hi?", options=opts)))
     assert events[-1].kind == "final_answer", events[-1]
     assert seen and "Answer in one short sentence." in seen[0].split("# Tools")[0]
 

@@ -18,6 +18,7 @@ from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Text
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.runtime.chat_template import CHATML, render, template_of
 
@@ -34,7 +35,7 @@ def direct_settings(edge_home: Path) -> Settings:
 
 
 def ask(engine: Engine, question: str, image=None, **kw) -> list[ev.Event]:
-    return list(engine.ask(question, image, **kw))
+    return list(engine.ask(AskRequest(question, image, **kw)))
 
 
 def final(events: list[ev.Event]) -> ev.FinalAnswer:

@@ -402,8 +402,11 @@ def test_library_ask_hands_each_column_its_library(edge_home):
         settings = Settings.load()
         calls: list = []
 
-        def ask(self, question, image=None, *, cancel=None, mode=None, seprod=None, options=None, seed=None):
-            self.calls.append((mode, seprod, options.library if options else None))
+        library = None
+
+        def ask(self, request, *, cancel=None):
+            library = request.options.library if request.options else None
+            self.calls.append((request.mode, request.seprod, library))
             return iter(())
 
     mine = load_library(None)  # any Library object stands for "mine"

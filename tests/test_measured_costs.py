@@ -13,6 +13,7 @@ from PIL import Image
 
 from edge_agent.agent.seprod_policy import Costs
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest
 from edge_agent.measured import FILE_NAME, MeasuredCosts, costs_key
 
 
@@ -59,7 +60,7 @@ def test_a_new_process_prices_its_first_draft(tiny_models, edge_home, tmp_path):
     try:
         assert first.measured is not None and first.measured.loaded == 0
         for q in ("What colour is it?", "Is it red?"):
-            events = list(first.ask(q, photo))
+            events = list(first.ask(AskRequest(q, photo)))
             assert events[-1].kind == "final_answer", events[-1]
         measured = first.measured.costs.agent_token
         assert measured is not None
@@ -70,7 +71,7 @@ def test_a_new_process_prices_its_first_draft(tiny_models, edge_home, tmp_path):
     try:
         assert second.measured is not None and second.measured.loaded >= 1
         assert second.drafter is not None and second.measured.costs.agent_token == measured
-        events = list(second.ask("What colour is it?", photo))
+        events = list(second.ask(AskRequest("What colour is it?", photo)))
         assert events[-1].kind == "final_answer", events[-1]
         skipped = [e for e in events if e.kind == "draft_skipped"]
         assert not [e for e in skipped if "cannot be priced" in e.detail], skipped

@@ -22,6 +22,7 @@ from PIL import Image
 from edge_agent.agent.loop import AgentOptions
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 
 TOL = 1e-5
@@ -99,7 +100,8 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
     try:
         q1 = "What does the small sign on the right say?"
         type_slowly(ea, q1, img, "")
-        ra, rb = list(ea.ask(q1, img, options=opts)), list(eb.ask(q1, img, options=opts))
+        ra, rb = list(ea.ask(AskRequest(q1, img,
+                                        options=opts))), list(eb.ask(AskRequest(q1, img, options=opts)))
         assert_same(ra, rb)
         o = opened(ra)
         assert o.question_tokens_read_ahead > 0 and o.tokens_at_enter < opened(rb).tokens_at_enter
@@ -133,7 +135,8 @@ def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_
             ea.read_ahead("", None, context=ka)
             assert ea.read_ahead_idle(20)
             q2, image2 = "Is it old?", None
-        ra, rb = list(ea.ask(q2, image2, options=opts, context=ka)), list(eb.ask(q2, image2, options=opts, context=kb))
+        ra = list(ea.ask(AskRequest(q2, image2, options=opts, context=ka)))
+        rb = list(eb.ask(AskRequest(q2, image2, options=opts, context=kb)))
         assert_same(ra, rb)
         assert opened(ra).source == opened(rb).source == "live"
         if scenario in ("typed", "typed_on", "edited", "reattached"):
@@ -155,7 +158,7 @@ def test_a_rolled_back_read_ahead_leaves_the_context_as_before(tiny_models, sett
     m = load("tiny", tiny_models)
     e = Engine(m, settings)
     try:
-        first = list(e.ask("What is it?", photo, options=AgentOptions.from_settings(settings)))
+        first = list(e.ask(AskRequest("What is it?", photo, options=AgentOptions.from_settings(settings))))
         s = m.active_session
 
         def snapshot():
@@ -210,7 +213,7 @@ def test_a_question_sent_while_the_photo_is_read_takes_it_over(tiny_models, sett
         e.read_ahead("What is", photo)
         assert started.wait(20)
         answer = AgentOptions.from_settings(settings, policy=lambda turn, allowed: {"answer"})  # no crop decoded
-        events = list(e.ask("What is it?", photo, options=answer))
+        events = list(e.ask(AskRequest("What is it?", photo, options=answer)))
         assert events[-1].kind == "final_answer"
         assert decodes == ["read-ahead"] and m.vision_encodes == 1
         o = opened(events)
@@ -228,7 +231,8 @@ def test_type_ahead_off_reads_the_photo_but_not_the_words(tiny_models, edge_home
     try:
         type_slowly(e, "What does the sign say?", photo, "")
         assert e.ahead is not None and e.ahead.image is not None and e.ahead.question_tokens == 0
-        o = opened(list(e.ask("What does the sign say?", photo, options=AgentOptions.from_settings(settings))))
+        o = opened(list(e.ask(AskRequest("What does the sign say?", photo,
+                                         options=AgentOptions.from_settings(settings)))))
         assert o.tokens_read_ahead >= 576 and o.question_tokens_read_ahead == 0
     finally:
         e.close()
@@ -250,7 +254,7 @@ def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home)
         try:
             if ahead:
                 type_slowly(e, "What is it?", None, "")
-            o = opened(list(e.ask("What is it?", None, options=opts)))
+            o = opened(list(e.ask(AskRequest("What is it?", None, options=opts))))
             counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored, o.tokens_read_ahead,
                            e.contexts.boundaries[0].cp.n_cells))
         finally:
@@ -274,25 +278,26 @@ def test_the_scored_rationale_is_shown_before_it_is_adopted_and_nothing_changes(
         type_slowly(ea, q1, photo, "")
         at: dict[str, int] = {}
         ra = []
-        for ev in ea.ask(q1, photo, options=opts):
+        for ev in ea.ask(AskRequest(q1, photo, options=opts)):
             s = a.active_session
             assert s is not None
             if ev.kind in ("context_opened", "rationale_scored"):
                 at.setdefault(ev.kind, s.n_pos)  # the first turn's scores
             ra.append(ev)
         assert at["rationale_scored"] == at["context_opened"]  # nothing of the rationale pasted yet
-        rb = list(eb.ask(q1, photo, options=opts))
+        rb = list(eb.ask(AskRequest(q1, photo, options=opts)))
         assert_same(ra, rb)
         ka, kb = ra[-1].context, rb[-1].context
         s = a.active_session
         assert s is not None
         before = (s.n_cells, s.n_pos, len(s.history))
-        stream = ea.ask("What colour is the door?", photo, options=opts, context=ka)
+        stream = ea.ask(AskRequest("What colour is the door?", photo, options=opts, context=ka))
         assert any(ev.kind == "rationale_scored" for ev in stream)  # stops at the scored rationale
         stream.close()
         assert (s.n_cells, s.n_pos, len(s.history)) == before
         q2 = "Is the shop open?"
-        assert_same(list(ea.ask(q2, photo, options=opts, context=ka)), list(eb.ask(q2, photo, options=opts, context=kb)))
+        assert_same(list(ea.ask(AskRequest(q2, photo, options=opts, context=ka))),
+                    list(eb.ask(AskRequest(q2, photo, options=opts, context=kb))))
     finally:
         ea.close()
         eb.close()

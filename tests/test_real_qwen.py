@@ -30,6 +30,7 @@ from edge_agent.agent.toolbox import Toolbox
 from edge_agent.calibration import NEUTRAL_QUESTION
 from edge_agent.config import Settings
 from edge_agent.engine import Engine
+from edge_agent.engine_face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.tools import FakeSearch, outcome, result
@@ -172,7 +173,7 @@ def test_a_question_answered_from_a_local_factbook_service(qwen05_gguf, edge_hom
         m = Model.load(qwen05_gguf, n_ctx=4096, n_threads=1, n_threads_batch=2, n_seq_max=8)
         with Engine(m, settings, tools=SearchTools.from_settings(settings)) as engine:
             opts = AgentOptions.from_settings(settings, policy=lambda t, a: {"text_search"} if t == 1 else a)
-            events = list(engine.ask("What is the capital of Tuvalu?", None, options=opts))
+            events = list(engine.ask(AskRequest("What is the capital of Tuvalu?", None, options=opts)))
     finally:
         server.stop()
     done = [e for e in events if e.kind == "tool_finished"]

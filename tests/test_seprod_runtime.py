@@ -20,6 +20,7 @@ from PIL import Image
 
 from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified, FinalAnswer
+from edge_agent.engine_face import AskRequest
 from edge_agent.errors import ModelFileError
 from tests.test_seprod import run_hook
 
@@ -299,8 +300,8 @@ def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="Wha
     d = drafter or make_drafter(prophet, agent, draft_len=6, tau=tau, background=True, block=True)
     engine = Engine(agent, settings, tools=SearchTools.from_settings(settings), drafter=d)
     try:
-        events = list(engine.ask(question, path, context=context,
-                                 options=AgentOptions.from_settings(settings, mode=mode, policy=policy)))
+        opts = AgentOptions.from_settings(settings, mode=mode, policy=policy)
+        events = list(engine.ask(AskRequest(question, path, context=context, options=opts)))
         return events, engine.contexts.live
     finally:
         if drafter is None:

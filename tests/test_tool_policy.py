@@ -20,6 +20,7 @@ from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import TURN_LIMIT_NOTE, echoes_instructions
 from edge_agent.agent.toolbox import Toolbox
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools
 from edge_agent.tools.zoom import ImageStore
@@ -174,7 +175,8 @@ def test_agent_offline_by_accident_searches_once_then_answers(edge_home, smollm2
     opts = AgentOptions.from_settings(settings, mode=mode, max_turns=4,
                                       policy=lambda t, a: {"text_search"} if t == 1 else a)
     with Model.load(smollm2_gguf, n_ctx=4096, n_threads=1, n_threads_batch=1) as m:
-        events = list(Engine(m, settings, tools=tools).ask("What is the capital of Peru?", options=opts))
+        events = list(Engine(m, settings, tools=tools).ask(AskRequest("What is the capital of Peru?",
+                                                                      options=opts)))
     tools.close()
     finished = [e for e in events if e.kind == "tool_finished"]
     assert [(e.name, e.status) for e in finished][:1] == [("text_search", "unreachable")]
@@ -214,7 +216,7 @@ def test_unconfigured_image_search_never_reaches_the_model(edge_home, tiny_model
         engine = Engine(m, settings, tools=tools)
         for mode in ("ssr", "freeform"):
             opts = AgentOptions.from_settings(settings, mode=mode, max_turns=2, action_max_tokens=96)
-            events = list(engine.ask("What is this?", str(photo), options=opts))
+            events = list(engine.ask(AskRequest("What is this?", str(photo), options=opts)))
             assert events[-1].kind == "final_answer", events[-1]
             assert not [e for e in events if e.kind == "tool_called" and e.name == "image_search"]
             for e in events:

@@ -36,6 +36,7 @@ from edge_agent import sqlitedb
 from edge_agent.errors import CacheError
 from edge_agent.files import atomic_write
 from edge_agent.redaction import redact
+from edge_agent.tools import specs
 from edge_agent.tools.text import normalise_query
 
 SCHEMA_VERSION = 1  # PRAGMA user_version
@@ -53,7 +54,6 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS entries (
 EXPORT_FORMAT = "edge-agent-search-cache"
 EXPORT_VERSION = 1
 
-TOOLS = ("text_search", "image_search")
 
 # Limits that import enforces (a cache file from someone else is untrusted input).
 MAX_QUERY_CHARS = 1000
@@ -436,18 +436,19 @@ def _validate_entry(d: Any, where: str) -> CacheEntry:
     if missing:
         raise bad(f"missing field(s) {', '.join(sorted(missing))}")
     tool, backend, query, sha = d["tool"], d["backend"], d["query"], d["image_sha256"]
-    if tool not in TOOLS:
-        raise bad(f"tool must be one of {', '.join(TOOLS)}")
+    kinds = {s.cache_kind: s for s in specs.searches()}
+    if tool not in kinds:
+        raise bad(f"tool must be one of {', '.join(kinds)}")
     if not isinstance(backend, str) or not backend.isidentifier() or len(backend) > 40:
         raise bad("backend must be a short name")
     if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
         raise bad(f"query must be a string of at most {MAX_QUERY_CHARS} characters")
     if not isinstance(sha, str) or (sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha))):
         raise bad("image_sha256 must be empty or 64 lowercase hex digits")
-    if tool == "text_search" and (sha or not query):
-        raise bad("a text_search entry has a query and no image_sha256")
-    if tool == "image_search" and (query or not sha):
-        raise bad("an image_search entry has an image_sha256 and an empty query")
+    if not kinds[tool].per_image and (sha or not query):
+        raise bad(f"a {tool} entry has a query and no image_sha256")
+    if kinds[tool].per_image and (query or not sha):
+        raise bad(f"an {tool} entry has an image_sha256 and an empty query")
     if query != normalise_query(query):
         raise bad("query is not in normalised form")
     params = d["params"]

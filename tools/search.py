@@ -191,6 +191,9 @@ class SearchTools:
         if self._session is not None:
             self._session.close()
 
+    def set_offline(self, offline: bool) -> None:
+        self.offline = offline
+
     def unconfigured(self, tool: str) -> str | None:
         """Why ``tool`` (text_search | image_search) cannot work at all in this session: the setting its
         backend misses, written for a person; None when it may work."""

@@ -16,77 +16,84 @@ mode the model first chooses under :data:`CHOICE_GRAMMAR` (``<answer>`` or ``<to
 :func:`name_grammar` (which tool). Either way the context holds the same text, and every action
 parses.
 
-Does not know: models, tokens, tools' behaviour.
+Each move is defined once, in its module of ``edge_agent.tools.specs`` (name, schema, head, tail grammar,
+rest, argument check); this module assembles them: the heads and tails by move, the free-form choice
+grammars, and the parser. Does not know: models, tokens, tools' behaviour.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_agent.agent.prompts import ACTION_OF_TOOL, ANSWER_CLOSE, ANSWER_OPEN, TOOL_NAMES, ZOOM_TOOL
+from edge_agent.tools import specs
+from edge_agent.tools.specs.answer import ANSWER_CLOSE, ANSWER_OPEN
+from edge_agent.tools.specs.base import (
+    MAX_IMAGES_IN_GRAMMAR,
+    MAX_LABEL_CHARS,
+    MAX_QUERY_CHARS,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    ActionError,
+    ToolSpec,
+)
 
-# Upper bounds that keep a random or confused model from running on (chars, not tokens).
-MAX_LABEL_CHARS = 40
-MAX_QUERY_CHARS = 80
-MAX_IMAGES_IN_GRAMMAR = 100
+__all__ = ["CHOICE_GRAMMAR", "CHOICE_STOP", "HEADS", "MAX_IMAGES_IN_GRAMMAR", "MAX_LABEL_CHARS", "MAX_QUERY_CHARS",
+           "NAME_PREFIX", "TAIL_REST", "TAIL_STOP", "TOOL_CLOSE", "Action", "ActionError", "ToolCall", "head_rest",
+           "name_grammar", "parse_action", "tail_grammar", "validate_arguments"]
 
-HEADS = {
-    "zoom": f'<tool_call>\n{{"name": "{ZOOM_TOOL}", "arguments": {{"bbox_2d": [',
-    "text_search": '<tool_call>\n{"name": "text_search", "arguments": {"query": "',
-    "image_search": '<tool_call>\n{"name": "image_search", "arguments": {"img_idx": ',
-    "answer": ANSWER_OPEN,
-}
-TOOL_CLOSE = "}}\n</tool_call>"
+
+class _ByAction(Mapping[str, str]):
+    """One text of every move, by its action, read from the registry when asked (a tool a test adds shows)."""
+
+    def __init__(self, text: Callable[[ToolSpec], str]) -> None:
+        self._text = text
+
+    def __getitem__(self, action: str) -> str:
+        return self._text(specs.by_action(action))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([s.action for s in specs.all_specs()])
+
+    def __len__(self) -> int:
+        return len(specs.all_specs())
+
+
+HEADS: Mapping[str, str] = _ByAction(lambda s: s.head)
 # Each tail's grammar ENDS with its stop string, right after the last free value; the rest of the
 # action is fixed and is appended (prefilled) instead of decoded token by token. Because the
 # grammar ends there, the token that completes the stop string cannot carry any further text, so
 # the session holds exactly text + stop. (The answer is the end of the episode: nothing follows.)
-TAIL_STOP = {"zoom": "}", "image_search": "}", "text_search": '"', "answer": "<"}
-TAIL_REST = {"zoom": "}\n</tool_call>", "image_search": "}\n</tool_call>", "text_search": "}}\n</tool_call>",
-             "answer": "/answer>"}
+TAIL_STOP: Mapping[str, str] = _ByAction(lambda s: s.tail_stop)
+TAIL_REST: Mapping[str, str] = _ByAction(lambda s: s.tail_rest)
 
-# GBNF pieces. A JSON string char: no quote, backslash, control char, "<" (which could start a
-# chat-format tag) or brace (a tail's stop); coordinates are integers 0-1000 without leading zeros.
-_STR_CHAR = r'[^"\\<{}\x00-\x1F]'
-_COORD = 'coord ::= "0" | [1-9] | [1-9] [0-9] | [1-9] [0-9] [0-9] | "1000"'
 # Free-form mode chooses its action in two small steps (see the loop's _head): the tag, then the
 # tool's name; everything else of the head is fixed and prefilled.
-CHOICE_GRAMMAR = 'root ::= "<answer>" | "<tool_call>"'
+CHOICE_GRAMMAR = f'root ::= "{ANSWER_OPEN}" | "{TOOL_OPEN}"'
 CHOICE_STOP = ">"
 NAME_PREFIX = '\n{"name": "'  # after "<tool_call>"
 
 
-class ActionError(ValueError):
-    """The model's action cannot be used; ``str(e)`` is the observation it will read."""
-
-
 @dataclass(frozen=True)
 class ToolCall:
-    name: str  # image_zoom_in_tool | text_search | image_search
+    name: str  # what the model wrote: image_zoom_in_tool | text_search | image_search | ...
     arguments: dict[str, Any] = field(default_factory=dict)
 
     @property
     def action(self) -> str:
-        return ACTION_OF_TOOL[self.name]
+        spec = specs.by_name(self.name)
+        if spec is None:
+            raise KeyError(self.name)
+        return spec.action
 
 
 @dataclass(frozen=True)
 class Action:
-    type: str  # zoom | text_search | image_search | answer
+    type: str  # zoom | text_search | image_search | answer | another registered move
     call: ToolCall | None = None
     answer: str | None = None
-
-
-def _gbnf_literal(s: str) -> str:
-    return json.dumps(s)  # JSON string escapes (\n, \", \\) are valid GBNF literal escapes
-
-
-def _idx_rule(n_images: int) -> str:
-    n = max(1, min(n_images, MAX_IMAGES_IN_GRAMMAR))
-    return "idx ::= " + " | ".join(f'"{i}"' for i in range(n))
 
 
 def tail_grammar(action: str, *, n_images: int = 1) -> str:
@@ -94,30 +101,16 @@ def tail_grammar(action: str, *, n_images: int = 1) -> str:
 
     ``img_idx`` is limited to the images that exist.
     """
-    if action == "zoom":
-        return "\n".join([
-            'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " idx "}"',
-            _COORD,
-            f"label ::= {_STR_CHAR}{{1,{MAX_LABEL_CHARS}}}",
-            _idx_rule(n_images),
-        ])
-    if action == "text_search":
-        return "\n".join([
-            'root ::= query "\\""',
-            # the first char is not a space either: a query starts with a word
-            "query ::= " + _STR_CHAR[:-1] + " ]" + f" {_STR_CHAR}{{0,{MAX_QUERY_CHARS - 1}}}",
-        ])
-    if action == "image_search":
-        return "\n".join(['root ::= idx "}"', _idx_rule(n_images)])
-    if action == "answer":
-        # any text without "<" (no chat-format tag can start inside the answer), then the close tag
-        return f"root ::= [^<]* {_gbnf_literal(ANSWER_CLOSE)}"
-    raise ValueError(f"unknown action {action!r}")
+    try:
+        spec = specs.by_action(action)
+    except KeyError:
+        raise ValueError(f"unknown action {action!r}") from None
+    return spec.tail_grammar(n_images)
 
 
 def name_grammar(actions: Collection[str]) -> str:
     """GBNF for the tool name (and its closing quote) among the allowed tool actions."""
-    names = [_gbnf_literal(TOOL_NAMES[a]) for a in ("zoom", "text_search", "image_search") if a in actions]
+    names = [json.dumps(s.name) for s in specs.tools() if s.action in actions]
     if not names:
         raise ValueError("no allowed tools")
     return "root ::= (" + " | ".join(names) + ') "\\""'
@@ -125,8 +118,7 @@ def name_grammar(actions: Collection[str]) -> str:
 
 def head_rest(action: str) -> str:
     """What follows ``<tool_call>\n{"name": "NAME"`` in the head of a tool action."""
-    head = HEADS[action]
-    return head[head.index(TOOL_NAMES[action]) + len(TOOL_NAMES[action]) + 1:]
+    return specs.by_action(action).head_rest()
 
 
 def parse_action(text: str) -> Action:
@@ -137,9 +129,9 @@ def parse_action(text: str) -> Action:
         if body.endswith(ANSWER_CLOSE):
             body = body[: -len(ANSWER_CLOSE)]
         return Action("answer", answer=body.strip())
-    if not t.startswith("<tool_call>"):
+    if not t.startswith(TOOL_OPEN):
         raise ActionError("Write either <tool_call>{json}</tool_call> or <answer>...</answer>.")
-    body = t[len("<tool_call>"):]
+    body = t[len(TOOL_OPEN):]
     if not body.rstrip().endswith("</tool_call>"):
         raise ActionError("The tool call was cut off before </tool_call>; write a shorter call.")
     body = body.rstrip()[: -len("</tool_call>")].strip()
@@ -150,33 +142,15 @@ def parse_action(text: str) -> Action:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments", {}), dict):
         raise ActionError('A tool call must be {"name": "...", "arguments": {...}}.')
     name, args = obj["name"], obj.get("arguments", {})
-    if name not in ACTION_OF_TOOL:
-        raise ActionError(f"Unknown tool {name!r}; the tools are {', '.join(TOOL_NAMES.values())}.")
-    return Action(ACTION_OF_TOOL[name], call=ToolCall(name, validate_arguments(name, args)))
+    spec = specs.by_name(name)
+    if spec is None:
+        raise ActionError(f"Unknown tool {name!r}; the tools are {', '.join(s.name for s in specs.tools())}.")
+    return Action(spec.action, call=ToolCall(name, validate_arguments(name, args)))
 
 
 def validate_arguments(name: str, args: dict[str, Any]) -> dict[str, Any]:
     """Check types of the arguments (values such as the box are repaired by the tool itself)."""
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if name == ZOOM_TOOL:
-        box = args.get("bbox_2d")
-        if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in box):
-            raise ActionError("image_zoom_in_tool needs bbox_2d = [x1, y1, x2, y2] (numbers 0-1000).")
-        idx = args.get("img_idx", 0)
-        if not is_int(idx):
-            raise ActionError("image_zoom_in_tool needs img_idx as an integer (0 is the original image).")
-        label = args.get("label", "")
-        return {"bbox_2d": box, "label": label if isinstance(label, str) else str(label), "img_idx": idx}
-    if name == "text_search":
-        q = args.get("query")
-        if not isinstance(q, str) or not q.strip():
-            raise ActionError("text_search needs a non-empty query string.")
-        return {"query": q.strip()}
-    if name == "image_search":
-        idx = args.get("img_idx", 0)
-        if not is_int(idx):
-            raise ActionError("image_search needs img_idx as an integer (0 is the original image).")
-        return {"img_idx": idx}
-    raise ActionError(f"Unknown tool {name!r}.")
+    spec = specs.by_name(name)
+    if spec is None or spec.check is None:
+        raise ActionError(f"Unknown tool {name!r}.")
+    return spec.check(args)

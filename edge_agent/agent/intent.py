@@ -9,32 +9,31 @@ Does not know: models, tokens, the chat format. Pure and cheap (a few regular ex
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection
+
+from edge_agent.tools import specs
 
 # "I'll", "I will", "I should", "I need to", "let me", "I'm going to", "I must", "I can", "we should",
 # "let's", "first, ...": a plan in the first person (a few words may sit between it and the verb).
 _PLAN = (r"(?:\bi(?:'ll| will| shall| should| need to| must| have to| can| could| would| am going to|'m going to|"
          r" want to| ought to)|\blet me|\blet's|\bwe (?:should|need to|will|can)|\bnext,? i|\bfirst,? i)")
 _GAP = r"(?:\s+[\w'-]+){0,4}?\s+"
-_VERBS = {
-    "image_search": r"(?:reverse[- ]image[- ]search|search (?:the web )?(?:by|with|using) (?:the |this )?image|"
-                    r"image[- ]search|search for (?:this|the) image)",
-    "zoom": r"(?:zoom(?:ing)?|image_zoom_in_tool|crop(?:ping)?|enlarge|magnify|take a closer look|look closer|"
-            r"look more closely)",
-    "text_search": r"(?:search(?:ing)?|text_search|look(?:ing)? (?:it |this |that )?up|google|query|browse|"
-                   r"find (?:out|information|more)|check (?:online|the web))",
-    "answer": r"(?:answer|respond|reply|say|give (?:the|my|a|your) (?:final )?answer|provide (?:the|an|my) answer|"
-              r"conclude)",
-}
 _NEGATION = re.compile(r"\b(?:not|n't|no need|never|without|instead of)\b[\w\s']{0,20}$")
 _ANSWER_NOW = re.compile(r"(?:\bthe answer is\b|\bthe final answer\b|\banswer:\s|\bso the answer\b|"
                          r"\bi (?:already )?know (?:the answer|that|this)\b|\bno need to (?:search|look))")
-_PATTERNS = [(action, re.compile(_PLAN + _GAP + r"(?:\w+\s+)?" + verb + r"\b")) for action, verb in _VERBS.items()]
-# no plan in the first person: a next step named at the start of a sentence ("Searching for ...", "Zoom in
-# on ..."), never a noun ("The search results show ...")
-_FALLBACK = [(action, re.compile(r"(?:^|[.!?:;]\s+)" + verb + r"\b(?!\s+results?\b)"))
-             for action, verb in _VERBS.items() if action != "answer"]
+
+
+@functools.cache
+def _patterns(moves: tuple[specs.ToolSpec, ...]) -> tuple[list[tuple[str, re.Pattern[str]]], ...]:
+    """A plan in the first person for each move (its verbs: ``ToolSpec.plan_verbs``), and the fallback: with
+    no plan in the first person, a tool named as the next step at the start of a sentence ("Searching for
+    ...", "Zoom in on ..."), never a noun ("The search results show ...")."""
+    plans = [(s.action, re.compile(_PLAN + _GAP + r"(?:\w+\s+)?" + s.plan_verbs + r"\b")) for s in moves]
+    fallback = [(s.action, re.compile(r"(?:^|[.!?:;]\s+)" + s.plan_verbs + r"\b(?!\s+results?\b)"))
+                for s in moves if s.is_tool]
+    return plans, fallback
 
 
 def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str | None:
@@ -42,7 +41,8 @@ def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str
     none that is ``allowed``. "I don't need to search, the answer is ..." states an answer."""
     text = " ".join(reasoning.casefold().replace("\u2019", "'").split())
     found: list[tuple[int, str]] = []
-    for action, pattern in _PATTERNS:
+    plans, fallback = _patterns(specs.all_specs())
+    for action, pattern in plans:
         for m in pattern.finditer(text):
             if _NEGATION.search(text[max(0, m.start() - 30):m.end() - len(m.group(0).split()[-1])]):
                 continue  # "I don't need to search" / "I will not search"
@@ -50,7 +50,7 @@ def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str
     for m in _ANSWER_NOW.finditer(text):
         found.append((m.end(), "answer"))
     if not found:  # no plan in the first person: a tool named as the next step ("Searching for ...")
-        for action, pattern in _FALLBACK:
+        for action, pattern in fallback:
             hit = pattern.search(text)
             if hit and not _NEGATION.search(text[max(0, hit.start() - 30):hit.start()]):
                 found.append((hit.end(), action))

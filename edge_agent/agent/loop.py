@@ -39,7 +39,6 @@ from edge_agent.agent.actions import (
     TAIL_STOP,
     ActionError,
     ToolCall,
-    head_rest,
     name_grammar,
     parse_action,
     tail_grammar,
@@ -65,7 +64,6 @@ from edge_agent.agent.events import (
 from edge_agent.agent.intent import stated_action
 from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
-    ACTION_OF_TOOL,
     ANSWER_CLOSE,
     ANSWER_OPEN,
     THINK_CLOSE,
@@ -81,6 +79,7 @@ from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
 from edge_agent.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
+from edge_agent.tools import specs
 
 THINK_STOP = "</think>"
 ANSWER_CHECK_TOKENS = 6  # the answer's first tokens SSR's answer check reads (kept as the answer's start)
@@ -122,7 +121,8 @@ def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
     grammar heads removed)."""
     offered = tools.offered_actions()
     lib = options.library if options.mode == "ssr" and options.index_only else None
-    return system_prompt(sorted(offered), has_image="zoom" in offered, library=lib, extra=options.instructions)
+    has_image = any(specs.by_action(a).needs_image for a in offered)
+    return system_prompt(sorted(offered), has_image=has_image, library=lib, extra=options.instructions)
 
 
 class _Run:
@@ -455,7 +455,7 @@ class _Run:
         # Free-form: the model chooses, in two small grammar-constrained steps whose grammars end
         # with their stop strings: the tag (<answer> or <tool_call>), then the tool's name. The
         # fixed parts between are prefilled, not decoded.
-        tools = [a for a in ("zoom", "text_search", "image_search") if a in allowed]
+        tools = [s.action for s in specs.tools() if s.action in allowed]
         if "answer" in allowed:
             gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=CHOICE_GRAMMAR, stop=[CHOICE_STOP])
             if gen.stop_reason != "stop":
@@ -469,11 +469,11 @@ class _Run:
             return tools[0]
         self.session.append_text(NAME_PREFIX)
         gen = self._generate(max_tokens=HEAD_MAX_TOKENS, grammar=name_grammar(tools), stop=['"'])
-        action = ACTION_OF_TOOL.get(gen.text) if gen.stop_reason == "stop" else None
-        if action is None:
+        spec = specs.by_name(gen.text) if gen.stop_reason == "stop" else None
+        if spec is None:
             raise ActionError("The tool call was cut off before its name was complete.")
-        self.session.append_text(head_rest(action))
-        return action
+        self.session.append_text(spec.head_rest())
+        return spec.action
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.options.answer_max_tokens

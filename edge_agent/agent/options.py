@@ -46,6 +46,9 @@ class DraftHooks(Protocol):
 
     def close(self) -> None: ...
 
+    def retune(self, *, tau: float, draft_len: int) -> None:
+        """The settings' acceptance threshold and draft length, from the next question on."""
+
     def ground(self, session: SessionLike, *, turn: int, image: bytes | None,
                target: str) -> Generator[Event, None, DraftOutcome]: ...
 

@@ -11,7 +11,8 @@ snippet holding ``<|im_end|>`` stays plain text) and ``Img(png)``. The layout::
     <|im_start|>assistant\\n<think>\\n ... <answer>{answer}</answer>
 
 (the runtime's ``append_image`` adds the vision start/end tokens). SmolLM2 and other ChatML models
-read the same layout as plain text. Does not know: tokens, models, the loop's control flow.
+read the same layout as plain text. The tools' schemas and the answer's tags come from their specs
+(``edge_agent.tools.specs``). Does not know: tokens, models, the loop's control flow.
 """
 
 from __future__ import annotations
@@ -24,19 +25,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge_agent.agent.rationales import Library, index_label
+from edge_agent.tools import specs
+from edge_agent.tools.specs.answer import ANSWER_CLOSE, ANSWER_OPEN
 
 if TYPE_CHECKING:
     from edge_agent.config import Settings
 
-ZOOM_TOOL = "image_zoom_in_tool"
-TOOL_NAMES = {"zoom": ZOOM_TOOL, "text_search": "text_search", "image_search": "image_search"}
-ACTION_OF_TOOL = {v: k for k, v in TOOL_NAMES.items()}
-
 THINK_OPEN = "<|im_start|>assistant\n<think>\n"
 THINK_CLOSE = "\n</think>\n\n"  # after the reasoning (pasted or generated)
 TURN_END = "<|im_end|>\n"
-ANSWER_OPEN = "<answer>"
-ANSWER_CLOSE = "</answer>"
 
 SYSTEM = (
     "You are a visual assistant. Answer the user's question about the image in a few steps. "
@@ -50,51 +47,6 @@ SYSTEM_TEXT_ONLY = (
     "<answer>short answer</answer>. Search when you need facts you do not know."
 )
 TURN_LIMIT_NOTE = "You have no tool calls left. Give your final answer now."
-
-SCHEMAS = {
-    "zoom": {
-        "type": "function",
-        "function": {
-            "name": ZOOM_TOOL,
-            "description": "Zoom into a region of an image to see small details. The crop is returned as a new image.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "bbox_2d": {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4,
-                                "description": "[x1, y1, x2, y2] in relative coordinates 0-1000."},
-                    "label": {"type": "string", "description": "What the region shows."},
-                    "img_idx": {"type": "integer", "description": "Image to zoom into: 0 is the original, 1.. are earlier crops."},
-                },
-                "required": ["bbox_2d", "label", "img_idx"],
-            },
-        },
-    },
-    "text_search": {
-        "type": "function",
-        "function": {
-            "name": "text_search",
-            "description": "Search the web with a text query. Returns the top results (title, url, snippet).",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "The search query."}},
-                "required": ["query"],
-            },
-        },
-    },
-    "image_search": {
-        "type": "function",
-        "function": {
-            "name": "image_search",
-            "description": "Reverse image search: find web pages that show this image or crop.",
-            "parameters": {
-                "type": "object",
-                "properties": {"img_idx": {"type": "integer", "description": "0 is the original, 1.. are crops."}},
-                "required": ["img_idx"],
-            },
-        },
-    },
-}
-
 
 @dataclass(frozen=True)
 class Text:
@@ -111,9 +63,9 @@ Segment = Text | Img
 
 
 @functools.cache
-def _schema_json(action: str) -> str:
+def _schema_json(spec: specs.ToolSpec) -> str:
     """A tool's schema as the system prompt lists it (made once: every question builds its system prompt)."""
-    return json.dumps(SCHEMAS[action], ensure_ascii=False)
+    return json.dumps(spec.schema, ensure_ascii=False)
 
 
 def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Library | None = None,
@@ -129,10 +81,10 @@ def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Li
     if library is not None:
         plans = "\n".join(f"{index_label(k)} {r.text}" for k, r in enumerate(library))
         head += f"\n\nBefore each step pick one of these plans by its number:\n{plans}"
-    tools = [a for a in ("zoom", "text_search", "image_search") if a in actions]
+    tools = [s for s in specs.tools() if s.action in actions]
     if not tools:
         return f"<|im_start|>system\n{head}<|im_end|>\n"
-    schemas = "\n".join(_schema_json(a) for a in tools)
+    schemas = "\n".join(_schema_json(s) for s in tools)
     return (
         f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n"
@@ -235,7 +187,7 @@ def min_n_ctx(settings: Settings) -> int:
         library = load_library(settings.rationales) if settings.ssr_index_only else None
     except EdgeAgentError:
         library = None  # a bad library is reported when it is loaded
-    text = system_prompt(("zoom", "text_search", "image_search"), has_image=True, library=library,
+    text = system_prompt([s.action for s in specs.tools()], has_image=True, library=library,
                          extra=settings.system_prompt)
     return -(-len(text.encode()) * 2 // 5) + QUESTION_TOKENS
 

@@ -17,9 +17,15 @@ from typing import Any
 import numpy as np
 
 from edge_agent.errors import ConfigError
+from edge_agent.tools import specs
 
-# The action types a rationale may imply; each maps to one tool (or to answering).
-ACTIONS = ("image_search", "text_search", "zoom", "answer")
+
+def library_actions() -> tuple[str, ...]:
+    """The action types a rationale may imply (each is a move of ``edge_agent.tools.specs``: a tool, or the
+    answer), in the order a library groups them (``ToolSpec.library_rank``)."""
+    return tuple(s.action for s in sorted(specs.all_specs(), key=lambda s: (s.library_rank, s.action)))
+
+
 # A rationale that implies no action (the library-size ablation's one-rationale library): the model then
 # chooses the action as in free-form, under the grammar of every allowed action.
 ANY_ACTION = "any"
@@ -40,7 +46,7 @@ class Rationale:
 
     id: str
     text: str
-    action: str  # one of ACTIONS
+    action: str  # one of library_actions()
     needs_image: bool = False  # e.g. "answer from the image": offered only when there is an image
     # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the context
     needs_evidence: bool = False
@@ -96,7 +102,7 @@ def parse_library(data: Any, *, source: str) -> Library:
     """Validate a decoded library: ``{"rationales": [{"id", "action", "text"}, ...]}`` or a bare list."""
     where = "the built-in library" if source == "built-in" else source
     shape = ('Expected {"rationales": [{"id": "zoom", "action": "zoom", "text": "I should zoom in ..."}, ...]} '
-             f"with action one of {', '.join(ACTIONS)}.")
+             f"with action one of {', '.join(library_actions())}.")
     items = data.get("rationales") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise RationaleLibraryError(f"{where} holds no rationales. {shape}")
@@ -112,9 +118,9 @@ def parse_library(data: Any, *, source: str) -> Library:
             raise RationaleLibraryError(f"Rationale {n} in {where}: id must be a non-empty string.")
         if rid in seen:
             raise RationaleLibraryError(f"Rationale {n} in {where}: id {rid!r} is used twice.")
-        if action not in (*ACTIONS, ANY_ACTION):
+        if action not in (*library_actions(), ANY_ACTION):
             raise RationaleLibraryError(
-                f"Rationale {rid!r} in {where}: action must be one of {', '.join(ACTIONS)} (or {ANY_ACTION!r}: the "
+                f"Rationale {rid!r} in {where}: action must be one of {', '.join(library_actions())} (or {ANY_ACTION!r}: the "
                 f"model chooses), not {action!r}.")
         if not isinstance(text, str) or not text.strip():
             raise RationaleLibraryError(f"Rationale {rid!r} in {where}: text must be a non-empty string.")
@@ -127,7 +133,7 @@ def parse_library(data: Any, *, source: str) -> Library:
         if bad:
             raise RationaleLibraryError(
                 f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
-        needs_image = item.get("needs_image", action in ("zoom", "image_search"))
+        needs_image = item.get("needs_image", action != ANY_ACTION and specs.by_action(action).needs_image)
         needs_evidence = item.get("needs_evidence", False)
         if not isinstance(needs_image, bool) or not isinstance(needs_evidence, bool):
             raise RationaleLibraryError(

@@ -221,6 +221,9 @@ class Drafter:
         self._drop(lambda job: True)
         self._pool.shutdown(wait=True)
 
+    def retune(self, *, tau: float, draft_len: int) -> None:
+        self.tau, self.draft_len = tau, draft_len
+
     @property
     def tokens_evaluated(self) -> int:
         """Prompt tokens the prophet has evaluated so far (its images in embeddings), all questions."""

@@ -4,7 +4,9 @@ Knows: how a parsed :class:`ToolCall` maps to a tool, and how every outcome (a c
 a refused box, an unconfigured backend, an offline cache miss) becomes a :class:`ToolOutcome` whose
 ``observation`` the model reads. A mistake is a value, never an exception; bugs still propagate.
 
-The tool-availability policy of one question lives here (the loop asks :meth:`Toolbox.available_actions`
+Which moves need an image, which are searches (and which of those are keyed by image), and the words
+of "what is still possible" are the tools' specs (``edge_agent.tools.specs``); a tool whose spec has its
+own ``run`` runs by it. The tool-availability policy of one question lives here (the loop asks :meth:`Toolbox.available_actions`
 at the start of every turn, so the prompt's schemas, the SSR candidates and the free-form grammar
 follow it): a search whose backend is unconfigured is never offered; a search found unreachable
 (connection refused, DNS failure, timeout) is withdrawn for the rest of the question; offline with
@@ -25,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_agent.agent.actions import ToolCall
-from edge_agent.agent.prompts import ZOOM_TOOL
 from edge_agent.errors import EdgeAgentError
+from edge_agent.tools import specs
 from edge_agent.tools.images import jpeg_bytes
 from edge_agent.tools.text import query_key
 from edge_agent.tools.zoom import ImageStore, ZoomError
@@ -87,6 +89,9 @@ class SearchLike(Protocol):
         the cache. None when online, or when the cache holds it."""
         ...
 
+    def set_offline(self, offline: bool) -> None:
+        """Serve searches from the cache only (or not) from the next search on (the ``offline`` setting)."""
+
     def close(self) -> None: ...
 
 
@@ -100,6 +105,8 @@ class Toolbox:
         self.vision = images is not None if vision is None else vision  # the model reads images
         self._searched: dict[tuple[str, str], str] = {}  # (tool, normalised query or image index) -> what it gave
         self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
+        # the tools that need this question's images or search tools (any other runs by its spec's ``run``)
+        self._runners = {"zoom": self._zoom, "text_search": self._search, "image_search": self._image_search}
 
     def offered_actions(self) -> frozenset[str]:
         """What the system prompt offers: zoom and image search when the model reads images (attached
@@ -107,22 +114,23 @@ class Toolbox:
         (:meth:`available_actions`) a tool is withdrawn from the candidates and the grammar instead, so
         attaching, detaching or a search going down never changes the system prompt (the chat's KV
         cache stays valid)."""
-        acts = {"zoom", "text_search", "image_search", "answer"} if self.vision else {"text_search", "answer"}
-        return frozenset(a for a in acts if a not in ("text_search", "image_search") or not self._unconfigured(a))
+        return frozenset(s.action for s in specs.all_specs() if (self.vision or not s.needs_image)
+                         and not (s.is_search and self._unconfigured(s.action)))
 
     def available_actions(self) -> frozenset[str]:
         """Action types that make sense now: no zoom / image search without an image, and none of the
         tools withdrawn (unconfigured, unreachable, looping, nothing left to search)."""
-        acts = {"text_search", "answer"} if self.images is None else {"zoom", "text_search", "image_search", "answer"}
-        for action in ("text_search", "image_search"):
+        acts = {s.action for s in specs.all_specs() if self.images is not None or not s.needs_image}
+        for action in (s.action for s in specs.searches()):
             if action in acts and action not in self.withdrawn and (why := self._unconfigured(action)):
                 self.withdrawn[action] = why
             if action in acts and action not in self.withdrawn and self.search is not None and (
                     why := self.search.offline_miss(action)):
                 self.withdrawn[action] = why
-        if "image_search" in acts and self.images is not None and all(
-                ("image_search", str(i)) in self._searched for i in range(len(self.images))):
-            self.withdrawn.setdefault("image_search", "every image has been searched")
+        for spec in specs.searches():
+            if spec.per_image and spec.action in acts and self.images is not None and all(
+                    (spec.action, str(i)) in self._searched for i in range(len(self.images))):
+                self.withdrawn.setdefault(spec.action, "every image has been searched")
         return frozenset(acts - set(self.withdrawn))
 
     def _unconfigured(self, action: str) -> str | None:
@@ -133,8 +141,7 @@ class Toolbox:
 
     def still_possible(self) -> str:
         """One sentence for the model: what it can still do in this question."""
-        names = {"zoom": "zoom into the image", "text_search": "search by text", "image_search": "search by image"}
-        can = [names[a] for a in ("zoom", "text_search", "image_search") if a in self.available_actions()]
+        can = [s.can_do for s in specs.tools() if s.action in self.available_actions()]
         return f"You can still {', '.join(can)} or answer." if can else "Give your final answer now."
 
     def n_images(self) -> int:
@@ -171,12 +178,13 @@ class Toolbox:
             return ToolOutcome(False, f"{call.name} was not run: {why}. {self.still_possible()}",
                                time.perf_counter() - t0, "refused")
         try:
-            if call.name == ZOOM_TOOL:
-                return self._zoom(call, t0)
-            if call.name == "text_search":
-                return self._search(call, t0)
-            if call.name == "image_search":
-                return self._image_search(call, t0)
+            spec = specs.by_name(call.name)
+            if spec is not None and (runner := self._runners.get(spec.action)) is not None:
+                return runner(call, t0)
+            if spec is not None and spec.run is not None:
+                if (out := self._refused(spec.action, t0)) is not None:
+                    return out
+                return ToolOutcome(True, spec.run(call.arguments), time.perf_counter() - t0, "local")
         except ZoomError as e:  # a refused box or image index: the message is written for the model
             return ToolOutcome(False, f"{call.name} failed: {e} {self.still_possible()}", time.perf_counter() - t0,
                                "error")

@@ -22,6 +22,7 @@ import click
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
 from edge_agent.crops import prune_crops, remove_run_crops
+from edge_agent.engine_face import AskRequest
 from edge_agent.errors import EdgeAgentError
 
 
@@ -242,7 +243,8 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
     writer = _ChatWriter(store, chat, question, shown, engine.files)
     status = "error"
     try:
-        for e in engine.ask(question, image, cancel=cancel, context=chat.context, history=chat.turns):
+        for e in engine.ask(AskRequest(question, image, context=chat.context,
+                                       history=chat.turns), cancel=cancel):
             events.append(e)
             writer.add(e)
             if isinstance(e, ev.FinalAnswer):

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from edge_agent.agent.rationales import ACTIONS, MAX_RATIONALES, Library, load_library
+from edge_agent.agent.rationales import MAX_RATIONALES, Library, library_actions, load_library
 from edge_agent.config import Settings
 from edge_agent.library.build import (
     DEFAULT_MIN_SUPPORT,
@@ -28,6 +28,7 @@ from edge_agent.library.build import (
 from edge_agent.library.generalise import DEFAULT_MAX_CHARS
 from edge_agent.library.readers import read_sources
 from edge_agent.library.write import write_library
+from edge_agent.tools import specs
 
 
 @click.group("library")
@@ -138,7 +139,7 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
 def check(file: Path) -> None:
     """Validate a library exactly as the app loads it (exit status 2 with the problem if it is bad)."""
     lib = load_library(file)
-    counts = {a: sum(1 for r in lib if r.action == a) for a in ACTIONS}
+    counts = {a: sum(1 for r in lib if r.action == a) for a in library_actions()}
     click.echo(f"OK: {file} holds {len(lib)} rationales ("
                + ", ".join(f"{a} {n}" for a, n in counts.items() if n) + ").")
     if not any(r.action == "answer" and not r.needs_image for r in lib):
@@ -160,7 +161,7 @@ def scoring_cost(model: Any, texts: list[str], *, reps: int = 3, decode_tokens: 
     from edge_agent.agent.prompts import question_segments, system_prompt
 
     s = model.session()
-    s.append_text(system_prompt(["image_search", "text_search", "zoom"], has_image=True))
+    s.append_text(system_prompt([t.action for t in specs.tools()], has_image=True))
     for seg in question_segments("What does the small sign in the top left corner say?", None):
         s.append_text(seg.text, special=seg.special)
     cp = s.checkpoint()

@@ -51,7 +51,6 @@ from edge_agent.evaluation.plot import write_plot
 from edge_agent.evaluation.report import JSON_FILE, PLOT_FILE, REPORT_FILE, render_report, write_outputs
 from edge_agent.evaluation.runner import (
     AskFn,
-    EngineLike,
     EvalRun,
     ProgressFn,
     Work,
@@ -78,7 +77,6 @@ __all__ = [
     "TIMING_KEYS",
     "AskFn",
     "DatasetError",
-    "EngineLike",
     "EvalRun",
     "ModeSpec",
     "ProgressFn",

@@ -1,8 +1,8 @@
 """The runner: every pending (question, mode) through an engine, each record saved before the next.
 
 Knows: the order of work, resuming from ``results.jsonl``, which errors are a question's result
-(``EdgeAgentError``) and which are bugs, cancellation. The engine is anything with
-``ask(question, image, *, mode=..., seprod=..., cancel=...)`` yielding agent events, created once
+(``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine_face.EngineFace``
+(``Engine``, or the tests' scripted one), asked one ``AskRequest`` per (question, mode), created once
 per run, lazily, by an injected factory. Does not know: models, llama.cpp, reports.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edge_agent.agent import events as ev
+from edge_agent.engine_face import AskRequest, EngineFace
 from edge_agent.errors import EdgeAgentError
 from edge_agent.evaluation.dataset import Question, load_dataset
 from edge_agent.evaluation.matching import match_answer
@@ -25,13 +26,7 @@ from edge_agent.evaluation.modes import ModeSpec, parse_modes
 from edge_agent.evaluation.store import ResultsStore
 from edge_agent.evaluation.summary import make_record
 
-
-class EngineLike(Protocol):
-    def ask(self, question: str, image: Any = None, *, cancel: threading.Event | None = None,
-            mode: str | None = None, history: Any = None) -> Iterator[ev.Event]: ...
-
-
-AskFn = Callable[[Any, ModeSpec, Question, "threading.Event | None"], Iterable[ev.Event]]
+AskFn = Callable[[EngineFace, ModeSpec, Question, "threading.Event | None"], Iterable[ev.Event]]
 
 
 def question_seed(base: int, qid: str) -> int:
@@ -41,19 +36,21 @@ def question_seed(base: int, qid: str) -> int:
     return (base + int(hashlib.sha256(qid.encode("utf-8")).hexdigest()[:8], 16)) % 2**31
 
 
-def _seed(engine: Any, q: Question) -> int:
-    return question_seed(getattr(getattr(engine, "settings", None), "seed", 0), q.id)
+def _seed(engine: EngineFace, q: Question) -> int:
+    return question_seed(engine.settings.seed if engine.settings is not None else 0, q.id)
 
 
-def default_ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
+def default_ask(engine: EngineFace, mode: ModeSpec, q: Question,
+                cancel: threading.Event | None) -> Iterable[ev.Event]:
     """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded; an
     ablation (index-only, a smaller library) runs with options that differ in that one thing."""
     image = str(q.image) if q.image is not None else None
     if not mode.is_ablation:
-        return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod,
-                          seed=_seed(engine, q))
-    opts = ablation_options(engine.settings, mode, seed=_seed(engine, q), library=getattr(engine, "library", None))
-    return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, options=opts)
+        return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
+                                     seed=_seed(engine, q)), cancel=cancel)
+    opts = ablation_options(engine.settings, mode, seed=_seed(engine, q), library=engine.library)
+    return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
+                                 options=opts), cancel=cancel)
 
 
 def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any = None) -> Any:
@@ -76,13 +73,15 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
     mode with a library column, on the same engine and models; other modes run as ``default_ask``."""
     from edge_agent.agent.loop import AgentOptions  # agent logic only: no model, no network
 
-    def ask(engine: Any, mode: ModeSpec, q: Question, cancel: threading.Event | None) -> Iterable[ev.Event]:
+    def ask(engine: EngineFace, mode: ModeSpec, q: Question,
+            cancel: threading.Event | None) -> Iterable[ev.Event]:
         if not mode.library:
             return default_ask(engine, mode, q, cancel)
         opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library],
                                           seed=_seed(engine, q))
         image = str(q.image) if q.image is not None else None
-        return engine.ask(q.question, image, cancel=cancel, mode=mode.engine_mode, seprod=mode.seprod, options=opts)
+        return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
+                                     options=opts), cancel=cancel)
 
     return ask
 
@@ -118,7 +117,7 @@ class Workers(Protocol):
     def info(self) -> dict[str, Any]: ...
 
 
-def run_question(engine: Any, q: Question, modes: Sequence[ModeSpec], ask: AskFn = default_ask,
+def run_question(engine: EngineFace, q: Question, modes: Sequence[ModeSpec], ask: AskFn = default_ask,
                  cancel: threading.Event | None = None,
                  on_question: Callable[[Question, ModeSpec], None] | None = None) -> Iterator[dict[str, Any]]:
     """Question ``q`` in each of ``modes``, in order: one record per mode as it finishes. The one code
@@ -146,7 +145,7 @@ def run_eval(
     dataset: Path | str,
     modes: Sequence[ModeSpec] | str,
     out_dir: Path | str,
-    engine_factory: Callable[[], Any],
+    engine_factory: Callable[[], EngineFace],
     *,
     limit: int | None = None,
     fingerprint: dict[str, Any] | None = None,
@@ -199,26 +198,25 @@ def run_eval(
 class _Local:
     """The questions in this process, on one engine made by ``factory`` when the first one starts."""
 
-    def __init__(self, factory: Callable[[], Any], ask: AskFn,
+    def __init__(self, factory: Callable[[], EngineFace], ask: AskFn,
                  on_question: Callable[[Question, ModeSpec], None] | None) -> None:
         self.factory, self.ask, self.on_question = factory, ask, on_question
         self.model_files: dict[str, str] = {}
 
     def run(self, work: Work, cancel: threading.Event | None) -> Iterator[list[dict[str, Any]]]:
-        engine = None
+        engine: EngineFace | None = None
         try:
             for q, todo in work:
                 if cancel is not None and cancel.is_set():
                     break
                 if engine is None:
                     engine = self.factory()
-                    self.model_files = dict(getattr(engine, "model_files", dict)())
+                    self.model_files = dict(engine.model_files())
                 for rec in run_question(engine, q, todo, self.ask, cancel, self.on_question):
                     yield [rec]
         finally:
-            close = getattr(engine, "close", None)
-            if callable(close):
-                close()
+            if engine is not None:
+                engine.close()
 
 
 def _rescored(rec: dict[str, Any], q: Question) -> dict[str, Any]:

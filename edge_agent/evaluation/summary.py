@@ -14,6 +14,7 @@ from edge_agent.agent import events as ev
 from edge_agent.evaluation.dataset import Question
 from edge_agent.evaluation.matching import match_answer
 from edge_agent.evaluation.modes import ModeSpec
+from edge_agent.tools import specs
 
 
 def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             args = e.arguments
             called[e.turn] = str(args.get("query", "")) if "query" in args else f"image {args.get('img_idx', 0)}"
         elif isinstance(e, ev.ToolFinished):
-            if "search" in e.name:  # text_search, image_search (zoom is local)
+            if specs.is_search(e.name):  # text_search, image_search (zoom is local)
                 searches.append({"name": e.name, "status": e.status, "query": called.get(e.turn, "")})
         elif isinstance(e, ev.MoveWithdrawn):
             withdrawn += 1

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.agent.rationales import ACTIONS, MAX_RATIONALES, parse_library
+from edge_agent.agent.rationales import MAX_RATIONALES, library_actions, parse_library
 from edge_agent.library.cluster import cluster, lexical_vectors, normalise
 from edge_agent.library.generalise import DEFAULT_MAX_CHARS, Move, generalise
 from edge_agent.library.readers import HELP, LibraryBuildError, Read, Turn
+from edge_agent.tools import specs
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 
@@ -91,7 +92,7 @@ class _Texts:
         groups: dict[str, dict[str, list[tuple[Turn, Move]]]] = {}
         for t, m in moves:
             groups.setdefault(t.action, {}).setdefault(m.text.lower(), []).append((t, m))
-        order = [(a, k) for a in ACTIONS if a in groups
+        order = [(a, k) for a in library_actions() if a in groups
                  for k, _ in sorted(groups[a].items(), key=lambda kv: -len(kv[1]))[:MAX_UNIQUE]]
         return cls(groups, order, [groups[a][k][0][1].text for a, k in order])
 
@@ -132,7 +133,7 @@ def build_library(
     dropped: list[str] = []
     candidates: list[Entry] = []
     n_clusters: dict[str, int] = {}  # actions with turns only
-    for action in ACTIONS:
+    for action in library_actions():
         found, n = _pick(rows, vectors, action, used=used, similarity=similarity,
                          min_support=min_support, per_action=per_action, dropped=dropped)
         candidates += found
@@ -225,7 +226,7 @@ def _pick(rows: _Texts, vectors: np.ndarray, action: str, *, used: int, similari
         items = [x for j in c for x in rows.items(idx[j])]
         examples = tuple(dict.fromkeys(f"{t.trace}#t{t.turn}" for t, _ in items))[:3]
         text = rows.texts[idx[best]]
-        needs_image = action in ("zoom", "image_search") or bool(_IMAGE_WORDS.search(text))
+        needs_image = specs.by_action(action).needs_image or bool(_IMAGE_WORDS.search(text))
         out.append(Entry("", action, text, needs_image, size, size / used, examples, len(c)))
     if small:
         dropped.append(f"{action}: {small} clusters under --min-support {min_support} turns")
@@ -254,7 +255,7 @@ def _capped(candidates: list[Entry], max_total: int, dropped: list[str]) -> list
         else:
             kept_texts[e.text.lower()] = e
     entries: list[Entry] = []
-    for action in ACTIONS:
+    for action in library_actions():
         same = sorted((e for e in kept_texts.values() if e.action == action), key=lambda e: -e.size)
         entries += [Entry(f"{action}_{rank}", action, e.text, e.needs_image, e.size, e.share, e.examples, e.variants)
                     for rank, e in enumerate(same, 1)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.agent.rationales import ACTIONS
+from edge_agent.agent.rationales import library_actions
 from edge_agent.errors import EdgeAgentError
 
 HELP = ("SOURCES are `edge-agent eval` results (the --out folder, results.json or results.jsonl) run with "
@@ -157,7 +157,7 @@ def _add_events(out: Read, trace: str, events: list[dict[str, Any]], correct: bo
 
 
 def _add(out: Read, trace: str, turn: Any, text: str, action: Any, correct: bool | None) -> None:
-    if action not in ACTIONS:
+    if action not in library_actions():
         out.invalid_turns += 1
         return
     out.turns.append(Turn(trace=trace, turn=int(turn) if isinstance(turn, int) else 0, text=text, action=action,

@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, Message
 from edge_agent.errors import EdgeAgentError
+from edge_agent.tools import specs
 from edge_agent.ui.chat_images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel
 from edge_agent.ui.host import EngineHost, Question
 from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
@@ -359,7 +360,7 @@ class ChatScreen(ImageActions):
         if view is None or view.status != "running":
             return  # cancelled from the UI already: late events are stored, not shown
         await view.apply(m.event)  # the transcript is anchored: it follows the end unless scrolled up
-        if isinstance(m.event, ev.ToolFinished) and m.event.name in ("text_search", "image_search"):
+        if isinstance(m.event, ev.ToolFinished) and specs.is_search(m.event.name):
             if m.event.status == "unreachable":
                 self.status.network_down = True
             elif m.event.status == "live":

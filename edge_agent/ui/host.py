@@ -15,9 +15,9 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from textual.message_pump import MessagePump
 
@@ -26,6 +26,7 @@ from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.chatlock import ChatLock
 from edge_agent.chats import ChatStore
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest, EngineFace
 from edge_agent.errors import Cancelled, EdgeAgentError
 from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
 from edge_agent.ui.preview import looks_like_image_path
@@ -40,47 +41,11 @@ log = logging.getLogger(__name__)
 MODEL_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj"})
 
 
-class SeesImages(Protocol):
-    @property
-    def has_vision(self) -> bool: ...
-
-
-class EngineLike(Protocol):
-    """What the app uses of an engine (``edge_agent.engine.Engine``; the tests' scripted engines)."""
-
-    @property
-    def model_name(self) -> str: ...
-
-    @property
-    def model(self) -> SeesImages: ...
-
-    @property
-    def files(self) -> dict[str, str]:
-        """The model files loaded (model, mmproj, prophet, prophet_mmproj), which a chat records."""
-
-    @property
-    def drafter(self) -> object | None:
-        """The SeProD drafter when a prophet is loaded, else None."""
-
-    def ask(self, question: str, image: str | None = None, *, cancel: threading.Event | None = None,
-            mode: str | None = None, history: Sequence[Any] | None = None,
-            context: str | None = None) -> Iterator[ev.Event]: ...
-
-    def prepare_image(self, image: str) -> bool: ...
-
-    def read_ahead(self, text: str = "", image: str | None = None, *, context: str = "") -> None:
-        """What the person has given so far for the next question: read in the background; returns at once."""
-
-    def update_settings(self, new: Settings, changed: Collection[str]) -> bool: ...
-
-    def close(self) -> None: ...
-
-
-EngineFactory = Callable[..., EngineLike]  # (settings, *, progress) -> engine
+EngineFactory = Callable[..., EngineFace]  # (settings, *, progress) -> engine
 
 
 def default_engine_factory(settings: Settings, *,
-                           progress: Callable[[str, float], None] | None = None) -> EngineLike:
+                           progress: Callable[[str, float], None] | None = None) -> EngineFace:
     from edge_agent.engine import Engine  # llama.cpp is imported here, in the worker thread
 
     return Engine.from_settings(settings, progress=progress)
@@ -117,7 +82,7 @@ class EngineHost:
         self.store = store
         self.engine_factory = engine_factory or default_engine_factory
         self.persist_settings = persist_settings
-        self.engine: EngineLike | None = None
+        self.engine: EngineFace | None = None
         self.state = "starting"
         self.lock = threading.Lock()  # held by the thread that is using the engine
         self._gen = 0  # bumps per load: an engine from an older load is closed, not used
@@ -156,7 +121,7 @@ class EngineHost:
         self.app.run_worker(lambda: self._load(self.settings, self._gen, old), thread=True, exclusive=True,
                             group="engine", exit_on_error=False)
 
-    def _load(self, settings: Settings, gen: int, old: EngineLike | None) -> None:
+    def _load(self, settings: Settings, gen: int, old: EngineFace | None) -> None:
         """Worker thread: close ``old``, build the engine (loads GGUFs) posting progress; the UI
         thread alone assigns ``self.engine`` (``adopt``). Never touches widgets."""
         t0 = time.monotonic()
@@ -306,7 +271,7 @@ class EngineHost:
             if message_id is None or mid == message_id:
                 event.set()
 
-    def _ask(self, engine: EngineLike, q: Question, mode: str, cancel: threading.Event,
+    def _ask(self, engine: EngineFace, q: Question, mode: str, cancel: threading.Event,
              reply_to: MessagePump) -> None:
         """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
         status, title, message = "error", "", ""
@@ -315,8 +280,8 @@ class EngineHost:
                 if cancel.is_set():
                     status = "cancelled"
                 else:
-                    for event in engine.ask(q.text, q.image, cancel=cancel, mode=mode, history=q.history or None,
-                                            context=q.context):
+                    for event in engine.ask(AskRequest(q.text, q.image, mode=mode, history=q.history,
+                                                       context=q.context), cancel=cancel):
                         self.store.add_event(q.message_id, event)
                         reply_to.post_message(AgentEvent(q.message_id, event))
                         if isinstance(event, ev.FinalAnswer):

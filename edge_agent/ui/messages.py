@@ -12,7 +12,7 @@ from textual.message import Message
 from edge_agent.agent.events import Event
 
 if TYPE_CHECKING:
-    from edge_agent.ui.host import EngineLike
+    from edge_agent.engine_face import EngineFace
 
 
 class EngineProgress(Message):
@@ -26,7 +26,7 @@ class EngineProgress(Message):
 class EngineReady(Message):
     """``gen``: which load this was (a newer load makes this engine stale)."""
 
-    def __init__(self, engine: EngineLike, seconds: float, gen: int = 0) -> None:
+    def __init__(self, engine: EngineFace, seconds: float, gen: int = 0) -> None:
         super().__init__()
         self.engine, self.seconds, self.gen = engine, seconds, gen
 

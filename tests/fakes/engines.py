@@ -11,18 +11,18 @@ that use ``tiny_models``. The Pilot helpers are in tests/pilot.py, the files tes
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
+from edge_agent.engine_face import AskRequest, EngineFace
 from tests.files import make_image
 
 if TYPE_CHECKING:
-    from edge_agent.evaluation import runner
-    from edge_agent.ui import host
+    from edge_agent.agent.rationales import Library
 
 RATIONALES = [
     ("search_image", "I should look the whole image up to find where it comes from.", "image_search"),
@@ -123,6 +123,7 @@ class ScriptedEngine:
     text-only model. Records every question (``requests``; ``asked``: question, image, mode)."""
 
     drafter: object | None = None
+    library: Library | None = None
 
     def __init__(self, settings: Settings | None = None, crop_dir: Path | None = None, hold: bool = False,
                  contexts: bool = False, *, script: Script = app_script, vision: bool = True) -> None:
@@ -142,9 +143,13 @@ class ScriptedEngine:
         self.read: list[tuple[str, str | None, str]] = []  # read_ahead calls: (text, image, context)
         self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
-    def ask(self, question: str, image: str | None = None, *, cancel: threading.Event | None = None,
-            mode: str | None = None, history: Sequence[Any] | None = None, context: str | None = None,
-            seprod: bool = False, seed: int | None = None, **_: Any) -> Iterator[ev.Event]:
+    def model_files(self) -> dict[str, str]:
+        return {role: path for role, path in self.files.items() if path}
+
+    def ask(self, request: AskRequest, *, cancel: threading.Event | None = None) -> Iterator[ev.Event]:
+        question, image, mode, context = request.question, request.image, request.mode, request.context
+        assert image is None or isinstance(image, str), "the app, ask and the eval hand an engine a file"
+        seprod, history, seed = bool(request.seprod), request.history, request.seed
         crop = None
         if self.crop_dir is not None:
             crop = str(make_image(self.crop_dir / f"crop{len(self.asked) + 1}.png", (32, 24), (250, 250, 250)))
@@ -198,6 +203,6 @@ class ScriptedEngine:
         self.closed = True
 
 
-def _conforms(e: ScriptedEngine) -> tuple[host.EngineLike, runner.EngineLike]:
-    """mypy holds the scripted engine to what the app and the eval use of an engine (never called)."""
-    return e, e
+def _conforms(e: ScriptedEngine) -> EngineFace:
+    """mypy holds the scripted engine to the engine's face (what the app, ask and the eval use)."""
+    return e

@@ -33,6 +33,7 @@ class FakeSearch:
         self.queries: list[str] = []
         self.images: list[tuple[bytes, str]] = []  # (bytes, mime) of each image search
         self.closed = False
+        self.offline = False
 
     def text_search(self, query: str) -> SearchOutcome:
         self.queries.append(query)
@@ -51,6 +52,9 @@ class FakeSearch:
 
     def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
         return None  # the fake is online (the real cache's offline rule: tests/test_tool_policy.py)
+
+    def set_offline(self, offline: bool) -> None:
+        self.offline = offline
 
     def close(self) -> None:
         self.closed = True
