@@ -193,7 +193,7 @@ def _pull_missing(settings: Settings, entries: list[CatalogEntry]) -> None:
     """Download the catalog models (agent, prophet) this node lacks, once per node: the node's workers
     take a lock on its models folder in turn, and the later ones find the files there."""
     from edge_agent import hub
-    from edge_agent.catalog import Registry
+    from edge_agent.model_registry import Registry
 
     if not entries:
         return
@@ -212,7 +212,8 @@ def _pull_missing(settings: Settings, entries: list[CatalogEntry]) -> None:
 def catalog_pulls(settings: Settings) -> list[CatalogEntry]:
     """The models named by the driver's catalog (not installed-only names, not the demo, not paths): the
     workers pull these entries, so every node downloads what the driver's catalog says."""
-    from edge_agent.catalog import Registry, load_catalog
+    from edge_agent.catalog import load_catalog
+    from edge_agent.model_registry import Registry
 
     catalog, registry = load_catalog(), Registry(settings.models_dir)
     out = []

@@ -50,7 +50,7 @@ from edge_agent.runtime.types import ModelLike
 from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
-    from edge_agent.catalog import ResolvedModel
+    from edge_agent.model_resolution import ResolvedModel
 from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
 from edge_agent.tools.zoom import ImageStore
 
@@ -126,7 +126,7 @@ class Engine:
         ``ahead``: (question, image file, chat context key) of the question this engine is loaded for
         (``edge-agent ask``): read ahead as soon as the agent model is loaded (the system prompt's saved
         state, the photo's encode and decode), while the prophet loads."""
-        from edge_agent.catalog import resolve
+        from edge_agent.model_resolution import resolve
         from edge_agent.runtime import Model
 
         say = progress or (lambda msg, frac: None)

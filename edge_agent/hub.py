@@ -39,9 +39,10 @@ from urllib.parse import quote
 import requests
 import urllib3
 
-from edge_agent.catalog import CatalogEntry, InstalledModel, Registry, human_size, repo_dirname
+from edge_agent.catalog import CatalogEntry, human_size, repo_dirname
 from edge_agent.config import Settings
 from edge_agent.errors import DownloadError
+from edge_agent.model_registry import InstalledModel, Registry
 from edge_agent.tools.http import RETRY_STATUSES, HttpPolicy, TryAgain, retry_after_seconds, with_retries
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

@@ -12,16 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent import catalog as _catalog
-from edge_agent.catalog import (
-    CatalogEntry,
-    Registry,
-    load_catalog,
-    repo_dirname,
-    resolve,
-    wheel_install_hint,
-)
+from edge_agent.catalog import CatalogEntry, load_catalog, repo_dirname, wheel_install_hint
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
+from edge_agent.model_registry import Registry
+from edge_agent.model_resolution import resolve
 from edge_agent.wheelmodels import installed
 
 

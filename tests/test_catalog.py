@@ -13,18 +13,11 @@ from pathlib import Path
 import pytest
 
 import edge_agent.catalog as cat
-from edge_agent.catalog import (
-    InstalledModel,
-    Registry,
-    default_model,
-    find_model,
-    human_size,
-    load_catalog,
-    resolve,
-    suggest,
-)
+from edge_agent.catalog import human_size, load_catalog, suggest
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
+from edge_agent.model_registry import InstalledModel, Registry
+from edge_agent.model_resolution import default_model, find_model, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 

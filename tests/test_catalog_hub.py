@@ -7,11 +7,12 @@ import os
 
 import pytest
 
-from edge_agent.catalog import CatalogEntry, CatalogFile, Registry, load_catalog, repo_dirname
+from edge_agent.catalog import CatalogEntry, CatalogFile, load_catalog, repo_dirname
 from edge_agent.config import Settings
 from edge_agent.errors import DownloadError
 from edge_agent.hub import HubClient, check_disk, pull
 from edge_agent.model_overview import overview
+from edge_agent.model_registry import Registry
 from tests.fakes.hub import FakeHub
 
 REPO = "Test/Tiny-VL-GGUF"

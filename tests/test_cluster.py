@@ -253,6 +253,7 @@ def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_s
     question, once however many workers it runs (one transfer per file here: one node, two workers), and
     sha256-checked; then the questions run on it. The driver's own machine downloads nothing."""
     from edge_agent import catalog as C
+    from edge_agent.model_registry import Registry
 
     entry = C.CatalogEntry(name="tiny-vl", description="tiny test model", family="tiny", params="1M",
                            variant="instruct", quant="Q8_0", architecture="qwen3vl", roles=("agent",),
@@ -269,9 +270,9 @@ def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_s
     hub.delay.clear()
     assert res.exit_code == 0, res.output
     assert hub.transfers("tiny-Q8_0.gguf") == [None] and hub.transfers("mmproj-tiny-F32.gguf") == [None]
-    pulled = C.Registry(node_home / "models").get("tiny-vl")
+    pulled = Registry(node_home / "models").get("tiny-vl")
     assert pulled is not None and not pulled.missing_files() and pulled.sha256
-    assert C.Registry(edge_home / "models").get("tiny-vl") is None  # the driver's machine: nothing
+    assert Registry(edge_home / "models").get("tiny-vl") is None  # the driver's machine: nothing
     assert all(r["error"] is None for r in _records(tmp_path / "out"))
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.catalog import resolve
 from edge_agent.config import Settings
+from edge_agent.model_resolution import resolve
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.first_run import FirstRunScreen
 from tests.pilot import settle

@@ -10,9 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 import edge_agent.catalog as cat
-from edge_agent.catalog import Registry, repo_dirname, resolve
+from edge_agent.catalog import repo_dirname
 from edge_agent.cli import cli
 from edge_agent.config import Settings
+from edge_agent.model_registry import Registry
+from edge_agent.model_resolution import resolve
 from tests.fakes.hub import FakeHub
 
 REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"

@@ -447,9 +447,9 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
     """No model: D opens the catalog with sizes; a download shows progress; Esc cancels it (the part
     stays); choosing it again resumes from there (a Range request), installs, and the app loads it."""
     import edge_agent.catalog as cat
-    from edge_agent.catalog import Registry
     from edge_agent.errors import ModelFileError
     from edge_agent.hub import HubClient
+    from edge_agent.model_registry import Registry
     from edge_agent.ui import download
     from edge_agent.ui.download import DownloadScreen
     from edge_agent.ui.first_run import FirstRunScreen

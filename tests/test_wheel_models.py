@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from edge_agent import wheelmodels as W
-from edge_agent.catalog import find_model, find_wheel_gguf, load_catalog
+from edge_agent.catalog import find_wheel_gguf, load_catalog
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
+from edge_agent.model_resolution import find_model
 
 
 def _wheels(folder: Path, blob: bytes, n: int, version: str = "1.0.0") -> W.WheelParts:

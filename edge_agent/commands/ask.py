@@ -155,8 +155,8 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     (``Continuation.models``) unless --model (agent, mmproj) or --prophet (prophet, its mmproj) says
     otherwise; ``say`` (None: quiet) is told when that differs from the current setting, and how to
     choose. Raises when the chat's model file is gone (and names the flag that picks another)."""
-    from edge_agent.catalog import resolve
     from edge_agent.engine import model_files
+    from edge_agent.model_resolution import resolve
 
     files = chat.models
     if not files.get("model"):

@@ -82,7 +82,7 @@ def _check_files(s: Settings, key: str) -> None:
     if not value:
         return
     if key in ("model", "prophet"):
-        from edge_agent.catalog import find_model
+        from edge_agent.model_resolution import find_model
 
         find_model(s, value, detect_mmproj=False)
     elif key in ("mmproj", "prophet_mmproj") and not Path(value).expanduser().is_file():

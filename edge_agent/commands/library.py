@@ -49,7 +49,7 @@ def command() -> None:
 
 def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
     """The agent model named by ``model`` (or the settings' model), loaded without its mmproj."""
-    from edge_agent.catalog import resolve
+    from edge_agent.model_resolution import resolve
     from edge_agent.runtime import Model
 
     settings = Settings.load({"model": model})

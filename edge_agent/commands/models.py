@@ -17,20 +17,12 @@ from pathlib import Path
 
 import click
 
-from edge_agent.catalog import (
-    CatalogEntry,
-    InstalledModel,
-    Registry,
-    ResolvedModel,
-    find_demo_gguf,
-    find_model,
-    human_size,
-    load_catalog,
-    suggest,
-)
+from edge_agent.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
 from edge_agent.config import Settings
 from edge_agent.errors import ModelFileError
 from edge_agent.model_overview import ModelStatus, overview
+from edge_agent.model_registry import InstalledModel, Registry
+from edge_agent.model_resolution import ResolvedModel, find_model
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -88,7 +80,7 @@ def list_(only_installed: bool, as_json: bool) -> None:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
     elif usable:
         try:
-            from edge_agent.catalog import resolve
+            from edge_agent.model_resolution import resolve
 
             resolve(dataclasses.replace(settings, prophet=""))
             why = ""
@@ -191,7 +183,7 @@ def pull(name: str, force: bool) -> None:
 def say_default(settings: Settings, name: str) -> None:
     """Tell whether the model just installed or added is now the one used without flags (never silently)."""
     try:
-        from edge_agent.catalog import resolve
+        from edge_agent.model_resolution import resolve
 
         default = resolve(dataclasses.replace(settings, prophet="")).name
     except ModelFileError:
@@ -221,7 +213,7 @@ def _derive_name(path: Path) -> str:
 def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...], text_only: bool) -> None:
     """Register a GGUF you already have (LM Studio, the Hugging Face cache, ...). Files are not copied."""
     from edge_agent import modelfile
-    from edge_agent.catalog import mmproj_next_to
+    from edge_agent.model_resolution import mmproj_next_to
 
     settings = Settings.load()
     path = Path(os.path.abspath(path.expanduser()))
