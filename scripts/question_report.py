@@ -42,6 +42,7 @@ def summarise(shape: str, raw: dict[str, Any], q: dict[str, Any], mem: dict[str,
                           "open_s_evaluated": round(cold.get("question_open_s", 0.0), 3),
                           "open_s_restored": warm.get("question_open_s")},
         "app_answer_ms_per_token": app_ms,
+        "zoom_breakdown": zoom_breakdown(ssr),
         # every raw generate's log-probs and every SSR question's rationale scores were finite numbers
         "logits_finite": bool(raw.get("logprobs_finite", True)
                               and all(r.get("scores_finite", True) and r.get("logits_finite", True)
@@ -70,6 +71,26 @@ def oneshot_keys(raw: dict[str, Any], m: dict[str, Any], app_ms: float | None) -
         "answer_decode_over_llamacpp_defaults": round(app_ms / deep, 3) if app_ms and deep else None,
         "prefill_over_llamacpp_defaults": round(pre / app_pre, 3) if pre and app_pre else None,
     }
+
+
+def zoom_breakdown(ph: dict[str, Any]) -> dict[str, Any] | None:
+    """The zoom turn's observation against the photo, per token (issue 28 item 3): the crop's vision encode
+    and its tokens' decode in ms per image token beside the photo's, and the seconds of the observation's
+    text (the observation in all less the crop's encode and decode). None without a crop."""
+    n, n0 = ph.get("crop_tokens"), ph.get("image_tokens")
+    if not n or not n0 or ph.get("image_read_ahead"):
+        return None
+
+    def per_token(s: float | None, k: float) -> float | None:
+        return round(1000 * s / k, 2) if s else None
+
+    enc, dec = ph.get("crop_encode_s"), ph.get("crop_decode_s")
+    return {"crop_tokens": n, "photo_tokens": n0,
+            "crop_encode_ms_per_token": per_token(enc, n),
+            "photo_encode_ms_per_token": per_token(ph.get("image_encode_s"), n0),
+            "crop_decode_ms_per_token": per_token(dec, n),
+            "photo_decode_ms_per_token": per_token(ph.get("image_decode_s"), n0),
+            "observation_text_s": round(ph.get("zoom_observe_s", 0.0) - (enc or 0.0) - (dec or 0.0), 3)}
 
 
 def record(res: dict[str, Any], command: str) -> dict[str, Any]:

@@ -26,6 +26,13 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert ph["ssr"]["image_tokens"] > 0 and not ph["ssr"]["image_read_ahead"]
     assert ph["ssr_read_ahead"]["image_read_ahead"] and ph["ssr_read_ahead"]["image_read_s"] == 0
     assert ph["freeform"]["reasoning_tokens"] > 0 and ph["ssr"]["scoring_s"] > 0
+    # the zoom's observation, phase by phase (issue 28 item 3): the crop's encode and its decode apart
+    assert ph["ssr"]["crop_tokens"] > 0 and ph["ssr"]["crop_encode_s"] > 0 and ph["ssr"]["crop_decode_s"] > 0
+    z = res["zoom_breakdown"]
+    assert z["crop_tokens"] == ph["ssr"]["crop_tokens"] and z["crop_encode_ms_per_token"] > 0
+    assert z["crop_decode_ms_per_token"] > 0 and z["photo_encode_ms_per_token"] > 0
+    assert 0 <= z["observation_text_s"] < ph["ssr"]["zoom_observe_s"]
+    assert "| zoom: crop encode |" in bench_question.table(res) and "| zoom: crop tokens decoded |" in bench_question.table(res)
     assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph
                if v != "oneshot")
     # the one-shot baseline: the photo, the question and a fixed-length answer, llama.cpp alone
