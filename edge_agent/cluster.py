@@ -192,7 +192,7 @@ def _node_label() -> str:
 def _pull_missing(settings: Settings, entries: list[CatalogEntry]) -> None:
     """Download the catalog models (agent, prophet) this node lacks, once per node: the node's workers
     take a lock on its models folder in turn, and the later ones find the files there."""
-    from edge_agent import hub
+    from edge_agent import model_pull
     from edge_agent.model_registry import Registry
 
     if not entries:
@@ -206,7 +206,7 @@ def _pull_missing(settings: Settings, entries: list[CatalogEntry]) -> None:
         for entry in entries:
             installed = Registry(settings.models_dir).get(entry.name)
             if installed is None or installed.missing_files():
-                hub.pull(entry, settings)
+                model_pull.pull(entry, settings)
 
 
 def catalog_pulls(settings: Settings) -> list[CatalogEntry]:

@@ -10,8 +10,9 @@ import pytest
 from edge_agent.catalog import CatalogEntry, CatalogFile, load_catalog, repo_dirname
 from edge_agent.config import Settings
 from edge_agent.errors import DownloadError
-from edge_agent.hub import HubClient, check_disk, pull
+from edge_agent.hub import HubClient
 from edge_agent.model_overview import overview
+from edge_agent.model_pull import check_disk, pull
 from edge_agent.model_registry import Registry
 from tests.fakes.hub import FakeHub
 
@@ -202,7 +203,7 @@ def test_free_disk_check_runs_before_any_transfer(settings, hub, monkeypatch):
     import shutil as _shutil
 
     real = _shutil.disk_usage
-    monkeypatch.setattr("edge_agent.hub.shutil.disk_usage",
+    monkeypatch.setattr("edge_agent.model_pull.shutil.disk_usage",
                         lambda p: real(p)._replace(free=len(MODEL) // 2))
     with pytest.raises(DownloadError, match="Not enough disk space"):
         pull_bytes(entry(), settings, client=client())

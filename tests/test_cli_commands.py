@@ -260,7 +260,7 @@ def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(ed
     """No network: the download error points at the demo, and does not ask to install it when it is."""
     import socket
 
-    from edge_agent import hub
+    from edge_agent import hub, model_pull
     from edge_agent.catalog import load_catalog
     from edge_agent.errors import DownloadError
 
@@ -270,5 +270,5 @@ def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(ed
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DownloadError) as e:
-        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
+        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
     assert "smollm2-135m-demo" in e.value.message and "pip install" not in e.value.message

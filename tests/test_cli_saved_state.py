@@ -404,7 +404,7 @@ def closed_port() -> int:
 def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
     """Nothing listening at HF_ENDPOINT: the pull fails in under 2 s with the default retry policy (it
     used to retry a connection that never opened for ~7 s), and the command says what to check."""
-    from edge_agent import hub
+    from edge_agent import model_pull
     from edge_agent.catalog import load_catalog
     from edge_agent.config import Settings
     from edge_agent.errors import DownloadError
@@ -414,7 +414,7 @@ def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     t0 = time.monotonic()
     with pytest.raises(DownloadError):
-        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
+        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
     assert time.monotonic() - t0 < 2.0
     r = edge("models", "pull", "qwen3-vl-2b-instruct", env={"HF_ENDPOINT": url})
     assert r.returncode == 2 and url.split("//")[1] in r.stderr and "Traceback" not in r.stderr

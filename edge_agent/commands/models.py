@@ -150,7 +150,7 @@ def pull(name: str, force: bool) -> None:
     Honours HF_ENDPOINT (a mirror), HF_TOKEN (gated repos) and HF_HUB_OFFLINE. An interrupted download
     resumes when you run the same command again.
     """
-    from edge_agent import hub
+    from edge_agent import hub, model_pull
 
     settings = Settings.load()
     entry = _catalog_entry(name)
@@ -172,7 +172,7 @@ def pull(name: str, force: bool) -> None:
     click.echo(f"{entry.name}: {entry.description}")
     click.echo(f"from {hub.hub_endpoint()}/{entry.repo} ({size}) into {settings.models_dir}")
     try:
-        m = hub.pull(entry, settings, progress=_ClickProgress(), notify=click.echo, force=force)
+        m = model_pull.pull(entry, settings, progress=_ClickProgress(), notify=click.echo, force=force)
     except KeyboardInterrupt:
         click.echo("\nInterrupted. The partial download is kept: run the same command to resume.", err=True)
         sys.exit(130)
@@ -438,7 +438,7 @@ def _verify_checksums(settings: Settings, model: ResolvedModel) -> None:
 
 
 def _compare(path: Path, want: str) -> None:
-    from edge_agent.hub import sha256_file
+    from edge_agent.model_pull import sha256_file
 
     got = sha256_file(path)
     if got != want:

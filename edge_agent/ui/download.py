@@ -1,7 +1,7 @@
 """The download screen: pick a catalog model, watch it download, cancel, resume.
 
 Lists the catalog's agent models with their download size (the catalog's, the one number used
-everywhere) and whether they are installed or partly downloaded. Enter starts ``hub.pull`` in a thread
+everywhere) and whether they are installed or partly downloaded. Enter starts ``model_pull.pull`` in a thread
 worker; its progress (bytes of the file being fetched, total, rate) is posted back to the screen. Esc
 cancels a running download at the next chunk: the ``.part`` file stays, so choosing the model again
 resumes where it stopped (``hub`` verifies the whole file at the end). Dismisses with the installed
@@ -146,13 +146,13 @@ class DownloadScreen(ModalScreen[str | None]):
     # --- the worker ---
     @work(thread=True, exclusive=True, group="download", exit_on_error=False)
     def pull(self, entry: Any, cancel: threading.Event) -> None:
-        from edge_agent import hub
+        from edge_agent import hub, model_pull
 
         def say(msg: str) -> None:
             self.app.call_from_thread(self.show_note, msg)
 
         try:
-            m = hub.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say,
+            m = model_pull.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say,
                          cancel=cancel)  # Esc stops a stalled read or a retry's wait at once too
         except (DownloadCancelled, hub.DownloadCancelled):
             self.app.call_from_thread(self.finished, entry.name, "cancelled", "")
