@@ -89,7 +89,8 @@ class ChatLock:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.try_acquire():
             if deadline is not None and time.monotonic() > deadline:
-                raise ChatBusy(f"Chat {self.chat_id} is still being answered by {self.holder()}. Try again when "
+                raise ChatBusy(f"Chat {self.chat_id} is still being answered by {self.holder()}. Try again "
+                               f"when "
                                "it is done, or ask in a new chat.")
             time.sleep(poll)
 

@@ -46,7 +46,8 @@ class LazyGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # The app is the default command, options included (as llm and posting do): `edge-agent --model X`
         # and `edge-agent --chat 3` mean `edge-agent tui --model X` ...; the group's own options stay its own.
-        if args and args[0].startswith("-") and args[0].split("=")[0] not in (*ctx.help_option_names, "--version"):
+        if args and args[0].startswith("-") and args[0].split("=")[0] not in (*ctx.help_option_names,
+                                                                              "--version"):
             args = ["tui", *args]
         return super().parse_args(ctx, args)
 
@@ -62,7 +63,8 @@ class LazyGroup(click.Group):
                 raise
             click.echo(f"Error: {e}", err=True)
             ctx.exit(2)
-        except OSError as e:  # a write no command expected to fail (read-only home, full disk): said, not a traceback
+        # a write no command expected to fail (read-only home, full disk): said, not a traceback
+        except OSError as e:
             from edge_agent.files import FULL, NOT_ALLOWED, READ_ONLY, write_error
 
             if os.environ.get("EDGE_AGENT_DEBUG") or e.errno not in (*READ_ONLY, *FULL, *NOT_ALLOWED):

@@ -137,7 +137,8 @@ class EvalWorker:
             if engine.tools is not None and hasattr(engine.tools, "cache"):
                 engine.tools.cache = self.cache  # searches read the shipped copy; live ones are recorded
             self.engine = engine
-        return {"node": self.node, "node_id": self.node_id, "pid": os.getpid(), "files": self.engine.model_files()}
+        return {"node": self.node, "node_id": self.node_id, "pid": os.getpid(),
+                "files": self.engine.model_files()}
 
     def run(self, q: Question, modes: list[ModeSpec], shipped: dict[str, Any]) -> dict[str, Any]:
         """Question ``q`` in each of ``modes``: its records, the search entries fetched live for it, and
@@ -288,10 +289,11 @@ class RayWorkers:
                 ray.init(num_cpus=physical_cores(), **kw)
         except ConnectionError as e:
             auth = "" if os.environ.get("RAY_AUTH_MODE") else (
-                " If it is running, it may want its token: `export RAY_AUTH_MODE=token` (Ray reads the token from "
-                "~/.ray/auth_token, which must be the head's) and run this again.")
-            raise ConfigError(f"Cannot connect to the Ray cluster at {self.address or os.environ.get('RAY_ADDRESS')} "
-                              f"({e}). Start it with `ray start --head` (see the README) or check the address.{auth}",
+                " If it is running, it may want its token: `export RAY_AUTH_MODE=token` (Ray reads the token "
+                "from ~/.ray/auth_token, which must be the head's) and run this again.")
+            raise ConfigError(f"Cannot connect to the Ray cluster at "
+                              f"{self.address or os.environ.get('RAY_ADDRESS')} ({e}). Start it with `ray "
+                              f"start --head` (see the README) or check the address.{auth}",
                               title="No Ray cluster") from None
         return True
 
@@ -300,10 +302,12 @@ class RayWorkers:
         cpus = int(ray.cluster_resources().get("CPU", 0))
         n = self.want or max(1, cpus // self.threads)
         if n * self.threads > cpus:
-            raise ConfigError(f"The cluster has {cpus} CPUs; {n} workers x {self.threads} threads need {n * self.threads}. "
+            raise ConfigError(f"The cluster has {cpus} CPUs; {n} workers x {self.threads} threads need "
+                              f"{n * self.threads}. "
                               "Pass fewer --workers or --threads-per-worker, or join more nodes.")
         cache = list(SearchCache(self.settings.cache_path).entries()) if self.settings.cache_path.exists() else []
-        remote = ray.remote(EvalWorker).options(num_cpus=self.threads, num_gpus=self.gpus or None, max_restarts=-1,
+        remote = ray.remote(EvalWorker).options(num_cpus=self.threads, num_gpus=self.gpus or None,
+                                                max_restarts=-1,
                                                 max_task_retries=TASK_RETRIES)
         # Once into the object store, read once by each worker process. Nested in a dict, so each call
         # carries only the reference (a constructor argument in the object store would warn on every start).
@@ -314,13 +318,16 @@ class RayWorkers:
         errors = sorted({f"On node {r['node']}: {r['error']}" for r in ready if "error" in r})
         if errors:
             self._stop(ray, actors, False)
-            raise ModelFileError(" ".join(errors) + " Every node that runs workers needs the model files: a path must "
-                                 "exist on each (a shared file system), a catalog name is pulled on each.",
+            raise ModelFileError(" ".join(errors) + " Every node that runs workers needs the model files: a "
+                                 "path must exist on each (a shared file system), a catalog name is pulled "
+                                 "on each.",
                                  title="Models not ready on a worker")
-        self.ready_at = time.perf_counter()  # every worker has its models loaded (the benchmark times from here)
+        # every worker has its models loaded (the benchmark times from here)
+        self.ready_at = time.perf_counter()
         self.model_files = dict(ready[0]["files"])
         self.nodes = [r["node"] for r in ready]
-        self.stats = [{"node": r["node"], "node_id": r.get("node_id", ""), "pid": r["pid"], "done": 0, "restarts": 0,
+        self.stats = [{"node": r["node"], "node_id": r.get("node_id", ""), "pid": r["pid"], "done": 0,
+                       "restarts": 0,
                        "busy": False} for r in ready]
         return actors
 
@@ -339,8 +346,9 @@ class RayWorkers:
         lost = self.lost_nodes()
         if lost:
             raise ClusterLost(
-                f"Ray lost {'the node' if len(lost) == 1 else 'the nodes'} {', '.join(lost)} (marked dead: its raylet, "
-                f"or an agent of it, stopped); {running} question(s) running there were not finished.")
+                f"Ray lost {'the node' if len(lost) == 1 else 'the nodes'} {', '.join(lost)} (marked dead: "
+                f"its raylet, or an agent of it, stopped); {running} question(s) running there were not "
+                f"finished.")
 
     def _dispatch(self, ray: Any, actors: list[Any], work: Work,
                   cancel: threading.Event | None) -> Iterator[list[dict[str, Any]]]:
@@ -374,8 +382,8 @@ class RayWorkers:
         except ray.exceptions.RayActorError as e:  # the process died on every try: the question's result
             self._check_nodes(running)  # ...unless its node is gone: then nothing of it is recorded
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            error = (f"Worker process died {TASK_RETRIES + 1} times running this question ({type(e).__name__}: "
-                     f"{reason}). Rerun the same command to try it again.")
+            error = (f"Worker process died {TASK_RETRIES + 1} times running this question "
+                     f"({type(e).__name__}: {reason}). Rerun the same command to try it again.")
             return [make_record(q, m, [], wall_seconds=None, error=error) for m in modes]
         except ray.exceptions.RayTaskError as e:  # a bug (or a user error) raised in the worker: as locally
             raise e.as_instanceof_cause() from None

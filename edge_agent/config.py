@@ -66,20 +66,23 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "search_cache_days": (0, None, False),
 }
 HINTS = {
-    "seprod_tau": " It is a threshold on s_j, which is between 0 and 1 (0.05 accepts about half of SmolLM2's drafts).",
+    "seprod_tau": " It is a threshold on s_j, which is between 0 and 1 (0.05 accepts about half of SmolLM2's "
+                  "drafts).",
     "temperature": " 0 is greedy; 0.7-1 samples.",
     "image_max_tokens": " 576 is a 768x768 image.",
     "crop_max_tokens": " 256 is a 512x512 crop.",
     "observation_max_tokens": " 0: no limit.",
     "state_cache_mb": " 0 saves no context states.",
 }
-URL_FIELDS = ("wikipedia_url", "searxng_url", "brave_url", "gcv_url", "serpapi_url", "public_image_url_prefix")
+URL_FIELDS = ("wikipedia_url", "searxng_url", "brave_url", "gcv_url", "serpapi_url",
+              "public_image_url_prefix")
 URL_EXAMPLES = {"searxng_url": "http://localhost:8888"}
 # Textual's built-in themes (the app registers none of its own); tests/test_cli_saved_state.py keeps
 # this equal to textual.theme.BUILTIN_THEMES (config must not import Textual).
 THEMES = frozenset({
     "ansi-dark", "ansi-light", "atom-one-dark", "atom-one-light", "catppuccin-frappe", "catppuccin-latte",
-    "catppuccin-macchiato", "catppuccin-mocha", "dracula", "flexoki", "gruvbox", "monokai", "nord", "rose-pine",
+    "catppuccin-macchiato", "catppuccin-mocha", "dracula", "flexoki", "gruvbox", "monokai", "nord",
+    "rose-pine",
     "rose-pine-dawn", "rose-pine-moon", "solarized-dark", "solarized-light", "textual-dark", "textual-light",
     "tokyo-night",
 })
@@ -106,37 +109,46 @@ class Settings:
     home: Path = _doc("Where edge-agent keeps models, cache, chats and config.", default_factory=default_home)
 
     # --- models -------------------------------------------------------------------------------
-    model: str = _doc("Agent model: a catalog name or a path to a GGUF file. Empty: the default installed model.", default="")
-    mmproj: str = _doc("Vision projector (mmproj) GGUF for the agent model. Empty: from the catalog / next to the model.", default="")
-    prophet: str = _doc("SeProD prophet (base) model: a catalog name or a GGUF path. Empty: SeProD off.", default="")
+    model: str = _doc("Agent model: a catalog name or a path to a GGUF file. Empty: the default installed "
+                      "model.", default="")
+    mmproj: str = _doc("Vision projector (mmproj) GGUF for the agent model. Empty: from the catalog / next "
+                       "to the model.", default="")
+    prophet: str = _doc("SeProD prophet (base) model: a catalog name or a GGUF path. Empty: SeProD off.",
+                        default="")
     prophet_mmproj: str = _doc("mmproj GGUF for the prophet model.", default="")
-    n_ctx: int = _doc("Context length in tokens for each model: the most a chat's context holds (with kv_type auto "
-                      "a large model's starts smaller and grows to it).", default=8192)
-    n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.", default=0)
-    n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.", default=0)
-    extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.", default="auto")
+    n_ctx: int = _doc("Context length in tokens for each model: the most a chat's context holds (with "
+                      "kv_type auto a large model's starts smaller and grows to it).", default=8192)
+    n_threads: int = _doc("Threads for token-by-token decoding. 0: a sensible default for this machine.",
+                          default=0)
+    n_threads_batch: int = _doc("Threads for prompt and batched evaluation. 0: a sensible default.",
+                                default=0)
+    extra_buffers: str = _doc("llama.cpp extra (repacked/AMX) weight buffers: auto, on or off.",
+                              default="auto")
     kv_type: str = _doc(
         "KV cache type: auto (f16 without flash attention on a CPU, what decodes and prefills fastest on the "
         "2-core machines measured; when an f16 cache of n_ctx would exceed 512 MB the context starts at the "
-        "cells 512 MB hold and grows to n_ctx as a chat needs it: Qwen3-VL-2B starts at 4,096 cells, 448 MB), "
-        "f16 (all of n_ctx from the start) or q8_0 (half the memory, with flash attention: slower on a CPU).",
+        "cells 512 MB hold and grows to n_ctx as a chat needs it: Qwen3-VL-2B starts at 4,096 cells, 448 "
+        "MB), f16 (all of n_ctx from the start) or q8_0 (half the memory, with flash attention: slower on a "
+        "CPU).",
         default="auto")
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 
     # --- agent --------------------------------------------------------------------------------
-    mode: str = _doc("Reasoning mode: ssr (scored rationales), freeform (the model writes its reasoning) or direct "
-                     "(the model alone in a plain chat: no tools, no agent).", default="ssr")
+    mode: str = _doc("Reasoning mode: ssr (scored rationales), freeform (the model writes its reasoning) or "
+                     "direct (the model alone in a plain chat: no tools, no agent).", default="ssr")
     max_turns: int = _doc("Most tool calls per question; then one more turn must answer.", default=5)
     ssr_tau: float = _doc("SSR softmax temperature over rationale scores.", default=1.0)
     ssr_sample: bool = _doc("SSR: sample a rationale (seeded) instead of taking the best.", default=False)
     ssr_score: str = _doc(
-        "SSR score of a rationale: pmi (its mean log-prob minus its mean log-prob after a neutral question: how "
-        "well it fits this context, Holtzman et al. 2021) or raw (the paper's mean log-prob).", default="pmi")
+        "SSR score of a rationale: pmi (its mean log-prob minus its mean log-prob after a neutral question: "
+        "how well it fits this context, Holtzman et al. 2021) or raw (the paper's mean log-prob).",
+        default="pmi")
     ssr_answer_check: float = _doc(
-        "SSR: before answering from what it knows (no tool result read yet, a search still possible), the agent "
-        "decodes the answer's first 6 tokens; when their mean log-prob is below this it is not sure and searches "
-        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
-    ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.", default=False)
+        "SSR: before answering from what it knows (no tool result read yet, a search still possible), the "
+        "agent decodes the answer's first 6 tokens; when their mean log-prob is below this it is not sure "
+        "and searches first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
+    ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.",
+                                default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
     freeform_max_tokens: int = _doc("Free-form mode: most reasoning tokens per turn.", default=128)
     answer_max_tokens: int = _doc("Most tokens in an answer.", default=256)
@@ -150,7 +162,8 @@ class Settings:
     seprod: bool = _doc("Use the prophet model to draft (SeProD) when one is configured.", default=True)
     seprod_draft_len: int = _doc("SeProD: tokens the prophet drafts per round (L_d).", default=16)
     seprod_tau: float = _doc(
-        "SeProD: acceptance threshold on the combined score s_j (0.05 accepted half of SmolLM2's drafts, 0.1 a fifth).",
+        "SeProD: acceptance threshold on the combined score s_j (0.05 accepted half of SmolLM2's drafts, 0.1 "
+        "a fifth).",
         default=0.05,
     )
     seprod_a0: float = _doc("SeProD: base weight a0 of the search model in s_j.", default=0.5)
@@ -168,15 +181,17 @@ class Settings:
         default=576,
     )
     crop_max_tokens: int = _doc(
-        "Most tokens one zoomed crop becomes (256 = 512x512 px). Every zoom pays this in the context.", default=256,
+        "Most tokens one zoomed crop becomes (256 = 512x512 px). Every zoom pays this in the context.",
+        default=256,
     )
     observation_max_tokens: int = _doc(
-        "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit). 320 holds "
-        "three whole search results (~305 tokens; five take ~500).", default=320,
+        "Most tokens of a tool result's text the model reads (longer results are cut; 0: no limit). 320 "
+        "holds three whole search results (~305 tokens; five take ~500).", default=320,
     )
     type_ahead: bool = _doc(
-        "Read the question into the model while you type it (whole words, in the background), so Enter leaves "
-        "only the last word or two to read. Off saves battery; an attached photo is read on attach either way.",
+        "Read the question into the model while you type it (whole words, in the background), so Enter "
+        "leaves only the last word or two to read. Off saves battery; an attached photo is read on attach "
+        "either way.",
         default=True,
     )
     state_cache_mb: int = _doc(
@@ -198,9 +213,11 @@ class Settings:
     )
     wikipedia_url: str = _doc("Wikipedia API endpoint.", default="https://en.wikipedia.org/w/api.php")
     searxng_url: str = _doc("Your SearXNG instance, e.g. http://localhost:8888.", default="")
-    brave_url: str = _doc("Brave Search API endpoint.", default="https://api.search.brave.com/res/v1/web/search")
+    brave_url: str = _doc("Brave Search API endpoint.",
+                          default="https://api.search.brave.com/res/v1/web/search")
     brave_api_key: str = _doc("Brave Search API key (secret).", default="")
-    gcv_url: str = _doc("Google Cloud Vision endpoint.", default="https://vision.googleapis.com/v1/images:annotate")
+    gcv_url: str = _doc("Google Cloud Vision endpoint.",
+                        default="https://vision.googleapis.com/v1/images:annotate")
     gcv_api_key: str = _doc("Google Cloud Vision API key (secret).", default="")
     serpapi_url: str = _doc("SerpApi endpoint.", default="https://serpapi.com/search.json")
     serpapi_api_key: str = _doc("SerpApi key (secret).", default="")
@@ -265,7 +282,8 @@ class Settings:
         changes: dict[str, Any] = {}
         for key, raw in values.items():
             if key not in names:
-                raise ConfigError(f"Unknown setting {key!r} in {source}. Known settings: {', '.join(sorted(names))}.")
+                raise ConfigError(f"Unknown setting {key!r} in {source}. Known settings: "
+                                  f"{', '.join(sorted(names))}.")
             changes[key] = _convert(key, raw, hints[key], source)
         return dataclasses.replace(self, **changes)
 
@@ -277,10 +295,11 @@ class Settings:
         best named by the number the prompt needs."""
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}.")
+                raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not "
+                                  f"{getattr(self, name)!r}.")
         if self.theme and self.theme not in THEMES:
-            raise ConfigError(f"Setting theme must be empty (the default) or one of {', '.join(sorted(THEMES))}, "
-                              f"not {self.theme!r}.")
+            raise ConfigError(f"Setting theme must be empty (the default) or one of "
+                              f"{', '.join(sorted(THEMES))}, not {self.theme!r}.")
         if check is not None:
             check(self)
         for name, (lo, hi, lo_open) in RANGES.items():
@@ -305,8 +324,8 @@ class Settings:
             if not 0 <= n <= cpus:
                 raise ConfigError(
                     f"Setting {name} must be between 0 and {cpus} (this machine has {cpus} CPU threads; "
-                    f"more threads than that only slow llama.cpp down), not {n}. 0 picks one per physical core: "
-                    f"`edge-agent config set {name} 0`.")
+                    f"more threads than that only slow llama.cpp down), not {n}. 0 picks one per physical "
+                    f"core: `edge-agent config set {name} 0`.")
         for name in ("freeform_max_tokens", "answer_max_tokens"):
             if getattr(self, name) > self.n_ctx // 2:
                 raise ConfigError(f"Setting {name} must be at most half of n_ctx ({self.n_ctx // 2}), "
@@ -354,7 +373,8 @@ def _read_config(path: Path) -> dict[str, Any]:
             aside = recovery.set_aside(path)
         except FileNotFoundError:  # another process set it aside just now
             return {}
-        recovery.notice(f"The settings file {path} could not be read ({e}). It is kept as {aside}; edge-agent "
+        recovery.notice(f"The settings file {path} could not be read ({e}). It is kept as {aside}; "
+                        f"edge-agent "
                         "runs on the default settings until you set them again (`edge-agent config set`).")
         return {}
 

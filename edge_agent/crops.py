@@ -21,13 +21,15 @@ CROPS_MAX_AGE_DAYS = 7
 def remove_run_crops(events: list[ev.Event], crops_dir: Path) -> None:
     """Delete the crop folders this run wrote (never anything outside ``crops_dir``)."""
     root = crops_dir.resolve()
-    for folder in {Path(e.image_path).parent for e in events if isinstance(e, ev.ToolFinished) and e.image_path}:
+    for folder in {Path(e.image_path).parent for e in events if isinstance(e,
+                                                                           ev.ToolFinished) and e.image_path}:
         folder = folder.resolve()
         if folder.parent == root:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def prune_crops(crops_dir: Path, max_age_days: float = CROPS_MAX_AGE_DAYS, *, chats_path: Path | None = None) -> int:
+def prune_crops(crops_dir: Path, max_age_days: float = CROPS_MAX_AGE_DAYS, *,
+                chats_path: Path | None = None) -> int:
     """Delete run folders under ``crops_dir`` untouched for ``max_age_days`` (left by `ask --json`, or by
     app chats since deleted); a folder a saved chat still shows is kept. Returns how many were deleted."""
     if not crops_dir.is_dir():

@@ -26,7 +26,8 @@ def write_error(path: str | os.PathLike[str], e: OSError, *, what: str = "") -> 
     folder = path.parent
     name = what or str(path)
     if e.errno in READ_ONLY:
-        why = (f"{folder} is on a read-only file system. Make it writable, or point EDGE_AGENT_HOME at a writable "
+        why = (f"{folder} is on a read-only file system. Make it writable, or point EDGE_AGENT_HOME at a "
+               f"writable "
                "folder")
     elif e.errno in FULL:
         why = f"the disk holding {folder} is full. Free some space and try again"
@@ -35,7 +36,8 @@ def write_error(path: str | os.PathLike[str], e: OSError, *, what: str = "") -> 
                "writable folder")
     else:
         why = f"{e.strerror or e}"
-    return WriteError(f"Could not write {name}: {why}. Nothing was changed.", errno=e.errno, filename=str(path))
+    return WriteError(f"Could not write {name}: {why}. Nothing was changed.", errno=e.errno,
+                      filename=str(path))
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Iterable[bytes | memoryview], *,

@@ -69,7 +69,8 @@ class _Header:
 
     def _need(self, n: int) -> None:
         if n < 0 or self.off + n > self.size:
-            raise _Corrupt(f"the file ends at byte {self.size} inside the header (needed {n} bytes at {self.off})")
+            raise _Corrupt(f"the file ends at byte {self.size} inside the header (needed {n} bytes at "
+                           f"{self.off})")
 
     def unpack(self, fmt: str) -> Any:
         n = struct.calcsize("<" + fmt)
@@ -144,7 +145,8 @@ def _parse_buffer(path: Path, mm: Any, size: int) -> tuple[dict[str, Any], list[
     h.off = 4
     version = h.unpack("I")
     if version & 0xFFFF == 0:
-        raise ModelFileError(f"{path} is a big-endian GGUF; llama.cpp on this machine needs a little-endian one.")
+        raise ModelFileError(f"{path} is a big-endian GGUF; llama.cpp on this machine needs a little-endian "
+                             f"one.")
     if version not in (2, 3):
         raise ModelFileError(f"{path} is GGUF version {version}; llama.cpp 0.3.36 reads versions 2 and 3. "
                              "Download a current conversion of the model.")
@@ -152,7 +154,8 @@ def _parse_buffer(path: Path, mm: Any, size: int) -> tuple[dict[str, Any], list[
     n_kv = h.unpack("Q")
     # Each tensor info is at least 8+1 + 4 + 8 + 4 + 8 bytes, each kv at least 8+1 + 4 + 1.
     if n_tensors > size // 33 or n_kv > size // 14:
-        raise _Corrupt(f"it claims {n_tensors} tensors and {n_kv} metadata keys, more than its {size} bytes can hold")
+        raise _Corrupt(f"it claims {n_tensors} tensors and {n_kv} metadata keys, more than its {size} bytes "
+                       f"can hold")
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = h.string()
@@ -182,7 +185,8 @@ def _parse_buffer(path: Path, mm: Any, size: int) -> tuple[dict[str, Any], list[
                 "llama.cpp (0.3.36). Use a quantization such as Q4_K_M, Q8_0 or F16.") from None
         n = math.prod(shape)
         if n % block:
-            raise _Corrupt(f"tensor {name!r} has {n} elements, not a multiple of its {qtype.name} block of {block}")
+            raise _Corrupt(f"tensor {name!r} has {n} elements, not a multiple of its {qtype.name} block of "
+                           f"{block}")
         nbytes = n // block * type_size
         start = data_start + offset
         if start + nbytes > size:
@@ -195,23 +199,27 @@ def _parse_buffer(path: Path, mm: Any, size: int) -> tuple[dict[str, Any], list[
 def _check_path(path: Path) -> None:
     if not path.exists():
         raise ModelFileError(
-            f"Model file not found: {path}. Check the path, or run `edge-agent models` to see installed models.",
+            f"Model file not found: {path}. Check the path, or run `edge-agent models` to see installed "
+            f"models.",
             title="Model file not found")
     if path.is_dir():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))[:5]
         hint = f" It holds: {', '.join(ggufs)}." if ggufs else " It holds no .gguf files."
-        raise ModelFileError(f"{path} is a directory, not a GGUF file.{hint} Pass the path of the .gguf file itself.")
+        raise ModelFileError(f"{path} is a directory, not a GGUF file.{hint} Pass the path of the .gguf file "
+                             f"itself.")
     if not os.access(path, os.R_OK):
         raise ModelFileError(f"{path} is not readable. Fix its permissions (chmod +r).")
     if path.stat().st_size == 0:
-        raise ModelFileError(f"{path} is empty (0 bytes): the download or copy failed. Delete it and download "
+        raise ModelFileError(f"{path} is empty (0 bytes): the download or copy failed. Delete it and "
+                             f"download "
                              "the model again.", title="Damaged model file")
     if path.stat().st_size < 24:
         with open(path, "rb") as f:
             head = f.read(8)
         if head[:4] != GGUF_MAGIC:  # a text file, a note: not a model at all (nothing is damaged)
             raise _not_gguf(path, head)
-        raise ModelFileError(f"{path} is only {path.stat().st_size} bytes: too short for a GGUF header. Delete it "
+        raise ModelFileError(f"{path} is only {path.stat().st_size} bytes: too short for a GGUF header. "
+                             f"Delete it "
                              "and download the model again.", title="Damaged model file")
 
 

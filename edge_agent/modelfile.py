@@ -156,7 +156,8 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
         quantization=_dominant_type(tensors),
         size_bytes=size,
         n_tensors=len(tensors),
-        metadata={k: v for k, v in meta.items() if not isinstance(v, ArrayRef) and k != "tokenizer.chat_template"},
+        metadata={k: v for k, v in meta.items() if not isinstance(v,
+                                                                  ArrayRef) and k != "tokenizer.chat_template"},
         tensors=tuple(tensors),
     )
     if kind == "mmproj":
@@ -168,7 +169,8 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
             vocab_hash = hashlib.sha256(mm[tokens.start : tokens.end]).hexdigest()
         n_vocab = tokens.count
     elif isinstance(tokens, list):  # tiny vocabularies are decoded already
-        vocab_hash = hashlib.sha256(b"".join(struct.pack("<Q", len(t.encode())) + t.encode() for t in tokens)).hexdigest()
+        vocab_hash = hashlib.sha256(b"".join(struct.pack("<Q",
+                                                         len(t.encode())) + t.encode() for t in tokens)).hexdigest()
         n_vocab = len(tokens)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return ModelInfo(
@@ -237,7 +239,8 @@ def read_tokens(path: str | os.PathLike[str]) -> list[str]:
     if isinstance(ref, list):
         return [str(t) for t in ref]
     if not isinstance(ref, ArrayRef):
-        raise ModelFileError(f"{p} has no token list (tokenizer.ggml.tokens): it is not a text model with a tokenizer.")
+        raise ModelFileError(f"{p} has no token list (tokenizer.ggml.tokens): it is not a text model with a "
+                             f"tokenizer.")
     out: list[str] = []
     with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         off = ref.start
@@ -268,13 +271,15 @@ def _inspected(path_or_info: str | os.PathLike[str] | ModelInfo, want: str) -> t
             title="mmproj given as the model")
     if info.kind != want:
         raise ModelFileError(
-            f"{p} is a '{info.architecture}' language model, not a vision projector (mmproj). Pass the model's "
+            f"{p} is a '{info.architecture}' language model, not a vision projector (mmproj). Pass the "
+            f"model's "
             "mmproj file (usually named mmproj-*.gguf, next to the model) as --mmproj.",
             title="Model given as the mmproj")
     return info, p
 
 
-def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, need_vision: bool = False) -> ModelInfo:
+def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *,
+                        need_vision: bool = False) -> ModelInfo:
     """Inspect a file meant as the text (agent or prophet) model and check what would abort llama.cpp."""
     info, p = _inspected(path_or_info, "text")
     arch = info.architecture
@@ -289,28 +294,34 @@ def validate_text_model(path_or_info: str | os.PathLike[str] | ModelInfo, *, nee
             title="Model cannot see images")
     m = info.metadata
     if not info.n_vocab or info.tokenizer_model == "":
-        raise ModelFileError(f"{p} has no tokenizer (tokenizer.ggml.tokens / tokenizer.ggml.model). Use a complete "
+        raise ModelFileError(f"{p} has no tokenizer (tokenizer.ggml.tokens / tokenizer.ggml.model). Use a "
+                             f"complete "
                              "GGUF conversion of the model.")
     if not info.n_embd or not info.n_layer:
-        raise ModelFileError(f"{p} lacks {arch}.embedding_length or {arch}.block_count: the file is incomplete. "
+        raise ModelFileError(f"{p} lacks {arch}.embedding_length or {arch}.block_count: the file is "
+                             f"incomplete. "
                              "Download a complete GGUF conversion.")
     if info.tensor("token_embd.weight") is None:
-        raise ModelFileError(f"{p} has no token_embd.weight tensor: the file is incomplete. Download it again.")
+        raise ModelFileError(f"{p} has no token_embd.weight tensor: the file is incomplete. Download it "
+                             f"again.")
     if arch in ("qwen3vl", "qwen3vlmoe"):
         sections = m.get(f"{arch}.rope.dimension_sections")
         if not isinstance(sections, list) or len(sections) < 3:
-            raise ModelFileError(f"{p}: {arch}.rope.dimension_sections (M-RoPE sections) is missing. The file was "
+            raise ModelFileError(f"{p}: {arch}.rope.dimension_sections (M-RoPE sections) is missing. The "
+                                 f"file was "
                                  "converted by an old or broken script: use a current Qwen3-VL GGUF.")
         if info.n_deepstack >= info.n_layer:
             raise ModelFileError(
-                f"{p}: {arch}.n_deepstack_layers = {info.n_deepstack} is not less than its {info.n_layer} blocks; "
+                f"{p}: {arch}.n_deepstack_layers = {info.n_deepstack} is not less than its {info.n_layer} "
+                f"blocks; "
                 "llama.cpp would abort on the first decode. The file is broken: use another conversion.")
     head_k = _int(m.get(f"{arch}.attention.key_length"))
     head_v = _int(m.get(f"{arch}.attention.value_length"))
     n_rot = _int(m.get(f"{arch}.rope.dimension_count"))
     if arch in MROPE_ARCHS and head_k and ((head_v and head_k != head_v) or (n_rot and n_rot != head_k)):
         raise ModelFileError(f"{p}: attention key length {head_k}, value length {head_v} and rope dimension "
-                             f"{n_rot} must be equal for {arch}; llama.cpp would abort. Use another conversion.")
+                             f"{n_rot} must be equal for {arch}; llama.cpp would abort. Use another "
+                             f"conversion.")
     return info
 
 
@@ -318,15 +329,18 @@ def validate_mmproj(path_or_info: str | os.PathLike[str] | ModelInfo) -> ModelIn
     """Inspect a file meant as the vision projector and check what would make clip/mtmd fail or abort."""
     info, p = _inspected(path_or_info, "mmproj")
     if not info.has_vision:
-        raise ModelFileError(f"{p} is an mmproj without a vision encoder (audio only?). Use the model's vision mmproj.")
+        raise ModelFileError(f"{p} is an mmproj without a vision encoder (audio only?). Use the model's "
+                             f"vision mmproj.")
     known = set().union(*VISION_PROJECTORS.values())
     if info.projector_type not in known:
         raise ModelFileError(
             f"{p} is a '{info.projector_type}' projector, which edge-agent does not support. Supported: "
             f"{', '.join(sorted(known))}. Use the mmproj of a Qwen3-VL GGUF.", title="Unsupported mmproj")
     m = info.metadata
-    missing = [k for k in ("clip.vision.embedding_length", "clip.vision.block_count", "clip.vision.attention.head_count",
-                           "clip.vision.image_size", "clip.vision.patch_size", "clip.vision.feed_forward_length")
+    missing = [k for k in ("clip.vision.embedding_length", "clip.vision.block_count",
+                           "clip.vision.attention.head_count",
+                           "clip.vision.image_size", "clip.vision.patch_size",
+                           "clip.vision.feed_forward_length")
                if not _int(m.get(k))]
     if missing:
         raise ModelFileError(f"{p} lacks {', '.join(missing)}: the mmproj is incomplete. Download it again.")
@@ -343,22 +357,26 @@ def _check_qwen_vision(info: ModelInfo) -> None:
     p, m = info.path, info.metadata
     n_head = _int(m.get("clip.vision.attention.head_count"))
     if info.n_embd % n_head or (info.n_embd // n_head) % 4:
-        raise ModelFileError(f"{p}: vision width {info.n_embd} with {n_head} heads gives a head size that is not a "
+        raise ModelFileError(f"{p}: vision width {info.n_embd} with {n_head} heads gives a head size that is "
+                             f"not a "
                              "multiple of 4, which Qwen's vision M-RoPE needs." + _BROKEN_MMPROJ)
     required = ["v.patch_embd.weight", "v.position_embd.weight", "mm.0.weight", "mm.2.weight", "mm.2.bias"]
     if info.projector_type == "qwen3vl_merger":
         required.append("v.patch_embd.bias")
     missing = [n for n in required if info.tensor(n) is None]
     if missing:
-        raise ModelFileError(f"{p} lacks tensors {', '.join(missing)} that a {info.projector_type} mmproj needs; "
+        raise ModelFileError(f"{p} lacks tensors {', '.join(missing)} that a {info.projector_type} mmproj "
+                             f"needs; "
                              "llama.cpp would abort. Use the mmproj that belongs to the model.")
     if info.tensor("v.class_embd") is not None and info.projector_type == "qwen3vl_merger":
         raise ModelFileError(f"{p} has a class embedding, which a qwen3vl_merger mmproj must not have." + _BROKEN_MMPROJ)
     pos = info.tensor("v.position_embd.weight")
     if pos is not None and info.projector_type == "qwen3vl_merger":
         if pos.type != "F32":
-            raise ModelFileError(f"{p}: v.position_embd.weight is {pos.type}; llama.cpp needs it in F32. Use an "
-                                 "mmproj converted with current llama.cpp (F16 or F32 mmproj files keep it F32).")
+            raise ModelFileError(f"{p}: v.position_embd.weight is {pos.type}; llama.cpp needs it in F32. Use "
+                                 f"an "
+                                 "mmproj converted with current llama.cpp (F16 or F32 mmproj files keep it "
+                                 "F32).")
         n_pos = pos.shape[1] if len(pos.shape) > 1 else 0
         if n_pos <= 0 or math.isqrt(n_pos) ** 2 != n_pos:
             raise ModelFileError(f"{p}: v.position_embd.weight has {n_pos} positions, not a square grid. The "
@@ -389,14 +407,16 @@ def check_pair(text: ModelInfo, mmproj: ModelInfo) -> None:
     if mmproj.projector_type not in allowed:
         raise ModelFileError(
             f"{mmproj.path.name} is a '{mmproj.projector_type}' projector but {text.path.name} is a "
-            f"'{text.architecture}' model, which needs {' or '.join(sorted(allowed))}. Use the mmproj file published "
+            f"'{text.architecture}' model, which needs {' or '.join(sorted(allowed))}. Use the mmproj file "
+            f"published "
             "with the model.", title="mmproj does not fit the model")
     if mmproj.n_embd_out != text.n_embd_inp:
         detail = (f"the mmproj produces image embeddings {mmproj.n_embd_out} wide "
-                  f"({mmproj.projection_dim} x (1 + {mmproj.vision_deepstack} deepstack)) but the model reads "
-                  f"{text.n_embd_inp} ({text.n_embd} x (1 + {text.n_deepstack} deepstack))")
+                  f"({mmproj.projection_dim} x (1 + {mmproj.vision_deepstack} deepstack)) but the model "
+                  f"reads {text.n_embd_inp} ({text.n_embd} x (1 + {text.n_deepstack} deepstack))")
         raise ModelFileError(
-            f"{mmproj.path.name} does not fit {text.path.name}: {detail}.{_size_hint(text, mmproj)} Use the mmproj "
+            f"{mmproj.path.name} does not fit {text.path.name}: {detail}.{_size_hint(text, mmproj)} Use the "
+            f"mmproj "
             "from the same model repository and size as the model.", title="mmproj does not fit the model")
     if text.architecture.startswith("qwen3vl") and mmproj.projection_dim != text.n_embd:
         raise ModelFileError(
@@ -409,13 +429,15 @@ def check_same_tokenizer(a: ModelInfo, b: ModelInfo, *, max_listed: int = 5) -> 
     """Raise ModelFileError unless ``a`` and ``b`` have identical token lists (SeProD compares token ids)."""
     for info in (a, b):
         if info.kind != "text" or not info.n_vocab:
-            raise ModelFileError(f"{info.path} is not a text model with a tokenizer; SeProD needs two text models. "
+            raise ModelFileError(f"{info.path} is not a text model with a tokenizer; SeProD needs two text "
+                                 f"models. "
                                  "Pass the agent's text GGUF and its base model's text GGUF (not an mmproj).")
     if a.vocab_hash == b.vocab_hash:
         if a.eos_token_id != b.eos_token_id:
             raise ModelFileError(
                 f"{a.path.name} and {b.path.name} have the same tokens but different end-of-sequence tokens "
-                f"({a.eos_token_id} vs {b.eos_token_id}). Use the base model of the same family as the prophet.",
+                f"({a.eos_token_id} vs {b.eos_token_id}). Use the base model of the same family as the "
+                f"prophet.",
                 title="Tokenizers differ")
         return
     ta, tb = read_tokens(a.path), read_tokens(b.path)
@@ -433,7 +455,8 @@ def check_same_tokenizer(a: ModelInfo, b: ModelInfo, *, max_listed: int = 5) -> 
         parts.append(f"{n_diff} differing ids (first: {'; '.join(diffs)})")
     raise ModelFileError(
         f"The prophet must share the agent model's tokenizer, but {a.path.name} and {b.path.name} differ: "
-        f"{', '.join(parts)}. Use the base (un-finetuned) model of the same family and size as the prophet, or "
+        f"{', '.join(parts)}. Use the base (un-finetuned) model of the same family and size as the prophet, "
+        f"or "
         "turn SeProD off.", title="Tokenizers differ")
 
 
@@ -504,7 +527,8 @@ def check_context(
     scored candidates); return the tokens left over. ``image_tokens`` is the sum of
     :func:`estimate_image_tokens` ``.n_tokens`` over the images (KV cells, not positions)."""
     if n_ctx <= 0:
-        raise ConfigError(f"n_ctx = {n_ctx}: the context length must be positive. Set n_ctx (e.g. 8192) in the "
+        raise ConfigError(f"n_ctx = {n_ctx}: the context length must be positive. Set n_ctx (e.g. 8192) in "
+                          f"the "
                           "settings or with EDGE_AGENT_N_CTX.")
     need = prompt_tokens + image_tokens + reserve_tokens
     if need > n_ctx:

@@ -105,7 +105,8 @@ class PendingTurn:
         return sum(e.question for e in self.read)
 
     def extend(self, s: SessionLike, base: Checkpoint, target: list[Element], *,
-               cancel: threading.Event | None = None, image_cancel: threading.Event | None = None) -> Extended:
+               cancel: threading.Event | None = None,
+               image_cancel: threading.Event | None = None) -> Extended:
         """Make the session hold ``base`` + ``target``: the longest common prefix with what was read ahead
         is kept, the rest rolled back, the remainder evaluated. ``cancel`` aborts a text step (the session
         then holds the part done so far), ``image_cancel`` an image's decode (None: an image is always

@@ -146,7 +146,8 @@ def _try_open(path: Path) -> sqlite3.Connection | None:
 def _header(page_size: int, n_pages: int, wal: bool) -> bytes:
     """A plain 100-byte SQLite header (format 4, UTF-8, no freelist) for a file whose own was lost."""
     version = 2 if wal else 1
-    return (_HEADER + struct.pack(">HBBBBBB", page_size if page_size < 65536 else 1, version, version, 0, 64, 32, 32)
+    return (_HEADER + struct.pack(">HBBBBBB", page_size if page_size < 65536 else 1, version, version, 0, 64,
+                                  32, 32)
             + struct.pack(">IIIIIIIIIIII", 1, n_pages, 0, 0, 1, 4, 0, 0, 1, 0, 0, 0)
             + bytes(20) + struct.pack(">II", 1, sqlite3.sqlite_version_info[0] * 1_000_000
                                       + sqlite3.sqlite_version_info[1] * 1000 + sqlite3.sqlite_version_info[2]))
@@ -199,7 +200,8 @@ def _scan(src: sqlite3.Connection, table: str, names: str, descending: bool,
     stride = 1
     while True:
         try:
-            rows = src.execute(f"SELECT rowid, {names} FROM {table} WHERE rowid {op} ? ORDER BY rowid {order} "
+            rows = src.execute(f"SELECT rowid, {names} FROM {table} WHERE rowid {op} ? ORDER BY rowid "
+                               f"{order} "
                                "LIMIT ?", (last, batch)).fetchall()
         except sqlite3.DatabaseError:
             rows = None

@@ -21,9 +21,11 @@ class ForeignDatabase(sqlite3.DatabaseError):
     """The file is an SQLite database, but holds tables that are not ours: never write into it."""
 
 
-def connect(path: Path | str, *, busy_timeout: float = 15.0, check_same_thread: bool = True) -> sqlite3.Connection:
+def connect(path: Path | str, *, busy_timeout: float = 15.0,
+            check_same_thread: bool = True) -> sqlite3.Connection:
     """An open connection to ``path`` (created if missing) with the pragmas above. Raises ``sqlite3.Error``."""
-    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=check_same_thread)
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                           check_same_thread=check_same_thread)
     try:
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         _wal(conn)

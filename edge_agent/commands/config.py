@@ -42,7 +42,8 @@ def set_(key: str, value: str) -> None:
     # The new value is applied before validation, so a file holding a bad value can be fixed here.
     from edge_agent.agent.prompts import check_n_ctx
 
-    s = Settings.load({key: value}, check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
+    s = Settings.load({key: value},
+                      check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
     _check_files(s, key)
     path = s.save()
     if key in SECRET_FIELDS:  # a key is never printed; an emptied one is said to be gone
@@ -86,7 +87,8 @@ def _check_files(s: Settings, key: str) -> None:
 
         find_model(s, value, detect_mmproj=False)
     elif key in ("mmproj", "prophet_mmproj") and not Path(value).expanduser().is_file():
-        raise ConfigError(f"Setting {key}: no file {value}. Give the path of the vision projector GGUF (its name "
+        raise ConfigError(f"Setting {key}: no file {value}. Give the path of the vision projector GGUF (its "
+                          f"name "
                           "usually starts with 'mmproj'), or an empty value for none.")
     elif key == "rationales":
         from edge_agent.agent.rationales import load_library
@@ -109,7 +111,8 @@ def explain() -> None:
             lo = min_n_ctx(Settings()) if f.name == "n_ctx" else lo  # what the default system prompt needs
             click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None else ""))
         elif f.name in URL_FIELDS:
-            click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url", "public_image_url_prefix") else ""))
+            click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url",
+                                                                                             "public_image_url_prefix") else ""))
 
 
 @command.command("path")

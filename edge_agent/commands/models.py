@@ -54,7 +54,8 @@ def _memory_cell(r: ModelStatus) -> str:
 # list
 # ------------------------------------------------------------------------------------------------
 @command.command("list")
-@click.option("--installed", "only_installed", is_flag=True, help="Only models on this machine (and the demo).")
+@click.option("--installed", "only_installed", is_flag=True,
+              help="Only models on this machine (and the demo).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(only_installed: bool, as_json: bool) -> None:
     """Installed and available models: size, quantization, architecture, mmproj pairing, role."""
@@ -68,7 +69,8 @@ def list_(only_installed: bool, as_json: bool) -> None:
     table = [("", "NAME", "STATUS", "SIZE", "QUANT", "ARCH", "VISION (mmproj)", "ROLE", "MEMORY (+prophet)")]
     for r in rows:
         table.append(("*" if r.is_default else "", r.name, STATUS_TEXT.get(r.status, r.status),
-                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj, ",".join(r.roles),
+                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj,
+                      ",".join(r.roles),
                       _memory_cell(r)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -192,8 +194,8 @@ def say_default(settings: Settings, name: str) -> None:
         click.echo(f"{name} is now the default model: `edge-agent` and `edge-agent ask` use it without flags "
                    "(another: `edge-agent config set model NAME`).")
     else:
-        click.echo(f"The default model stays {default or 'unset'}. Use this one with `--model {name}`, or make it "
-                   f"the default: `edge-agent config set model {name}`.")
+        click.echo(f"The default model stays {default or 'unset'}. Use this one with `--model {name}`, or "
+                   f"make it the default: `edge-agent config set model {name}`.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,7 +207,8 @@ def _derive_name(path: Path) -> str:
 
 @command.command("add")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--mmproj", "mmproj", type=click.Path(path_type=Path), help="The model's vision projector GGUF.")
+@click.option("--mmproj", "mmproj", type=click.Path(path_type=Path),
+              help="The model's vision projector GGUF.")
 @click.option("--name", "name", help="Name to use (default: from the file name).")
 @click.option("--role", "roles", multiple=True, type=click.Choice(["agent", "prophet"]),
               help="agent (default) and/or prophet (SeProD base model). Repeat for both.")
@@ -234,8 +237,8 @@ def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...
         raise ModelFileError(f"{name!r} is the name of a catalog model. Choose another with --name.")
     existing = registry.get(name)
     if existing is not None and os.path.abspath(existing.path) != str(path):
-        raise ModelFileError(f"A model named {name!r} is already registered ({existing.path}). Choose another "
-                             f"name with --name, or `edge-agent models remove {name}` first.")
+        raise ModelFileError(f"A model named {name!r} is already registered ({existing.path}). Choose "
+                             f"another name with --name, or `edge-agent models remove {name}` first.")
     model = InstalledModel(
         name=name, path=str(path), mmproj=str(mmproj) if mmproj else None, source="add", catalog=None,
         roles=list(roles or ("agent",)), tokenizer=_tokenizer_family(info), architecture=info.architecture,
@@ -285,7 +288,8 @@ def info(name: str) -> None:
                              title="Unknown model")
     lines: list[tuple[str, str]] = [("name", installed.name if installed else entry.name)]
     if entry is not None:
-        lines += [("description", entry.description), ("family", f"{entry.family} {entry.params} {entry.variant}"),
+        lines += [("description", entry.description), ("family",
+                                                       f"{entry.family} {entry.params} {entry.variant}"),
                   ("quantization", entry.quant), ("architecture", entry.architecture),
                   ("roles", ", ".join(entry.roles)), ("tokenizer", entry.tokenizer)]
         if entry.aliases:
@@ -295,7 +299,8 @@ def info(name: str) -> None:
         else:
             lines.append(("hub repo", f"{entry.repo} @ {entry.revision}"))
             if entry.download_size:  # the one size every screen shows: model + mmproj
-                lines.append(("download size", human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
+                lines.append(("download size",
+                              human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
             for label, f in (("model file", entry.file), ("mmproj file", entry.mmproj)):
                 if f is not None:
                     approx = " (about)" if f.size_approx else ""
@@ -305,10 +310,12 @@ def info(name: str) -> None:
                 lines.append(("mmproj file", "none: text only"))
         prophets = [p.name for p in catalog.prophets_for(entry)] if "agent" in entry.roles else []
         if prophets:
-            lines.append(("prophets (same tokenizer)", ", ".join(prophets[:6]) + (" ..." if len(prophets) > 6 else "")))
+            lines.append(("prophets (same tokenizer)",
+                          ", ".join(prophets[:6]) + (" ..." if len(prophets) > 6 else "")))
     paths: list[Path] = []
     if installed is not None:
-        lines += [("status", "installed (pulled)" if installed.source == "pull" else "added (registered by path)"),
+        lines += [("status",
+                   "installed (pulled)" if installed.source == "pull" else "added (registered by path)"),
                   ("model path", installed.path), ("mmproj path", installed.mmproj or "none: text only"),
                   ("roles", ", ".join(installed.roles))]
         paths = [p for p in (installed.model_path, installed.mmproj_path) if p]
@@ -354,7 +361,8 @@ def remove(name: str, yes: bool) -> None:
         registry.remove(m.name)
         click.echo(f"Unregistered {m.name}; its files were left where they are ({m.path}).")
         return
-    others = {os.path.abspath(p) for x in registry.models if x.name != m.name for p in (x.path, x.mmproj) if p}
+    others = {os.path.abspath(p) for x in registry.models if x.name != m.name for p in (x.path,
+                                                                                        x.mmproj) if p}
     doomed = [Path(p) for p in (m.path, m.mmproj) if p and os.path.abspath(p) not in others]
     present = [p for p in doomed if p.exists()]
     total = sum(p.stat().st_size for p in present)
@@ -377,9 +385,11 @@ def remove(name: str, yes: bool) -> None:
 @command.command("verify")
 @click.argument("name")
 @click.option("--mmproj", default="", help="Check this mmproj instead of the registered one.")
-@click.option("--prophet", default=None, help="Also check that this model (name or path) can be NAME's prophet. "
+@click.option("--prophet", default=None,
+              help="Also check that this model (name or path) can be NAME's prophet. "
               "Default: the prophet setting.")
-@click.option("--checksum", is_flag=True, help="Also re-hash pulled files against the sha256 recorded at download.")
+@click.option("--checksum", is_flag=True,
+              help="Also re-hash pulled files against the sha256 recorded at download.")
 def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
     """Read the GGUF headers: architecture, vocabulary, context length, mmproj fit, prophet tokenizer fit."""
     from edge_agent import modelfile
@@ -391,7 +401,8 @@ def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
     if model.mmproj_path is not None:
         mm = _step("mmproj", lambda: modelfile.validate_mmproj(model.mmproj_path), lambda i: i.summary())
         _step("pairing", lambda: modelfile.check_pair(info, mm),
-              lambda _: f"the mmproj fits: image embeddings {mm.n_embd_out} wide = model input {info.n_embd_inp}")
+              lambda _: f"the mmproj fits: image embeddings {mm.n_embd_out} wide = model input "
+                        f"{info.n_embd_inp}")
     elif info.supports_vision:
         click.echo(f"  ! vision   no mmproj: text only; image questions are refused. Add one with "
                    f"`edge-agent models add {model.model_path} --mmproj MMPROJ.gguf`.")
@@ -401,10 +412,12 @@ def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
         _verify_checksums(settings, model)
     prophet = settings.prophet if prophet is None else prophet
     if prophet:
-        p = find_model(settings, prophet, detect_mmproj=False)  # the tokenizer check needs the text model only
+        p = find_model(settings, prophet,
+                       detect_mmproj=False)  # the tokenizer check needs the text model only
         pinfo = _step("prophet", lambda: modelfile.validate_text_model(p.model_path), lambda i: _text_line(i))
         _step("tokenizer", lambda: modelfile.check_same_tokenizer(info, pinfo),
-              lambda _: f"{p.name} shares the tokenizer ({info.n_vocab} tokens): it can draft for {model.name}")
+              lambda _: f"{p.name} shares the tokenizer ({info.n_vocab} tokens): it can draft for "
+                        f"{model.name}")
     click.echo("OK")
 
 
@@ -434,7 +447,8 @@ def _verify_checksums(settings: Settings, model: ResolvedModel) -> None:
         click.echo("  - checksum  no sha256 recorded (only pulled models have one)")
         return
     for p, want in pairs:
-        _step("checksum", lambda p=p, want=want: _compare(Path(p), want), lambda _, p=p: f"{Path(p).name} sha256 ok")
+        _step("checksum", lambda p=p, want=want: _compare(Path(p), want), lambda _,
+              p=p: f"{Path(p).name} sha256 ok")
 
 
 def _compare(path: Path, want: str) -> None:
@@ -442,6 +456,7 @@ def _compare(path: Path, want: str) -> None:
 
     got = sha256_file(path)
     if got != want:
-        raise ModelFileError(f"{path.name} has sha256 {got} but {want} was downloaded: the file changed on disk. "
+        raise ModelFileError(f"{path.name} has sha256 {got} but {want} was downloaded: the file changed on "
+                             f"disk. "
                              "Pull the model again (`edge-agent models pull NAME --force`).",
                              title="Checksum mismatch")

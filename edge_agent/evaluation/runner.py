@@ -63,7 +63,8 @@ def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any =
     if mode.ablation_library:
         lib = builtin_library(mode.ablation_library)
     elif mode.keep_ids:
-        lib = Library(tuple(r for r in lib if r.id in mode.keep_ids), f"{lib.source} ({', '.join(mode.keep_ids)})")
+        lib = Library(tuple(r for r in lib if r.id in mode.keep_ids),
+                      f"{lib.source} ({', '.join(mode.keep_ids)})")
     return AgentOptions.from_settings(settings, mode=mode.engine_mode, seed=seed, library=lib,
                                       index_only=mode.index_only or settings.ssr_index_only)
 
@@ -77,7 +78,8 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
             cancel: threading.Event | None) -> Iterable[ev.Event]:
         if not mode.library:
             return default_ask(engine, mode, q, cancel)
-        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library],
+        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode,
+                                          library=libraries[mode.library],
                                           seed=_seed(engine, q))
         image = str(q.image) if q.image is not None else None
         return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
@@ -99,7 +101,9 @@ class EvalRun:
     ran: int  # (question, mode) pairs run now; the rest came from results.jsonl
     fingerprint: dict[str, Any] = field(default_factory=dict)
     model_files: dict[str, str] = field(default_factory=dict)  # role -> the file loaded (run.json keeps them)
-    cluster: dict[str, Any] | None = None  # a cluster run: workers, threads, nodes (edge_agent.cluster.RayWorkers.info)
+    cluster: dict[str,
+                  # a cluster run: workers, threads, nodes (edge_agent.cluster.RayWorkers.info)
+                  Any] | None = None
 
 
 ProgressFn = Callable[[int, int, dict[str, Any] | None], None]  # (done, total, record just finished)
@@ -189,7 +193,8 @@ def run_eval(
         if files:
             store.note("model_files", files)
     # Re-score with the answers as they are now (a corrected answer key needs no rerun).
-    records = [_rescored(store.records[(m.name, q.id)], q) for q in questions for m in specs if store.has(m.name, q.id)]
+    records = [_rescored(store.records[(m.name, q.id)],
+                         q) for q in questions for m in specs if store.has(m.name, q.id)]
     return EvalRun(dataset, questions, specs, Path(out_dir), records, compute_metrics(records, specs),
                    ran=pending, fingerprint=fingerprint or {}, model_files=store.noted("model_files") or {},
                    cluster=workers.info() if workers is not None else None)

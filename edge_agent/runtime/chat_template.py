@@ -22,8 +22,8 @@ from edge_agent.runtime.types import ChatTemplate
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
-    "{% endif %}{{ '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% "
+    "endfor %}{% endif %}{{ '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 

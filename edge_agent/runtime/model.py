@@ -70,7 +70,8 @@ class Model:
         self.kv_type = p.kv_type
         self.extra_buffers = p.extra_buffers
         self.image_px_per_token = 0  # pixels per image-token side (patch * merge; 32 for Qwen3-VL), 0 unknown
-        self.mmproj_identity = ""  # the mmproj file's identity: with an image and its grid, what fixes an embedding
+        # the mmproj file's identity: with an image and its grid, what fixes an embedding
+        self.mmproj_identity = ""
         self.vision_identity = ""  # mmproj + mtmd's image limits: what fixes how an image becomes tokens
         if mmproj is not None:
             self.mmproj_identity = mmproj_identity or file_identity(mmproj)
@@ -157,13 +158,16 @@ class Model:
             kv_type, start = auto_kv_type(info, n_ctx)
         start = min(n_ctx, n_ctx_start or start)
         params = Params(
-            n_ctx=start, n_ctx_max=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
-            n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
+            n_ctx=start, n_ctx_max=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
+            n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
+            n_threads_batch=default_threads(n_threads_batch),
+            extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
         mm_id = file_identity(mm) if mm is not None else ""
         tower = share_vision_with.handle.vision if share_vision_with is not None else None
-        handle = Handle.open(path, mm, params, vision_key=vision_key(mm_id, params.image_tokens) if mm_id else "",
+        handle = Handle.open(path, mm, params, vision_key=vision_key(mm_id,
+                                                                     params.image_tokens) if mm_id else "",
                              share_vision=tower)
         try:
             return cls(handle, info, mm, mm_info, mmproj_identity=mm_id)
@@ -173,7 +177,8 @@ class Model:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None, **kw: Any
+        cls, settings: Settings, path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None,
+        **kw: Any
     ) -> Model:
         """:meth:`load` with context size, threads and extra buffers taken from ``settings``."""
         kw.setdefault("n_ctx", settings.n_ctx)
@@ -247,7 +252,8 @@ class Model:
         with self.lock:
             self.handle.check_open()
             if not self.has_vision:
-                raise ModelFileError(f"{self.path.name} was loaded without a vision projector, so it cannot read "
+                raise ModelFileError(f"{self.path.name} was loaded without a vision projector, so it cannot "
+                                     f"read "
                                      "images.", title="No vision")
             with vision.prepare(self.handle, bytes(image)) as prep:
                 for part in prep.parts:

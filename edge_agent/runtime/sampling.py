@@ -165,7 +165,8 @@ class Sampler:
         self._apply(data)
         masked = data["logit"].copy()
         if not np.isfinite(masked).any():
-            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this vocabulary).")
+            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this "
+                                    "vocabulary).")
         return masked
 
 

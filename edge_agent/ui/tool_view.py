@@ -81,7 +81,8 @@ class ToolView(Vertical):
         t = call_text(self.called) if self.called is not None else Text()
         if self.called is not None:
             t.append("\n")
-        t.append_text(badge(e.status if e.ok or e.status in ("unreachable", "unconfigured", "offline") else "error"))
+        t.append_text(badge(e.status if e.ok or e.status in ("unreachable", "unconfigured",
+                                                             "offline") else "error"))
         t.append(f" {e.name} ", style="bold")
         t.append("ok" if e.ok else "failed", style="green" if e.ok else "red")
         n = len(e.results)
@@ -102,6 +103,7 @@ class ToolView(Vertical):
             src = self.images.get(int(args.get("img_idx", 0) or 0)) if isinstance(args, dict) else None
             previews = []
             if src:
-                previews.append(ImagePreview(src, width=24, height=8, box=args.get("bbox_2d"), classes="zoom-original"))
+                previews.append(ImagePreview(src, width=24, height=8, box=args.get("bbox_2d"),
+                                             classes="zoom-original"))
             previews.append(ImagePreview(e.image_path, width=24, height=8, classes="zoom-crop"))
             await put(self, Horizontal(*previews, classes="tool-images"))
