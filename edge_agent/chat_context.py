@@ -22,7 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge_agent.agent.context import Opened, append_segments
-from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.agent.prompts import (
+    ImageArg,
+    Img,
+    Segment,
+    Text,
+    history_segments,
+    question_images,
+    question_segments,
+)
 from edge_agent.pending_turn import PendingTurn, elements
 from edge_agent.runtime.state import KeyHasher, SessionState, StateError, StateStore, image_digest
 from edge_agent.runtime.types import ChatModelLike, ChatSessionLike, Checkpoint, ImageChunk, SessionLike
@@ -37,11 +45,13 @@ class _Boundary:
 
 @dataclass(frozen=True)
 class AheadState:
-    """What is read ahead now: the image (None: none in the pending turn) and the person's text."""
+    """What is read ahead now: the images of the pending turn (``image`` the last, None: none) and the
+    person's text."""
 
     image: ImageChunk | None
     question_tokens: int
     cells: int  # KV cells of the pending turn
+    images: tuple[ImageChunk, ...] = ()
 
 
 class ChatContexts:
@@ -172,11 +182,12 @@ class ChatContexts:
             return None, source, "the settings changed the system prompt"
         return found, source, ""
 
-    def unless_held(self, s: ChatSessionLike, b: _Boundary, image: bytes | None) -> bytes | None:
-        """``image`` unless the chat up to ``b`` holds it already (then the question refers to it)."""
-        if image is None or image_digest(image) in {i.digest for i in s.images[: b.cp.n_images]}:
-            return None
-        return image
+    def unless_held(self, s: ChatSessionLike, b: _Boundary, image: ImageArg) -> ImageArg:
+        """``image`` unless the chat up to ``b`` holds it already (then the question refers to it); of
+        several images, each one held is None (its number stays)."""
+        held = {i.digest for i in s.images[: b.cp.n_images]}
+        pngs = [p if p is not None and image_digest(p) not in held else None for p in question_images(image)]
+        return pngs if len(pngs) > 1 else (pngs[0] if pngs else None)
 
     def fits(self, s: SessionLike, b: _Boundary, segs: Sequence[Segment]) -> bool:
         return b.cp.n_cells + self.estimate(s, segs) + self.reserve <= self.model.n_ctx
@@ -191,9 +202,9 @@ class ChatContexts:
         return n
 
     # ---- read-ahead ---------------------------------------------------------------------------------
-    def read_ahead(self, system: str, continue_from: str, image: bytes | None, text: str, *, closed: bool = False,
+    def read_ahead(self, system: str, continue_from: str, image: ImageArg, text: str, *, closed: bool = False,
                    cancel: threading.Event | None = None) -> AheadState | None:
-        """Read what the person has given so far (``image``: the attached photo's model PNG; ``text``: the
+        """Read what the person has given so far (``image``: the attached photos' model PNGs; ``text``: the
         question's stable prefix; ``closed``: it is the whole question, the turn's end is read too) into
         the pending user turn after the chat ``continue_from`` ('' a new chat: after the system prompt,
         evaluated or restored here if need be). Keeps what was read already as far as it still matches.
@@ -223,7 +234,7 @@ class ChatContexts:
         images = [piece.chunk for piece in p.pieces if piece.chunk is not None]
         s = p.session
         cells = s.n_cells - p.base.n_cells if s is not None and p.base is not None else 0
-        return AheadState(images[-1] if images else None, p.question_tokens(), cells)
+        return AheadState(images[-1] if images else None, p.question_tokens(), cells, tuple(images))
 
     def drop_ahead(self) -> None:
         """Roll back what was read ahead (a new chat, leaving a chat): the chat's context as it was."""
@@ -251,7 +262,7 @@ class QuestionContext:
         self.system_key = ""
         self.session: ChatSessionLike | None = None  # the session open() handed the loop
 
-    def open(self, system: str, question: str, image: bytes | None, *,
+    def open(self, system: str, question: str, image: ImageArg, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
         o = self.owner
@@ -305,7 +316,7 @@ class QuestionContext:
                       question_read_ahead=ext.kept_question, images_read_ahead=ext.kept_images,
                       seconds=time.perf_counter() - t0)
 
-    def _fit(self, s: SessionLike, b: _Boundary, question: str, image: bytes | None) -> list[tuple[str, str]]:
+    def _fit(self, s: SessionLike, b: _Boundary, question: str, image: ImageArg) -> list[tuple[str, str]]:
         """The latest earlier exchanges that fit beside the question and the reserve (oldest dropped)."""
         if not self.history:
             return []

@@ -36,6 +36,7 @@ def export_json(store: ChatStore, chat_id: int) -> dict[str, Any]:
                 "role": m.role,
                 "text": m.text,
                 "image": m.image,
+                "images": m.images,
                 "status": m.status,
                 "replaced": m.replaced,
                 "created": m.created,
@@ -58,8 +59,8 @@ def export_markdown(store: ChatStore, chat_id: int, *, image_ref=None) -> str:
     for m in chat.messages:
         if m.role == "user":
             lines += ["## You", ""]
-            if m.image:
-                lines += [f"![attached image]({ref(m.image)})", ""]
+            for path in m.images:
+                lines += [f"![attached image]({ref(path)})", ""]
             lines += [m.text, ""]
             continue
         lines += ["## edge-agent", ""]

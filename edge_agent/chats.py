@@ -7,17 +7,19 @@ a chat to Markdown and JSON (tool calls, crops, rationale scores included).
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 
-Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's
-last answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none); ``messages(id, chat_id, role, text, image, status,
-created, context, replaced)`` where role is ``user`` or ``assistant`` and an assistant status is ``running`` until its
-run ends (``answered``, ``turn_limit``, ``cancelled``, ``error``); ``replaced`` 1: a /retry or /edit
-took this exchange's place (shown, not continued: never part of the model's context again); ``events(message_id, seq, kind,
-data)`` holds ``Event.to_json()`` of each event of that answer. A ``running`` answer found on open
-was cut off by a crash and reads as ``interrupted``.
+Layout: ``chats(id, title, created, updated, models)`` (models: JSON of the model files the chat's last
+answer was made with, {"model", "mmproj", "prophet", "prophet_mmproj"}: paths, "" for none);
+``messages(id, chat_id, role, text, image, status, created, context, replaced, images)``: role ``user`` or
+``assistant``, an assistant status ``running`` until its run ends (``answered``, ``turn_limit``,
+``cancelled``, ``error``), ``replaced`` 1: a /retry or /edit took this exchange's place (shown, not
+continued: never in the model's context again), ``images`` a question's several images (JSON); ``events(
+message_id, seq, kind, data)``: ``Event.to_json()`` of each event of an answer. A ``running`` answer found
+on open was cut off by a crash and reads as ``interrupted``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -26,7 +28,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,9 @@ from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
 
 # 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
-# 4: messages.replaced (an exchange a /retry or /edit replaced); 5: messages_fts (full-text search of the texts)
-SCHEMA_VERSION = 5
+# 4: messages.replaced (an exchange a /retry or /edit replaced); 5: messages_fts (full-text search of texts);
+# 6: messages.images (a question's images when it has several: a JSON list; ``image`` holds the first)
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -59,7 +62,8 @@ CREATE TABLE IF NOT EXISTS messages (
     status TEXT NOT NULL DEFAULT 'done',
     created REAL NOT NULL,
     context TEXT NOT NULL DEFAULT '',
-    replaced INTEGER NOT NULL DEFAULT 0
+    replaced INTEGER NOT NULL DEFAULT 0,
+    images TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS events (
@@ -101,6 +105,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (  # _MIGRATIONS[v - 1] takes a versi
     ("ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",),
     ("ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",),
     _FTS,
+    ("ALTER TABLE messages ADD COLUMN images TEXT NOT NULL DEFAULT ''",),
 )
 
 
@@ -132,6 +137,12 @@ class Message:
     created: float
     events: list[ev.Event] = field(default_factory=list)
     replaced: bool = False  # a /retry or /edit took this exchange's place
+    more_images: tuple[str, ...] = ()  # a question with several images: those after ``image``
+
+    @property
+    def images(self) -> list[str]:
+        """The question's images, in order (``image`` and ``more_images``)."""
+        return ([self.image] if self.image else []) + list(self.more_images)
 
 
 @dataclass
@@ -145,19 +156,20 @@ class Chat:
 
     @property
     def images(self) -> list[str]:
-        """Every image attached in this chat, in order (a chat can hold several)."""
-        return [m.image for m in self.messages if m.role == "user" and m.image]
+        """Every image attached in this chat, in order (a chat, and a question, can hold several)."""
+        return [p for m in self.messages if m.role == "user" for p in m.images]
 
 
 @dataclass
 class Continuation:
     """A chat as the engine continues it: the saved context key of its last kept answer, its
-    finished (question, answer) pairs (for a rebuild) and its current image."""
+    finished (question, answer) pairs (for a rebuild) and its current image(s)."""
 
     chat_id: int
     exchanges: list[tuple[str, str, str]] = field(default_factory=list)  # (question, answer, context key)
-    image: str | None = None
-    images: list[str | None] = field(default_factory=list)  # the image each exchange's question was asked with
+    image: str | None = None  # the last image asked about (the first of the last question's several)
+    images: list[str | tuple[str, ...] | None] = field(default_factory=list)  # per exchange (a tuple: more)
+    last_images: tuple[str, ...] = ()  # the images of the last question that had any
     models: dict[str, str] = field(default_factory=dict)  # the files of its last answer ({}: not recorded)
 
     @property
@@ -171,7 +183,7 @@ class Continuation:
         return [(q, a) for q, a, _ in self.exchanges if a]
 
     @property
-    def turns(self) -> list[tuple[str, str, str | None]]:
+    def turns(self) -> list[tuple[str, str, str | tuple[str, ...] | None]]:
         """The answered exchanges with the image each question was asked with: (question, answer, image)."""
         images = self.images + [None] * (len(self.exchanges) - len(self.images))
         return [(q, a, img) for (q, a, _), img in zip(self.exchanges, images, strict=True) if a]
@@ -180,8 +192,6 @@ class Continuation:
 class ChatStoreError(EdgeAgentError):
     title = "Chat history problem"
 
-
-# --- the store --------------------------------------------------------------------------------------
 
 class ChatStore:
     """All chats in one SQLite file (``Settings.chats_path``). Open once per process; close at exit."""
@@ -377,17 +387,20 @@ class ChatStore:
         self._exec("UPDATE chats SET updated=? WHERE id=?", (time.time(), chat_id))
 
     # --- messages ---
-    def add_user_message(self, chat_id: int, text: str, image: str | None = None, *,
+    def add_user_message(self, chat_id: int, text: str, image: str | Sequence[str] | None = None, *,
                          replace_last: bool = False) -> int:
-        """A question of the chat. ``replace_last`` (a /retry or an edited question): it takes the place of
-        the chat's last exchange, which stays in the chat, marked replaced, but is no longer continued."""
+        """A question of the chat (``image``: its file, or a list of several). ``replace_last`` (a /retry or
+        an edited question): it takes the place of the chat's last exchange, which stays in the chat, marked
+        replaced, but is no longer continued."""
+        paths = [image] if isinstance(image, str) else [p for p in image or () if p]
+        image, more = (paths[0] if paths else None), (json.dumps(paths) if len(paths) > 1 else "")
         with self._lock:
             if replace_last:
                 self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM messages "
                            "WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
             cur = self._exec(
-                "INSERT INTO messages(chat_id, role, text, image, status, created) VALUES (?, 'user', ?, ?, 'done', ?)",
-                (chat_id, text, image, time.time()),
+                "INSERT INTO messages(chat_id, role, text, image, images, status, created) "
+                "VALUES (?, 'user', ?, ?, ?, 'done', ?)", (chat_id, text, image, more, time.time()),
             )
             # The first question names the chat until the user renames it.
             n = self._exec("SELECT COUNT(*) FROM messages WHERE chat_id=? AND role='user'", (chat_id,)).fetchone()[0]
@@ -454,7 +467,7 @@ class ChatStore:
         chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
             msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
-                          replaced=bool(m["replaced"]))
+                          replaced=bool(m["replaced"]), more_images=tuple(_images(m["images"])[1:]))
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
                 if not msg.text:
@@ -470,7 +483,8 @@ class ChatStore:
             if m.replaced:
                 continue
             if m.role == "user":
-                pending = {"question": m.text, "image": m.image, "answer": ""}
+                image = m.image if len(m.images) < 2 else m.images
+                pending = {"question": m.text, "image": image, "answer": ""}
             elif pending is not None:
                 pending["answer"] = m.text
                 if m.text:
@@ -480,36 +494,37 @@ class ChatStore:
 
     def continuation(self, chat_id: int) -> Continuation:
         """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
-        rows = self._exec("SELECT role, text, image, context FROM messages WHERE chat_id=? AND replaced=0 ORDER BY id",
-                          (chat_id,)).fetchall()
+        rows = self._exec("SELECT role, text, image, images, context FROM messages WHERE chat_id=? "
+                          "AND replaced=0 ORDER BY id", (chat_id,)).fetchall()
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
             raise _no_chat(chat_id)
         row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()
         out = Continuation(chat_id, models=_models(row[0] if row else ""))
         question: str | None = None
-        image: str | None = None
+        image: str | tuple[str, ...] | None = None
         for r in rows:
             if r["role"] == "user":
-                question, image = r["text"], r["image"]
+                several = tuple(_images(r["images"]))
+                question, image = r["text"], several or r["image"]
                 out.image = r["image"] or out.image
+                out.last_images = several or ((r["image"],) if r["image"] else out.last_images)
             elif question is not None:
                 out.exchanges.append((question, r["text"], r["context"]))
                 out.images.append(image)
                 question = None
         return out
 
-    def last_question(self, chat_id: int) -> tuple[str, str | None] | None:
-        """The chat's last question that was not replaced, and its image (what /retry asks again)."""
-        row = self._exec("SELECT text, image FROM messages WHERE chat_id=? AND role='user' AND replaced=0 "
-                         "ORDER BY id DESC LIMIT 1", (chat_id,)).fetchone()
-        return (row[0], row[1]) if row else None
+    def last_question(self, chat_id: int) -> tuple[str, list[str]] | None:
+        """The chat's last question that was not replaced, and its images (what /retry asks again)."""
+        row = self._exec("SELECT text, image, images FROM messages WHERE chat_id=? AND role='user' "
+                         "AND replaced=0 ORDER BY id DESC LIMIT 1", (chat_id,)).fetchone()
+        return (row[0], _images(row[2]) or ([row[1]] if row[1] else [])) if row else None
 
     def latest_chat(self) -> int | None:
         """The chat with the most recent activity (``ask --continue``), or None when there is none."""
         row = self._exec("SELECT id FROM chats ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
         return int(row[0]) if row else None
 
-    # --- export ---
     # --- export (edge_agent.chat_export) ---
     def export_json(self, chat_id: int) -> dict[str, Any]:
         from edge_agent.chat_export import export_json
@@ -564,6 +579,14 @@ def _models(text: str) -> dict[str, str]:
     except ValueError:
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _images(text: str) -> list[str]:
+    """The stored ``messages.images`` JSON as a list of paths ([] when not several, or unreadable)."""
+    with contextlib.suppress(ValueError):
+        data = json.loads(text) if text else []
+        return [str(p) for p in data if p] if isinstance(data, list) else []
+    return []
 
 
 def answer_text(events: Iterable[ev.Event]) -> str:

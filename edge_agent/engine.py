@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,8 +39,10 @@ from edge_agent.calibration import FILE_NAME as NEUTRAL_FILE
 from edge_agent.calibration import NeutralScores, neutral_means
 from edge_agent.chat_context import AheadState, ChatContexts
 from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest, EngineFace
-from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.engine_face import AskRequest, EngineFace, Images, ImageSource
+from edge_agent.engine_images import ImageCache, as_list
+from edge_agent.engine_images import label as images_label
+from edge_agent.errors import ConfigError, EdgeAgentError
 from edge_agent.measured import MeasuredCosts, costs_key
 from edge_agent.read_ahead import Reader, Target, stable_prefix
 from edge_agent.runtime.state import StateStore
@@ -51,7 +51,7 @@ from edge_agent.textclean import clean_event
 
 if TYPE_CHECKING:
     from edge_agent.model_resolution import ResolvedModel
-from edge_agent.tools.images import LoadedImage, load_image, load_image_bytes
+from edge_agent.tools.images import LoadedImage
 from edge_agent.tools.zoom import ImageStore
 
 Progress = Callable[[str, float], None]
@@ -112,18 +112,16 @@ class Engine:
         self._wanted: list[str] = []  # the current question's SSR candidates, when they need neutral scores
         self._busy = threading.Lock()
         # the last few images asked about: a follow-up does not decode, resize and re-encode its photo
-        self._images = threading.Lock()  # _recent is used by ask and prepare_image (other threads)
-        self._recent: OrderedDict[tuple[Any, ...], tuple[LoadedImage, bytes | None]] = OrderedDict()
-        self._read_as: dict[str, tuple[Any, ...]] = {}  # path -> the key of the file last read there
+        self.images = ImageCache(model, self.model_name, lambda: self.settings.image_max_tokens)
         # read-ahead: the photo and the words typed, read into the chat's pending user turn meanwhile
         self._reader: Reader[AheadState] = Reader(self._read_ahead_step)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
     def from_settings(cls, settings: Settings, *, progress: Progress | None = None,
-                      ahead: tuple[str, str | Path | None, str] | None = None) -> Engine:
+                      ahead: tuple[str, Images, str] | None = None) -> Engine:
         """Resolve and load the models named by ``settings`` (raises EdgeAgentError with the fix).
-        ``ahead``: (question, image file, chat context key) of the question this engine is loaded for
+        ``ahead``: (question, image file(s), chat context key) of the question this engine is loaded for
         (``edge-agent ask``): read ahead as soon as the agent model is loaded (the system prompt's saved
         state, the photo's encode and decode), while the prophet loads."""
         from edge_agent.model_resolution import resolve
@@ -264,22 +262,20 @@ class Engine:
 
     # ---- asking ---------------------------------------------------------------------------------
     def ask(self, request: AskRequest, *, cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Answer one question (``AskRequest``: optionally about an image, continuing a chat's context).
-        Yields the agent's events, ending with FinalAnswer, or AgentError(fatal=True) for a problem the
-        user can fix (a bad image, an image for a text-only model, a full context)."""
-        question, image, options = request.question, request.image, request.options
+        """Answer one question (``AskRequest``: optionally about an image or several, continuing a chat's
+        context). Yields the agent's events, ending with FinalAnswer, or AgentError(fatal=True) for a
+        problem the user can fix (a bad image, an image for a text-only model, a full context)."""
+        question, options = request.question, request.options
         history, context, seprod, seed = request.history, request.context, request.seprod, request.seed
         mode = request.mode or (options.mode if options else self.settings.mode)
-        if isinstance(image, str) and not image.strip():
-            image = None  # "" from a form field means no image
-        label = str(image) if isinstance(image, str | Path) else ("<image bytes>" if image is not None else None)
+        images = as_list(request.image)  # "" from a form field means no image
+        label = images_label(images)
         try:
             if mode not in REASONING_MODES:
                 raise ConfigError(f"Mode must be one of {', '.join(REASONING_MODES)}, not {mode!r}.")
             if not question or not question.strip():
                 raise EdgeAgentError("The question is empty. Type a question.", title="Empty question")
-            with self._images:
-                loaded = self._load_image(image)
+            loaded = self.images.load_all(images)
             entries = _history_entries(history)
         except EdgeAgentError as e:
             yield RunStarted(question=question, image=label, mode=mode, seprod=False, model=self.model_name)
@@ -291,10 +287,10 @@ class Engine:
         try:
             hold.enter_context(self._reader.paused())  # read-ahead stops; what it read is the question's
             if mode == "direct":
-                events = self._direct(question, image, loaded, entries, context=context, cancel=cancel,
+                events = self._direct(question, images, loaded, entries, context=context, cancel=cancel,
                                       options=options, seed=seed, label=label)
             else:
-                events = self._agent(question, image, loaded, [(q, a) for q, a, _ in entries], mode=mode,
+                events = self._agent(question, images, loaded, [(q, a) for q, a, _ in entries], mode=mode,
                                      context=context, cancel=cancel, seprod=seprod, options=options, seed=seed,
                                      label=label)
             try:  # model text leaves the engine without control characters (printed, stored, rendered)
@@ -309,18 +305,19 @@ class Engine:
             if self.measured is not None:
                 self.measured.save()
 
-    def _agent(self, question: str, image: str | Path | bytes | None, loaded: LoadedImage | None,
+    def _agent(self, question: str, images: list[ImageSource], loaded: list[LoadedImage],
                pairs: list[tuple[str, str]], *, mode: str, context: str | None, cancel: threading.Event | None,
                seprod: bool | None, options: AgentOptions | None, seed: int | None,
                label: str | None) -> Iterator[Event]:
-        """The agent's turn loop (``agent.loop.run_agent``) on the chat's context, with the photo and its crops."""
+        """The agent's turn loop (``agent.loop.run_agent``) on the chat's context, with the photos, crops."""
         store = None
-        if loaded is not None:
+        if loaded:
             run_dir = self.settings.crops_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-            store = ImageStore(loaded.image, crops_dir=run_dir, max_pixels=self._image_budget(),
-                               crop_max_pixels=self.settings.crop_max_tokens * px * px,
-                               original_png=self._fitted_png(image, loaded))
+            pngs = [self.images.fitted(x, li) for x, li in zip(images, loaded, strict=True)]
+            store = ImageStore(loaded[0].image, crops_dir=run_dir, max_pixels=self.images.budget(),
+                               crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=pngs[0],
+                               more=[(li.image, png) for li, png in zip(loaded[1:], pngs[1:], strict=True)])
         toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
         opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
         if opts.mode != mode:
@@ -335,12 +332,15 @@ class Engine:
         use_drafter = self.drafter if (seprod if seprod is not None else self.settings.seprod) else None
         if use_drafter is not None:  # per-chat acceptance statistics start over with a new chat
             use_drafter.reset(new_chat=not context)
-        return run_agent(None, question, tools=toolbox, image=toolbox.image_png(0) if store is not None else None,
+        pngs_in = [toolbox.image_png(i) for i in range(len(loaded))]
+        image = (pngs_in[0] if len(pngs_in) == 1 else pngs_in) or None
+        return run_agent(None, question, tools=toolbox, image=image,
                          options=opts, cancel=cancel, drafter=use_drafter, image_label=label,
                          context=self.contexts.question(context or "", pairs))
 
-    def _direct(self, question: str, image: str | Path | bytes | None, loaded: LoadedImage | None,
-                entries: list[tuple[str, str, str | None]], *, context: str | None, cancel: threading.Event | None,
+    def _direct(self, question: str, images: list[ImageSource], loaded: list[LoadedImage],
+                entries: list[tuple[str, str, str | tuple[str, ...] | None]], *, context: str | None,
+                cancel: threading.Event | None,
                 options: AgentOptions | None, seed: int | None, label: str | None) -> Iterator[Event]:
         """The ``direct`` mode: the model alone in a plain chat (``agent.direct``), its prompt rendered by
         the model's own chat template; earlier exchanges carry the images they were asked with."""
@@ -351,20 +351,17 @@ class Engine:
         opts = _replace(opts, mode="direct", model_name=opts.model_name or self.model_name,
                         seed=opts.seed if seed is None else seed)
         history = [Exchange(q, a, self._history_images(img)) for q, a, img in entries]
-        pngs = (self._fitted_png(image, loaded),) if loaded is not None else ()
+        pngs = tuple(self.images.fitted(x, li) for x, li in zip(images, loaded, strict=True))
         return run_direct(self.contexts.direct(context or "", bool(history)),
                           lambda msgs: render(self.model.chat_template, msgs), question, history=history,
                           images=pngs, options=opts, cancel=cancel, image_label=label)
 
-    def _history_images(self, path: str | None) -> tuple[bytes, ...]:
-        """An earlier question's image as the model read it (none when it is gone or cannot be read)."""
-        if not path or not self.model.has_vision:
+    def _history_images(self, path: Images) -> tuple[bytes, ...]:
+        """An earlier question's images as the model read them (none when one is gone or cannot be read)."""
+        if not as_list(path) or not self.model.has_vision:
             return ()
         try:
-            with self._images:
-                loaded = self._load_image(path)
-            assert loaded is not None
-            return (self._fitted_png(path, loaded),)
+            return tuple(self.images.pngs(as_list(path)))
         except EdgeAgentError:
             return ()
 
@@ -394,11 +391,12 @@ class Engine:
 
 
     # ---- read-ahead ------------------------------------------------------------------------------
-    def read_ahead(self, text: str = "", image: str | Path | None = None, *, context: str = "",
+    def read_ahead(self, text: str = "", image: Images = None, *, context: str = "",
                    whole: bool = False) -> None:
         """What the person has given so far for the next question of the chat ``context`` ('' a new chat):
-        the attached ``image`` file (None: none) and the ``text`` typed. Read in the background into the
-        chat's pending user turn: the photo at once, the text's whole words after a short quiet (unless
+        the attached ``image`` file (a list: several; None: none) and the ``text`` typed. Read in the
+        background into the chat's pending user turn: the photos at once, the text's whole words after a
+        short quiet (unless
         the ``type_ahead`` setting is off). Returns at once (the app calls it on attach, detach and every
         change of the prompt). The question then keeps what still matches and evaluates only the rest;
         nothing read ahead is ever saved as part of the chat. ``whole``: ``text`` is the question as it
@@ -406,7 +404,7 @@ class Engine:
         words, closed = stable_prefix(text) if self.settings.type_ahead else ("", False)
         if whole:
             words, closed = text.strip(), True
-        self._reader.want(Target(context or "", str(image) if image is not None else None, words, closed))
+        self._reader.want(Target(context or "", tuple(str(x) for x in as_list(image)), words, closed))
 
     def read_ahead_idle(self, timeout: float = 10.0) -> bool:
         """Wait until what was asked for is read ahead (tests, benchmarks); False on timeout."""
@@ -427,19 +425,15 @@ class Engine:
         return self._reader.state
 
     def _read_ahead_step(self, target: Target, stop: threading.Event) -> AheadState | None:
-        png = None
-        if target.image is not None:
-            with self._images:
-                loaded = self._load_image(target.image)  # ImageError on a text-only model: the question says so
-            assert loaded is not None
-            png = self._fitted_png(target.image, loaded)
-        if self.settings.mode == "direct":  # a plain chat reads its prompt whole at Enter; the photo's encode now
-            if png is not None:
+        pngs = self.images.pngs(target.images)  # ImageError on a text-only model: the question says so
+        if self.settings.mode == "direct":  # a plain chat reads its prompt whole at Enter; the encodes now
+            for png in pngs:
                 self.model.encode_image(png)
             return None
         options = AgentOptions.from_settings(self.settings, mode=self.settings.mode, library=self.library)
         system = system_for(Toolbox(None, self.tools, vision=self.model.has_vision), options)
-        return self.contexts.read_ahead(system, target.context, png, target.text, closed=target.closed, cancel=stop)
+        return self.contexts.read_ahead(system, target.context, (pngs[0] if len(pngs) == 1 else pngs) or None,
+                                        target.text, closed=target.closed, cancel=stop)
 
 
     def prepare_image(self, image: str | Path) -> bool:
@@ -450,79 +444,7 @@ class Engine:
         image was encoded now; False when there was nothing to do (cached already, a text-only model, a
         file that cannot be read: ``ask`` reports that). Beside a running ``ask`` it is safe: whichever
         needs the encode first does it, the other waits for it."""
-        if not self.model.has_vision:
-            return False
-        try:
-            with self._images:
-                loaded = self._load_image(image)
-            assert loaded is not None
-            return self.model.encode_image(self._fitted_png(image, loaded))
-        except EdgeAgentError:
-            return False
-
-    def _image_budget(self) -> int:
-        """Pixels an attached image is fitted to (``image_max_tokens`` image tokens)."""
-        px = self.model.image_px_per_token or 32  # Qwen3-VL: 16 px patches, 2x2 merged
-        return self.settings.image_max_tokens * px * px
-
-    def _fitted_png(self, image: str | Path | bytes | None, loaded: LoadedImage) -> bytes:
-        """The photo as the model reads it (fitted to the budget, PNG): made once per file and budget
-        and kept with the recent images, so ``ask`` and ``prepare_image`` hand the vision projector
-        the same bytes (the embedding cache is keyed by them)."""
-        budget = self._image_budget()
-        key = self._file_key(image, budget)
-        read = self._read_as.get(str(image)) if key is None and isinstance(image, str | Path) else None
-        if read is not None:  # the file is gone: the copy fitted when it was read
-            key = (*read[:-1], budget)
-        with self._images:
-            png = self._recent[key][1] if key is not None and key in self._recent else None
-        if png is None:
-            png = ImageStore(loaded.image, max_pixels=budget).model_png(0)
-            if key is not None:
-                with self._images:
-                    self._remember(key, loaded, png)
-        return png
-
-    def _load_image(self, image: str | Path | bytes | None) -> LoadedImage | None:
-        if image is None:
-            return None
-        # Read the image first: a wrong path is the first thing to fix, whatever the model.
-        key = self._file_key(image, 0)
-        if key is None and isinstance(image, str | Path):  # gone since it was read (e.g. on attach): as it was read
-            key = self._read_as.get(str(image))
-        if key is not None and key in self._recent:
-            loaded = self._recent[key][0]
-        else:
-            loaded = load_image_bytes(bytes(image)) if isinstance(image, bytes | bytearray) else load_image(image)
-            if key is not None:
-                self._remember(key, loaded, None)
-        if key is not None and isinstance(image, str | Path):
-            self._read_as[str(image)] = key
-        if not self.model.has_vision:
-            raise ImageError(
-                f"The model {self.model_name} has no vision projector (mmproj), so it cannot look at images. "
-                "Pass --mmproj FILE, choose a vision model (edge-agent models list), or ask without an image.",
-                title="Model cannot see images",
-            )
-        return loaded
-
-    @staticmethod
-    def _file_key(image: str | Path | bytes | None, budget: int) -> tuple[Any, ...] | None:
-        """Identity of an image file (path, size, modification time) and a pixel budget; None for bytes
-        or a file that cannot be read (then it is loaded, and its error reported, as usual)."""
-        if not isinstance(image, str | Path):
-            return None
-        try:  # the file itself (device, inode), not its path: no realpath walk on every question
-            st = os.stat(os.path.expanduser(image))
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, budget)
-
-    def _remember(self, key: tuple[Any, ...], loaded: LoadedImage, png: bytes | None) -> None:
-        self._recent[key] = (loaded, png)
-        self._recent.move_to_end(key)
-        while len(self._recent) > 8:  # 4 images, each as loaded and as fitted to its budget
-            self._recent.popitem(last=False)
+        return self.images.prepare(image)
 
     def close(self) -> None:
         self._reader.close()  # nothing read ahead is saved: the pending turn dies with the context
@@ -560,10 +482,10 @@ def _replace(opts: AgentOptions, **kw: Any) -> AgentOptions:
     return dataclasses.replace(opts, **kw)
 
 
-def _history_entries(history: Sequence[Any] | None) -> list[tuple[str, str, str | None]]:
-    """Earlier exchanges as (question, answer, image file or None): (question, answer) or (question, answer,
-    image) tuples/lists, or dicts with those keys (``image`` optional)."""
-    out: list[tuple[str, str, str | None]] = []
+def _history_entries(history: Sequence[Any] | None) -> list[tuple[str, str, str | tuple[str, ...] | None]]:
+    """Earlier exchanges as (question, answer, image file, a tuple of files for several, or None): (question,
+    answer) or (question, answer, image) tuples/lists, or dicts with those keys (``image`` optional)."""
+    out: list[tuple[str, str, str | tuple[str, ...] | None]] = []
     for h in history or ():
         if isinstance(h, dict):
             q, a, img = h.get("question"), h.get("answer"), h.get("image")
@@ -572,7 +494,8 @@ def _history_entries(history: Sequence[Any] | None) -> list[tuple[str, str, str 
         else:
             raise ConfigError(f"History entries must be (question, answer) pairs, not {type(h).__name__}.")
         if q and a:
-            out.append((str(q), str(a), str(img) if img else None))
+            paths = tuple(str(x) for x in img) if isinstance(img, tuple | list) else (str(img),) * bool(img)
+            out.append((str(q), str(a), paths[0] if len(paths) == 1 else (paths or None)))
     return out
 
 

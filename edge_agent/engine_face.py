@@ -21,26 +21,30 @@ if TYPE_CHECKING:
     from edge_agent.agent.rationales import Library
     from edge_agent.config import Settings
 
-# An earlier exchange of the chat: (question, answer), (question, answer, image file or None), or a
-# mapping with those keys ("image" optional), as the chat store and an exported chat hold them.
-Exchange = tuple[str, str] | tuple[str, str, str | None] | Mapping[str, Any]
+# An earlier exchange of the chat: (question, answer), (question, answer, image file, a tuple of files
+# for several, or None), or a mapping with those keys ("image" optional), as the chat store and an
+# export hold them.
+Exchange = tuple[str, str] | tuple[str, str, str | tuple[str, ...] | None] | Mapping[str, Any]
+ImageSource = str | Path | bytes
+Images = ImageSource | Sequence[ImageSource] | None  # a question's images: one, several (in order), or none
 
 
 @dataclass(frozen=True)
 class AskRequest:
     """One question for :meth:`EngineFace.ask`.
 
-    ``image``: a file (a path; "" is none) or image bytes. ``mode``: ssr | freeform | direct (None: the
-    settings'). ``history``: the chat's earlier exchanges, read only when its context has to be rebuilt
-    (and by a plain chat's prompt). ``context``: the key the chat's last answer was saved under
-    (``FinalAnswer.context``): the question continues that context and evaluates only its own turn.
+    ``image``: a file (a path; "" is none) or image bytes; a list or tuple of them: several images.
+    ``mode``: ssr | freeform | direct (None: the settings'). ``history``: the chat's earlier exchanges,
+    read only when its context has to be rebuilt (and by a plain chat's prompt). ``context``: the key the
+    chat's last answer was saved under (``FinalAnswer.context``): the question continues that context and
+    evaluates only its own turn.
     ``seprod``: None: on when a prophet is loaded and the setting is on. ``options`` (the eval's ablations,
     tests, benchmarks): replaces the options built from the settings. ``seed``: this question's random seed
     (the eval derives one per question id); None: the options'.
     """
 
     question: str
-    image: str | Path | bytes | None = None
+    image: Images = None
     mode: str | None = None
     history: Sequence[Exchange] = ()
     context: str | None = None
@@ -89,7 +93,8 @@ class EngineFace(Protocol):
     def prepare_image(self, image: str) -> bool:
         """Read an attached image ahead (decode, resize); False when it cannot be read."""
 
-    def read_ahead(self, text: str = "", image: str | None = None, *, context: str = "") -> None:
+    def read_ahead(self, text: str = "", image: str | Sequence[str] | None = None, *,
+                   context: str = "") -> None:
         """What the person has given so far for the next question: read in the background; returns at once."""
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:

@@ -1,11 +1,11 @@
 """Read-ahead in the background: one worker thread that reads what the person has given so far (an
 attached photo, the whole words typed) into the chat's pending user turn while they type.
 
-Knows: the latest thing asked for (a :class:`Target`: which chat, which image, which words), how often
+Knows: the latest thing asked for (a :class:`Target`: which chat, which images, which words), how often
 to act on it (an image and a finished-looking question at once; other words after a short quiet
 ``debounce``, so a paste followed by edits is read once), and the one rule that makes it background
 work: the question is the foreground. Nothing is read while a question runs; when one is sent,
-:meth:`Reader.paused` lets a step in flight finish (it is the question's own image or words: an image
+:meth:`Reader.paused` lets a step in flight finish (it is the question's own images or words: an image
 is never decoded twice, and words read are words the question need not read), takes the context and
 holds it until the answer is done; targets taken before it are dropped. Does not know models, chats or prompts: the
 engine hands it the step to run (``Engine._read_ahead_step`` -> ``ChatContexts.read_ahead``).
@@ -29,10 +29,10 @@ DEBOUNCE = 0.15  # seconds of quiet before changed words are read (a word typed 
 
 @dataclass(frozen=True)
 class Target:
-    """What to read ahead: the chat it continues ('' a new chat), the attached image file, the words."""
+    """What to read ahead: the chat it continues ('' a new chat), the attached image files, the words."""
 
     context: str
-    image: str | None
+    images: tuple[str, ...]
     text: str
     closed: bool = False  # ``text`` is the whole question: the end of the user turn is read too
 
@@ -140,7 +140,8 @@ class Reader(Generic[State]):
                     continue
                 d = self._done
                 left = self._changed + self.debounce - time.monotonic()
-                if d is not None and (d.context, d.image) == (t.context, t.image) and not t.closed and left > 0:
+                same = d is not None and (d.context, d.images) == (t.context, t.images)
+                if same and not t.closed and left > 0:
                     self._cv.wait(left)  # only the words changed: wait for a quiet moment
                     continue
                 self._busy = True

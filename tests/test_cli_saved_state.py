@@ -201,7 +201,7 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
     store.close()
     db = sqlite3.connect(path)
     db.executescript("ALTER TABLE chats DROP COLUMN models; ALTER TABLE messages DROP COLUMN replaced; "
-                     "PRAGMA user_version=2;")
+                     "ALTER TABLE messages DROP COLUMN images; PRAGMA user_version=2;")
     db.close()
     store = ChatStore(path)
     try:

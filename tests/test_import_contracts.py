@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "engine": 3, "engine_face": 3, "chats": 3, "chat_export": 3,  # the chat store and its exports
     "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3, "model_pull": 3,
     "read_ahead": 3,  # the engine's read-ahead worker
+    "engine_images": 3,  # the engine's image files, read and fitted once
     "calibration": 3,  # the engine's SSR neutral scores (reads them through the agent's prompts)
     "agent": 2, "chat_context": 2, "pending_turn": 2,  # chat continuity's pending user turn
     "runtime": 1, "tools": 1,

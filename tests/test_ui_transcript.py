@@ -124,12 +124,13 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
     cont = store.continuation(cid)
     assert [(q, c) for q, _, c in cont.exchanges] == [("one", "k1"), ("two!", "k3")] and cont.context == "k3"
     assert [h["question"] for h in store.history(cid)] == ["one", "two!"]
-    assert store.last_question(cid) == ("two!", None)
+    assert store.last_question(cid) == ("two!", [])
     md = store.export_markdown(cid)
     assert md.count("replaced by a later answer") == 1
     store.close()
     db = sqlite3.connect(tmp_path / "chats.sqlite3")  # as a version-3 file (before replaced) was
-    db.executescript("ALTER TABLE messages DROP COLUMN replaced; PRAGMA user_version=3;")
+    db.executescript("ALTER TABLE messages DROP COLUMN replaced; ALTER TABLE messages DROP COLUMN images; "
+                     "PRAGMA user_version=3;")
     db.close()
     store = ChatStore(tmp_path / "chats.sqlite3")
     assert [q for q, _, _ in store.continuation(cid).exchanges] == ["one", "two", "two!"]  # nothing was marked

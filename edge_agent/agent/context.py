@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.agent.prompts import ImageArg, Img, Segment, Text, history_segments, question_segments
 from edge_agent.runtime.types import ImageChunk, SessionLike
 
 SOURCES = ("new", "live", "restored", "rebuilt")
@@ -46,10 +46,10 @@ class Opened:
 class ChatContext(Protocol):
     """What the loop asks of a chat's context (one question at a time)."""
 
-    def open(self, system: str, question: str, image: bytes | None, *,
+    def open(self, system: str, question: str, image: ImageArg, *,
              cancel: threading.Event | None = None) -> Opened:
         """A session ending with the new user turn and ``<think>\\n`` opened, ready for the first turn.
-        ``image`` (PNG bytes) is put in the user turn unless the context already holds it."""
+        ``image`` (PNG bytes; a list: several) is put in the user turn unless the context already holds it."""
         ...
 
     def answered(self, session: SessionLike) -> str:
@@ -95,7 +95,7 @@ class FreshContext:
         self.session = session
         self.history = list(history)
 
-    def open(self, system: str, question: str, image: bytes | None, *,
+    def open(self, system: str, question: str, image: ImageArg, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
         s = self.session

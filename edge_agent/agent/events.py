@@ -294,3 +294,4 @@ class ImageEvaluated(Event):
     decode_seconds: float  # evaluating its embeddings
     reused: bool  # the embedding came from the cache (same image, same mmproj)
     read_ahead: bool = False  # read into the context on attach, before the question was sent
+    index: int | None = None  # an attached image: its number in the question (img_idx; 0 for a single one)

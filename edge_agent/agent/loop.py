@@ -1,10 +1,9 @@
 """The agent's turn loop: a generator of typed events (SSR and free-form modes).
 
-Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool
-runs and how its result re-enters the context, moves taken back, the turn limit, cancellation,
-per-turn timings, and the two SeProD hook points. Talks to the model only through
-``runtime.types.SessionLike`` and to the tools only through ``toolbox.ToolExecutor``; imports neither
-llama_cpp, textual, nor anything that touches the network.
+Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool runs
+and how its result re-enters the context, moves taken back, the turn limit, cancellation, per-turn
+timings, and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike``
+and to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor network.
 
 One turn::
 
@@ -69,8 +68,10 @@ from edge_agent.agent.prompts import (
     THINK_CLOSE,
     TURN_END,
     TURN_LIMIT_NOTE,
+    ImageArg,
     echoes_instructions,
     observation_segments,
+    question_images,
     system_prompt,
 )
 from edge_agent.agent.rationales import ANY_ACTION
@@ -78,6 +79,7 @@ from edge_agent.agent.ssr import SsrChooser
 from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
 from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.runtime.state import image_digest
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 from edge_agent.tools import specs
 
@@ -91,7 +93,7 @@ def run_agent(
     question: str,
     *,
     tools: ToolExecutor,
-    image: bytes | None = None,
+    image: ImageArg = None,
     options: AgentOptions | None = None,
     cancel: threading.Event | None = None,
     drafter: DraftHooks | None = None,
@@ -99,7 +101,7 @@ def run_agent(
     image_label: str | None = None,
     context: ChatContext | None = None,
 ) -> Iterator[Event]:
-    """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``) in a few turns.
+    """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``; a list: 0..n-1) in turns.
 
     ``context``: the chat's context (``edge_agent.chat_context``: continues the chat's KV cache or
     a saved state); without one, ``session`` must be a fresh (empty) session and ``history`` the
@@ -126,7 +128,7 @@ def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
 
 
 class _Run:
-    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
+    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: ImageArg,
                  options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
         if options.mode not in AGENT_MODES:  # "direct" has no turns: agent.direct.run_direct
@@ -147,7 +149,8 @@ class _Run:
         self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
         self.turn = 0
         self.answer_parts: list[str] = []
-        self.current_image = image  # what the prophet looks at: the latest crop, else the original
+        self.numbers = {image_digest(p): i for i, p in enumerate(question_images(image)) if p is not None}
+        self.current_image = (question_images(image) or [None])[-1]  # the prophet looks at it, then the crops
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
         self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
@@ -196,10 +199,8 @@ class _Run:
                             n_ctx_used=self.session.n_cells, seconds=opened.seconds,
                             tokens_read_ahead=opened.tokens_read_ahead,
                             question_tokens_read_ahead=opened.question_read_ahead)
-        for img in opened.images_read_ahead:
-            yield self._image_event(0, "image", img, read_ahead=True)
-        for img in opened.images:
-            yield self._image_event(0, "image", img)
+        for img, ahead in [(i, True) for i in opened.images_read_ahead] + [(i, False) for i in opened.images]:
+            yield self._image_event(0, "image", img, read_ahead=ahead)
         self._check()
         for turn in range(1, self.options.max_turns + 2):
             self.turn = turn
@@ -214,7 +215,8 @@ class _Run:
     def _image_event(self, turn: int, source: str, img: ImageChunk, *, read_ahead: bool = False) -> ImageEvaluated:
         return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos, width=img.width,
                               height=img.height, encode_seconds=img.encode_seconds,
-                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead)
+                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead,
+                              index=self.numbers.get(img.digest) if source == "image" else None)
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
@@ -570,10 +572,8 @@ class _Run:
             raise Cancelled()
 
     def _add(self, reasoning: float, action: float, tool: float, observe: float) -> None:
-        self.phase_seconds["reasoning"] += reasoning
-        self.phase_seconds["action"] += action
-        self.phase_seconds["tool"] += tool
-        self.phase_seconds["observe"] += observe
+        for phase, s in (("reasoning", reasoning), ("action", action), ("tool", tool), ("observe", observe)):
+            self.phase_seconds[phase] += s
 
     def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
         totals: dict[str, float] = {k: round(v, 6) for k, v in self.phase_seconds.items()}

@@ -104,13 +104,28 @@ def history_segments(history: Sequence[tuple[str, str]]) -> list[Segment]:
     return out
 
 
-def question_segments(question: str, image: bytes | None, *, closed: bool = True) -> list[Segment]:
-    """The user turn (image first, then the question) and the opening of the first assistant turn.
-    ``closed=False``: only what the person has given so far (a read-ahead's pending turn: the image and
-    the words typed), which the closed turn starts with."""
+ImageArg = bytes | Sequence[bytes | None] | None  # one image, or several (None: one the chat holds already)
+
+
+def question_images(image: ImageArg) -> list[bytes | None]:
+    """A question's images as a list: one image (bytes), several (a sequence), none (None)."""
+    if image is None:
+        return []
+    return [bytes(image)] if isinstance(image, bytes | bytearray) else list(image)
+
+
+def question_segments(question: str, image: ImageArg, *, closed: bool = True) -> list[Segment]:
+    """The user turn (the images first, then the question) and the opening of the first assistant turn.
+    Several images are each followed by the caption ``Image i.`` (``i`` the ``img_idx`` the tools take;
+    after the image, so a turn read ahead with the first image keeps it when a second is attached); an
+    entry None is an image the chat's context holds already (not repeated, its number kept).
+    ``closed=False``: only what the person has given so far (a read-ahead's pending turn: the images
+    and the words typed), which the closed turn starts with."""
     out: list[Segment] = [Text("<|im_start|>user\n")]
-    if image is not None:
-        out.append(Img(image))
+    images = question_images(image)
+    for i, png in enumerate(images):
+        if png is not None:
+            out += [Img(png), Text(f"Image {i}.\n")] if len(images) > 1 else [Img(png)]
     out.append(Text(question, special=False))
     if closed:
         out.append(Text(TURN_END + THINK_OPEN))

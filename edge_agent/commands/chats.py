@@ -77,7 +77,7 @@ def show(chat_id: int) -> None:
                                           for k in ("model", "mmproj", "prophet", "prophet_mmproj") if chat.models.get(k)))
     for m in chat.messages:
         if m.role == "user":
-            click.echo(f"\nYou: {m.text}" + (f"\n  image: {m.image}" if m.image else ""))
+            click.echo(f"\nYou: {m.text}" + "".join(f"\n  image: {p}" for p in m.images))
         else:
             ended = "" if m.status in ("answered", "done") else f" ({m.status})"
             click.echo(f"edge-agent{ended}: {m.text or '(no answer)'}")

@@ -196,7 +196,7 @@ class EdgeAgentApp(App[None]):
             yield SystemCommand("Export chat", "Markdown + JSON with tool calls, crops and scores",
                                 chat.action_export)
             yield SystemCommand("Attach image", "Pick an image file", chat.action_pick_image)
-            yield SystemCommand("Detach image", "Ask the next questions without the image (Ctrl+D)",
+            yield SystemCommand("Detach image", "The next questions go without the last image (Ctrl+D)",
                                 chat.action_detach_image)
             yield SystemCommand("Retry last answer", "Answer the last question again (/retry)", chat.action_retry)
             yield SystemCommand("Edit last question", "Change the last question and send it again (/edit)",

@@ -40,22 +40,42 @@ class ImagePanel(Vertical):
         yield ImagePreview(None, width=32, height=16, id="current-image")
         yield Static(id="image-list")
 
-    def show(self, current: str | None, images: list[str]) -> None:
-        self.query_one("#current-image", ImagePreview).show(current)
+    def show(self, attached: list[str], images: list[str]) -> None:
+        """The image attached last in the preview; the chat's images listed by number, the attached marked."""
+        self.query_one("#current-image", ImagePreview).show(attached[-1] if attached else None)
         t = Text()
         for i, p in enumerate(images, 1):
-            t.append(("▶ " if p == current else "  ") + f"{i}. {Path(p).name}\n",
-                     style="bold" if p == current else "dim")
+            t.append(("▶ " if p in attached else "  ") + f"{i}. {Path(p).name}\n",
+                     style="bold" if p in attached else "dim")
         self.query_one("#image-list", Static).update(t)
 
 
+def names(paths: list[str]) -> str:
+    return ", ".join(Path(p).name for p in paths)
+
+
+def one_or_all(paths: list[str]) -> str | tuple[str, ...] | None:
+    """What the engine takes as a question's images: the file, a tuple of several, or None."""
+    return (paths[0] if len(paths) == 1 else tuple(paths)) or None
+
 
 class ImageActions(Screen):
-    """Attach / detach / pick: the chat screen's images (its base class)."""
+    """Attach / detach / pick: the chat screen's images (its base class).
+
+    ``attached``: the images the next question goes with, in order; ``images``: every image of the chat
+    (``/image N`` is the Nth). Images attached one after another all go with the next question; once a
+    question went with them they stay attached for the follow-ups, and the next image attached starts
+    a new set (``/image N`` adds an earlier one back to it)."""
 
     host: EngineHost
-    image: str | None
+    attached: list[str]
     images: list[str]
+    sent: bool  # a question went with the attached images: the next attach starts a new set
+
+    @property
+    def image(self) -> str | None:
+        """The image attached last (None: none attached)."""
+        return self.attached[-1] if self.attached else None
 
     def read_ahead(self) -> None:
         """What is given so far is read ahead (the chat screen's)."""
@@ -72,29 +92,53 @@ class ImageActions(Screen):
             self.notify(e.message, title=e.title, severity="error", timeout=8)
             return False
         p = str(Path(path).expanduser().resolve())
-        self.image = p
+        if self.sent:
+            self.attached, self.sent = [], False
+        if p in self.attached:
+            self.attached.remove(p)
+        self.attached.append(p)
         if p not in self.images:
             self.images.append(p)
         self._show_images()
-        self.notify(f"{Path(p).name} attached. Ask your question.", title="Image attached", timeout=3)
+        n = len(self.attached)
+        what = "Ask your question." if n == 1 else f"The next question goes with {n} images: " \
+            f"{names(self.attached)}."
+        self.notify(f"{Path(p).name} attached (image {self.number(p)}). {what}", title="Image attached",
+                    timeout=3)
         self.read_ahead()  # the photo is read into the chat's context while the question is typed
         return True
 
+    def number(self, path: str) -> int:
+        """The image's number in this chat (what ``/image N`` takes)."""
+        return self.images.index(path) + 1
+
     def _show_images(self) -> None:
-        self.query_one(ImagePanel).show(self.image, self.images)
-        self.query_one(AttachmentBar).show(self.image, len(self.images))
+        self.query_one(ImagePanel).show(self.attached, self.images)
+        self.query_one(AttachmentBar).show(self.attached, len(self.images))
 
     def action_detach_image(self) -> None:
-        """The next questions go without an image (the chat keeps its earlier ones: /image N)."""
-        if self.image is None:
+        """The image attached last leaves the next questions (the chat keeps its earlier ones: /image N)."""
+        if not self.attached:
             self.notify("No image is attached.", title="Nothing to detach", timeout=3)
             return
-        name = Path(self.image).name
-        self.image = None
+        p = self.attached.pop()
         self._show_images()
         self.read_ahead()  # the photo leaves what was read ahead; the chat's context stays
-        self.notify(f"{name} detached: the next question goes without an image. /image 1 attaches it again.",
-                    title="Image detached", timeout=4)
+        rest = f"goes with {names(self.attached)}" if self.attached else "goes without an image"
+        again = f"/image {self.number(p)} attaches it again."
+        self.notify(f"{Path(p).name} detached: the next question {rest}. {again}", title="Image detached",
+                    timeout=4)
+
+    def detach_all(self) -> None:
+        """``/image none``: the next questions go without any image."""
+        if len(self.attached) < 2:
+            self.action_detach_image()
+            return
+        gone, self.attached = self.attached, []
+        self._show_images()
+        self.read_ahead()
+        self.notify(f"{names(gone)} detached: the next question goes without an image. /image N attaches one "
+                    "again.", title="Images detached", timeout=4)
 
     def action_pick_image(self) -> None:
         from edge_agent.ui.picker import ImagePickerScreen
@@ -106,4 +150,3 @@ class ImageActions(Screen):
                 self.attach(path)
 
         self.app.push_screen(ImagePickerScreen(start), chosen)
-

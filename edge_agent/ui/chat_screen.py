@@ -25,7 +25,7 @@ from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, Message
 from edge_agent.errors import EdgeAgentError
 from edge_agent.tools import specs
-from edge_agent.ui.chat_images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel
+from edge_agent.ui.chat_images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel, names, one_or_all
 from edge_agent.ui.host import EngineHost, Question
 from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
 from edge_agent.ui.preview import looks_like_image_path
@@ -37,6 +37,7 @@ from edge_agent.ui.prompt import (
     AttachmentBar,
     PromptInput,
     parse_slash,
+    path_and_question,
     path_like,
 )
 from edge_agent.ui.statusbar import MODE_LABEL, StatusBar, next_mode
@@ -108,7 +109,8 @@ class ChatScreen(ImageActions):
         self.host = host
         self.store = host.store
         self.chat_id: int | None = None
-        self.image: str | None = None
+        self.attached: list[str] = []  # the next question's images (ImageActions)
+        self.sent = False
         self.images: list[str] = []
         self.running: int | None = None  # message id of the answer being computed
         self._prompt_history = history
@@ -117,7 +119,7 @@ class ChatScreen(ImageActions):
         self.reasoning_open = False  # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
         self.text_only = False  # the loaded model reads no images
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
-        self._older: list[tuple[Message, str | None]] = []  # a long chat's messages not mounted yet
+        self._older: list[tuple[Message, list[str]]] = []  # a long chat's messages not mounted yet
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -143,7 +145,7 @@ class ChatScreen(ImageActions):
 
     def on_mount(self) -> None:
         self.sub_title = "new chat"
-        self.query_one(AttachmentBar).show(None, 0)
+        self.query_one(AttachmentBar).show([], 0)
         self.query_one(PromptInput).focus()
 
     def empty_hint(self) -> str:
@@ -152,10 +154,10 @@ class ChatScreen(ImageActions):
     def set_text_only(self, text_only: bool) -> None:
         """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
         self.text_only = text_only
-        if text_only and self.image is not None:  # attached while the model loaded
-            self.notify(f"{Path(self.image).name} detached: {TEXT_ONLY_IMAGE}", title="Model cannot see images",
-                        severity="warning", timeout=8)
-            self.image = None
+        if text_only and self.attached:  # attached while the model loaded
+            self.notify(f"{names(self.attached)} detached: {TEXT_ONLY_IMAGE}",
+                        title="Model cannot see images", severity="warning", timeout=8)
+            self.attached = []
         self.query_one(PromptInput).placeholder = PLACEHOLDER_TEXT if text_only else PLACEHOLDER_VISION
         bar = self.query_one(AttachmentBar)
         bar.text_only = text_only
@@ -202,7 +204,7 @@ class ChatScreen(ImageActions):
         """What is given so far (the photo, the words typed) is read into the chat's context meanwhile;
         not during an answer, nor for an edited question (it continues from an earlier point)."""
         if self.running is None and not self._replace_last:
-            self.host.read_ahead(self.query_one(PromptInput).value, self.image, self.chat_id)
+            self.host.read_ahead(self.query_one(PromptInput).value, one_or_all(self.attached), self.chat_id)
 
     # --- the prompt ---
     @on(Input.Submitted, "#prompt")
@@ -225,15 +227,17 @@ class ChatScreen(ImageActions):
             if self.attach(path):
                 prompt.value = ""
             return
-        if not self._can_ask():
-            return
+        pasted = path_and_question(text)  # a path, then the question: attached, and the words asked
+        if not self._can_ask() or (pasted is not None and not self.attach(pasted[0])):
+            return  # the prompt stays as it was (to fix the path, or send again)
         prompt.value = ""
         prompt.remember(text)
-        await self.ask(text, self.image)
+        await self.ask(pasted[1] if pasted is not None else text, self.attached)
+        self.sent = bool(self.attached)
 
     async def run_slash(self, name: str, arg: str) -> None:
         if name == "image" and arg.lower() == "none":
-            self.action_detach_image()
+            self.detach_all()
         elif name == "image":
             if not arg:
                 self.action_pick_image()
@@ -267,8 +271,8 @@ class ChatScreen(ImageActions):
         else:
             self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
 
-    def _last_question(self) -> tuple[str, str | None] | None:
-        """The chat's last question and the image it was about (None: nothing asked yet)."""
+    def _last_question(self) -> tuple[str, list[str]] | None:
+        """The chat's last question and the images it was about (None: nothing asked yet)."""
         return self.store.last_question(self.chat_id) if self.chat_id is not None else None
 
     def _say_busy(self) -> bool:
@@ -322,9 +326,10 @@ class ChatScreen(ImageActions):
         self._replace_last = True
         self.notify("Edit the question and press Enter to send it again.", title="Edit last question", timeout=4)
 
-    async def ask(self, question: str, image: str | None, *, replace_last: bool = False) -> None:
-        """Ask in this chat about ``image`` (None: no image). ``replace_last``: the model does not see
-        the chat's last exchange (a retry or an edited question takes its place)."""
+    async def ask(self, question: str, images: str | list[str] | None, *, replace_last: bool = False) -> None:
+        """Ask in this chat about ``images`` (a file, several, or none). ``replace_last``: the model does not
+        see the chat's last exchange (a retry or an edited question takes its place)."""
+        images = [images] if isinstance(images, str) else list(images or ())
         if not self._can_ask():
             return
         engine = self.host.engine
@@ -338,7 +343,7 @@ class ChatScreen(ImageActions):
             return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
-        self.store.add_user_message(self.chat_id, question, image, replace_last=replace_last)
+        self.store.add_user_message(self.chat_id, question, images, replace_last=replace_last)
         cont = self.store.continuation(self.chat_id)
         message_id = self.store.start_answer(self.chat_id, models=engine.files)
         self.sub_title = self.store.load_title(self.chat_id)
@@ -346,14 +351,15 @@ class ChatScreen(ImageActions):
             await hint.remove()
         if replace_last:
             self.transcript.mark_last_replaced()
-        view = AnswerView(message_id, image, collapse_when_done=not self.reasoning_open)
-        await self.transcript.mount_all([UserMessage(question, image), view])
+        view = AnswerView(message_id, images, collapse_when_done=not self.reasoning_open)
+        await self.transcript.mount_all([UserMessage(question, images), view])
         self.transcript.scroll_end(animate=False)
         self.running = message_id
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        self.host.ask(Question(message_id, question, image, cont.turns, cont.context, self.chat_id), self)
+        q = Question(message_id, question, one_or_all(images), cont.turns, cont.context, self.chat_id)
+        self.host.ask(q, self)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
         view = self.transcript.answer(m.message_id)
@@ -453,7 +459,7 @@ class ChatScreen(ImageActions):
     async def new_chat(self) -> None:
         if self.running is not None:
             await self.action_cancel()
-        self.chat_id, self.image, self.images = None, None, []
+        self.chat_id, self.attached, self.images, self.sent = None, [], [], False
         self._replace_last, self._older = False, []
         self.transcript.restart()
         await self.transcript.remove_children()
@@ -475,12 +481,12 @@ class ChatScreen(ImageActions):
         self.chat_id = chat.id
         self._replace_last = False
         self.sub_title = chat.title
-        image: str | None = None
-        staged: list[tuple[Message, str | None]] = []
+        images: list[str] = []
+        staged: list[tuple[Message, list[str]]] = []
         for m in chat.messages:
             if m.role == "user":
-                image = m.image or image
-            staged.append((m, image))
+                images = m.images or images
+            staged.append((m, images))
         cut = max(0, len(staged) - OPEN_PAGE)
         if cut and staged[cut][0].role != "user":
             cut -= 1  # a page starts with a question
@@ -493,21 +499,21 @@ class ChatScreen(ImageActions):
         for p in chat.images:
             if p not in self.images:
                 self.images.append(p)
-        self.image = None if self.text_only else image
+        self.attached, self.sent = ([] if self.text_only else list(images)), bool(images)
         self._show_images()
         self.transcript.scroll_end(animate=False)
         # The chat's context is restored (in the background, while the question is typed), not read
         # again; its photo matters only to the prophet, which then decodes the agent's embedding instead
         # of encoding it itself (in the answer's way).
         self.read_ahead()
-        if image is not None and self.host.drafting:
+        for image in images if self.host.drafting else ():
             self.host.prepare_image(image)
 
-    async def _message_widget(self, m: Message, image: str | None) -> UserMessage | AnswerView:
+    async def _message_widget(self, m: Message, images: list[str]) -> UserMessage | AnswerView:
         """One stored message as its widget, built unmounted (mounted in one go with its page)."""
         if m.role == "user":
-            return UserMessage(m.text, m.image, replaced=m.replaced)
-        view = AnswerView(m.id, image, collapse_when_done=not self.reasoning_open, replaced=m.replaced)
+            return UserMessage(m.text, m.images, replaced=m.replaced)
+        view = AnswerView(m.id, images, collapse_when_done=not self.reasoning_open, replaced=m.replaced)
         await view.replay(m.events, m.status, m.text)
         if self.reasoning_open:
             view.set_expanded(True)

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +61,13 @@ def reload_fields() -> frozenset[str]:
 class Question:
     """One question of a chat as the engine gets it: its answer is stored as message ``message_id``;
     ``context``: the key the chat's last kept answer was saved under; ``history``: the chat's
-    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt)."""
+    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt). An image is a file, a
+    tuple of several, or None."""
 
     message_id: int
     text: str
-    image: str | None
-    history: list[tuple[str, str, str | None]]
+    image: str | tuple[str, ...] | None
+    history: list[tuple[str, str, str | tuple[str, ...] | None]]
     context: str
     chat_id: int | None = None  # the chat whose lock (edge_agent.chatlock) the answer holds until it is saved
 
@@ -242,9 +243,10 @@ class EngineHost:
 
         self.app.run_worker(read, thread=True, group="prepare", exit_on_error=False)
 
-    def read_ahead(self, text: str, image: str | None, chat_id: int | None) -> None:
+    def read_ahead(self, text: str, image: str | Sequence[str] | None, chat_id: int | None) -> None:
         """What the person has given so far for the next question of chat ``chat_id`` (None: a new chat):
-        the attached ``image`` and the ``text`` typed (a command or a path is not a question). The engine
+        the attached ``image`` (a tuple: several) and the ``text`` typed (a command or a path is not a
+        question). The engine
         reads them into the chat's context in its own background thread (``Engine.read_ahead``: the photo
         at once, whole words as they are typed), which the question takes over when it is sent. Returns
         at once; nothing without an engine."""

@@ -13,9 +13,12 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
+from edge_agent.ui.preview import looks_like_image_path
+
 SLASH_HELP = (
-    "/image PATH  attach an image (or paste a path, or Ctrl+F); /image 2  the chat's 2nd image again\n"
-    "/detach  ask without the image (Ctrl+D)   /retry  answer the last question again\n"
+    "/image PATH  attach an image (or paste a path, then the question; or Ctrl+F); several: attach each\n"
+    "/image 2  the chat's 2nd image again   /detach  the last one off (Ctrl+D)   /image none  all off\n"
+    "/retry  answer the last question again\n"
     "/edit  put the last question back in the prompt to change and resend\n"
     "/new  new chat   /chats  list chats   /export  export this chat\n"
     "/mode ssr|freeform|direct   /offline on|off   /settings   /help"
@@ -74,6 +77,36 @@ def path_like(text: str) -> str | None:
     return None
 
 
+def path_and_question(text: str) -> tuple[str, str] | None:
+    """``(path, words)`` when ``text`` starts with an image file's path followed by words (a path pasted or
+    dropped, then the question typed: ``/tmp/photo.jpg what is written here?``), else None. The path may be
+    quoted, have ``\\ `` for its spaces, be a ``file://`` URL, or hold plain spaces when the file exists; a
+    first word that only looks like an image's path (``~/x.png``, ``./a b.jpg`` quoted) is returned too, so
+    a file that is not there is reported instead of sent as a question."""
+    s = text.strip()
+    if not s or "\n" in s:
+        return None
+    if s[0] in "'\"":  # quoted: up to the closing quote
+        end = s.find(s[0], 1)
+        if end < 0:
+            return None
+        head, rest = s[1:end], s[end + 1:]
+    else:
+        cuts = [i for i, c in enumerate(s) if c.isspace() and s[i - 1] != "\\"]
+        if not cuts:
+            return None
+        # the longest prefix that is an existing image file (plain spaces in a name), else the first word
+        found = next((i for i in reversed(cuts) if looks_like_image_path(s[:i]) is not None), cuts[0])
+        head, rest = s[:found], s[found:]
+    head = head.removeprefix("file://").replace("\\ ", " ")
+    rest = rest.strip()
+    if not rest or not head.lower().endswith(IMAGE_SUFFIXES):
+        return None
+    if looks_like_image_path(head) is None and not head.startswith(("/", "~/", "./", "../")):
+        return None  # "photo.png is it?" is a question about a name, not a pasted path
+    return head, rest
+
+
 class PromptInput(Input):
     """Enter submits; Up/Down walk through earlier questions (kept across chats)."""
 
@@ -107,7 +140,7 @@ class PromptInput(Input):
 
 
 class AttachmentBar(Static):
-    """Which image the next question is about."""
+    """Which images the next question is about."""
 
     DEFAULT_CSS = """
     AttachmentBar { height: auto; padding: 0 1; color: $text-muted; }
@@ -115,13 +148,14 @@ class AttachmentBar(Static):
 
     text_only = False  # the loaded model reads no images: say what it can do instead
 
-    def show(self, image: str | None, n_images: int) -> None:
+    def show(self, attached: list[str], n_images: int) -> None:
         t = Text()
-        if image:
-            t.append("image: ", style="dim")
-            t.append(Path(image).name, style="bold")
-            t.append("  (Ctrl+D or /detach: ask without it)", style="dim")
-            if n_images > 1:
+        if attached:
+            t.append("image: " if len(attached) == 1 else f"{len(attached)} images: ", style="dim")
+            t.append(", ".join(Path(p).name for p in attached), style="bold")
+            t.append("  (Ctrl+D or /detach: ask without it)" if len(attached) == 1
+                     else f"  (Ctrl+D: without {Path(attached[-1]).name})", style="dim")
+            if n_images > len(attached):
                 t.append(f"  ({n_images} images in this chat)", style="dim")
         elif self.text_only:
             t.append("text-only model: ask questions without an image (Ctrl+S to choose a vision model)", style="dim")

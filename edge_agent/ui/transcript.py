@@ -10,6 +10,9 @@ exchange a /retry or /edit replaced stays in view, dimmed and marked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -47,14 +50,15 @@ class UserMessage(Horizontal):
     UserMessage.-replaced .question { color: $text-muted; text-style: strike; }
     """
 
-    def __init__(self, text: str, image: str | None, *, replaced: bool = False) -> None:
+    def __init__(self, text: str, image: str | Sequence[str] | None, *, replaced: bool = False) -> None:
         super().__init__(classes="user-message -replaced" if replaced else "user-message")
-        self.text, self.image = clean_model_text(text), image
+        self.images = [image] if isinstance(image, str) else list(image or ())
+        self.text, self.image = clean_model_text(text), (self.images[0] if self.images else None)
 
     def compose(self) -> ComposeResult:
         yield Static("You", classes="who")
-        if self.image:
-            yield ImagePreview(self.image, width=16, height=6, classes="thumb")
+        for path in self.images[:4]:  # several: one thumbnail each (a question rarely has more)
+            yield ImagePreview(path, width=16 if len(self.images) == 1 else 12, height=6, classes="thumb")
         yield Static(Text(self.text), classes="question")
 
 
@@ -71,11 +75,13 @@ class AnswerView(Vertical):
     AnswerView.-replaced { opacity: 60%; }
     """
 
-    def __init__(self, message_id: int, image: str | None, *, collapse_when_done: bool = True,
+    def __init__(self, message_id: int, image: str | Sequence[str] | None, *, collapse_when_done: bool = True,
                  replaced: bool = False) -> None:
         super().__init__(classes="answer-view -replaced" if replaced else "answer-view")
         self.message_id = message_id
-        self.images: dict[int, str] = {0: image} if image else {}
+        attached = [image] if isinstance(image, str) else list(image or ())
+        self.images: dict[int, str] = dict(enumerate(attached))  # img_idx -> file (crops join as they come)
+        self.n_attached = len(attached)
         self.collapse_when_done = collapse_when_done
         self.turns: dict[int, TurnView] = {}
         self.text = ""  # the answer as the model wrote it (without control characters)
@@ -143,7 +149,7 @@ class AnswerView(Vertical):
         elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
             return  # the model alone: nothing but the answer
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
-            self._context_lines.append(context_line(e))
+            self._context_lines.append(context_line(e, self.images if self.n_attached > 1 else None))
             self._context_note.update(Text("\n").join(self._context_lines))
             self._context_note.display = True
         elif isinstance(e, ev.TurnStarted):
@@ -352,10 +358,13 @@ CONTEXT_WORDS = {
 }
 
 
-def context_line(e: ev.ContextOpened | ev.ImageEvaluated) -> Text:
-    """One dim line: how the question's context was opened, or what an image cost."""
+def context_line(e: ev.ContextOpened | ev.ImageEvaluated, several: dict[int, str] | None = None) -> Text:
+    """One dim line: how the question's context was opened, or what an image cost (``several``: the
+    question's images by number, when it has more than one: the line names which)."""
     if isinstance(e, ev.ImageEvaluated):
         what = "image" if e.source == "image" else f"crop (turn {e.turn})"
+        if several is not None and e.source == "image" and e.index is not None:
+            what = f"image {e.index}" + (f" ({Path(several[e.index]).name})" if e.index in several else "")
         enc = "embedding reused" if e.reused else f"encoded {ms(e.encode_seconds)}"
         when = " on attach" if e.read_ahead else ""
         return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read{when} {ms(e.decode_seconds)}",
