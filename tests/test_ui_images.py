@@ -120,3 +120,22 @@ async def test_a_question_goes_with_every_image_attached_since_the_last_one(sett
         await screen.open_chat(app.store.load(chat.id))
         await pilot.pause()
         assert screen.attached == [t, s] and screen.images == [p, s, t]
+
+
+@pytest.mark.asyncio
+async def test_a_pasted_path_and_the_words_typed_after_it_are_read_ahead(settings, tmp_path):
+    """While `/path/photo.jpg what is written` is typed, the engine reads the photo and the words ahead (as
+    it does for an attached photo), not the path as a question: Enter then only attaches and asks."""
+    photo = make_image(tmp_path / "photo.jpg", (96, 64))
+    app, engines = scripted_app(settings, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        prompt = app.screen.query_one(PromptInput)
+        prompt.focus()
+        prompt.value = f"{photo} what is written "
+        await pilot.pause()
+        assert engines[0].read[-1] == ("what is written ", str(photo.resolve()), "")
+        assert app.chat_screen.attached == []  # attached only when it is sent
+        await pilot.press("h", "e", "r", "e", "?", "enter")
+        await settle(pilot)
+        assert engines[0].asked[-1][:2] == ("what is written here?", str(photo.resolve()))

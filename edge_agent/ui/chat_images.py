@@ -17,8 +17,8 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.ui.preview import ImagePreview, open_image
-from edge_agent.ui.prompt import AttachmentBar
+from edge_agent.ui.preview import ImagePreview, looks_like_image_path, open_image
+from edge_agent.ui.prompt import AttachmentBar, path_and_question
 
 if TYPE_CHECKING:
     from edge_agent.ui.host import EngineHost
@@ -107,6 +107,17 @@ class ImageActions(Screen):
                     timeout=3)
         self.read_ahead()  # the photo is read into the chat's context while the question is typed
         return True
+
+    def given(self, text: str) -> tuple[str, list[str]]:
+        """What the prompt ``text`` gives the next question: its words and its images. A readable image's
+        path pasted before the words counts as attached (Enter attaches it), the words as the question."""
+        pasted = path_and_question(text)
+        found = looks_like_image_path(pasted[0]) if pasted is not None else None
+        if pasted is None or found is None or not self.host.sees_images:
+            return text, self.attached
+        p = str(found.resolve())
+        kept = [] if self.sent else [x for x in self.attached if x != p]
+        return pasted[1] + (" " if text[-1:].isspace() else ""), [*kept, p]
 
     def number(self, path: str) -> int:
         """The image's number in this chat (what ``/image N`` takes)."""

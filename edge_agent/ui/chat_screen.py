@@ -204,7 +204,8 @@ class ChatScreen(ImageActions):
         """What is given so far (the photo, the words typed) is read into the chat's context meanwhile;
         not during an answer, nor for an edited question (it continues from an earlier point)."""
         if self.running is None and not self._replace_last:
-            self.host.read_ahead(self.query_one(PromptInput).value, one_or_all(self.attached), self.chat_id)
+            text, images = self.given(self.query_one(PromptInput).value)  # a pasted path: its photo + words
+            self.host.read_ahead(text, one_or_all(images), self.chat_id)
 
     # --- the prompt ---
     @on(Input.Submitted, "#prompt")
