@@ -14,7 +14,8 @@ from typing import Any
 from urllib.parse import quote
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import SCHEMA_VERSION, ChatStore, ChatStoreError
+from edge_agent.chat_schema import SCHEMA_VERSION
+from edge_agent.chats import ChatStore, ChatStoreError
 from edge_agent.errors import EdgeAgentError
 from edge_agent.files import atomic_write
 from edge_agent.redaction import redact_tree

@@ -1,9 +1,9 @@
 """Chat persistence: chats, their messages and every agent event of every answer, in embedded SQLite.
 
-Knows: the schema, how to write an answer event by event (one small transaction each, WAL, so a
-chat survives the app being killed mid-answer; ``events.event_from_json`` rebuilds the typed events),
-how to keep API keys out of what it stores and exports (``edge_agent.redaction``), and how to export
-a chat to Markdown and JSON (tool calls, crops, rationale scores included).
+Knows: how to write an answer event by event (one small transaction each, WAL, so a chat survives
+the app being killed mid-answer; ``events.event_from_json`` rebuilds the typed events) and how to keep
+API keys out of what it stores (``edge_agent.redaction``). The schema and its migrations are
+``chat_schema``'s; a chat's Markdown and JSON exports are ``chat_export``'s.
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 
@@ -36,82 +36,10 @@ from typing import Any
 from edge_agent import recovery, sqlitedb
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
+from edge_agent.chat_schema import HAS_FTS5, MIGRATIONS, SCHEMA_VERSION, TABLES, statements
 from edge_agent.errors import EdgeAgentError
 from edge_agent.redaction import redact_tree
 from edge_agent.textclean import clean_event, clean_model_text
-
-# 2: messages.context (the saved context state at the end of an answer); 3: chats.models (the model files);
-# 4: messages.replaced (an exchange a /retry or /edit replaced); 5: messages_fts (full-text search of texts);
-# 6: messages.images (a question's images when it has several: a JSON list; ``image`` holds the first)
-SCHEMA_VERSION = 6
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY,
-    title TEXT NOT NULL,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    models TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-    text TEXT NOT NULL DEFAULT '',
-    image TEXT,
-    status TEXT NOT NULL DEFAULT 'done',
-    created REAL NOT NULL,
-    context TEXT NOT NULL DEFAULT '',
-    replaced INTEGER NOT NULL DEFAULT 0,
-    images TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY,
-    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_message ON events(message_id, seq);
-"""
-_TABLES = ("chats", "messages", "events")
-
-
-def _fts5() -> bool:
-    """This Python's SQLite has FTS5 (the usual builds do; without it the search reads titles and texts with LIKE)."""
-    try:
-        sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(x)")
-    except sqlite3.Error:
-        return False
-    return True
-
-
-HAS_FTS5 = _fts5()
-# The messages' texts indexed for search, kept in step by triggers (an external-content FTS5 table).
-_FTS = (
-    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(text, content='messages', content_rowid='id')",
-    "CREATE TRIGGER IF NOT EXISTS messages_fts_ai AFTER INSERT ON messages BEGIN "
-    "INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END",
-    "CREATE TRIGGER IF NOT EXISTS messages_fts_ad AFTER DELETE ON messages BEGIN "
-    "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); END",
-    "CREATE TRIGGER IF NOT EXISTS messages_fts_au AFTER UPDATE OF text ON messages BEGIN "
-    "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); "
-    "INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END",
-    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
-) if HAS_FTS5 else ()
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (  # _MIGRATIONS[v - 1] takes a version-v file to v + 1
-    ("ALTER TABLE messages ADD COLUMN context TEXT NOT NULL DEFAULT ''",),
-    ("ALTER TABLE chats ADD COLUMN models TEXT NOT NULL DEFAULT ''",),
-    ("ALTER TABLE messages ADD COLUMN replaced INTEGER NOT NULL DEFAULT 0",),
-    _FTS,
-    ("ALTER TABLE messages ADD COLUMN images TEXT NOT NULL DEFAULT ''",),
-)
-
-
-def _statements() -> list[str]:
-    """A new file's schema: the tables, then the search index."""
-    return [s for s in _SCHEMA.split(";") if s.strip()] + list(_FTS)
 
 
 @dataclass(frozen=True)
@@ -255,9 +183,9 @@ class ChatStore:
                     src.backup(mem)
                 finally:
                     src.close()
-            version = sqlitedb.ensure_schema(mem, SCHEMA_VERSION, _statements(), tables=_TABLES)
+            version = sqlitedb.ensure_schema(mem, SCHEMA_VERSION, statements(), tables=TABLES)
             if 0 < version < SCHEMA_VERSION:
-                for step in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                for step in MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
                     for sql in step:
                         mem.execute(sql)
             mem.execute("PRAGMA foreign_keys=ON")
@@ -272,11 +200,11 @@ class ChatStore:
         db = sqlitedb.connect(self.path, check_same_thread=False)
         try:
             db.row_factory = sqlite3.Row
-            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, _statements(), tables=_TABLES)
+            version = sqlitedb.ensure_schema(db, SCHEMA_VERSION, statements(), tables=TABLES)
             if 0 < version < SCHEMA_VERSION:  # older files: add the columns (and the search index)
                 with sqlitedb.transaction(db):
                     version = sqlitedb.user_version(db)  # another process may have migrated it since
-                    for step in _MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
+                    for step in MIGRATIONS[version - 1:SCHEMA_VERSION - 1]:
                         for sql in step:
                             db.execute(sql)
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -303,7 +231,7 @@ class ChatStore:
         if aside is None:
             return db
         db.execute("PRAGMA foreign_keys=OFF")  # rows arrive table by table; orphans are mended below
-        counts = recovery.salvage(aside, db, _TABLES)
+        counts = recovery.salvage(aside, db, TABLES)
         with sqlitedb.transaction(db):
             db.execute("INSERT INTO chats(id, title, created, updated) SELECT chat_id, 'Recovered chat', "
                        "MIN(created), MAX(created) FROM messages WHERE chat_id NOT IN (SELECT id FROM chats) "
@@ -524,30 +452,6 @@ class ChatStore:
         """The chat with the most recent activity (``ask --continue``), or None when there is none."""
         row = self._exec("SELECT id FROM chats ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
         return int(row[0]) if row else None
-
-    # --- export (edge_agent.chat_export) ---
-    def export_json(self, chat_id: int) -> dict[str, Any]:
-        from edge_agent.chat_export import export_json
-
-        return export_json(self, chat_id)
-
-    def export_markdown(self, chat_id: int, *, image_ref=None) -> str:
-        """The chat as Markdown. ``image_ref(path) -> str`` maps an image path to the link to write."""
-        from edge_agent.chat_export import export_markdown
-
-        return export_markdown(self, chat_id, image_ref=image_ref)
-
-    def export(self, chat_id: int, directory: Path | str) -> tuple[Path, Path]:
-        """Write ``<slug>.md``, ``<slug>.json`` and the chat's images (attached + crops) under ``directory``."""
-        from edge_agent.chat_export import export
-
-        return export(self, chat_id, directory)
-
-    def export_to(self, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
-        """The chat as Markdown to ``md`` (its images copied beside it) and/or JSON to ``json_path``."""
-        from edge_agent.chat_export import export_to
-
-        export_to(self, chat_id, md=md, json_path=json_path)
 
     @property
     def secrets(self) -> list[str]:

@@ -10,6 +10,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
+from edge_agent import chat_export
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
 from edge_agent.chats import ChatStore, ChatStoreError
@@ -129,7 +130,7 @@ def test_export_markdown_and_json_with_crops_scores_and_no_secrets(store, tmp_pa
     cid = store.new_chat()
     mid = _record(store, cid, "What does the sign say?", img, crop)
     store.add_event(mid, ev.AgentError(turn=4, title="Search failed", message="key SECRETKEY123 rejected"))
-    md_path, json_path = store.export(cid, tmp_path / "out")
+    md_path, json_path = chat_export.export(store, cid, tmp_path / "out")
     md = md_path.read_text()
     data = json.loads(json_path.read_text())
     assert "image_zoom_in_tool" in md and "text_search" in md

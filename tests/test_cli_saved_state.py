@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from edge_agent import chat_export
 from edge_agent.textclean import clean_model_text
 from tests.files import chats_file, damage
 
@@ -73,7 +74,7 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
         for c in store.list_chats():
             for m in store.load(c.id).messages:
                 assert not CONTROLS.search(m.text)
-            assert not CONTROLS.search(json.dumps(store.export_json(c.id), ensure_ascii=False))
+            assert not CONTROLS.search(json.dumps(chat_export.export_json(store, c.id), ensure_ascii=False))
     finally:
         store.close()
 
@@ -92,7 +93,8 @@ def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
                     (mid, json.dumps(ev.AnswerToken(turn=1, text="ok\x18\x1b[31m").to_json())))
         store._exec("UPDATE messages SET text=?, status='answered' WHERE id=?", ("ok\x18\x1b[31m", mid))
         assert store.load(chat).messages[-1].text == "ok[31m"
-        assert not CONTROLS.search(store.export_markdown(chat) + json.dumps(store.export_json(chat)))
+        md, js = chat_export.export_markdown(store, chat), chat_export.export_json(store, chat)
+        assert not CONTROLS.search(md + json.dumps(js))
         store.add_event(store.start_answer(chat), ev.FinalAnswer(answer="a\x02b", turns=1, stop_reason="answered"))
         assert store.load(chat).messages[-1].text == "ab"
     finally:

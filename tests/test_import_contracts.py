@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     # the engine and the other consumers of the agent's values (the chat store, crops, measured
     # costs, the evaluation, its Ray workers and the library builder) and of the tools (model downloads
     # use tools.http's retry policy): beside the engine, below the front ends
-    "engine": 3, "engine_face": 3, "chats": 3, "chat_export": 3,  # the chat store and its exports
+    "engine": 3, "engine_face": 3, "chats": 3, "chat_schema": 3, "chat_export": 3,  # the chat store and its exports
     "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3, "model_pull": 3,
     "read_ahead": 3,  # the engine's read-ahead worker
     "engine_images": 3,  # the engine's image files, read and fitted once

@@ -17,6 +17,7 @@ import time
 import pytest
 from textual.widgets import Input, Markdown, Static
 
+from edge_agent import chat_export
 from edge_agent.agent import events as ev
 from edge_agent.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
@@ -368,7 +369,7 @@ def test_export_links_to_images_with_spaces_and_accents_parse(settings, tmp_path
     store.add_user_message(cid, "What is it?", str(photo))
     mid = store.start_answer(cid)
     store.finish_answer(mid, "answered", "A box.")
-    md_path, _ = store.export(cid, tmp_path / "out")
+    md_path, _ = chat_export.export(store, cid, tmp_path / "out")
     store.close()
     tokens = MarkdownIt().parse(md_path.read_text())
     images = [c for t in tokens if t.children for c in t.children if c.type == "image"]

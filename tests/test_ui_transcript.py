@@ -15,6 +15,7 @@ import pytest
 from textual.widgets import Input, Markdown, Static
 from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader
 
+from edge_agent import chat_export
 from edge_agent.agent import events as ev
 from edge_agent.chats import ChatStore
 from edge_agent.config import Settings
@@ -125,7 +126,7 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
     assert [(q, c) for q, _, c in cont.exchanges] == [("one", "k1"), ("two!", "k3")] and cont.context == "k3"
     assert [h["question"] for h in store.history(cid)] == ["one", "two!"]
     assert store.last_question(cid) == ("two!", [])
-    md = store.export_markdown(cid)
+    md = chat_export.export_markdown(store, cid)
     assert md.count("replaced by a later answer") == 1
     store.close()
     db = sqlite3.connect(tmp_path / "chats.sqlite3")  # as a version-3 file (before replaced) was

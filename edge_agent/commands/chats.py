@@ -92,13 +92,15 @@ def show(chat_id: int) -> None:
               help="md (default) or json; with -o, taken from the file's suffix when not given.")
 def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
     """Write chat ID as Markdown (tool calls, crops, rationale scores) or JSON (every event)."""
+    from edge_agent import chat_export
+
     if fmt is None:
         fmt = "json" if output is not None and output.suffix.lower() == ".json" else "md"
     with _store(Settings.load()) as store:
         if output is None:
-            text = store.export_markdown(chat_id) if fmt == "md" else json.dumps(
-                store.export_json(chat_id), indent=2, ensure_ascii=False)
+            text = chat_export.export_markdown(store, chat_id) if fmt == "md" else json.dumps(
+                chat_export.export_json(store, chat_id), indent=2, ensure_ascii=False)
             click.echo(text.rstrip("\n"))
             return
-        store.export_to(chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
+        chat_export.export_to(store, chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
     click.echo(f"chat {chat_id} written to {output}", err=True)

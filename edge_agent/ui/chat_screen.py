@@ -21,6 +21,7 @@ from textual.message import Message as UIMessage
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
+from edge_agent import chat_export
 from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, Message
 from edge_agent.errors import EdgeAgentError
@@ -561,7 +562,7 @@ class ChatScreen(ImageActions):
             return
         target = Path(directory).expanduser() if directory else self.host.settings.home / "exports"
         try:
-            md, js = self.store.export(chat_id, target)
+            md, js = chat_export.export(self.store, chat_id, target)
         except EdgeAgentError as e:
             self.notify(e.message, title=e.title, severity="error")
             return
