@@ -26,6 +26,7 @@ from edge_agent.agent import events as ev
 from edge_agent.chats import Chat, Message
 from edge_agent.errors import EdgeAgentError
 from edge_agent.tools import specs
+from edge_agent.ui import slash_commands
 from edge_agent.ui.chat_images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel, names, one_or_all
 from edge_agent.ui.host import EngineHost, Question
 from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
@@ -41,7 +42,7 @@ from edge_agent.ui.prompt import (
     path_and_question,
     path_like,
 )
-from edge_agent.ui.statusbar import MODE_LABEL, StatusBar, next_mode
+from edge_agent.ui.statusbar import StatusBar, next_mode
 from edge_agent.ui.transcript import AnswerView, Transcript, UserMessage
 
 EMPTY_HINT = (
@@ -219,7 +220,8 @@ class ChatScreen(ImageActions):
             return
         slash = parse_slash(text)
         if slash is not None:
-            if slash.name in ("retry", "regenerate", "edit") and self._say_busy():
+            command = slash_commands.find(slash.name, slash.arg)
+            if command is not None and command.busy_refused and self._say_busy():
                 return
             prompt.value = ""
             await self.run_slash(slash.name, slash.arg)
@@ -238,40 +240,20 @@ class ChatScreen(ImageActions):
         self.sent = bool(self.attached)
 
     async def run_slash(self, name: str, arg: str) -> None:
-        if name == "image" and arg.lower() == "none":
-            self.detach_all()
-        elif name == "image":
-            if not arg:
-                self.action_pick_image()
-            elif arg.isdigit() and 1 <= int(arg) <= len(self.images):
-                self.attach(self.images[int(arg) - 1])  # back to an earlier image of this chat
-            else:
-                self.attach(arg)
-        elif name == "detach":
-            self.action_detach_image()
-        elif name in ("retry", "regenerate"):
-            await self.action_retry()
-        elif name == "edit":
-            self.action_edit_last()
-        elif name == "new":
-            await self.new_chat()
-        elif name == "chats":
-            self.action_chats()
-        elif name == "export":
-            self.export(self.chat_id, arg or None)
-        elif name == "settings":
-            await self.run_action("app.settings")
-        elif name == "mode" and arg.replace("-", "") in MODE_LABEL:
-            self.post_message(SettingsRequested({"mode": arg.replace("-", "")}))
-        elif name == "offline" and arg in ("on", "off", ""):
-            self.post_message(SettingsRequested({"offline": arg != "off"}))
-        elif name == "help":  # a block in the transcript that stays (a toast vanished before it was read)
-            for hint in self.query(".empty-hint"):
-                await hint.remove()
-            await self.transcript.mount(Static(Text(f"{KEY_HELP}\n{SLASH_HELP}", style="dim"), classes="help"))
-            self.transcript.scroll_end(animate=False)
-        else:
+        command = slash_commands.find(name, arg)
+        if command is None:
             self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
+            return
+        done = command.run(self, arg)
+        if done is not None:
+            await done
+
+    async def show_help(self) -> None:
+        """/help: a block in the transcript that stays (a toast vanished before it was read)."""
+        for hint in self.query(".empty-hint"):
+            await hint.remove()
+        await self.transcript.mount(Static(Text(f"{KEY_HELP}\n{SLASH_HELP}", style="dim"), classes="help"))
+        self.transcript.scroll_end(animate=False)
 
     def _last_question(self) -> tuple[str, list[str]] | None:
         """The chat's last question and the images it was about (None: nothing asked yet)."""
