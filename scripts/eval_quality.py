@@ -54,7 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_models(names: list[str]) -> None:
-    from edge_agent.catalog import find_wheel_gguf
+    from edge_agent.modelfiles.catalog import find_wheel_gguf
 
     missing = [n for n in names if find_wheel_gguf(n) is None]
     if missing:
@@ -167,7 +167,7 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
     from scripts.factbook import build_index, load_countries, start_server
 
     out = args.out or Path(f"runs/quality-{args.split}")

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from edge_agent import chat_export
-from edge_agent.textclean import clean_model_text
+from edge_agent.chat import export as chat_export
+from edge_agent.core.textclean import clean_model_text
 from tests.files import chats_file, damage
 
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -30,7 +30,7 @@ CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def edge(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``edge-agent ARGS`` in a subprocess (the environment of the test: EDGE_AGENT_HOME etc.)."""
-    return subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, errors="surrogateescape")
 
 
@@ -67,7 +67,7 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
     assert r.returncode in (0, 1), r.stderr
     final = json.loads(r.stdout.splitlines()[-1])
     assert final["answer"] and not CONTROLS.search(r.stdout) and not CONTROLS.search(final["answer"])
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(env / "chats.sqlite3")
     try:
@@ -82,7 +82,7 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
 def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
     """An answer stored with control bytes by an older version reads and exports without them."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(edge_home / "chats.sqlite3")
     try:
@@ -144,7 +144,7 @@ def test_a_question_that_never_reached_the_model_is_not_saved(env, tiny_models, 
 def test_an_answer_that_failed_midway_is_kept_marked_failed(edge_home):
     """Once the model read the question, a fatal error keeps the exchange: status error, text so far."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore, Continuation
+    from edge_agent.chat.store import ChatStore, Continuation
     from edge_agent.commands.ask import _ChatWriter
 
     store = ChatStore(edge_home / "chats.sqlite3")
@@ -195,7 +195,7 @@ def test_continue_uses_the_chats_models(env, tiny_models, image, tmp_path):
 
 def test_older_chat_files_gain_the_models_column(tmp_path):
     """A version-2 chat file (before chats recorded models) opens, reads {} and records models."""
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     path = tmp_path / "chats.sqlite3"
     store = ChatStore(path)
@@ -243,7 +243,7 @@ def app_runs(monkeypatch):
 def test_tui_takes_prophet_mmproj(edge_home, app_runs, tmp_path):
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     r = CliRunner().invoke(cli, ["tui", "--prophet", "p.gguf", "--prophet-mmproj", str(tmp_path / "mm.gguf")])
     assert r.exit_code == 0, r.output
@@ -265,7 +265,7 @@ def test_app_options_work_without_tui(edge_home, app_runs):
     """`edge-agent --model X --chat 3` opens the app with them; --help and --version stay the group's."""
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     r = CliRunner().invoke(cli, ["--model", "x.gguf", "--chat", "3", "--mode", "freeform", "--offline"])
     assert r.exit_code == 0, r.output
@@ -334,7 +334,7 @@ def test_config_set_refuses_values_that_cannot_work(edge_home, setting, says):
 def test_n_ctx_floor_is_what_the_system_prompt_needs(edge_home):
     """The n_ctx floor grows with the user's own instructions; a value at the floor is accepted."""
     from edge_agent.agent.prompts import min_n_ctx
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     need = min_n_ctx(Settings())
     r = edge("config", "set", "n_ctx", str(need - 1))
@@ -358,7 +358,7 @@ def test_themes_are_textuals():
     """config.THEMES (config cannot import Textual) is Textual's list of built-in themes."""
     from textual.theme import BUILTIN_THEMES
 
-    from edge_agent.config import THEMES
+    from edge_agent.core.config import THEMES
 
     assert THEMES == set(BUILTIN_THEMES)
 
@@ -372,8 +372,8 @@ def test_config_file_header_points_to_config_explain(edge_home):
 @pytest.mark.asyncio
 async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
     """The app's settings screen applies the same validation, range in the message; nothing saved."""
-    from edge_agent.config import Settings
-    from edge_agent.ui.settings_screen import SettingsScreen
+    from edge_agent.core.config import Settings
+    from edge_agent.ui.screens.settings import SettingsScreen
     from tests.pilot import ScreenHost
 
     settings = Settings.load()
@@ -406,10 +406,10 @@ def closed_port() -> int:
 def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
     """Nothing listening at HF_ENDPOINT: the pull fails in under 2 s with the default retry policy (it
     used to retry a connection that never opened for ~7 s), and the command says what to check."""
-    from edge_agent import model_pull
-    from edge_agent.catalog import load_catalog
-    from edge_agent.config import Settings
-    from edge_agent.errors import DownloadError
+    from edge_agent.core.config import Settings
+    from edge_agent.core.errors import DownloadError
+    from edge_agent.modelfiles import pull as model_pull
+    from edge_agent.modelfiles.catalog import load_catalog
 
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setenv("HF_ENDPOINT", url)

@@ -28,17 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Layer of each top-level part of edge_agent (the part after "edge_agent."); anything not named is base (0).
 LAYERS: dict[str, int] = {
-    "ui": 4, "commands": 4, "cli": 4,
-    # the engine and the other consumers of the agent's values (the chat store, crops, measured
-    # costs, the evaluation, its Ray workers and the library builder) and of the tools (model downloads
-    # use tools.http's retry policy): beside the engine, below the front ends
-    "engine": 3, "engine_face": 3, "chats": 3, "chat_schema": 3, "chat_export": 3,  # the chat store and its exports
-    "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3, "model_pull": 3,
-    "read_ahead": 3,  # the engine's read-ahead worker
-    "engine_images": 3,  # the engine's image files, read and fitted once
-    "calibration": 3,  # the engine's SSR neutral scores (reads them through the agent's prompts)
-    "agent": 2, "chat_context": 2, "pending_turn": 2,  # chat continuity's pending user turn
-    "runtime": 1, "tools": 1,
+    "ui": 4, "commands": 4,
+    # the engine and the other consumers of the agent's values (the chat store and continuity, crops,
+    # the evaluation and its Ray workers, the library builder): beside the engine, below the front ends
+    "engine": 3, "chat": 3, "evaluation": 3, "library": 3,
+    "agent": 2,
+    # model files (the catalog, GGUF checks, footprints, downloads: hub uses tools.http's retry policy)
+    "runtime": 1, "tools": 1, "modelfiles": 1,
+    "core": 0,
 }
 LAYER_NAMES = {4: "ui/commands", 3: "engine", 2: "agent/chat_context", 1: "runtime/tools", 0: "base"}
 # third-party packages only one part may import

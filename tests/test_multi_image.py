@@ -20,14 +20,14 @@ import pytest
 from PIL import Image
 
 from edge_agent.agent.loop import AgentOptions
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from tests.test_read_ahead import assert_same, load, opened, type_slowly
 
 
 def edge(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
 
 

@@ -1,4 +1,4 @@
-"""The chat screen's slash commands are one table (edge_agent/ui/slash_commands.py): which row a command
+"""The chat screen's slash commands are one table (edge_agent/ui/screens/slash_commands.py): which row a command
 and its argument reach, which are refused while an answer runs, and what each row does on a screen."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from edge_agent.ui import slash_commands
 from edge_agent.ui.messages import SettingsRequested
-from edge_agent.ui.prompt import SLASH_HELP
+from edge_agent.ui.screens import slash_commands
+from edge_agent.ui.widgets.prompt import SLASH_HELP
 
 
 class Screen:

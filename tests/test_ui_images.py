@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_agent.ui.prompt import PromptInput
+from edge_agent.ui.widgets.prompt import PromptInput
 from tests.files import make_image
 from tests.pilot import scripted_app, settle, type_and_enter
 

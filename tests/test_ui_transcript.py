@@ -15,17 +15,17 @@ import pytest
 from textual.widgets import Input, Markdown, Static
 from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader
 
-from edge_agent import chat_export
 from edge_agent.agent import events as ev
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
+from edge_agent.chat import export as chat_export
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.first_run import FirstRunScreen
-from edge_agent.ui.prompt import PromptInput
-from edge_agent.ui.readable import readable_markdown
-from edge_agent.ui.statusbar import StatusBar
-from edge_agent.ui.transcript import AnswerView, UserMessage
+from edge_agent.ui.screens.first_run import FirstRunScreen
+from edge_agent.ui.widgets.prompt import PromptInput
+from edge_agent.ui.widgets.readable import readable_markdown
+from edge_agent.ui.widgets.statusbar import StatusBar
+from edge_agent.ui.widgets.transcript import AnswerView, UserMessage
 from tests.fakes.engines import Asked
 from tests.files import long_chat
 from tests.pilot import scripted_app, settle, type_and_enter

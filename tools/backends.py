@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from edge_agent.redaction import redact
+from edge_agent.core.redaction import redact
 from edge_agent.tools.http import FetchError
 from edge_agent.tools.text import SNIPPET_CHARS, SOURCE_CHARS, TITLE_CHARS, clean_text, clean_url
 

@@ -9,7 +9,7 @@ pickle, never eval).
 Does not know: HTTP, backends' JSON shapes, or whether we are online; :mod:`edge_agent.tools.search`
 decides when to read and write. Opening the cache touches only the file (never the network).
 
-Concurrency: WAL journal + a busy timeout (:mod:`edge_agent.sqlitedb`, shared with the chat
+Concurrency: WAL journal + a busy timeout (:mod:`edge_agent.core.sqlitedb`, shared with the chat
 history), one short-lived connection per operation, so the TUI, a ``cache prefetch`` in another
 terminal and an eval can all use one file. A file that is not a readable SQLite database of our
 schema (``PRAGMA user_version`` 1) raises :class:`CacheError` saying to run ``edge-agent cache clear``.
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent import sqlitedb
-from edge_agent.errors import CacheError
-from edge_agent.files import atomic_write
-from edge_agent.redaction import redact
+from edge_agent.core import sqlitedb
+from edge_agent.core.errors import CacheError
+from edge_agent.core.files import atomic_write
+from edge_agent.core.redaction import redact
 from edge_agent.tools import specs
 from edge_agent.tools.text import normalise_query
 
@@ -140,7 +140,7 @@ class SearchCache:
     # --- connections ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection (:func:`edge_agent.sqlitedb.connect`); writes use an explicit transaction."""
+        """A connection (:func:`edge_agent.core.sqlitedb.connect`); writes use an explicit transaction."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -166,8 +166,8 @@ class SearchCache:
     def _open(self) -> sqlite3.Connection:
         """A connection; on the first use in this process the file is also checked, and a damaged one is
         set aside (kept) and what is readable of it salvaged into a new file (said once:
-        ``edge_agent.recovery``)."""
-        from edge_agent import recovery
+        ``edge_agent.core.recovery``)."""
+        from edge_agent.core import recovery
 
         try:
             conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
@@ -194,7 +194,7 @@ class SearchCache:
         return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
 
     def _recover(self, reason: str) -> sqlite3.Connection:
-        from edge_agent import recovery
+        from edge_agent.core import recovery
 
         try:
             aside: Path | None = recovery.set_aside(self.path)

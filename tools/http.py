@@ -4,7 +4,7 @@ Knows: timeouts (connect and a total deadline per attempt, so a server that drip
 hold us), retries with exponential backoff on 429 and 5xx honouring ``Retry-After`` (seconds or an
 HTTP date) up to a cap (:func:`with_retries`: the app's one retry loop, the hub downloads use it
 too), a hard limit on the body size, empty and invalid JSON bodies, and how to keep API keys out of
-every message it produces (:func:`edge_agent.redaction.redact`) and out of urllib3's debug log
+every message it produces (:func:`edge_agent.core.redaction.redact`) and out of urllib3's debug log
 (:func:`protect_logs`).
 
 Does not know: search backends, the cache, settings. It never raises for a network or server
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from edge_agent.redaction import redact, redact_tree, usable
+from edge_agent.core.redaction import redact, redact_tree, usable
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from edge_agent.errors import ImageError
+from edge_agent.core.errors import ImageError
 
 # Decompression-bomb limit: refuse images with more pixels than this before decoding them. A 108 MP
 # phone photo is below both; PIL itself calls 179 MP a bomb (and refuses it when opening). A JPEG is

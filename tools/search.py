@@ -23,7 +23,7 @@ older cached copy was served, and the observation says so; ``offline`` offline a
 cache; ``unconfigured`` the chosen backend lacks a key/URL (or image search is ``none``);
 ``error`` the search failed and nothing was cached. Tool failures are **returned** as outcomes
 (the agent feeds the observation back to the model); only bugs raise. A damaged cache file raises
-:class:`edge_agent.errors.CacheError` (fix: ``edge-agent cache clear``).
+:class:`edge_agent.core.errors.CacheError` (fix: ``edge-agent cache clear``).
 
 Untrusted text: titles, URLs and snippets come from the web. They are size-limited, HTML-stripped
 and cleaned of control and format characters here, but may still contain strings such as
@@ -32,7 +32,7 @@ NOT parsed (the runtime's ``append_text(..., special=False)``), so such text sta
 
 Keys: API keys are sent in headers where the API allows (Brave, Google Cloud Vision) and in the
 query string only for SerpApi; they never enter cache keys, stored responses, exports,
-observations or log records (see :func:`edge_agent.redaction.redact` and
+observations or log records (see :func:`edge_agent.core.redaction.redact` and
 :func:`edge_agent.tools.http.protect_logs`).
 
 What this module knows is the cache policy (when to serve a cached entry, when to ask the backend,
@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from edge_agent.files import atomic_write
-from edge_agent.redaction import redact
+from edge_agent.core.files import atomic_write
+from edge_agent.core.redaction import redact
 from edge_agent.tools import observations as words
 from edge_agent.tools.backends import (
     Backend,
@@ -76,7 +76,7 @@ from edge_agent.tools.http import FetchError, HttpPolicy, fetch_json, protect_lo
 from edge_agent.tools.text import MAX_QUERY_CHARS, clean_text, query_key
 
 if TYPE_CHECKING:
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
 log = logging.getLogger(__name__)
 

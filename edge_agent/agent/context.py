@@ -5,7 +5,7 @@ already said, and the new user turn, up to the first think block), how that was 
 context, the live KV cache of the same chat, a saved state restored from disk, or the chat rebuilt
 from its text), and the two ends of a question (answered: keep and save; cancelled or failed: back to
 the last clean boundary). ``FreshContext`` is the plain form (a fresh session, the earlier exchanges as
-text): tests, benchmarks and the eval use it. ``edge_agent.chat_context.ChatContexts`` implements the
+text): tests, benchmarks and the eval use it. ``edge_agent.chat.continuity.ChatContexts`` implements the
 continuing one with saved states. Does not know llama_cpp, files or widgets.
 """
 
@@ -35,7 +35,7 @@ class Opened:
     tokens_evaluated: int = 0  # tokens evaluated to open it (images counted in embeddings)
     system_restored: bool = False  # the system prompt came from a saved state
     images: list[ImageChunk] = field(default_factory=list)  # images evaluated while opening
-    # read ahead before the question was sent (edge_agent.pending_turn) and kept: KV cells of the user
+    # read ahead before the question was sent (edge_agent.chat.pending_turn) and kept: KV cells of the user
     # turn (its image included), tokens of the person's own text, and the images
     tokens_read_ahead: int = 0
     question_read_ahead: int = 0

@@ -39,7 +39,7 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Segment, Text
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import ChatSessionLike, Checkpoint, Generation, ImageChunk, SessionLike
 
 Render = Callable[[Sequence[Mapping[str, Any]]], str]  # messages -> prompt text (generation prompt included)

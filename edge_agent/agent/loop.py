@@ -78,7 +78,7 @@ from edge_agent.agent.rationales import ANY_ACTION
 from edge_agent.agent.ssr import SsrChooser
 from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.state import image_digest
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 from edge_agent.tools import specs
@@ -103,7 +103,7 @@ def run_agent(
 ) -> Iterator[Event]:
     """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``; a list: 0..n-1) in turns.
 
-    ``context``: the chat's context (``edge_agent.chat_context``: continues the chat's KV cache or
+    ``context``: the chat's context (``edge_agent.chat.continuity``: continues the chat's KV cache or
     a saved state); without one, ``session`` must be a fresh (empty) session and ``history`` the
     earlier (question, answer) pairs, evaluated as text (``agent.context.FreshContext``).
     Yields RunStarted, ContextOpened ... FinalAnswer, or ends with AgentError(fatal=True). Closing

@@ -29,7 +29,7 @@ from edge_agent.tools import specs
 from edge_agent.tools.specs.answer import ANSWER_CLOSE, ANSWER_OPEN
 
 if TYPE_CHECKING:
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
 THINK_OPEN = "<|im_start|>assistant\n<think>\n"
 THINK_CLOSE = "\n</think>\n\n"  # after the reasoning (pasted or generated)
@@ -196,7 +196,7 @@ def min_n_ctx(settings: Settings) -> int:
     densest of the tokenizers we ship: the tiny test models' 2.7; Qwen3's and SmolLM2's ~3.5), plus
     ``QUESTION_TOKENS`` for a question and a short answer."""
     from edge_agent.agent.rationales import load_library
-    from edge_agent.errors import EdgeAgentError
+    from edge_agent.core.errors import EdgeAgentError
 
     try:
         library = load_library(settings.rationales) if settings.ssr_index_only else None
@@ -211,7 +211,7 @@ def check_n_ctx(settings: Settings) -> None:
     """Raise ConfigError when ``n_ctx`` cannot hold the system prompt of these settings and a question
     (``Settings.validate`` checks every range; this needs the prompt, so the layers that know the agent
     call it: ``config set``, the settings screen, loading an engine)."""
-    from edge_agent.errors import ConfigError
+    from edge_agent.core.errors import ConfigError
 
     if settings.n_ctx >= 4096:  # (checked only when small: building the prompt costs ~0.1 s)
         return

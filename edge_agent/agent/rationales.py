@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import ConfigError
+from edge_agent.core.errors import ConfigError
 from edge_agent.tools import specs
 
 

@@ -69,7 +69,7 @@ from edge_agent.agent.seprod_math import (
     search_weight,
 )
 from edge_agent.agent.seprod_policy import Adaptive, Costs, Fitter, Plan, ema
-from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
+from edge_agent.core.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, DraftModelLike, SessionLike
 
 

@@ -299,6 +299,6 @@ def draft_image_key(image: bytes | None) -> str:
     return hashlib.blake2b(image, digest_size=16).hexdigest() if image is not None else ""
 
 
-# The ``seprod_tau`` setting's default (edge_agent.config; a test keeps the two equal): at 0.05 the
+# The ``seprod_tau`` setting's default (edge_agent.core.config; a test keeps the two equal): at 0.05 the
 # benchmark's SmolLM2 pair accepted half of its drafts, at 0.1 a fifth.
 DEFAULT_TAU = 0.05

@@ -1,6 +1,6 @@
 """`edge-agent ask [IMAGE]... QUESTION`: answer one question and print the answer and a compact trace.
 
-Parses flags into settings, builds the engine (edge_agent.engine), and renders the agent's events:
+Parses flags into settings, builds the engine (edge_agent.engine.engine), and renders the agent's events:
 for people, the answer alone on stdout and, on stderr, progress and one trace line per turn (the
 rationale chosen and its probability, or the reasoning's length; the tool call; timings); with
 ``--json``, one JSON object per event per line on stdout, the last the final answer with totals.
@@ -21,10 +21,10 @@ from typing import Any
 import click
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
-from edge_agent.crops import prune_crops, remove_run_crops
-from edge_agent.engine_face import AskRequest
-from edge_agent.errors import EdgeAgentError
+from edge_agent.chat.crops import prune_crops, remove_run_crops
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import EdgeAgentError
+from edge_agent.engine.face import AskRequest
 from edge_agent.tools.images import SUFFIXES as IMAGE_SUFFIXES
 
 
@@ -86,7 +86,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
     settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
                               "offline": True if offline else None})
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     follow_up, lock = continue_ or chat_id is not None, None
@@ -133,7 +133,7 @@ def _images_and_question(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple
 def _lock_chat(settings: Settings, store: Any, chat_id: int | None) -> Any:
     """The lock of the chat this follow-up goes to (None: there is no chat yet), waiting, with a line on
     stderr, while another question (another `ask`, the app) is answering in it."""
-    from edge_agent.chatlock import ChatLock
+    from edge_agent.chat.lock import ChatLock
 
     cid = chat_id if chat_id is not None else store.latest_chat()
     if cid is None:
@@ -152,7 +152,7 @@ def _chat_for(store: Any, follow_up: bool, chat_id: int | None, images: list[str
     """(Continuation of the chat to ask in, the images to ask about): the chat's own images (its last
     question's) for a follow-up without any; for a new question an empty chat id 0 (the chat is created
     only once the question reaches the model: see :class:`_ChatWriter`)."""
-    from edge_agent.chats import Continuation
+    from edge_agent.chat.store import Continuation
 
     if not follow_up:
         return Continuation(0), images
@@ -175,8 +175,8 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     (``Continuation.models``) unless --model (agent, mmproj) or --prophet (prophet, its mmproj) says
     otherwise; ``say`` (None: quiet) is told when that differs from the current setting, and how to
     choose. Raises when the chat's model file is gone (and names the flag that picks another)."""
-    from edge_agent.engine import model_files
-    from edge_agent.model_resolution import resolve
+    from edge_agent.engine.engine import model_files
+    from edge_agent.modelfiles.resolution import resolve
 
     files = chat.models
     if not files.get("model"):
@@ -242,7 +242,7 @@ class _ChatWriter:
 def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images: list[str], *, as_json: bool,
          mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
-    from edge_agent.engine import Engine  # heavy: llama.cpp
+    from edge_agent.engine.engine import Engine  # heavy: llama.cpp
 
     def progress(msg: str, frac: float) -> None:
         if not as_json and sys.stderr.isatty():

@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from edge_agent.config import Settings
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import EdgeAgentError
 
 
 def _cache(settings: Settings):

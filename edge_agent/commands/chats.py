@@ -1,7 +1,7 @@
 """`edge-agent chats`: the saved chats, newest first, with the ids `ask --chat ID` takes; `chats show ID`
 prints one; `chats export ID` writes it as Markdown or JSON (what the app's export writes).
 
-Reads the one chat store the app and `ask` write (edge_agent.chats). Knows nothing of models.
+Reads the one chat store the app and `ask` write (edge_agent.chat.store). Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 
 
 @contextmanager
 def _store(settings: Settings) -> Iterator[Any]:
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     try:
@@ -92,7 +92,7 @@ def show(chat_id: int) -> None:
               help="md (default) or json; with -o, taken from the file's suffix when not given.")
 def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
     """Write chat ID as Markdown (tool calls, crops, rationale scores) or JSON (every event)."""
-    from edge_agent import chat_export
+    from edge_agent.chat import export as chat_export
 
     if fmt is None:
         fmt = "json" if output is not None and output.suffix.lower() == ".json" else "md"

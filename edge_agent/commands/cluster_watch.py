@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 
 STATUS = "EDGE_AGENT_EVAL_STATUS"  # the child's status file (set: this process is the watched child)
 
@@ -45,7 +45,7 @@ def run_watched(argv: list[str], results: Path, counts: Callable[[], tuple[int, 
     fd, status = tempfile.mkstemp(prefix="edge-agent-eval-", suffix=".json")
     os.close(fd)
     os.unlink(status)
-    child = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *argv], env={**os.environ,
+    child = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *argv], env={**os.environ,
                                                                                    STATUS: status},
                              process_group=0)
     previous = signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from edge_agent.config import SECRET_FIELDS, Settings
-from edge_agent.errors import ConfigError
+from edge_agent.core.config import SECRET_FIELDS, Settings
+from edge_agent.core.errors import ConfigError
 
 
 @click.group("config")
@@ -56,8 +56,8 @@ def set_(key: str, value: str) -> None:
 @click.argument("key")
 def unset(key: str) -> None:
     """Remove KEY from the config file: it takes its default again (an API key is removed)."""
-    from edge_agent.config import _dump_toml, _read_config
-    from edge_agent.files import atomic_write
+    from edge_agent.core.config import _dump_toml, _read_config
+    from edge_agent.core.files import atomic_write
 
     default = Settings()
     if key not in {f.name for f in fields(Settings)} or key == "home":
@@ -83,7 +83,7 @@ def _check_files(s: Settings, key: str) -> None:
     if not value:
         return
     if key in ("model", "prophet"):
-        from edge_agent.model_resolution import find_model
+        from edge_agent.modelfiles.resolution import find_model
 
         find_model(s, value, detect_mmproj=False)
     elif key in ("mmproj", "prophet_mmproj") and not Path(value).expanduser().is_file():
@@ -100,7 +100,7 @@ def _check_files(s: Settings, key: str) -> None:
 def explain() -> None:
     """Describe every setting."""
     from edge_agent.agent.prompts import min_n_ctx
-    from edge_agent.config import CHOICES, RANGES, URL_FIELDS
+    from edge_agent.core.config import CHOICES, RANGES, URL_FIELDS
 
     for f in fields(Settings):
         click.echo(f"{f.name}\n    {f.metadata.get('doc', '')}")

@@ -18,8 +18,8 @@ import click
 
 from edge_agent import evaluation as E
 from edge_agent.commands.progress import EvalProgress
-from edge_agent.config import Settings
-from edge_agent.errors import ConfigError, EdgeAgentError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ConfigError, EdgeAgentError
 
 # Settings that change what the agent answers: a results folder is resumed only with the same ones.
 FINGERPRINT_SETTINGS = (
@@ -45,7 +45,7 @@ def engine_factory(settings: Settings, *, on_status=None):
     ``on_status(text)`` gets the engine's loading steps (shown next to the progress bar)."""
 
     def make():
-        from edge_agent.engine import Engine  # heavy: llama.cpp
+        from edge_agent.engine.engine import Engine  # heavy: llama.cpp
 
         return Engine.from_settings(settings, progress=(lambda msg,
                                                         frac: on_status(msg)) if on_status else None)
@@ -118,8 +118,7 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
         return len(E.ResultsStore(out_dir).open().records), len(E.load_dataset(data,
                                                                                limit=limit)) * len(specs)
 
-    from edge_agent import cli
-    from edge_agent.commands import cluster_watch
+    from edge_agent.commands import cli, cluster_watch
 
     # from a shell: watched (Ray may end it)
     if cluster and not cluster_watch.watched() and cli.ARGV is not None:
@@ -152,7 +151,7 @@ def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Se
         raise click.UsageError("--workers, --threads-per-worker and --gpus-per-worker go with --cluster "
                                "ray[:ADDRESS].")
     if cluster:
-        from edge_agent.cluster import RayWorkers, parse_cluster
+        from edge_agent.evaluation.cluster import RayWorkers, parse_cluster
 
         pool = RayWorkers(run_settings, address=parse_cluster(cluster), workers=workers,
                           threads=threads_per_worker,

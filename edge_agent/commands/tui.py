@@ -25,8 +25,8 @@ def command(model, mmproj, prophet, prophet_mmproj, mode, offline, chat_id) -> N
     Keys: Ctrl+F attach image · Esc stop answer · Ctrl+T reasoning · Ctrl+R mode (SSR, free-form, direct)
           Ctrl+O chats · Ctrl+N new chat · Ctrl+S settings · Ctrl+P all commands · Ctrl+Q quit
     """
-    from edge_agent.config import Settings
-    from edge_agent.ui.preview import enable_graphics
+    from edge_agent.core.config import Settings
+    from edge_agent.ui.widgets.preview import enable_graphics
 
     settings = Settings.load({"model": model, "mmproj": mmproj, "prophet": prophet,
                               "prophet_mmproj": prophet_mmproj,

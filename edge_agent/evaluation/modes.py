@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge_agent.errors import ConfigError
+from edge_agent.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

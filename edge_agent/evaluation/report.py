@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edge_agent.core.files import atomic_write
 from edge_agent.evaluation.dataset import dataset_name
 from edge_agent.evaluation.plot import write_plot
 from edge_agent.evaluation.runner import EvalRun
 from edge_agent.evaluation.store import RESULTS_FILE
-from edge_agent.files import atomic_write
 
 JSON_FILE = "results.json"
 REPORT_FILE = "report.md"

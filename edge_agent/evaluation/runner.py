@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edge_agent.agent import events as ev
-from edge_agent.engine_face import AskRequest, EngineFace
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
+from edge_agent.engine.face import AskRequest, EngineFace
 from edge_agent.evaluation.dataset import Question, load_dataset
 from edge_agent.evaluation.matching import match_answer
 from edge_agent.evaluation.metrics import compute_metrics
@@ -102,7 +102,7 @@ class EvalRun:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     model_files: dict[str, str] = field(default_factory=dict)  # role -> the file loaded (run.json keeps them)
     cluster: dict[str,
-                  # a cluster run: workers, threads, nodes (edge_agent.cluster.RayWorkers.info)
+                  # a cluster run: workers, threads, nodes (edge_agent.evaluation.cluster.RayWorkers.info)
                   Any] | None = None
 
 
@@ -111,7 +111,7 @@ Work = list[tuple[Question, list[ModeSpec]]]  # each pending question with the m
 
 
 class Workers(Protocol):
-    """Runs pending work somewhere else (``edge_agent.cluster.RayWorkers``): yields each question's
+    """Runs pending work somewhere else (``edge_agent.evaluation.cluster.RayWorkers``): yields each question's
     records as they arrive, in any order; ``model_files`` and ``info`` describe what ran them."""
 
     model_files: dict[str, str]

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ConfigError, EdgeAgentError
-from edge_agent.files import atomic_write
+from edge_agent.core.errors import ConfigError, EdgeAgentError
+from edge_agent.core.files import atomic_write
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"

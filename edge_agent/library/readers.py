@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.agent.rationales import library_actions
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 
 HELP = ("SOURCES are `edge-agent eval` results (the --out folder, results.json or results.jsonl) run with "
         "--modes freeform, chats exported from the app (Ctrl+O, e: the .json file), or `edge-agent ask "

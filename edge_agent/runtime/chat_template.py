@@ -48,7 +48,7 @@ def render(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], *,
     """The prompt text of ``messages`` ({"role", "content"}; content a string, or a list of
     {"type": "text", "text"} and {"type": "image"} parts) under ``template``. Raises
     ``ModelRuntimeError`` when the template fails on them (it says which part)."""
-    from edge_agent.errors import ModelRuntimeError
+    from edge_agent.core.errors import ModelRuntimeError
 
     fmt = _formatter(template.template, template.bos, template.eos, add_generation_prompt)
     try:

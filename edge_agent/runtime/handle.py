@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import Cancelled, ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import Cancelled, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C, M
 from edge_agent.runtime.buffers import BatchBuffers

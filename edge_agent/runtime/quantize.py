@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C
 from edge_agent.runtime.cores import default_threads

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 from edge_agent.runtime._lib import C, captured_stderr, clear_errors, recent_errors
 from edge_agent.runtime.handle import TOKEN_DATA, Handle
 from edge_agent.runtime.textstream import StopStream

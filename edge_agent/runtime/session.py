@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import batch, forced, vision
 from edge_agent.runtime import state as state_mod
 from edge_agent.runtime._lib import recent_errors

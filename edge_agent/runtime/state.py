@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write
 from edge_agent.runtime.types import ImageChunk, SessionState, StateError
 
 MAGIC = b"EDGEKV01"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 from edge_agent.runtime._lib import C, M
 from edge_agent.runtime.cores import ComputeLane
 

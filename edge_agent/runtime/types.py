@@ -204,7 +204,7 @@ class SessionLike(Protocol):
 
 
 class ChatSessionLike(SessionLike, Protocol):
-    """A session as chat persistence (``edge_agent.chat_context``) uses it: besides the loop's verbs,
+    """A session as chat persistence (``edge_agent.chat.continuity``) uses it: besides the loop's verbs,
     which images it holds, the key of its content, and a saved state of it."""
 
     @property
@@ -240,7 +240,7 @@ class DraftModelLike(Protocol):
 
 
 class ChatModelLike(Protocol):
-    """What chat persistence (``edge_agent.chat_context``) uses of the agent model."""
+    """What chat persistence (``edge_agent.chat.continuity``) uses of the agent model."""
 
     n_ctx: int
     identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
@@ -265,7 +265,7 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     image geometry, sharing the cores, closing). ``edge_agent.runtime.Model`` implements it.
 
     ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8, ...)``
-    validates the files in Python first (edge_agent.modelfile) and raises ModelFileError instead of
+    validates the files in Python first (edge_agent.modelfiles.checks) and raises ModelFileError instead of
     letting llama.cpp abort the process.
     """
 

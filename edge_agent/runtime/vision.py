@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_agent.errors import ImageError, ModelRuntimeError
+from edge_agent.core.errors import ImageError, ModelRuntimeError
 from edge_agent.runtime._lib import M, clear_errors, recent_errors
 from edge_agent.runtime.handle import Handle
 from edge_agent.runtime.types import ImageChunk

@@ -23,14 +23,14 @@ from textual.message_pump import MessagePump
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.prompts import check_n_ctx
-from edge_agent.chatlock import ChatLock
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest, EngineFace
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.chat.lock import ChatLock
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import Cancelled, EdgeAgentError
+from edge_agent.engine.face import AskRequest, EngineFace
 from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
-from edge_agent.ui.preview import looks_like_image_path
-from edge_agent.ui.statusbar import model_label
+from edge_agent.ui.widgets.preview import looks_like_image_path
+from edge_agent.ui.widgets.statusbar import model_label
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -46,13 +46,13 @@ EngineFactory = Callable[..., EngineFace]  # (settings, *, progress) -> engine
 
 def default_engine_factory(settings: Settings, *,
                            progress: Callable[[str, float], None] | None = None) -> EngineFace:
-    from edge_agent.engine import Engine  # llama.cpp is imported here, in the worker thread
+    from edge_agent.engine.engine import Engine  # llama.cpp is imported here, in the worker thread
 
     return Engine.from_settings(settings, progress=progress)
 
 
 def reload_fields() -> frozenset[str]:
-    from edge_agent.engine import RELOAD_FIELDS  # numpy and the agent: not at the app's import
+    from edge_agent.engine.engine import RELOAD_FIELDS  # numpy and the agent: not at the app's import
 
     return RELOAD_FIELDS
 
@@ -69,7 +69,7 @@ class Question:
     image: str | tuple[str, ...] | None
     history: list[tuple[str, str, str | tuple[str, ...] | None]]
     context: str
-    chat_id: int | None = None  # the chat whose lock (edge_agent.chatlock) the answer holds until it is saved
+    chat_id: int | None = None  # the chat whose lock (edge_agent.chat.lock) the answer holds until it is saved
 
 
 class EngineHost:

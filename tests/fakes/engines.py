@@ -1,5 +1,5 @@
 """The one scripted engine of the tests: engine-shaped (what the app, ``ask``'s callers and the eval use of
-``edge_agent.engine.Engine``; mypy holds it to those protocols), for tests of pure rendering,
+``edge_agent.engine.engine.Engine``; mypy holds it to those protocols), for tests of pure rendering,
 persistence and evaluation logic.
 
 By default a question yields a fixed, realistic event stream (:func:`script`: an SSR turn with a zoom, a
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest, EngineFace
+from edge_agent.core.config import Settings
+from edge_agent.engine.face import AskRequest, EngineFace
 from tests.files import make_image
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class ScriptedEngine:
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Like ``Engine.update_settings``: model files and the llama context need a new engine."""
-        from edge_agent.engine import RELOAD_FIELDS
+        from edge_agent.engine.engine import RELOAD_FIELDS
 
         if RELOAD_FIELDS.intersection(changed):
             return False
