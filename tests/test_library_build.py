@@ -277,6 +277,7 @@ def test_reads_eval_records_made_by_the_eval_itself(tmp_path):
 
 
 def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
+    from edge_agent.chat import export as chat_export
     from edge_agent.chat.store import ChatStore
 
     chats = ChatStore(tmp_path / "chats.sqlite3")
@@ -287,7 +288,7 @@ def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
         for e in _events(TRACE, stop=stop):
             chats.add_event(mid, e)
         chats.finish_answer(mid, status, "x")
-    _, jpath = chats.export(cid, tmp_path / "export")
+    _, jpath = chat_export.export(chats, cid, tmp_path / "export")
     r = read_sources([jpath])
     assert r.traces == 2 and [t.correct for t in r.turns] == [None, None, False, False]
     assert {t.action for t in r.turns} == {"zoom", "answer"}

@@ -61,6 +61,7 @@ def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
     """The loader reads a HEIC (size, colour); a zoom crops it; an export links a JPEG copy (Markdown
     viewers do not show HEIC)."""
     from edge_agent.agent import events as ev
+    from edge_agent.chat import export as chat_export
     from edge_agent.chat.store import ChatStore
     from edge_agent.tools.images import SUFFIXES, load_image
     from edge_agent.tools.zoom import ImageStore
@@ -79,7 +80,7 @@ def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
         cid = chats.new_chat()
         chats.add_user_message(cid, "What colour?", str(heic))
         chats.add_event(chats.start_answer(cid), ev.FinalAnswer(answer="Red.", turns=1, stop_reason="answered"))
-        md_path, _ = chats.export(cid, tmp_path / "out")
+        md_path, _ = chat_export.export(chats, cid, tmp_path / "out")
     finally:
         chats.close()
     copies = list(md_path.with_name(md_path.stem + "_files").iterdir())
