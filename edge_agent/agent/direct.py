@@ -13,7 +13,7 @@ text a person or a model wrote as plain text, each image placeholder of the temp
 a session is made to hold a prompt keeping the longest common prefix of what it holds already (the rest
 rolled back, the remainder evaluated: the context equals evaluating the prompt from scratch), and the
 episode's events. Talks to the model only through ``runtime.types`` sessions; rendering comes in as a
-function. Does not know llama_cpp, chats, saved states or widgets (``chat_context.DirectQuestion``
+function. Does not know llama_cpp, chats, saved states or widgets (``chat.continuity.DirectQuestion``
 continues a chat's context; :class:`FreshDirect` starts from an empty session).
 """
 

@@ -3,7 +3,7 @@
 Knows: how to write an answer event by event (one small transaction each, WAL, so a chat survives
 the app being killed mid-answer; ``events.event_from_json`` rebuilds the typed events) and how to keep
 API keys out of what it stores (``edge_agent.core.redaction``). The schema and its migrations are
-``chat_schema``'s; a chat's Markdown and JSON exports are ``chat_export``'s.
+``chat.schema``'s; a chat's Markdown and JSON exports are ``chat.export``'s.
 Does not know: models, widgets or the network. Thread-safe: the TUI writes from its engine worker
 thread and reads from the UI thread through one connection guarded by a lock.
 

@@ -12,7 +12,7 @@ model. Does not know the chat format, the UI, or how any part works inside.
     engine.close()
 
 One question at a time per engine (a llama context holds one conversation): callers serialise
-(the TUI holds a lock). Chat continuity lives in ``chat_context.ChatContexts``: a follow-up question
+(the TUI holds a lock). Chat continuity lives in ``chat.continuity.ChatContexts``: a follow-up question
 (``context=`` the key its chat's last answer was saved under) is appended to the live KV cache or to
 its saved state restored from disk; the system prompt is evaluated once per model and prompt on this
 machine (its state is saved under ``home/states``).

