@@ -144,12 +144,12 @@ def test_a_question_that_never_reached_the_model_is_not_saved(env, tiny_models, 
 def test_an_answer_that_failed_midway_is_kept_marked_failed(edge_home):
     """Once the model read the question, a fatal error keeps the exchange: status error, text so far."""
     from edge_agent.agent import events as ev
-    from edge_agent.chat.store import ChatStore, Continuation
-    from edge_agent.commands.ask import _ChatWriter
+    from edge_agent.chat.recorder import ExchangeRecorder
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(edge_home / "chats.sqlite3")
     try:
-        w = _ChatWriter(store, Continuation(0), "Q?", None, {"model": "/m.gguf"})
+        w = ExchangeRecorder(store, 0, "Q?", [], {"model": "/m.gguf"})
         w.add(ev.RunStarted(question="Q?", image=None, mode="ssr", seprod=False, model="m"))
         assert store.list_chats() == []
         w.add(ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=50,

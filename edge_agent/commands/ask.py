@@ -22,6 +22,7 @@ import click
 
 from edge_agent.agent import events as ev
 from edge_agent.chat.crops import prune_crops, remove_run_crops
+from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import EdgeAgentError
 from edge_agent.engine.face import AskRequest
@@ -151,7 +152,7 @@ def _note(text: str) -> None:
 def _chat_for(store: Any, follow_up: bool, chat_id: int | None, images: list[str]) -> tuple[Any, list[str]]:
     """(Continuation of the chat to ask in, the images to ask about): the chat's own images (its last
     question's) for a follow-up without any; for a new question an empty chat id 0 (the chat is created
-    only once the question reaches the model: see :class:`_ChatWriter`)."""
+    only once the question reaches the model: see ``chat.recorder``)."""
     from edge_agent.chat.store import Continuation
 
     if not follow_up:
@@ -208,37 +209,6 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     return settings.updated(use, source=f"chat {chat.chat_id}")
 
 
-class _ChatWriter:
-    """Saves one question and its answer as a chat exchange, but only once the question reached the
-    model: a question refused before that (a bad image, an image for a text-only model, a busy engine)
-    adds nothing, not even a new empty chat. An answer that fails midway is kept, marked ``error``."""
-
-    def __init__(self, store: Any | None, chat: Any, question: str, images: list[str], files: dict[str, str]):
-        self.store, self.chat_id, self.question, self.images = store, chat.chat_id, question, images
-        self.files = files
-        self.message_id: int | None = None
-        self._held: list[ev.Event] = []
-
-    def add(self, e: ev.Event) -> None:
-        if self.store is None:
-            return
-        if self.message_id is None:
-            if isinstance(e, ev.RunStarted) or (isinstance(e, ev.AgentError) and e.fatal):
-                self._held.append(e)  # not yet: the run may stop here without the model reading anything
-                return
-            if not self.chat_id:
-                self.chat_id = self.store.new_chat()
-            self.store.add_user_message(self.chat_id, self.question, self.images)
-            self.message_id = self.store.start_answer(self.chat_id, models=self.files)
-            for held in self._held:
-                self.store.add_event(self.message_id, held)
-        self.store.add_event(self.message_id, e)
-
-    def finish(self, status: str) -> None:
-        if self.store is not None and self.message_id is not None:
-            self.store.finish_answer(self.message_id, status)
-
-
 def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images: list[str], *, as_json: bool,
          mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
@@ -262,15 +232,14 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
     shown = [str(Path(p).expanduser().resolve()) for p in images]
-    writer = _ChatWriter(store, chat, question, shown, engine.files)
-    status = "error"
+    writer = ExchangeRecorder(store, chat.chat_id, question, shown, engine.files)
+    status = AnswerStatus()
     try:
         for e in engine.ask(AskRequest(question, image, context=chat.context,
                                        history=chat.turns), cancel=cancel):
             events.append(e)
             writer.add(e)
-            if isinstance(e, ev.FinalAnswer):
-                status = e.stop_reason
+            status.see(e)
             if as_json:
                 click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
             elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
@@ -278,13 +247,17 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
                            err=True)
             elif live and isinstance(e, ev.TurnFinished):
                 click.echo(f"  turn {e.turn}: {e.action}", err=True)
-    except KeyboardInterrupt:
+        status.end(cancelled=cancel.is_set())
+    except KeyboardInterrupt as e:
         cancel.set()
-        status = "cancelled"
+        status.failed(e)
         click.echo("Cancelled.", err=True)
         sys.exit(130)
+    except BaseException as e:
+        status.failed(e)
+        raise
     finally:
-        writer.finish(status)
+        writer.finish(status.status or "error")
         engine.close()
         if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
             remove_run_crops(events, settings.crops_dir)

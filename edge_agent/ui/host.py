@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message_pump import MessagePump
 
-from edge_agent.agent import events as ev
 from edge_agent.agent.prompts import check_n_ctx
 from edge_agent.chat.lock import ChatLock
+from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.chat.store import ChatStore
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import Cancelled, EdgeAgentError
@@ -275,34 +275,27 @@ class EngineHost:
 
     def _ask(self, engine: EngineFace, q: Question, mode: str, cancel: threading.Event,
              reply_to: MessagePump) -> None:
-        """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
-        status, title, message = "error", "", ""
+        """Worker thread: runs the engine, records and posts each event. Never touches widgets."""
+        record, status = ExchangeRecorder.opened(self.store, q.message_id), AnswerStatus()
         with self.lock:
             try:
-                if cancel.is_set():
-                    status = "cancelled"
-                else:
+                if not cancel.is_set():
                     for event in engine.ask(AskRequest(q.text, q.image, mode=mode, history=q.history,
                                                        context=q.context), cancel=cancel):
-                        self.store.add_event(q.message_id, event)
+                        record.add(event)
                         reply_to.post_message(AgentEvent(q.message_id, event))
-                        if isinstance(event, ev.FinalAnswer):
-                            status = event.stop_reason
-                        elif isinstance(event, ev.AgentError) and event.fatal:
-                            status, title, message = "error", event.title, event.message
-                    if status == "error" and not title:
-                        status = "cancelled" if cancel.is_set() else "answered"
-            except Cancelled:
-                status = "cancelled"
-            except EdgeAgentError as e:
-                status, title, message = "error", e.title, e.message
+                        status.see(event)
+                status.end(cancelled=cancel.is_set())
+            except (Cancelled, EdgeAgentError) as e:
+                status.failed(e)
             except Exception as e:  # a bug: report it, keep the app and the chat usable
                 log.error("engine failed:\n%s", traceback.format_exc())
-                status, title = "error", "Internal error"
-                message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
+                status.failed(e)
+                status.title = "Internal error"
+                status.message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
             finally:
-                self.store.finish_answer(q.message_id, status)
+                record.finish(status.status or "error")
                 self._cancels.pop(q.message_id, None)
                 self.release(q.chat_id)
-        reply_to.post_message(AskFinished(q.message_id, status, title, message))
+        reply_to.post_message(AskFinished(q.message_id, status.status, status.title, status.message))
 

@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chat import export as chat_export
+from edge_agent.chat.recorder import ExchangeRecorder
 from edge_agent.chat.store import Chat, Message
 from edge_agent.core.errors import EdgeAgentError
 from edge_agent.tools import specs
@@ -327,9 +328,11 @@ class ChatScreen(ImageActions):
             return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
-        self.store.add_user_message(self.chat_id, question, images, replace_last=replace_last)
-        cont = self.store.continuation(self.chat_id)
-        message_id = self.store.start_answer(self.chat_id, models=engine.files)
+        record = ExchangeRecorder(self.store, self.chat_id, question, images, engine.files,
+                                  replace_last=replace_last)
+        message_id = record.open()  # shown at once, so written now (chat.recorder)
+        cont = record.continuation
+        assert cont is not None
         self.sub_title = self.store.load_title(self.chat_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()
