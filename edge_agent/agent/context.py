@@ -76,7 +76,8 @@ def segment_runs(segs: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def append_segments(s: SessionLike, segs: Sequence[Segment], *, cancel: threading.Event | None = None) -> list[ImageChunk]:
+def append_segments(s: SessionLike, segs: Sequence[Segment], *,
+                    cancel: threading.Event | None = None) -> list[ImageChunk]:
     """Append segments, merging neighbours of the same kind (one decode call per run of text).
     Returns the images evaluated (tokens, timings)."""
     images: list[ImageChunk] = []
@@ -100,9 +101,11 @@ class FreshContext:
         t0 = time.perf_counter()
         s = self.session
         n0 = s.n_evaluated
-        segs: list[Segment] = [Text(system), *history_segments(self.history), *question_segments(question, image)]
+        segs: list[Segment] = [Text(system), *history_segments(self.history), *question_segments(question,
+                                                                                                 image)]
         images = append_segments(s, segs, cancel=cancel)
-        return Opened(s, "new" if not self.history else "rebuilt", reason="" if not self.history else "history as text",
+        return Opened(s, "new" if not self.history else "rebuilt",
+                      reason="" if not self.history else "history as text",
                       tokens_evaluated=s.n_evaluated - n0, images=images, seconds=time.perf_counter() - t0)
 
     def answered(self, session: SessionLike) -> str:

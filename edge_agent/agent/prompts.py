@@ -86,7 +86,8 @@ def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Li
         return f"<|im_start|>system\n{head}<|im_end|>\n"
     schemas = "\n".join(_schema_json(s) for s in tools)
     return (
-        f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+        f"user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n"
         f"<tools>\n{schemas}\n</tools>\n\n"
         "For each function call, return a json object with function name and arguments within "
@@ -99,7 +100,8 @@ def history_segments(history: Sequence[tuple[str, str]]) -> list[Segment]:
     """Earlier questions and answers of the same chat, as plain user/assistant turns (text only)."""
     out: list[Segment] = []
     for q, a in history:
-        out += [Text("<|im_start|>user\n"), Text(q, special=False), Text("<|im_end|>\n<|im_start|>assistant\n"),
+        out += [Text("<|im_start|>user\n"), Text(q, special=False),
+                Text("<|im_end|>\n<|im_start|>assistant\n"),
                 Text(ANSWER_OPEN), Text(a, special=False), Text(ANSWER_CLOSE + TURN_END)]
     return out
 
@@ -218,6 +220,7 @@ def check_n_ctx(settings: Settings) -> None:
     need = min_n_ctx(settings)
     if settings.n_ctx < need:
         raise ConfigError(
-            f"Setting n_ctx must be at least {need}, not {settings.n_ctx}: the system prompt of these settings "
-            f"alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer need "
-            f"{QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx {max(need, 2048)}`.")
+            f"Setting n_ctx must be at least {need}, not {settings.n_ctx}: the system prompt of these "
+            f"settings alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer "
+            f"need {QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx "
+            f"{max(need, 2048)}`.")

@@ -62,7 +62,8 @@ class ChatContexts:
     ``image_tokens``: what one attached image is expected to cost (for that estimate).
     """
 
-    def __init__(self, model: ChatModelLike, store: StateStore | None, *, reserve: int = 2048, image_tokens: int = 576) -> None:
+    def __init__(self, model: ChatModelLike, store: StateStore | None, *, reserve: int = 2048,
+                 image_tokens: int = 576) -> None:
         self.model = model
         self.store = store
         self.reserve = reserve
@@ -72,7 +73,8 @@ class ChatContexts:
         self._system_keys: dict[str, str] = {}  # system prompt text -> its key (tokenizing it costs ms)
         # the next question's user turn as far as it is known, after the last boundary; never saved
         self.pending = PendingTurn()
-        self.found_ahead: tuple[_Boundary, str] | None = None  # a boundary the read-ahead restored / evaluated
+        self.found_ahead: tuple[_Boundary,
+                                str] | None = None  # a boundary the read-ahead restored / evaluated
         # called with the session whenever it is found holding exactly a system prompt (a new chat's context,
         # a read-ahead after it), before the rest is read: the engine's SSR neutral scores, read there once
         # (``to_boundary`` first); it must leave the session as it found it
@@ -102,7 +104,8 @@ class ChatContexts:
                 return self.live, b
         return None
 
-    def restore_saved(self, key: str, st: SessionState | None = None) -> tuple[ChatSessionLike, _Boundary] | None:
+    def restore_saved(self, key: str, st: SessionState | None = None) -> tuple[ChatSessionLike,
+                                                                               _Boundary] | None:
         """The state saved under ``key`` (``st``: read already) restored into a new live session; None when
         there is none or it does not fit (a state that does not fit is removed)."""
         if self.store is None:
@@ -301,7 +304,8 @@ class QuestionContext:
                       system_restored=how == "restored", images=images, seconds=time.perf_counter() - t0)
 
     def _extend(self, s: ChatSessionLike, b: _Boundary, sys_key: str, source: str, how: str,
-                segs: list[Segment], cancel: threading.Event | None, t0: float, *, system_ahead: int = 0) -> Opened:
+                segs: list[Segment], cancel: threading.Event | None, t0: float, *,
+                system_ahead: int = 0) -> Opened:
         """The question's user turn after boundary ``b``: what was read ahead and still matches is kept,
         the rest evaluated now (``how``: how the system prompt was found, for a new chat; ``system_ahead``:
         its cells when the read-ahead evaluated it). Tokens evaluated count the kept read-ahead too (this
@@ -396,7 +400,8 @@ class DirectQuestion:
         n0 = s.n_evaluated
         held = hold(s, segments, cancel=cancel)
         o = self.owner
-        o.boundaries = [b for b in o.boundaries if b.cp.n_history <= held.kept]  # still what the session holds
+        # still what the session holds
+        o.boundaries = [b for b in o.boundaries if b.cp.n_history <= held.kept]
         self.session = s
         if how in ("live", "restored"):
             source = how

@@ -83,7 +83,8 @@ def export(store: ChatStore, chat_id: int, directory: Path | str) -> tuple[Path,
     return md_path, json_path
 
 
-def export_to(store: ChatStore, chat_id: int, *, md: Path | None = None, json_path: Path | None = None) -> None:
+def export_to(store: ChatStore, chat_id: int, *, md: Path | None = None,
+              json_path: Path | None = None) -> None:
     """Write the chat as Markdown to ``md`` (its images, attached and crops, copied into
     ``<md stem>_files`` beside it, linked relatively) and/or as JSON to ``json_path`` (``files``: the
     copies made for the Markdown). Used by the app's export and ``edge-agent chats export``."""
@@ -152,7 +153,8 @@ def _events_markdown(events: list[ev.Event], ref) -> list[str]:
         elif isinstance(e, ev.ReasoningDone):
             lines += ["> " + line for line in (e.text or "").splitlines()] + [""]
         elif isinstance(e, ev.DraftVerified):
-            lines += [f"Prophet ({e.mode}): accepted {e.accepted}/{e.drafted} tokens: `{e.accepted_text}`", ""]
+            lines += [f"Prophet ({e.mode}): accepted {e.accepted}/{e.drafted} tokens: `{e.accepted_text}`",
+                      ""]
         elif isinstance(e, ev.ToolCalled):
             lines += [f"Tool call: `{e.name}` `{json.dumps(e.arguments, ensure_ascii=False)}`", ""]
         elif isinstance(e, ev.ToolFinished):

@@ -80,7 +80,8 @@ class ExchangeRecorder:
         if self.message_id is None:
             if self.chat_id is None:
                 self.chat_id = self.store.new_chat()
-            self.store.add_user_message(self.chat_id, self.question, self.images, replace_last=self.replace_last)
+            self.store.add_user_message(self.chat_id, self.question, self.images,
+                                        replace_last=self.replace_last)
             self.continuation = self.store.continuation(self.chat_id)
             self.message_id = self.store.start_answer(self.chat_id, models=self.files)
             for held in self._held:
@@ -92,7 +93,8 @@ class ExchangeRecorder:
         """Store one event; the exchange opens on the first that shows the model read the question."""
         if self.store is None:
             return
-        if self.message_id is None and (isinstance(e, ev.RunStarted) or (isinstance(e, ev.AgentError) and e.fatal)):
+        if self.message_id is None and (isinstance(e, ev.RunStarted) or (isinstance(e,
+                                                                                    ev.AgentError) and e.fatal)):
             self._held.append(e)  # not yet: the run may stop here without the model reading anything
             return
         self.store.add_event(self.open(), e)

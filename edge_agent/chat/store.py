@@ -145,7 +145,8 @@ class ChatStore:
             why = self._unwritable(e)
             if not why:
                 raise ChatStoreError(
-                    f"Cannot open the chat history {self.path} ({e}). It may be damaged: move it away (it is kept) "
+                    f"Cannot open the chat history {self.path} ({e}). It may be damaged: move it away (it is "
+                    f"kept) "
                     "to start a fresh one.") from e
             self._db = self._in_memory(why)
 
@@ -241,8 +242,8 @@ class ChatStore:
         n_chats = db.execute("SELECT COUNT(*) FROM chats").fetchone()[0]
         recovery.notice(
             f"The chat history {self.path} was damaged ({reason}). Recovered {n_chats} chats, "
-            f"{counts['messages']} messages and {counts['events']} answer events into a new file; the damaged "
-            f"file is kept as {aside}.")
+            f"{counts['messages']} messages and {counts['events']} answer events into a new file; the "
+            f"damaged file is kept as {aside}.")
         return db
 
     def close(self) -> None:
@@ -256,7 +257,8 @@ class ChatStore:
     # --- chats ---
     def new_chat(self, title: str = "New chat") -> int:
         now = time.time()
-        return int(self._exec("INSERT INTO chats(title, created, updated) VALUES (?, ?, ?)", (title, now, now)).lastrowid)
+        return int(self._exec("INSERT INTO chats(title, created, updated) VALUES (?, ?, ?)", (title, now,
+                                                                                              now)).lastrowid)
 
     def load_title(self, chat_id: int) -> str:
         row = self._exec("SELECT title FROM chats WHERE id=?", (chat_id,)).fetchone()
@@ -264,7 +266,8 @@ class ChatStore:
 
     def recent_questions(self, limit: int = 200) -> list[str]:
         """The last ``limit`` questions over all chats, oldest first (the prompt's Up-arrow history)."""
-        rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,
+                                                                                                   )).fetchall()
         return [r[0] for r in reversed(rows)]
 
     def list_chats(self) -> list[ChatSummary]:
@@ -324,14 +327,15 @@ class ChatStore:
         image, more = (paths[0] if paths else None), (json.dumps(paths) if len(paths) > 1 else "")
         with self._lock:
             if replace_last:
-                self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM messages "
-                           "WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
+                self._exec("UPDATE messages SET replaced=1 WHERE chat_id=? AND id >= (SELECT MAX(id) FROM "
+                           "messages WHERE chat_id=? AND role='user' AND replaced=0)", (chat_id, chat_id))
             cur = self._exec(
                 "INSERT INTO messages(chat_id, role, text, image, images, status, created) "
                 "VALUES (?, 'user', ?, ?, ?, 'done', ?)", (chat_id, text, image, more, time.time()),
             )
             # The first question names the chat until the user renames it.
-            n = self._exec("SELECT COUNT(*) FROM messages WHERE chat_id=? AND role='user'", (chat_id,)).fetchone()[0]
+            n = self._exec("SELECT COUNT(*) FROM messages WHERE chat_id=? AND role='user'", (chat_id,
+                                                                                             )).fetchone()[0]
             if n == 1:
                 title = " ".join(text.split())[:60] or (Path(image).name if image else "New chat")
                 self._exec("UPDATE chats SET title=? WHERE id=? AND title='New chat'", (title, chat_id))
@@ -344,7 +348,8 @@ class ChatStore:
         if models:
             self.set_models(chat_id, models)
         cur = self._exec(
-            "INSERT INTO messages(chat_id, role, text, status, created) VALUES (?, 'assistant', '', 'running', ?)",
+            "INSERT INTO messages(chat_id, role, text, status, created) VALUES (?, 'assistant', '', "
+            "'running', ?)",
             (chat_id, time.time()),
         )
         return int(cur.lastrowid)
@@ -354,7 +359,8 @@ class ChatStore:
         event = clean_event(event)
         data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
-            seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,)).fetchone()[0]
+            seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,
+                                                                                                  )).fetchone()[0]
             self._exec(
                 "INSERT INTO events(message_id, seq, kind, data) VALUES (?, ?, ?, ?)",
                 (message_id, seq, event.kind, json.dumps(data, ensure_ascii=False)),
@@ -372,7 +378,8 @@ class ChatStore:
                 text = answer_text(self.message_events(message_id))
             text = clean_model_text(text)
             self._exec(
-                "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND status='running'",
+                "UPDATE messages SET status=?, text=CASE WHEN text='' THEN ? ELSE text END WHERE id=? AND "
+                "status='running'",
                 (status, redact_tree(text, self._secrets), message_id),
             )
             row = self._exec("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
@@ -394,7 +401,8 @@ class ChatStore:
             raise _no_chat(chat_id)
         chat = Chat(row["id"], row["title"], row["created"], row["updated"], models=_models(row["models"]))
         for m in self._exec("SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,)).fetchall():
-            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"], m["created"],
+            msg = Message(m["id"], m["role"], clean_model_text(m["text"]), m["image"], m["status"],
+                          m["created"],
                           replaced=bool(m["replaced"]), more_images=tuple(_images(m["images"])[1:]))
             if msg.role == "assistant":
                 msg.events = self.message_events(msg.id)
@@ -472,7 +480,8 @@ def _probe(folder: Path) -> int:
 
 
 def _no_chat(chat_id: int) -> ChatStoreError:
-    return ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the app).",
+    return ChatStoreError(f"There is no chat {chat_id}. List them with `edge-agent chats` (or Ctrl+O in the "
+                          f"app).",
                           title="No such chat")
 
 

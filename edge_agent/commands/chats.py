@@ -30,7 +30,8 @@ def _store(settings: Settings) -> Iterator[Any]:
 
 
 @click.group("chats", invoke_without_command=True)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Most chats to list.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Most chats to list.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per chat per line.")
 @click.pass_context
 def command(ctx: click.Context, limit: int, as_json: bool) -> None:
@@ -55,7 +56,8 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         chats = store.list_chats()[:limit]
     for c in chats:
         if as_json:
-            click.echo(json.dumps({"id": c.id, "title": c.title, "updated": c.updated, "messages": c.n_messages},
+            click.echo(json.dumps({"id": c.id, "title": c.title, "updated": c.updated,
+                                   "messages": c.n_messages},
                                   ensure_ascii=False))
         else:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
@@ -74,7 +76,8 @@ def show(chat_id: int) -> None:
     click.echo(f"chat {chat.id}: {chat.title}  ({len(chat.messages)} messages, {when})")
     if chat.models.get("model"):
         click.echo("models: " + ", ".join(f"{k} {Path(chat.models[k]).name}"
-                                          for k in ("model", "mmproj", "prophet", "prophet_mmproj") if chat.models.get(k)))
+                                          for k in ("model", "mmproj", "prophet",
+                                                    "prophet_mmproj") if chat.models.get(k)))
     for m in chat.messages:
         if m.role == "user":
             click.echo(f"\nYou: {m.text}" + "".join(f"\n  image: {p}" for p in m.images))
@@ -87,7 +90,8 @@ def show(chat_id: int) -> None:
 @command.command("export")
 @click.argument("chat_id", type=int, metavar="ID")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File to write (Markdown: its images are copied into FILE_files/ beside it). Default: stdout.")
+              help="File to write (Markdown: its images are copied into FILE_files/ beside it). Default: "
+                   "stdout.")
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default=None,
               help="md (default) or json; with -o, taken from the file's suffix when not given.")
 def export(chat_id: int, output: Path | None, fmt: str | None) -> None:

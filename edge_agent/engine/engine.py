@@ -57,7 +57,8 @@ from edge_agent.tools.zoom import ImageStore
 Progress = Callable[[str, float], None]
 
 # Settings that take new model files or a new llama context (or tools built at load): a new engine.
-RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads", "n_threads_batch",
+RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "n_threads",
+                           "n_threads_batch",
                            "extra_buffers", "rationales", "text_search", "image_search"})
 
 
@@ -200,8 +201,10 @@ class Engine:
         # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a
         # Qwen3-VL-2B prophet's KV cache: 224 MiB in f16 at 2048 instead of 476 MiB in q8_0 at 8192).
         # The same mmproj file as the agent's: one vision tower in memory for both (runtime.tower.VisionTower).
-        prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path, n_seq_max=2,
-                                      n_threads=settings.n_threads or n, n_threads_batch=settings.n_threads_batch or n,
+        prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path,
+                                      n_seq_max=2,
+                                      n_threads=settings.n_threads or n,
+                                      n_threads_batch=settings.n_threads_batch or n,
                                       n_ctx=footprint.prophet_n_ctx(settings),
                                       share_vision_with=model if isinstance(model, Model) else None)
         try:
@@ -216,7 +219,8 @@ class Engine:
             sizes = (model.memory_bytes.get("model"), prophet.memory_bytes.get("model"))
             ratio = sizes[0] / sizes[1] if sizes[0] and sizes[1] else 1.0
             drafter = Drafter(prophet, agent_vocab=model.n_vocab, draft_len=settings.seprod_draft_len,
-                              tau=settings.seprod_tau, a0=settings.seprod_a0, adaptive=settings.seprod_adaptive,
+                              tau=settings.seprod_tau, a0=settings.seprod_a0,
+                              adaptive=settings.seprod_adaptive,
                               agent_cost_ratio=ratio)
         except BaseException:
             prophet.close()
@@ -227,11 +231,13 @@ class Engine:
     @staticmethod
     def _contexts(model: ModelLike, settings: Settings) -> ChatContexts:
         """Chat contexts with a state store under ``home/states`` (``state_cache_mb`` 0: nothing saved)."""
-        store = StateStore(settings.states_dir, settings.state_cache_mb * 2**20) if settings.state_cache_mb > 0 else None
+        store = StateStore(settings.states_dir,
+                           settings.state_cache_mb * 2**20) if settings.state_cache_mb > 0 else None
         # a question may need: each tool turn's action, rationale, crop and cut tool result, then the answer
         per_turn = max(settings.crop_max_tokens, 0) + max(settings.observation_max_tokens, 64) + 96
         reserve = settings.max_turns * per_turn + settings.answer_max_tokens + 64
-        return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2), image_tokens=settings.image_max_tokens)
+        return ChatContexts(model, store, reserve=min(reserve, model.n_ctx // 2),
+                            image_tokens=settings.image_max_tokens)
 
     def model_files(self) -> dict[str, str]:
         """The files loaded, by role: {"model": path, "mmproj": path, "prophet": ..., "prophet_mmproj": ...}
@@ -282,7 +288,8 @@ class Engine:
             yield AgentError(turn=0, title=e.title, message=e.message, fatal=True)
             return
         if not self._busy.acquire(blocking=False):
-            raise EdgeAgentError("The engine is already answering a question. Wait for it or cancel it.", title="Busy")
+            raise EdgeAgentError("The engine is already answering a question. Wait for it or cancel it.",
+                                 title="Busy")
         hold = contextlib.ExitStack()
         try:
             hold.enter_context(self._reader.paused())  # read-ahead stops; what it read is the question's
@@ -291,7 +298,8 @@ class Engine:
                                       options=options, seed=seed, label=label)
             else:
                 events = self._agent(question, images, loaded, [(q, a) for q, a, _ in entries], mode=mode,
-                                     context=context, cancel=cancel, seprod=seprod, options=options, seed=seed,
+                                     context=context, cancel=cancel, seprod=seprod, options=options,
+                                     seed=seed,
                                      label=label)
             try:  # model text leaves the engine without control characters (printed, stored, rendered)
                 for event in events:
@@ -306,7 +314,8 @@ class Engine:
                 self.measured.save()
 
     def _agent(self, question: str, images: list[ImageSource], loaded: list[LoadedImage],
-               pairs: list[tuple[str, str]], *, mode: str, context: str | None, cancel: threading.Event | None,
+               pairs: list[tuple[str, str]], *, mode: str, context: str | None,
+               cancel: threading.Event | None,
                seprod: bool | None, options: AgentOptions | None, seed: int | None,
                label: str | None) -> Iterator[Event]:
         """The agent's turn loop (``agent.loop.run_agent``) on the chat's context, with the photos, crops."""

@@ -58,7 +58,8 @@ class Reader(Generic[State]):
     """The read-ahead worker of one engine. ``step(target, stop)`` reads ``target`` into the context
     (``stop`` set, on close: stop a text step now, raising ``Cancelled``) and returns what is read ahead."""
 
-    def __init__(self, step: Callable[[Target, threading.Event], State | None], *, debounce: float = DEBOUNCE) -> None:
+    def __init__(self, step: Callable[[Target, threading.Event], State | None], *,
+                 debounce: float = DEBOUNCE) -> None:
         self._step, self.debounce = step, debounce
         self._cv = threading.Condition()
         self._context = threading.Lock()  # held by a step, or by a question from start to answer

@@ -116,7 +116,8 @@ class EdgeAgentApp(App[None]):
         if isinstance(self.screen, FirstRunScreen):
             self.pop_screen()
         self._tell_chat()
-        self.notify(f"{self.host.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
+        self.notify(f"{self.host.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready",
+                    timeout=3)
         self.say_recovered()  # the search cache is first opened while the model loads
 
     def on_engine_failed(self, m: EngineFailed) -> None:
@@ -183,7 +184,8 @@ class EdgeAgentApp(App[None]):
                             lambda: self.change_settings({"mode": "freeform"}))
         yield SystemCommand("Mode: direct", "The model alone in a plain chat: no tools, no agent",
                             lambda: self.change_settings({"mode": "direct"}))
-        yield SystemCommand(f"SeProD {'off' if s.seprod else 'on'}", "Prophet drafting (needs a prophet model)",
+        yield SystemCommand(f"SeProD {'off' if s.seprod else 'on'}",
+                            "Prophet drafting (needs a prophet model)",
                             lambda: self.change_settings({"seprod": not self.settings.seprod}))
         yield SystemCommand(f"Go {'online' if s.offline else 'offline'}",
                             "Offline: searches are served from the cache only",
@@ -198,7 +200,8 @@ class EdgeAgentApp(App[None]):
             yield SystemCommand("Attach image", "Pick an image file", chat.action_pick_image)
             yield SystemCommand("Detach image", "The next questions go without the last image (Ctrl+D)",
                                 chat.action_detach_image)
-            yield SystemCommand("Retry last answer", "Answer the last question again (/retry)", chat.action_retry)
+            yield SystemCommand("Retry last answer", "Answer the last question again (/retry)",
+                                chat.action_retry)
             yield SystemCommand("Edit last question", "Change the last question and send it again (/edit)",
                                 chat.action_edit_last)
             yield SystemCommand("Reasoning: open/close", "The last answer's reasoning blocks",

@@ -69,7 +69,8 @@ class Question:
     image: str | tuple[str, ...] | None
     history: list[tuple[str, str, str | tuple[str, ...] | None]]
     context: str
-    chat_id: int | None = None  # the chat whose lock (edge_agent.chat.lock) the answer holds until it is saved
+    # the chat whose lock (edge_agent.chat.lock) the answer holds until it is saved
+    chat_id: int | None = None
 
 
 class EngineHost:
@@ -188,11 +189,14 @@ class EngineHost:
         Model files are saved once a load with them succeeds. Raises ConfigError for a bad value."""
         new = self.settings.updated(changes, source="the app")
         new.validate(check=check_n_ctx)
-        changed = {f.name for f in dataclasses.fields(Settings) if getattr(new, f.name) != getattr(self.settings, f.name)}
+        changed = {f.name for f in dataclasses.fields(Settings) if getattr(new,
+                                                                           f.name) != getattr(self.settings,
+                                                                                              f.name)}
         self.settings = new
         if not changed:
             return changed, False
-        live = self.engine.update_settings(new, changed) if self.engine is not None else not (changed & reload_fields())
+        live = self.engine.update_settings(new,
+                                           changed) if self.engine is not None else not (changed & reload_fields())
         if not live:
             self._unsaved.update({k: getattr(new, k) for k in changed & MODEL_FIELDS})
             self.load()
@@ -214,7 +218,8 @@ class EngineHost:
         """Hold chat ``chat_id``'s lock for a question (None); when another process (an ``ask``, another app)
         is answering in it, who that is (and nothing is held)."""
         with self._locks_guard:
-            lock, n = self._locks.get(chat_id, (ChatLock(self.settings.home, chat_id, "the edge-agent app"), 0))
+            lock, n = self._locks.get(chat_id, (ChatLock(self.settings.home, chat_id, "the edge-agent app"),
+                                                0))
             if n == 0 and not lock.try_acquire():
                 return lock.holder()
             self._locks[chat_id] = (lock, n + 1)

@@ -53,8 +53,9 @@ EMPTY_HINT = (
 )
 EMPTY_HINT_TEXT_ONLY = (
     "This model reads text only: ask a question (it can search the web, or the cache offline).\n"
-    "For questions about images choose a vision model: Ctrl+S, or `edge-agent models pull qwen3-vl-2b-instruct`.\n"
-    "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. Ctrl+P: all commands."
+    "For questions about images choose a vision model: Ctrl+S, or `edge-agent models pull "
+    "qwen3-vl-2b-instruct`.\nEach answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an "
+    "answer. Ctrl+P: all commands."
 )
 
 OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
@@ -119,14 +120,16 @@ class ChatScreen(ImageActions):
         self._prompt_history = history
         self._t0 = 0.0
         self._tokens = 0
-        self.reasoning_open = False  # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
+        # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
+        self.reasoning_open = False
         self.text_only = False  # the loaded model reads no images
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
         self._older: list[tuple[Message, list[str]]] = []  # a long chat's messages not mounted yet
 
     def compose(self) -> ComposeResult:
         yield Header()
-        banner = Static(Text(f"Read-only: {self.store.read_only} Answers work; chats, settings and saved contexts "
+        banner = Static(Text(f"Read-only: {self.store.read_only} Answers work; chats, settings and saved "
+                             f"contexts "
                              "of this session are not saved.", style="bold"), id="read-only")
         banner.display = bool(self.store.read_only)
         yield banner
@@ -243,7 +246,8 @@ class ChatScreen(ImageActions):
     async def run_slash(self, name: str, arg: str) -> None:
         command = slash_commands.find(name, arg)
         if command is None:
-            self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command", severity="warning")
+            self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command",
+                        severity="warning")
             return
         done = command.run(self, arg)
         if done is not None:
@@ -264,7 +268,8 @@ class ChatScreen(ImageActions):
         """True (and says so) while an answer runs."""
         if self.running is None:
             return False
-        self.notify("An answer is still running. Press Esc to stop it first.", title="Busy", severity="warning")
+        self.notify("An answer is still running. Press Esc to stop it first.", title="Busy",
+                    severity="warning")
         return True
 
     def _can_ask(self) -> bool:
@@ -281,7 +286,8 @@ class ChatScreen(ImageActions):
             return False
         holder = self.host.claim(self.chat_id) if self.chat_id is not None else None
         if holder is not None:  # another process is answering in this chat: one writer at a time
-            self.notify(f"Chat {self.chat_id} is being answered by {holder}. Ask again when it is done, or in a new "
+            self.notify(f"Chat {self.chat_id} is being answered by {holder}. Ask again when it is done, or "
+                        f"in a new "
                         "chat (Ctrl+N).", title="Chat busy", severity="warning", timeout=8)
             return False
         self.host.release(self.chat_id)  # only asked whether it is free: ask() holds it for the answer
@@ -292,7 +298,8 @@ class ChatScreen(ImageActions):
         the context the first answer had: the new exchange takes the last one's place."""
         last = self._last_question()
         if last is None:
-            self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry", timeout=4)
+            self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry",
+                        timeout=4)
             return
         await self.ask(last[0], last[1], replace_last=True)
 
@@ -309,7 +316,8 @@ class ChatScreen(ImageActions):
         prompt.cursor_position = len(last[0])
         prompt.focus()
         self._replace_last = True
-        self.notify("Edit the question and press Enter to send it again.", title="Edit last question", timeout=4)
+        self.notify("Edit the question and press Enter to send it again.", title="Edit last question",
+                    timeout=4)
 
     async def ask(self, question: str, images: str | list[str] | None, *, replace_last: bool = False) -> None:
         """Ask in this chat about ``images`` (a file, several, or none). ``replace_last``: the model does not
@@ -324,7 +332,8 @@ class ChatScreen(ImageActions):
         if self.chat_id is None:
             self.chat_id = self.store.new_chat()
         if self.host.claim(self.chat_id) is not None:  # taken between the check and now
-            self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy", severity="warning")
+            self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy",
+                        severity="warning")
             return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
@@ -359,7 +368,8 @@ class ChatScreen(ImageActions):
             elif m.event.status == "live":
                 self.status.network_down = False
         if isinstance(m.event, ev.ContextOpened):
-            self.status.context = {"live": "context kept", "restored": "context restored", "rebuilt": "context rebuilt",
+            self.status.context = {"live": "context kept", "restored": "context restored",
+                                   "rebuilt": "context rebuilt",
                                    "new": "new context"}.get(m.event.source, "")
         if isinstance(m.event, ev.AnswerToken):
             self._tokens += 1
@@ -404,7 +414,8 @@ class ChatScreen(ImageActions):
             self.notify("There is no answer to copy yet.", title="Nothing to copy", timeout=3)
             return
         self.app.copy_to_clipboard(answer.text.strip())
-        self.notify(f"The answer ({len(answer.text.strip())} characters) is on the clipboard.", title="Copied",
+        self.notify(f"The answer ({len(answer.text.strip())} characters) is on the clipboard.",
+                    title="Copied",
                     timeout=3)
 
     # --- reasoning, mode, settings ---
@@ -528,7 +539,8 @@ class ChatScreen(ImageActions):
             else:
                 await marker.remove()
         self.call_after_refresh(lambda: self.transcript.scroll_to(
-            y=self.transcript.scroll_y + max(0, self.transcript.virtual_size.height - before_height), animate=False))
+            y=self.transcript.scroll_y + max(0, self.transcript.virtual_size.height - before_height),
+            animate=False))
 
     @on(Transcript.ReachedTop)
     async def reached_top(self) -> None:
@@ -543,7 +555,8 @@ class ChatScreen(ImageActions):
 
     def export(self, chat_id: int | None, directory: str | None = None) -> None:
         if chat_id is None:
-            self.notify("Nothing to export yet: ask a question first.", title="Empty chat", severity="warning")
+            self.notify("Nothing to export yet: ask a question first.", title="Empty chat",
+                        severity="warning")
             return
         target = Path(directory).expanduser() if directory else self.host.settings.home / "exports"
         try:

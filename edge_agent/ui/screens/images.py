@@ -23,8 +23,9 @@ from edge_agent.ui.widgets.prompt import AttachmentBar, path_and_question
 if TYPE_CHECKING:
     from edge_agent.ui.host import EngineHost
 
-TEXT_ONLY_IMAGE = ("The loaded model is text only (no mmproj): it cannot look at images. Choose a vision model in "
-                   "the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`, or ask without an image.")
+TEXT_ONLY_IMAGE = ("The loaded model is text only (no mmproj): it cannot look at images. Choose a vision "
+                   "model in the settings (Ctrl+S) or `edge-agent models pull qwen3-vl-2b-instruct`, or ask "
+                   "without an image.")
 
 
 class ImagePanel(Vertical):

@@ -158,7 +158,8 @@ class AttachmentBar(Static):
             if n_images > len(attached):
                 t.append(f"  ({n_images} images in this chat)", style="dim")
         elif self.text_only:
-            t.append("text-only model: ask questions without an image (Ctrl+S to choose a vision model)", style="dim")
+            t.append("text-only model: ask questions without an image (Ctrl+S to choose a vision model)",
+                     style="dim")
         else:
             t.append("no image attached: /image PATH, Ctrl+F to pick one, or paste a path", style="dim")
         self.update(t)

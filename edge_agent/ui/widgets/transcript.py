@@ -224,7 +224,8 @@ class AnswerView(Vertical):
         """The line under a finished answer: status, turns, time, speed; replaced; the error."""
         label, style = STATUS_TEXT.get(self.status, (self.status, "dim"))
         if self.status == "length" and self.final is not None and self.final.totals.get("answer_tokens"):
-            label = label.replace("at answer_max_tokens", f"at {int(self.final.totals['answer_tokens'])} tokens "
+            label = label.replace("at answer_max_tokens",
+                                  f"at {int(self.final.totals['answer_tokens'])} tokens "
                                   "(answer_max_tokens)")
         foot = Text(label, style=style)
         if self.turns:
@@ -333,7 +334,8 @@ class Transcript(VerticalScroll):
     def mark_last_replaced(self) -> None:
         """The last exchange shown (its question and answer) was replaced by a /retry or /edit."""
         kids = list(self.children)
-        starts = [i for i, w in enumerate(kids) if isinstance(w, UserMessage) and not w.has_class("-replaced")]
+        starts = [i for i, w in enumerate(kids) if isinstance(w,
+                                                              UserMessage) and not w.has_class("-replaced")]
         for w in kids[starts[-1]:] if starts else ():
             if isinstance(w, AnswerView):
                 w.mark_replaced()
@@ -367,10 +369,12 @@ def context_line(e: ev.ContextOpened | ev.ImageEvaluated, several: dict[int, str
             what = f"image {e.index}" + (f" ({Path(several[e.index]).name})" if e.index in several else "")
         enc = "embedding reused" if e.reused else f"encoded {ms(e.encode_seconds)}"
         when = " on attach" if e.read_ahead else ""
-        return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read{when} {ms(e.decode_seconds)}",
+        return Text(f"{what}: {e.tokens} tokens ({e.width}x{e.height} px), {enc}, read{when} "
+                    f"{ms(e.decode_seconds)}",
                     style="dim")
     line = Text("context: ", style="dim")
-    line.append(CONTEXT_WORDS.get(e.source, e.source), style="green" if e.source in ("live", "restored") else "yellow")
+    line.append(CONTEXT_WORDS.get(e.source, e.source), style="green" if e.source in ("live",
+                                                                                     "restored") else "yellow")
     if e.reason:
         line.append(f" ({e.reason})", style="dim")
     parts = []
