@@ -78,6 +78,7 @@ from edge_agent.agent.rationales import ANY_ACTION
 from edge_agent.agent.ssr import SsrChooser
 from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
+from edge_agent.agent.totals import RunTotals
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.state import image_digest
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
@@ -137,8 +138,6 @@ class _Run:
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
         self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
-        self.evaluated0 = 0  # the session's n_evaluated before this question
-        self.prophet_evaluated0 = 0
         self.question = question.strip()
         self.tools = tools
         self.image = image
@@ -157,14 +156,11 @@ class _Run:
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
-        self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
-        self.n_generated = 0
-        self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
-        self.t_start = 0.0
+        self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
 
     # ---- the episode ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
-        self.t_start = time.perf_counter()
+        self.totals.t_start = time.perf_counter()
         yield RunStarted(question=self.question, image=self.image_label, mode=self.options.mode,
                          seprod=self.drafter is not None, model=self.options.model_name)
         kept = False
@@ -188,12 +184,12 @@ class _Run:
             # instead of encoding the image itself first (an encode cannot be preempted, and the agent
             # would wait for the prophet's one-thread encode); while the agent reads, the prophet would
             # only wait for the cores anyway (runtime.cores).
-            self.prophet_evaluated0 = self.drafter.tokens_evaluated
+            self.totals.prophet_evaluated0 = self.drafter.tokens_evaluated
             self.drafter.start(image=self.current_image, question=self.question)
         self.session = opened.session
         self.opened = opened
-        self.evaluated0 = self.session.n_evaluated - opened.tokens_evaluated
-        self.phase_seconds["prompt"] = time.perf_counter() - t
+        self.totals.evaluated0 = self.session.n_evaluated - opened.tokens_evaluated
+        self.totals.phase_seconds["prompt"] = time.perf_counter() - t
         yield ContextOpened(source=opened.source, reason=opened.reason, tokens_reused=opened.tokens_reused,
                             tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
                             n_ctx_used=self.session.n_cells, seconds=opened.seconds,
@@ -278,7 +274,7 @@ class _Run:
             self.ground_target = out.label or self.question
             if self.drafter is not None:
                 self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
-        self._add(reasoning_s, action_s, tool_s, observe_s)
+        self.totals.add(reasoning_s, action_s, tool_s, observe_s)
         yield TurnFinished(turn=turn, action=action if call is not None else "invalid",
                            reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
@@ -361,7 +357,7 @@ class _Run:
         """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
         answer = yield from self._answer(turn)
         action_s = time.perf_counter() - t0
-        self._add(reasoning_s, action_s, 0.0, 0.0)
+        self.totals.add(reasoning_s, action_s, 0.0, 0.0)
         yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
                            tool_seconds=0.0)
         self._close_answer()
@@ -479,7 +475,7 @@ class _Run:
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.options.answer_max_tokens
-        self.answer_tokens = 0
+        self.totals.answer_tokens = 0
         self.answer_end = "length"
         if self.drafter is not None:
             # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
@@ -491,8 +487,8 @@ class _Run:
                                                question=self.question, max_tokens=budget)
             if v.accepted_text:
                 self.answer_parts.append(v.accepted_text)
-            self.answer_tokens = len(v.lead) + v.accepted
-            budget -= self.answer_tokens
+            self.totals.answer_tokens = len(v.lead) + v.accepted
+            budget -= self.totals.answer_tokens
         held = {"cut": False}
         probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
@@ -511,7 +507,7 @@ class _Run:
         if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
             if (first := piece_event(probe.text)) is not None:
                 yield first
-            self.answer_tokens += len(probe.tokens)
+            self.totals.answer_tokens += len(probe.tokens)
             budget -= len(probe.tokens)
             if probe.stop_reason in ("stop", "eos"):
                 self.answer_end, budget = probe.stop_reason, 0
@@ -524,7 +520,7 @@ class _Run:
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )
-            self.answer_tokens += len(gen.tokens)
+            self.totals.answer_tokens += len(gen.tokens)
             self.answer_end = gen.stop_reason
             if self.drafter is not None:  # the agent's decode time per token prices the next drafts
                 self.drafter.observe_decode(gen.seconds, len(gen.tokens))
@@ -535,7 +531,7 @@ class _Run:
         gen = self.session.generate(max_tokens=max_tokens, grammar=grammar, stop=stop,
                                     temperature=self.options.temperature, seed=self.options.seed + self.turn,
                                     cancel=self.cancel)
-        self.n_generated += len(gen.tokens)
+        self.totals.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled":
             raise Cancelled()
         return gen
@@ -544,7 +540,7 @@ class _Run:
                 make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
         """:func:`streaming.stream` of one generation; counts its tokens; a cancelled one raises Cancelled."""
         gen = yield from stream(call, make_event, self.cancel)
-        self.n_generated += len(gen.tokens)
+        self.totals.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()
         return gen
@@ -571,30 +567,10 @@ class _Run:
         if self.cancel.is_set():
             raise Cancelled()
 
-    def _add(self, reasoning: float, action: float, tool: float, observe: float) -> None:
-        for phase, s in (("reasoning", reasoning), ("action", action), ("tool", tool), ("observe", observe)):
-            self.phase_seconds[phase] += s
-
     def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
-        totals: dict[str, float] = {k: round(v, 6) for k, v in self.phase_seconds.items()}
-        totals["total"] = round(time.perf_counter() - self.t_start, 6)
-        totals["turns"] = float(self.turn)
-        totals["generated_tokens"] = float(self.n_generated)
-        totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
-        # Prompt tokens this process evaluated for this question (all models; an image counts its
-        # embeddings; read ahead or not) and the context tokens it did not evaluate because they were kept
-        # from an earlier question or restored.
-        evaluated = reused = n_pos = ahead = 0
-        if self.opened is not None:
-            evaluated = self.session.n_evaluated - self.evaluated0
-            reused, n_pos = self.opened.tokens_reused, self.session.n_pos
-            ahead = self.opened.tokens_read_ahead  # read before the question was sent: in tokens_evaluated too
-        if self.drafter is not None:
-            evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
-            totals.update(self.drafter.totals())
-        totals["n_pos"] = float(n_pos)
-        totals["tokens_evaluated"] = float(evaluated)
-        totals["tokens_reused"] = float(reused)
-        totals["tokens_read_ahead"] = float(ahead)
+        opened = self.opened is not None
+        totals = self.totals.final(turns=self.turn, opened=self.opened, drafter=self.drafter,
+                                   n_evaluated=self.session.n_evaluated if opened else 0,
+                                   n_pos=self.session.n_pos if opened else 0)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
         return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals, context=context)
