@@ -114,7 +114,8 @@ def run_agent(
         if session is None:
             raise ValueError("run_agent needs a session or a context")
         context = FreshContext(session, history)
-    return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter, image_label).events()
+    return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter,
+                image_label).events()
 
 
 def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
@@ -152,7 +153,8 @@ class _Run:
         self.current_image = (question_images(image) or [None])[-1]  # the prophet looks at it, then the crops
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        self._base: Checkpoint | None = None
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
@@ -208,8 +210,10 @@ class _Run:
                 return True
         return False
 
-    def _image_event(self, turn: int, source: str, img: ImageChunk, *, read_ahead: bool = False) -> ImageEvaluated:
-        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos, width=img.width,
+    def _image_event(self, turn: int, source: str, img: ImageChunk, *,
+                     read_ahead: bool = False) -> ImageEvaluated:
+        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos,
+                              width=img.width,
                               height=img.height, encode_seconds=img.encode_seconds,
                               decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead,
                               index=self.numbers.get(img.digest) if source == "image" else None)
@@ -230,7 +234,8 @@ class _Run:
         if self.options.mode == "ssr":
             action, scored, adopt = self._ssr_reason(turn, allowed)
             reasoning_s = time.perf_counter() - t0
-            yield scored  # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
+            # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
+            yield scored
             t0 = time.perf_counter()
             self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
             reasoning_s += time.perf_counter() - t0
@@ -252,9 +257,11 @@ class _Run:
         # ---- tool ----
         t0 = time.perf_counter()
         if call is not None:
-            yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments), action_seconds=action_s)
+            yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments),
+                             action_seconds=action_s)
             out = self.tools.run(call, cancel=self.cancel)
-            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation, seconds=out.seconds,
+            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation,
+                               seconds=out.seconds,
                                status=out.status, image_index=out.image_index, image_path=out.image_path,
                                results=tuple(out.results))
         else:
@@ -335,8 +342,8 @@ class _Run:
         if mean >= threshold:
             self._probe = gen
             return None
-        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of its "
-                f"first tokens, below answer_check {threshold:g}): it searches first")
+        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of "
+                f"its first tokens, below answer_check {threshold:g}): it searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -353,7 +360,8 @@ class _Run:
                 self.session.append_text("\n")  # the rationale starts on its own line
         self.ground_target = None
 
-    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None, None]:
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
+                                                                                               None]:
         """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
         answer = yield from self._answer(turn)
         action_s = time.perf_counter() - t0
@@ -362,7 +370,8 @@ class _Run:
                            tool_seconds=0.0)
         self._close_answer()
         key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer, self.ours):  # "You have no tool calls left", a tool's message: not an answer
+        if echoes_instructions(answer,
+                               self.ours):  # "You have no tool calls left", a tool's message: not an answer
             yield AgentError(turn=turn, title="No answer found", fatal=False,
                              message=f"The model repeated our instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
@@ -402,7 +411,8 @@ class _Run:
         """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
         the next call on the session). The point before is this turn's base: a move taken back returns there."""
         self._base = self.session.checkpoint()
-        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
+        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
+                               has_evidence=self.evidence,
                                cancel=self.cancel)
 
     def _has_image(self) -> bool:
@@ -424,7 +434,8 @@ class _Run:
         t0 = time.perf_counter()
         gen = yield from self._stream(
             lambda on_token, stop: self.session.generate(
-                max_tokens=self.options.freeform_max_tokens, stop=[THINK_STOP], temperature=self.options.temperature,
+                max_tokens=self.options.freeform_max_tokens, stop=[THINK_STOP],
+                temperature=self.options.temperature,
                 seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
             lambda piece: ReasoningToken(turn=turn, text=piece),
         )
@@ -573,4 +584,5 @@ class _Run:
                                    n_evaluated=self.session.n_evaluated if opened else 0,
                                    n_pos=self.session.n_pos if opened else 0)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
-        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals, context=context)
+        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals,
+                           context=context)

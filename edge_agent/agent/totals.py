@@ -36,7 +36,8 @@ class RunTotals:
         totals["total"] = round(time.perf_counter() - self.t_start, 6)
         totals["turns"] = float(turns)
         totals["generated_tokens"] = float(self.n_generated)
-        totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
+        # accepted draft tokens included; <= answer_max_tokens
+        totals["answer_tokens"] = float(self.answer_tokens)
         # Prompt tokens this process evaluated for this question (all models; an image counts its
         # embeddings; read ahead or not) and the context tokens it did not evaluate because they were kept
         # from an earlier question or restored.
