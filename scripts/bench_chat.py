@@ -59,9 +59,9 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from edge_agent.agent.loop import AgentOptions  # noqa: E402
 from edge_agent.agent.prompts import question_segments  # noqa: E402
-from edge_agent.config import Settings  # noqa: E402
-from edge_agent.engine import Engine  # noqa: E402
-from edge_agent.engine_face import AskRequest  # noqa: E402
+from edge_agent.core.config import Settings  # noqa: E402
+from edge_agent.engine.engine import Engine  # noqa: E402
+from edge_agent.engine.face import AskRequest  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from scripts import benchmodels  # noqa: E402
 
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ARGS_TYPING[0] = args.typing
     if args.costs:
-        from edge_agent.catalog import find_demo_gguf
+        from edge_agent.modelfiles.catalog import find_demo_gguf
         from scripts.make_tiny_models import make_tiny_models
 
         with tempfile.TemporaryDirectory(prefix="bench-chat-") as tmp_s:

@@ -66,8 +66,8 @@ def untimed(rec: dict[str, Any]) -> dict[str, Any]:
 def run_variant(name: str, data: Path, out: Path, settings: Any, workers: int) -> dict[str, Any]:
     """One run; returns its timings and records."""
     from edge_agent import evaluation as E
-    from edge_agent.cluster import RayWorkers
     from edge_agent.commands.eval import engine_factory
+    from edge_agent.evaluation.cluster import RayWorkers
 
     marks: dict[str, float] = {}
     make = engine_factory(settings)
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(ENV)
     import ray
 
-    from edge_agent.catalog import find_demo_gguf
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
+    from edge_agent.modelfiles.catalog import find_demo_gguf
 
     gguf = find_demo_gguf()
     if gguf is None:

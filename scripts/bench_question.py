@@ -75,7 +75,7 @@ if str(ROOT) not in sys.path:
 
 from PIL import Image, ImageDraw  # noqa: E402
 
-from edge_agent.engine_face import AskRequest  # noqa: E402
+from edge_agent.engine.face import AskRequest  # noqa: E402
 from scripts.benchmodels import filler_tokens, proc_status_mb  # noqa: E402
 from scripts.oneshot import OneShot  # noqa: E402
 from scripts.question_report import VARIANTS, record, summarise, table  # noqa: E402,F401  (record: the API)
@@ -124,8 +124,8 @@ def resolve_files(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tupl
 
 def load_engine(home: Path, files: dict[str, Path | None], *, prophet: bool, answer_tokens: int) -> Any:
     """An Engine at the default settings (offline, temp home), optionally with the prophet."""
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
 
     overrides: dict[str, Any] = {"model": str(files["text"]), "mmproj": str(files["mmproj"]), "offline": True,
                                  "answer_max_tokens": answer_tokens}

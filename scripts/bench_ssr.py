@@ -51,9 +51,9 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from edge_agent.agent.loop import AgentOptions  # noqa: E402
 from edge_agent.agent.rationales import builtin_library, select  # noqa: E402
-from edge_agent.config import Settings  # noqa: E402
-from edge_agent.engine import Engine  # noqa: E402
-from edge_agent.engine_face import AskRequest  # noqa: E402
+from edge_agent.core.config import Settings  # noqa: E402
+from edge_agent.engine.engine import Engine  # noqa: E402
+from edge_agent.engine.face import AskRequest  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from edge_agent.tools.backends import SearchResult  # noqa: E402
 from edge_agent.tools.search import SearchOutcome  # noqa: E402

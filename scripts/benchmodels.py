@@ -53,7 +53,7 @@ def models(ap: argparse.ArgumentParser, args: argparse.Namespace, tmp: Path, *, 
         todo.append((TINY_LABEL, paths["text"], paths["mmproj"]))
     others: list[tuple[str, Path, Path | None]] = []
     if args.smollm2:
-        from edge_agent.catalog import find_demo_gguf
+        from edge_agent.modelfiles.catalog import find_demo_gguf
 
         p = find_demo_gguf()
         if p is None:

@@ -54,7 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_models(names: list[str]) -> None:
-    from edge_agent.catalog import find_wheel_gguf
+    from edge_agent.modelfiles.catalog import find_wheel_gguf
 
     missing = [n for n in names if find_wheel_gguf(n) is None]
     if missing:
@@ -109,6 +109,22 @@ def row(name: str, m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def table_rows(runs: list[Any]) -> list[dict[str, Any]]:
+    """A set's rows: its main run's modes, then (when there are ablations) the main run's SSR on the
+    ablations' questions, the row to compare them with, then each ablation mode."""
+    from edge_agent.evaluation.metrics import compute_metrics
+
+    main, *ablations = runs
+    rows = [row(mode, m) for mode, m in main.metrics.items()]
+    for run in ablations:
+        ids = {q.id for q in run.questions}
+        same = compute_metrics(r for r in main.records if r["id"] in ids and r["mode"] == "ssr")
+        if "ssr" in same and len(ids) < len(main.questions):
+            rows.append(row(f"ssr, same {len(ids)}", same["ssr"]))
+        rows += [row(mode, m) for mode, m in run.metrics.items()]
+    return rows
+
+
 def pct(x: float | None, ci: Any = None) -> str:
     if x is None:
         return "n/a"
@@ -146,16 +162,16 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    names = list(dict.fromkeys(r["mode"] for rs in rows.values() for r in rs))  # every set's modes, in order
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for k, (set_name, rs) in enumerate(rows.items()):
-        xs = [i + 0.4 * k for i in range(len(rs))]
+        xs = [names.index(r["mode"]) + 0.4 * k for r in rs]  # a mode's bars side by side, whatever a set lacks
         ys = [100 * (r["contains"] or 0) for r in rs]
         err = [[100 * ((r["contains"] or 0) - r["contains_ci95"][0]) for r in rs],
                [100 * (r["contains_ci95"][1] - (r["contains"] or 0)) for r in rs]]
         axes[0].bar(xs, ys, width=0.38, yerr=err, capsize=3, label=set_name)
         axes[1].bar(xs, [r["model_seconds"] or 0 for r in rs], width=0.38, label=set_name)
     for ax, title in zip(axes, ("success, contains (%, 95% CI)", "model seconds per question"), strict=True):
-        names = [r["mode"] for r in next(iter(rows.values()))]
         ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=30, ha="right")
         ax.set_title(title)
         ax.legend()
@@ -167,7 +183,7 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
     from scripts.factbook import build_index, load_countries, start_server
 
     out = args.out or Path(f"runs/quality-{args.split}")
@@ -196,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = min(args.ablations, limit) if limit else args.ablations
                 runs[set_name].append(run_group(data, args.ablation_modes, out / f"{set_name}-ablations",
                                                 with_prophet, n))
-        rows = {name: [row(mode, m) for run in rs for mode, m in run.metrics.items()] for name, rs in runs.items()}
+        rows = {name: table_rows(rs) for name, rs in runs.items()}
     finally:
         server.stop()
     md = markdown(rows, args)

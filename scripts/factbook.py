@@ -95,11 +95,11 @@ class FactbookError(Exception):
 
 
 def cache_dir() -> Path:
-    """``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/`` beside the wheel models' cache (edge_agent.wheelmodels:
+    """``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/`` beside the wheel models' cache (edge_agent.modelfiles.wheels:
     ``$EDGE_AGENT_MODEL_CACHE``, else ``$XDG_CACHE_HOME/edge-agent/models``)."""
     if d := os.environ.get("EDGE_AGENT_FACTBOOK_CACHE"):
         return Path(d).expanduser()
-    from edge_agent.wheelmodels import cache_dir as models_cache
+    from edge_agent.modelfiles.wheels import cache_dir as models_cache
 
     return models_cache().parent / "factbook"
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.catalog import load_catalog  # noqa: E402
-from edge_agent.errors import EdgeAgentError  # noqa: E402
-from edge_agent.wheelmodels import install, installed  # noqa: E402
+from edge_agent.core.errors import EdgeAgentError  # noqa: E402
+from edge_agent.modelfiles.catalog import load_catalog  # noqa: E402
+from edge_agent.modelfiles.wheels import install, installed  # noqa: E402
 
 NAMES = {"0.5b": "qwen2.5-coder-0.5b-instruct", "1.5b": "qwen2.5-coder-1.5b-instruct"}
 

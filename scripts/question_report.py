@@ -95,7 +95,7 @@ def zoom_breakdown(ph: dict[str, Any]) -> dict[str, Any] | None:
 
 def record(res: dict[str, Any], command: str) -> dict[str, Any]:
     """Put this run's costs under its shape in ``footprint.QUESTION_COSTS`` (other shapes kept)."""
-    from edge_agent import footprint
+    from edge_agent.modelfiles import footprint
 
     ph = res["phases"]
     entry = {

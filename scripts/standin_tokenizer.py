@@ -6,10 +6,10 @@ plus four user-defined tokens Qwen3 added where Qwen2.5 has unused padding: ``<t
 151665, ``</tool_response>`` 151666, ``<think>`` 151667, ``</think>`` 151668
 (``shared/notes/real-qwen-models.md``). :func:`qwen3vl_vocabulary` copies tokens, types and merges
 from the installed real GGUF (``scripts/install_qwen_models.py`` puts it in the model cache;
-``edge_agent.catalog.find_wheel_gguf`` finds it) and writes those four at their ids, so a stand-in
+``edge_agent.modelfiles.catalog.find_wheel_gguf`` finds it) and writes those four at their ids, so a stand-in
 tokenizes every text into the ids Qwen3-VL does.
 
-Reading: the GGUF header's arrays through ``edge_agent.gguf_header`` (an mmap, ~0.3 s), not the
+Reading: the GGUF header's arrays through ``edge_agent.modelfiles.gguf_header`` (an mmap, ~0.3 s), not the
 ``gguf`` package's reader (~10 s: it parses every tensor too).
 """
 
@@ -39,7 +39,7 @@ class TokenizerMissing(RuntimeError):
 def tokenizer_source() -> Path:
     """The installed real Qwen2.5-Coder-0.5B-Instruct GGUF; TokenizerMissing (naming the install command)
     when it is not there."""
-    from edge_agent.catalog import find_wheel_gguf
+    from edge_agent.modelfiles.catalog import find_wheel_gguf
 
     path = find_wheel_gguf(REAL_TOKENIZER_MODEL)
     if path is None:
@@ -51,7 +51,7 @@ def tokenizer_source() -> Path:
 
 
 def _arrays(path: Path) -> dict[str, object]:
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     return dict(modelfile.iter_arrays(path))
 

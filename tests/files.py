@@ -28,7 +28,7 @@ def write_heic(path, size=(96, 64), colour=(200, 30, 30)):
 def chats_file(home: Path, n: int = 40) -> Path:
     """A chat history of ``n`` chats (a question, an answer with ~2 kB of events each: ~40 pages)."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(home / "chats.sqlite3")
     for i in range(n):

@@ -29,7 +29,7 @@ async def settle(pilot, timeout: float = 120) -> None:
 
 async def type_and_enter(pilot, text: str) -> None:
     """Type ``text`` into the chat prompt and press Enter (a question, a /command or a pasted path)."""
-    from edge_agent.ui.prompt import PromptInput
+    from edge_agent.ui.widgets.prompt import PromptInput
 
     prompt = pilot.app.screen.query_one(PromptInput)
     prompt.value = text

@@ -37,7 +37,7 @@ from edge_agent.agent.rationales import (
     softmax,
 )
 from edge_agent.agent.toolbox import Toolbox
-from edge_agent.engine_face import AskRequest
+from edge_agent.engine.face import AskRequest
 from edge_agent.tools.zoom import ImageStore
 from tests.fakes.sessions import EOS, LoopModel
 from tests.fakes.sessions import LoopSession as FakeSession
@@ -324,7 +324,7 @@ def test_cancel_during_answer_ends_quickly_with_cancelled():
 
 
 def test_fatal_model_error_ends_stream():
-    from edge_agent.errors import ModelRuntimeError
+    from edge_agent.core.errors import ModelRuntimeError
 
     class Full(FakeSession):
         def append_image(self, image, *, cancel=None):
@@ -383,8 +383,8 @@ def test_seprod_hooks_are_called_at_their_points():
 
 def test_engine_input_errors_are_fatal_events(edge_home):
     """Engine.ask turns user mistakes into RunStarted + AgentError(fatal=True), not exceptions."""
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
 
     model = LoopModel(lambda: FakeSession(favour(["full sentence"]), ["hi</answer>"]))
     engine = Engine(model, Settings.load({"state_cache_mb": 0}))  # a fake session has no KV to save

@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from edge_agent.agent.loop import AgentOptions
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.search_servers import FakeBackend

@@ -19,9 +19,9 @@ from PIL import Image, ImageDraw
 
 from edge_agent.agent.loop import AgentOptions
 from edge_agent.agent.rationales import builtin_library
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.spies import SpyModel

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from edge_agent.cli import cli
+from edge_agent.commands.cli import cli
 
 
 @pytest.fixture
@@ -99,8 +99,8 @@ def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(en
     # the photo stays in the restored context (a zoom's crop, which random weights may choose, is read anew)
     assert not [r for r in rows if r["event"] == "image_evaluated" and r["source"] == "image"]
     assert rows[-1]["totals"]["tokens_reused"] == opened["tokens_reused"]
-    from edge_agent.chats import ChatStore
-    from edge_agent.config import Settings
+    from edge_agent.chat.store import ChatStore
+    from edge_agent.core.config import Settings
 
     store = ChatStore(Settings.load().chats_path)
     chats = store.list_chats()
@@ -127,8 +127,8 @@ def test_continue_without_a_chat_or_with_a_wrong_id_says_what_to_do(env, tiny_mo
 def test_no_save_leaves_the_chat_list_as_it_was(env, tiny_models, photo):
     """`--no-save`: answered as usual, nothing added to the chats; a follow-up with it still continues
     the saved chat's context, and the chat keeps only what was saved."""
-    from edge_agent.chats import ChatStore
-    from edge_agent.config import Settings
+    from edge_agent.chat.store import ChatStore
+    from edge_agent.core.config import Settings
 
     common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline"]
     r = run(str(photo), "What colour is it?", *common, "--no-save")
@@ -198,6 +198,6 @@ def test_a_cut_answer_says_so_with_the_setting_to_raise(env, tiny_models, monkey
     final = json.loads(r.output.strip().splitlines()[-1])
     assert final["event"] == "final_answer" and final["stop_reason"] == "length"
     assert final["totals"]["answer_tokens"] == 2
-    p = subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args], capture_output=True, text=True,
                        timeout=120)
     assert "cut off at 2 tokens" in p.stderr and "config set answer_max_tokens" in p.stderr, p.stderr

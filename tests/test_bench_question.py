@@ -53,7 +53,7 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     # the prophet read images with the agent's vision tower (same mmproj file): no weights of its own
     assert res["memory"]["with_prophet"]["prophet"]["mmproj"] == 0 < res["memory"]["with_prophet"]["agent"]["mmproj"]
     # --record: what the first-run screen quotes (footprint.speed_text) comes from this result
-    from edge_agent import footprint
+    from edge_agent.modelfiles import footprint
 
     monkeypatch.setattr(footprint, "QUESTION_COSTS", tmp_path / "question_costs.json")
     res["shape"] = "2b"

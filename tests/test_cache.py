@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edge_agent.cli import cli
-from edge_agent.config import Settings
-from edge_agent.errors import CacheError
+from edge_agent.commands.cli import cli
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import CacheError
 from edge_agent.tools.cache import CacheEntry, SearchCache, make_key, normalise_query, parse_export
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools

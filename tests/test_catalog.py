@@ -12,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import edge_agent.catalog as cat
-from edge_agent.catalog import (
-    InstalledModel,
-    Registry,
-    default_model,
-    find_model,
-    human_size,
-    load_catalog,
-    resolve,
-    suggest,
-)
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
+import edge_agent.modelfiles.catalog as cat
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
+from edge_agent.modelfiles.catalog import human_size, load_catalog, suggest
+from edge_agent.modelfiles.registry import InstalledModel, Registry
+from edge_agent.modelfiles.resolution import default_model, find_model, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +30,7 @@ def settings(**kw) -> Settings:
 def test_the_catalog_loads_from_where_the_package_installs_it(tmp_path):
     """The installed package (isolated interpreter, outside the checkout) reads models/catalog.json
     itself as edge_agent.models/catalog.json: one file, which pyproject ships as package data."""
-    code = ("import importlib.resources as r, edge_agent.catalog as c; "
+    code = ("import importlib.resources as r, edge_agent.modelfiles.catalog as c; "
             "print(r.files('edge_agent.models').joinpath(c.CATALOG_FILE)); print(len(c.load_catalog().all()))")
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

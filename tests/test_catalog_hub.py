@@ -7,11 +7,13 @@ import os
 
 import pytest
 
-from edge_agent.catalog import CatalogEntry, CatalogFile, Registry, load_catalog, repo_dirname
-from edge_agent.config import Settings
-from edge_agent.errors import DownloadError
-from edge_agent.hub import HubClient, check_disk, pull
-from edge_agent.model_overview import overview
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import DownloadError
+from edge_agent.modelfiles.catalog import CatalogEntry, CatalogFile, load_catalog, repo_dirname
+from edge_agent.modelfiles.hub import HubClient
+from edge_agent.modelfiles.overview import overview
+from edge_agent.modelfiles.pull import check_disk, pull
+from edge_agent.modelfiles.registry import Registry
 from tests.fakes.hub import FakeHub
 
 REPO = "Test/Tiny-VL-GGUF"
@@ -201,7 +203,7 @@ def test_free_disk_check_runs_before_any_transfer(settings, hub, monkeypatch):
     import shutil as _shutil
 
     real = _shutil.disk_usage
-    monkeypatch.setattr("edge_agent.hub.shutil.disk_usage",
+    monkeypatch.setattr("edge_agent.modelfiles.pull.shutil.disk_usage",
                         lambda p: real(p)._replace(free=len(MODEL) // 2))
     with pytest.raises(DownloadError, match="Not enough disk space"):
         pull_bytes(entry(), settings, client=client())
@@ -255,7 +257,7 @@ def test_progress_reports_resume_offset_and_total(settings, hub):
 
 def test_pulled_files_that_are_not_a_working_pair_are_not_installed(settings, hub):
     """Checksums match but the GGUF headers are wrong (here: not GGUF at all): nothing is registered."""
-    from edge_agent.errors import ModelFileError
+    from edge_agent.core.errors import ModelFileError
 
     with pytest.raises(ModelFileError, match="was not installed"):
         pull(entry(), settings, client=client())

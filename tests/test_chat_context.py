@@ -24,9 +24,9 @@ from PIL import Image
 from edge_agent.agent.context import Opened, append_segments
 from edge_agent.agent.loop import AgentOptions
 from edge_agent.agent.prompts import question_segments
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.runtime.state import IMAGE, KeyHasher, SessionState, StateStore, dumps, sequence_key
 from edge_agent.runtime.types import ImageChunk

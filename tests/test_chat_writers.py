@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.chatlock import ChatLock
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
+from edge_agent.chat.lock import ChatLock
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
 
 SMALL = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_N_CTX": "2048",
          "EDGE_AGENT_ANSWER_MAX_TOKENS": "8", "EDGE_AGENT_MAX_TURNS": "1", "EDGE_AGENT_OFFLINE": "true"}
 
 
 def ask(tiny_models, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "edge_agent.cli", "ask", *args, "--model", str(tiny_models["text"]),
+    cmd = [sys.executable, "-m", "edge_agent.commands.cli", "ask", *args, "--model", str(tiny_models["text"]),
            "--mmproj", str(tiny_models["mmproj"])]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **SMALL})
@@ -73,7 +73,7 @@ def test_two_asks_to_one_chat_at_once_keep_context_and_transcript_in_step(edge_h
 async def test_the_app_refuses_a_question_to_a_chat_ask_is_answering(edge_home: Path, tmp_path: Path):
     """A chat `ask` holds (here: its lock, as an `ask` in another process takes it) is refused in the app
     with who holds it; nothing is added to the chat, the question stays in the prompt."""
-    from edge_agent.ui.prompt import PromptInput
+    from edge_agent.ui.widgets.prompt import PromptInput
     from tests.pilot import scripted_app, settle, type_and_enter
 
     settings = Settings.load()

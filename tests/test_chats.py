@@ -12,7 +12,8 @@ import pytest
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.events import event_from_json
-from edge_agent.chats import ChatStore, ChatStoreError
+from edge_agent.chat import export as chat_export
+from edge_agent.chat.store import ChatStore, ChatStoreError
 from tests.fakes.engines import script
 from tests.files import make_image
 
@@ -73,7 +74,7 @@ def test_answer_survives_a_killed_process(tmp_path):
     db = tmp_path / "chats.sqlite3"
     code = f"""
 import os
-from edge_agent.chats import ChatStore
+from edge_agent.chat.store import ChatStore
 from tests.fakes.engines import script
 s = ChatStore({str(db)!r})
 cid = s.new_chat()
@@ -129,7 +130,7 @@ def test_export_markdown_and_json_with_crops_scores_and_no_secrets(store, tmp_pa
     cid = store.new_chat()
     mid = _record(store, cid, "What does the sign say?", img, crop)
     store.add_event(mid, ev.AgentError(turn=4, title="Search failed", message="key SECRETKEY123 rejected"))
-    md_path, json_path = store.export(cid, tmp_path / "out")
+    md_path, json_path = chat_export.export(store, cid, tmp_path / "out")
     md = md_path.read_text()
     data = json.loads(json_path.read_text())
     assert "image_zoom_in_tool" in md and "text_search" in md
@@ -179,7 +180,7 @@ def test_newer_schema_is_refused_with_a_fix(tmp_path):
 def test_a_file_that_is_not_sqlite_is_set_aside(tmp_path):
     """Issue 23: a damaged history is kept aside and a new one started (tests/test_cli_saved_state.py
     salvages truncated and damaged files); a file with nothing readable recovers no chats."""
-    from edge_agent.recovery import take_notices
+    from edge_agent.core.recovery import take_notices
 
     db = tmp_path / "c.sqlite3"
     db.write_bytes(b"this is not sqlite" * 100)
@@ -195,7 +196,7 @@ def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
     import sqlite3
 
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     path = tmp_path / "chats.sqlite3"
     db = sqlite3.connect(path)

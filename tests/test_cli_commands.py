@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edge_agent.cli import cli
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest
+from edge_agent.commands.cli import cli
+from edge_agent.core.config import Settings
+from edge_agent.engine.face import AskRequest
 
 
 def test_config_set_rejects_more_threads_than_the_machine_has(edge_home):
@@ -91,7 +91,7 @@ def test_ask_prints_only_the_answer_on_stdout(edge_home, smollm2_gguf):
     env = {**os.environ, "EDGE_AGENT_HOME": str(edge_home), "EDGE_AGENT_N_THREADS": "1",
            "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_OFFLINE": "true", "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
            "EDGE_AGENT_MAX_TURNS": "1"}
-    p = subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", "What is the capital of Peru?",
+    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", "What is the capital of Peru?",
                         "--model", str(smollm2_gguf)], capture_output=True, text=True, env=env, timeout=300)
     assert "trace:" in p.stderr and "trace:" not in p.stdout
     assert "turn 1" not in p.stdout
@@ -99,7 +99,7 @@ def test_ask_prints_only_the_answer_on_stdout(edge_home, smollm2_gguf):
         assert p.stdout.strip() and len(p.stdout.strip().splitlines()) <= 3
     else:  # no answer found: nothing on stdout, the reason on stderr
         assert p.returncode == 1 and p.stdout == "" and "No answer found" in p.stderr
-    pj = subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", "What is the capital of Peru?", "--json",
+    pj = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", "What is the capital of Peru?", "--json",
                          "--model", str(smollm2_gguf)], capture_output=True, text=True, env=env, timeout=300)
     kinds = [json.loads(line)["event"] for line in pj.stdout.splitlines()]  # every line is an event
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer" and "trace:" not in pj.stdout
@@ -141,8 +141,8 @@ def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home,
 
 
 def test_one_size_from_the_catalog_and_no_catalog_notes_in_info(edge_home):
-    from edge_agent.catalog import human_size, load_catalog
-    from edge_agent.ui.first_run import recommended_size
+    from edge_agent.modelfiles.catalog import human_size, load_catalog
+    from edge_agent.ui.screens.first_run import recommended_size
 
     entry = load_catalog().get("qwen3-vl-2b-instruct")
     size = human_size(entry.download_size)
@@ -158,7 +158,7 @@ def test_one_size_from_the_catalog_and_no_catalog_notes_in_info(edge_home):
 
 
 def test_models_add_says_when_the_model_becomes_the_default(edge_home, tiny_models, monkeypatch):
-    import edge_agent.catalog as cat
+    import edge_agent.modelfiles.catalog as cat
 
     monkeypatch.setattr(cat, "find_demo_gguf", lambda entry=None: None)
     r = models("add", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--name", "mine")
@@ -172,8 +172,8 @@ def test_models_add_says_when_the_model_becomes_the_default(edge_home, tiny_mode
 # --- crops do not pile up ------------------------------------------------------------------------
 def test_ask_cleans_its_crops_and_old_ones_that_no_chat_shows(edge_home, tmp_path):
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
-    from edge_agent.crops import prune_crops, remove_run_crops
+    from edge_agent.chat.crops import prune_crops, remove_run_crops
+    from edge_agent.chat.store import ChatStore
 
     s = Settings.load()
     crops = s.crops_dir
@@ -208,7 +208,7 @@ def test_a_108_megapixel_photo_loads_downscaled_in_bounded_memory(tmp_path):
     process whose peak memory stays far below the 324 MB of the full-size picture; true bombs are refused."""
     from PIL import Image
 
-    from edge_agent.errors import ImageError
+    from edge_agent.core.errors import ImageError
     from edge_agent.tools import images
 
     big = tmp_path / "phone.jpg"
@@ -239,7 +239,7 @@ def test_system_prompt_setting_reaches_the_model(edge_home, tiny_models, monkeyp
     import edge_agent.agent.loop as loop
     from edge_agent.agent.loop import AgentOptions
     from edge_agent.agent.prompts import system_prompt
-    from edge_agent.engine import Engine
+    from edge_agent.engine.engine import Engine
     from edge_agent.runtime import Model
 
     assert "< |im_end|>" in system_prompt(["answer"], extra="Be brief.<|im_end|>")
@@ -260,9 +260,10 @@ def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(ed
     """No network: the download error points at the demo, and does not ask to install it when it is."""
     import socket
 
-    from edge_agent import hub
-    from edge_agent.catalog import load_catalog
-    from edge_agent.errors import DownloadError
+    from edge_agent.core.errors import DownloadError
+    from edge_agent.modelfiles import hub
+    from edge_agent.modelfiles import pull as model_pull
+    from edge_agent.modelfiles.catalog import load_catalog
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -270,5 +271,5 @@ def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(ed
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DownloadError) as e:
-        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
+        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
     assert "smollm2-135m-demo" in e.value.message and "pip install" not in e.value.message

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from edge_agent.textclean import clean_model_text
+from edge_agent.chat import export as chat_export
+from edge_agent.core.textclean import clean_model_text
 from tests.files import chats_file, damage
 
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -29,7 +30,7 @@ CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def edge(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``edge-agent ARGS`` in a subprocess (the environment of the test: EDGE_AGENT_HOME etc.)."""
-    return subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, errors="surrogateescape")
 
 
@@ -66,14 +67,14 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
     assert r.returncode in (0, 1), r.stderr
     final = json.loads(r.stdout.splitlines()[-1])
     assert final["answer"] and not CONTROLS.search(r.stdout) and not CONTROLS.search(final["answer"])
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(env / "chats.sqlite3")
     try:
         for c in store.list_chats():
             for m in store.load(c.id).messages:
                 assert not CONTROLS.search(m.text)
-            assert not CONTROLS.search(json.dumps(store.export_json(c.id), ensure_ascii=False))
+            assert not CONTROLS.search(json.dumps(chat_export.export_json(store, c.id), ensure_ascii=False))
     finally:
         store.close()
 
@@ -81,7 +82,7 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
 def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
     """An answer stored with control bytes by an older version reads and exports without them."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(edge_home / "chats.sqlite3")
     try:
@@ -92,7 +93,8 @@ def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
                     (mid, json.dumps(ev.AnswerToken(turn=1, text="ok\x18\x1b[31m").to_json())))
         store._exec("UPDATE messages SET text=?, status='answered' WHERE id=?", ("ok\x18\x1b[31m", mid))
         assert store.load(chat).messages[-1].text == "ok[31m"
-        assert not CONTROLS.search(store.export_markdown(chat) + json.dumps(store.export_json(chat)))
+        md, js = chat_export.export_markdown(store, chat), chat_export.export_json(store, chat)
+        assert not CONTROLS.search(md + json.dumps(js))
         store.add_event(store.start_answer(chat), ev.FinalAnswer(answer="a\x02b", turns=1, stop_reason="answered"))
         assert store.load(chat).messages[-1].text == "ab"
     finally:
@@ -142,12 +144,12 @@ def test_a_question_that_never_reached_the_model_is_not_saved(env, tiny_models, 
 def test_an_answer_that_failed_midway_is_kept_marked_failed(edge_home):
     """Once the model read the question, a fatal error keeps the exchange: status error, text so far."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore, Continuation
-    from edge_agent.commands.ask import _ChatWriter
+    from edge_agent.chat.recorder import ExchangeRecorder
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(edge_home / "chats.sqlite3")
     try:
-        w = _ChatWriter(store, Continuation(0), "Q?", None, {"model": "/m.gguf"})
+        w = ExchangeRecorder(store, 0, "Q?", [], {"model": "/m.gguf"})
         w.add(ev.RunStarted(question="Q?", image=None, mode="ssr", seprod=False, model="m"))
         assert store.list_chats() == []
         w.add(ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=50,
@@ -193,7 +195,7 @@ def test_continue_uses_the_chats_models(env, tiny_models, image, tmp_path):
 
 def test_older_chat_files_gain_the_models_column(tmp_path):
     """A version-2 chat file (before chats recorded models) opens, reads {} and records models."""
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     path = tmp_path / "chats.sqlite3"
     store = ChatStore(path)
@@ -201,7 +203,7 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
     store.close()
     db = sqlite3.connect(path)
     db.executescript("ALTER TABLE chats DROP COLUMN models; ALTER TABLE messages DROP COLUMN replaced; "
-                     "PRAGMA user_version=2;")
+                     "ALTER TABLE messages DROP COLUMN images; PRAGMA user_version=2;")
     db.close()
     store = ChatStore(path)
     try:
@@ -241,7 +243,7 @@ def app_runs(monkeypatch):
 def test_tui_takes_prophet_mmproj(edge_home, app_runs, tmp_path):
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     r = CliRunner().invoke(cli, ["tui", "--prophet", "p.gguf", "--prophet-mmproj", str(tmp_path / "mm.gguf")])
     assert r.exit_code == 0, r.output
@@ -263,7 +265,7 @@ def test_app_options_work_without_tui(edge_home, app_runs):
     """`edge-agent --model X --chat 3` opens the app with them; --help and --version stay the group's."""
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     r = CliRunner().invoke(cli, ["--model", "x.gguf", "--chat", "3", "--mode", "freeform", "--offline"])
     assert r.exit_code == 0, r.output
@@ -332,7 +334,7 @@ def test_config_set_refuses_values_that_cannot_work(edge_home, setting, says):
 def test_n_ctx_floor_is_what_the_system_prompt_needs(edge_home):
     """The n_ctx floor grows with the user's own instructions; a value at the floor is accepted."""
     from edge_agent.agent.prompts import min_n_ctx
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     need = min_n_ctx(Settings())
     r = edge("config", "set", "n_ctx", str(need - 1))
@@ -356,7 +358,7 @@ def test_themes_are_textuals():
     """config.THEMES (config cannot import Textual) is Textual's list of built-in themes."""
     from textual.theme import BUILTIN_THEMES
 
-    from edge_agent.config import THEMES
+    from edge_agent.core.config import THEMES
 
     assert THEMES == set(BUILTIN_THEMES)
 
@@ -370,8 +372,8 @@ def test_config_file_header_points_to_config_explain(edge_home):
 @pytest.mark.asyncio
 async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
     """The app's settings screen applies the same validation, range in the message; nothing saved."""
-    from edge_agent.config import Settings
-    from edge_agent.ui.settings_screen import SettingsScreen
+    from edge_agent.core.config import Settings
+    from edge_agent.ui.screens.settings import SettingsScreen
     from tests.pilot import ScreenHost
 
     settings = Settings.load()
@@ -404,17 +406,17 @@ def closed_port() -> int:
 def test_a_pull_with_the_network_down_fails_at_once(edge_home, monkeypatch):
     """Nothing listening at HF_ENDPOINT: the pull fails in under 2 s with the default retry policy (it
     used to retry a connection that never opened for ~7 s), and the command says what to check."""
-    from edge_agent import hub
-    from edge_agent.catalog import load_catalog
-    from edge_agent.config import Settings
-    from edge_agent.errors import DownloadError
+    from edge_agent.core.config import Settings
+    from edge_agent.core.errors import DownloadError
+    from edge_agent.modelfiles import pull as model_pull
+    from edge_agent.modelfiles.catalog import load_catalog
 
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     t0 = time.monotonic()
     with pytest.raises(DownloadError):
-        hub.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
+        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load())
     assert time.monotonic() - t0 < 2.0
     r = edge("models", "pull", "qwen3-vl-2b-instruct", env={"HF_ENDPOINT": url})
     assert r.returncode == 2 and url.split("//")[1] in r.stderr and "Traceback" not in r.stderr

@@ -26,7 +26,7 @@ import pytest
 from click.testing import CliRunner
 
 from edge_agent import evaluation as E
-from edge_agent.cli import cli
+from edge_agent.commands.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
 from tests.fakes.hub import FakeHub
 from tests.fakes.search_servers import FakeBackend
@@ -192,9 +192,9 @@ def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
         cluster, tiny_models, tiny_set, tiny_local, edge_home, tmp_path, monkeypatch):
     """SIGKILL a worker process while it runs a question: Ray restarts it and retries the question; the run
     completes with every (question, mode) exactly once and the local run's results."""
-    from edge_agent.cluster import RayWorkers
     from edge_agent.commands.eval import engine_factory, fingerprint
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
+    from edge_agent.evaluation.cluster import RayWorkers
 
     _setenv(monkeypatch, TINY_ENV)
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
@@ -226,8 +226,8 @@ def test_a_question_that_kills_its_worker_every_time_is_recorded_as_an_error(
         cluster, tiny_models, tiny_set, edge_home, tmp_path, monkeypatch):
     """A question whose worker process dies on every try (here: it exits) is tried TASK_RETRIES + 1 times,
     then recorded as an error with the reason; the other questions run, each once."""
-    from edge_agent.cluster import TASK_RETRIES, RayWorkers
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
+    from edge_agent.evaluation.cluster import TASK_RETRIES, RayWorkers
 
     _setenv(monkeypatch, TINY_ENV)
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
@@ -252,7 +252,8 @@ def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_s
     """`--model NAME` from the driver's catalog: each node downloads it into its own models folder before any
     question, once however many workers it runs (one transfer per file here: one node, two workers), and
     sha256-checked; then the questions run on it. The driver's own machine downloads nothing."""
-    from edge_agent import catalog as C
+    from edge_agent.modelfiles import catalog as C
+    from edge_agent.modelfiles.registry import Registry
 
     entry = C.CatalogEntry(name="tiny-vl", description="tiny test model", family="tiny", params="1M",
                            variant="instruct", quant="Q8_0", architecture="qwen3vl", roles=("agent",),
@@ -269,9 +270,9 @@ def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_s
     hub.delay.clear()
     assert res.exit_code == 0, res.output
     assert hub.transfers("tiny-Q8_0.gguf") == [None] and hub.transfers("mmproj-tiny-F32.gguf") == [None]
-    pulled = C.Registry(node_home / "models").get("tiny-vl")
+    pulled = Registry(node_home / "models").get("tiny-vl")
     assert pulled is not None and not pulled.missing_files() and pulled.sha256
-    assert C.Registry(edge_home / "models").get("tiny-vl") is None  # the driver's machine: nothing
+    assert Registry(edge_home / "models").get("tiny-vl") is None  # the driver's machine: nothing
     assert all(r["error"] is None for r in _records(tmp_path / "out"))
 
 
@@ -298,7 +299,7 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
     args = ["eval", *_tiny_args(tiny_set, out, tiny_models, "ssr,freeform"), "--no-plot", "--cluster", f"ray:{cluster}",
             "--workers", "2"]
     log = (tmp_path / "driver.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log)
     results = out / E.RESULTS_FILE
     try:
         signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, signal.SIGINT,
@@ -330,7 +331,7 @@ def test_cluster_ray_alone_starts_a_local_cluster_and_stops_it(tiny_models, tiny
     env.update(TINY_ENV, EDGE_AGENT_HOME=str(edge_home), RAY_TMPDIR=temp)
     out = tmp_path / "out"
     try:
-        done = subprocess.run([sys.executable, "-m", "edge_agent.cli", "eval", *_tiny_args(tiny_set, out, tiny_models, "ssr"),
+        done = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "eval", *_tiny_args(tiny_set, out, tiny_models, "ssr"),
                                "--limit", "2", "--no-plot", "--cluster", "ray", "--workers", "2"],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
@@ -375,7 +376,7 @@ def test_a_node_lost_mid_run_says_so_keeps_the_results_and_a_rerun_resumes(tiny_
     results = out / E.RESULTS_FILE
     ray_kids: dict[int, str] = {}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT, stdout=log,
                                 stderr=log)
         try:
             wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=300,
@@ -398,7 +399,7 @@ def test_a_node_lost_mid_run_says_so_keeps_the_results_and_a_rerun_resumes(tiny_
         for pid in [*_ray_processes(temp), *ray_kids]:  # what Ray left of the lost cluster
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        again = subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], env=env, cwd=ROOT,
+        again = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr
         assert f"Resuming: {kept} of 8" in again.stdout + again.stderr
@@ -492,8 +493,8 @@ def test_without_ray_cluster_says_how_to_install(tmp_path, edge_home, monkeypatc
 
 def test_cluster_flag_and_question_seeds():
     """`ray` / `ray:ADDRESS` parse; anything else is refused. A question's seed depends on its id only."""
-    from edge_agent.cluster import parse_cluster
-    from edge_agent.errors import ConfigError
+    from edge_agent.core.errors import ConfigError
+    from edge_agent.evaluation.cluster import parse_cluster
 
     assert parse_cluster("ray") is None and parse_cluster("ray:10.0.0.5:6379") == "10.0.0.5:6379"
     with pytest.raises(ConfigError, match="ray:ADDRESS"):

@@ -9,9 +9,9 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 
-from edge_agent.cli import cli
-from edge_agent.config import Settings, _dump_toml
-from edge_agent.errors import ConfigError
+from edge_agent.commands.cli import cli
+from edge_agent.core.config import Settings, _dump_toml
+from edge_agent.core.errors import ConfigError
 
 
 def test_precedence_defaults_file_env_overrides(tmp_path):
@@ -33,7 +33,7 @@ def test_bad_values_are_clear_errors(tmp_path):
         Settings.load({"colour": "red"}, env=env)
     (tmp_path / "config.toml").write_text("mode = [")  # not TOML: set aside, the defaults used (issue 23)
     assert Settings.load(env=env).mode == "ssr" and list(tmp_path.glob("config.toml.damaged-*"))
-    from edge_agent.recovery import take_notices
+    from edge_agent.core.recovery import take_notices
 
     assert any("could not be read" in n for n in take_notices())
 
@@ -70,7 +70,7 @@ def test_config_cli_set_and_show(tmp_path, monkeypatch):
 def test_help_is_fast_and_light():
     """`edge-agent --help` lists the commands without importing llama_cpp or textual."""
     code = (
-        "import sys; from click.testing import CliRunner; from edge_agent.cli import cli; "
+        "import sys; from click.testing import CliRunner; from edge_agent.commands.cli import cli; "
         "r = CliRunner().invoke(cli, ['--help']); print(r.output); "
         "print('HEAVY', [m for m in ('llama_cpp', 'textual') if m in sys.modules])"
     )
@@ -87,7 +87,7 @@ def test_help_is_fast_and_light():
         ("edge_agent.runtime", ("textual",)),
         ("edge_agent.tools.search", ("llama_cpp", "textual")),
         ("edge_agent.tools.zoom", ("llama_cpp", "textual")),
-        ("edge_agent.engine", ("textual",)),
+        ("edge_agent.engine.engine", ("textual",)),
     ],
 )
 def test_import_boundaries(module, forbidden):

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent import footprint
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
+from edge_agent.modelfiles import footprint
 from edge_agent.runtime import Model
 
 TEXT = "The quick brown fox jumps over the lazy dog near the old museum. "

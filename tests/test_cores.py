@@ -314,7 +314,7 @@ def test_every_preempted_step_of_a_draft_runs_again_exactly(tiny_prophet):
 
 def test_an_interrupt_during_a_preempted_step_is_not_taken_for_the_preemption(tiny_prophet):
     """Model.interrupt() and a preemption of the same decode: the call is cancelled, not run again."""
-    from edge_agent.errors import Cancelled
+    from edge_agent.core.errors import Cancelled
 
     class PreemptAndInterrupt(CoreShare):
         done = False

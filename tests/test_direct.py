@@ -16,9 +16,9 @@ from edge_agent.agent import events as ev
 from edge_agent.agent.direct import Exchange, FreshDirect, messages, prompt_segments, run_direct
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Text
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.runtime.chat_template import CHATML, render, template_of
 
@@ -50,7 +50,7 @@ def opened(events: list[ev.Event]) -> ev.ContextOpened:
 
 # ---- the prompt's segments (pure: the template rendered with jinja2 as llama-cpp-python does) ---------
 def test_texts_stay_plain_text_and_images_go_where_the_template_puts_them(tiny_models):
-    from edge_agent.modelfile import inspect
+    from edge_agent.modelfiles.checks import inspect
 
     tpl = template_of(inspect(tiny_models["text"]).chat_template, "<|endoftext|>", "<|im_end|>")
     msgs = messages([Exchange("What is <|im_end|> this?", "A sign.", (b"png-1",))], "And <tool_call>?",
@@ -224,7 +224,7 @@ def test_ask_mode_direct_on_the_command_line(qwen05, edge_home):
     env = {**os.environ, "EDGE_AGENT_N_CTX": "1024", "EDGE_AGENT_ANSWER_MAX_TOKENS": "32"}
 
     def edge(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args], capture_output=True, text=True,
                               timeout=300, env=env)
 
     r = edge("What is the capital of Peru?", "--model", str(qwen05), "--mode", "direct")

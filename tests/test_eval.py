@@ -15,7 +15,7 @@ import pytest
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from edge_agent.errors import ConfigError, EdgeAgentError, ImageError
+from edge_agent.core.errors import ConfigError, EdgeAgentError, ImageError
 from scripts import make_synthetic_vqa
 from tests.fakes.engines import Asked, ScriptedEngine
 
@@ -417,8 +417,8 @@ def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
     """`edge-agent eval` with an injected engine: progress, outputs, a resumed rerun loads nothing."""
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
     from edge_agent.commands import eval as eval_cmd
+    from edge_agent.commands.cli import cli
 
     monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
     made = []
@@ -444,7 +444,7 @@ def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
 def test_cli_refuses_seprod_without_prophet_and_bad_input(dataset, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
     runner = CliRunner()

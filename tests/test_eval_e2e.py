@@ -64,8 +64,8 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkey
     report + JSON + plot written, models loaded once for the whole run."""
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
-    from edge_agent.engine import Engine
+    from edge_agent.commands.cli import cli
+    from edge_agent.engine.engine import Engine
 
     data = _synthetic(tmp_path / "svqa", n=2)
     for k, v in _env(edge_home).items():
@@ -123,7 +123,7 @@ def test_eval_resumes_after_kill(tiny_models, edge_home, tmp_path):
     holds each (question, mode) once, and the results equal an uninterrupted run's."""
     data = _synthetic(tmp_path / "svqa", n=4)
     env = _env(edge_home)
-    cmd = [sys.executable, "-m", "edge_agent.cli"]
+    cmd = [sys.executable, "-m", "edge_agent.commands.cli"]
     modes = "ssr,freeform"
     total = 8
 

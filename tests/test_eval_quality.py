@@ -8,7 +8,7 @@ import argparse
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import markdown, row
+from scripts.eval_quality import markdown, row, table_rows
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -50,3 +50,16 @@ def test_the_combined_table_shows_intervals():
     assert f"| 100% [{lo}-100] |" in line and "| 3 |" in line
     assert md.splitlines()[md.splitlines().index(next(x for x in md.splitlines() if x.startswith("| set |"))) + 1] \
         .count("---") == 11
+
+
+def test_ablations_are_shown_beside_ssr_on_their_own_questions():
+    qs = [E.Question(f"q{i}", "What is 17*23?", ("391",), None) for i in range(4)]
+    main_recs = [E.make_record(q, E.MODES["ssr"], _episode([], "391" if i < 2 else "no")) for i, q in enumerate(qs)]
+    main = argparse.Namespace(questions=qs, records=main_recs, metrics={"ssr": E.mode_metrics(main_recs)})
+    abl_recs = [E.make_record(q, E.MODES["ssr-index"], _episode([], "no")) for q in qs[:2]]
+    ablation = argparse.Namespace(questions=qs[:2], records=abl_recs,
+                                  metrics={"ssr-index": E.mode_metrics(abl_recs)})
+    rows = table_rows([main, ablation])
+    assert [r["mode"] for r in rows] == ["ssr", "ssr, same 2", "ssr-index"]
+    # all four questions, then the first two only (both right), then the ablation on those two
+    assert [r["contains"] for r in rows] == [0.5, 1.0, 0.0] and [r["questions"] for r in rows] == [4, 2, 2]

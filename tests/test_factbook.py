@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from edge_agent.evaluation.dataset import load_dataset
 from edge_agent.evaluation.matching import match_answer
 from edge_agent.tools.http import HttpPolicy

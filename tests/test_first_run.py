@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.catalog import resolve
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
+from edge_agent.modelfiles.resolution import resolve
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.first_run import FirstRunScreen
+from edge_agent.ui.screens.first_run import FirstRunScreen
 from tests.pilot import settle
 
 SIZE = (120, 40)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edge_agent.errors import ImageError
+from edge_agent.core.errors import ImageError
 from edge_agent.tools import images
 from edge_agent.tools.images import fit_for_model, load_image, load_image_bytes, model_png
 

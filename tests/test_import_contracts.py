@@ -2,14 +2,13 @@
 inside functions, under TYPE_CHECKING alike) read with ``ast``, so a contract cannot be broken by an
 import that only runs on some path.
 
-Contracts (the README's "Layout"):
-- layers: ui, commands, cli -> engine and the other consumers of the agent and tools (chats, crops,
-  measured, evaluation, library, hub) -> agent, chat_context -> runtime, tools -> base (everything
-  else: errors, config, files, catalog, modelfile, ...). A module imports only modules of its own
-  layer or lower ones.
+Contracts:
+- layers: a folder per layer. The folders are read from the tree (every package of edge_agent/, and
+  tools/, which installs as edge_agent.tools); their order, top to bottom, from the ```layers block of
+  docs/ARCHITECTURE.md. A folder missing from the block, or named there and missing from the tree, fails;
+  the root of edge_agent/ holds no module, so nothing is in a layer by omission. A module imports only
+  modules of its own folder or of lower ones (so no two folders import each other in a circle).
 - ``runtime`` is the only importer of llama_cpp; ``ui`` the only importer of textual.
-- ``agent`` and ``chat_context`` never import ui, commands or engine (the layers imply it; said
-  explicitly because it is the rule people look for).
 - outside ``runtime``, nobody imports a private runtime module (``runtime._lib``).
 - inside ``runtime``, no import circle.
 
@@ -20,26 +19,27 @@ lives in ``tools/`` (pyproject's package-dir), so its imports would be invisible
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
+NOTES = ROOT / "docs" / "ARCHITECTURE.md"
 
-# Layer of each top-level part of edge_agent (the part after "edge_agent."); anything not named is base (0).
-LAYERS: dict[str, int] = {
-    "ui": 4, "commands": 4, "cli": 4,
-    # the engine and the other consumers of the agent's values (the chat store, crops, measured
-    # costs, the evaluation, its Ray workers and the library builder) and of the tools (model downloads
-    # use tools.http's retry policy): beside the engine, below the front ends
-    "engine": 3, "engine_face": 3, "chats": 3, "chat_export": 3,  # the chat store and its exports
-    "crops": 3, "measured": 3, "evaluation": 3, "cluster": 3, "library": 3, "hub": 3,
-    "read_ahead": 3,  # the engine's read-ahead worker
-    "calibration": 3,  # the engine's SSR neutral scores (reads them through the agent's prompts)
-    "agent": 2, "chat_context": 2, "pending_turn": 2,  # chat continuity's pending user turn
-    "runtime": 1, "tools": 1,
-}
-LAYER_NAMES = {4: "ui/commands", 3: "engine", 2: "agent/chat_context", 1: "runtime/tools", 0: "base"}
+
+def layer_block(notes: Path = NOTES) -> list[str]:
+    """The folders of docs/ARCHITECTURE.md's ```layers block, top (the highest layer) to bottom."""
+    m = re.search(r"^```layers\n(.*?)^```", notes.read_text(encoding="utf-8"), re.M | re.S)
+    assert m is not None, f"{notes} has no ```layers block"
+    return [line.split()[0].rstrip("/") for line in m.group(1).splitlines() if line.strip()]
+
+
+def folders(root: Path = ROOT) -> set[str]:
+    """The packages of edge_agent/ (and tools/, installed as edge_agent.tools), as the tree has them."""
+    return {p.parent.name for p in (root / "edge_agent").glob("*/__init__.py")} | {"tools"}
+
+
+BLOCK = layer_block()
+LAYERS: dict[str, int] = {name: len(BLOCK) - 1 - i for i, name in enumerate(BLOCK)}  # core 0 ... commands
 # third-party packages only one part may import
 ONLY_IMPORTER = {"llama_cpp": "runtime", "textual": "ui", "textual_image": "ui"}
 
@@ -86,15 +86,18 @@ def part(module: str) -> str | None:
     return bits[1] if len(bits) > 1 else ""
 
 
-def layer(module: str) -> int:
-    return LAYERS.get(part(module) or "", 0)
+def layer(module: str, layers: dict[str, int] = LAYERS) -> int:
+    """A module's layer: its folder's (-1 for a module at the root of edge_agent/, which no folder holds)."""
+    return layers.get(part(module) or "", -1)
 
 
-def violations(srcs: dict[str, Path]) -> list[str]:
+def violations(srcs: dict[str, Path], layers: dict[str, int] = LAYERS) -> list[str]:
     """Every broken contract, one line each."""
     bad: list[str] = []
     for name, path in srcs.items():
         here = part(name) or ""
+        if here not in layers and path.name != "__init__.py":
+            bad.append(f"{path.parent.name}/{path.name} is in no folder of the layers")
         where = f"{path.parent.name}/{path.name}"
         for line, target in imports_of(name, path):
             top = target.split(".")[0]
@@ -103,11 +106,10 @@ def violations(srcs: dict[str, Path]) -> list[str]:
                 bad.append(f"{where}:{line} imports {top}: only {owner}/ may")
             if top != "edge_agent" or target == "edge_agent.__future__":
                 continue
-            if layer(target) > layer(name):
-                bad.append(f"{where}:{line} ({LAYER_NAMES[layer(name)]}) imports {target} "
-                           f"({LAYER_NAMES[layer(target)]}): a lower layer imports a higher one")
-            if here in ("agent", "chat_context") and part(target) in ("ui", "commands", "engine"):
-                bad.append(f"{where}:{line} imports {target}: the agent never imports ui, commands or engine")
+            there = part(target) or ""
+            if there != here and layer(target, layers) > layer(name, layers):
+                bad.append(f"{where}:{line} ({here or 'edge_agent'}/) imports {target} "
+                           f"({there or 'edge_agent'}/): a lower layer imports a higher one")
             bits = target.split(".")
             if here != "runtime" and len(bits) > 2 and bits[1] == "runtime" and bits[2].startswith("_"):
                 bad.append(f"{where}:{line} imports the private {'.'.join(bits[:3])}")
@@ -149,42 +151,46 @@ def runtime_cycles(srcs: dict[str, Path]) -> list[list[str]]:
 def test_the_checker_reads_every_kind_of_import(tmp_path):
     """Relative, nested and TYPE_CHECKING imports are all found; a broken contract of each kind is reported."""
     pkg = tmp_path / "edge_agent"
-    (pkg / "agent").mkdir(parents=True)
-    (pkg / "runtime").mkdir()
+    for folder in ("agent", "runtime", "engine"):
+        (pkg / folder).mkdir(parents=True)
     (tmp_path / "tools").mkdir()
     files = {
-        pkg / "agent" / "loop.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import Engine\n",
+        pkg / "agent" / "loop.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import engine\n",
         pkg / "agent" / "seprod.py": "def f():\n    import llama_cpp\n    from edge_agent.runtime import _lib\n",
         pkg / "runtime" / "a.py": "from edge_agent.runtime import b\n",
         pkg / "runtime" / "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from edge_agent.runtime.a import X\n",
-        pkg / "engine.py": "from edge_agent.agent.loop import run_agent\n",
+        pkg / "engine" / "engine.py": "from edge_agent.agent.loop import run_agent\n",
+        pkg / "helpers.py": "import os\n",
         tmp_path / "tools" / "zoom.py": "from edge_agent.ui import app\n",
     }
     for p, text in files.items():
         p.write_text(text)
     srcs = sources(tmp_path)
     assert "edge_agent.tools.zoom" in srcs
-    bad = "\n".join(violations(srcs))
-    assert "loop.py:3 (agent/chat_context) imports edge_agent.engine.Engine (engine)" in bad
-    assert "the agent never imports ui, commands or engine" in bad
+    layers = {"ui": 4, "engine": 3, "agent": 2, "runtime": 1, "tools": 0}
+    bad = "\n".join(violations(srcs, layers))
+    assert "loop.py:3 (agent/) imports edge_agent.engine.engine (engine/): a lower layer imports a higher one" in bad
     assert "seprod.py:2 imports llama_cpp: only runtime/ may" in bad
     assert "seprod.py:3 imports the private edge_agent.runtime._lib" in bad
-    assert "zoom.py:1 (runtime/tools) imports edge_agent.ui.app (ui/commands)" in bad
+    assert "zoom.py:1 (tools/) imports edge_agent.ui.app (ui/)" in bad
+    assert "edge_agent/helpers.py is in no folder of the layers" in bad
     assert "engine.py" not in bad  # a higher layer importing a lower one is the rule, not a break
     assert runtime_cycles(srcs) == [["a", "b", "a"]]
 
 
+def test_the_layers_are_the_folders_of_the_tree():
+    """docs/ARCHITECTURE.md's ```layers block names each folder of the tree once, and nothing else; the root
+    of edge_agent/ holds no module (a new folder, or a module left at the root, fails here)."""
+    assert sorted(BLOCK) == sorted(set(BLOCK)), "a folder named twice in the layers block"
+    assert set(BLOCK) == folders()
+    assert sorted(p.name for p in (ROOT / "edge_agent").glob("*.py")) == ["__init__.py"]
+
+
 def test_layers_and_only_importers_hold():
-    """ui/commands -> engine -> agent/chat_context -> runtime/tools -> base; llama_cpp only in runtime/,
-    textual only in ui/; the agent never imports ui/commands/engine; runtime's privates stay inside it."""
+    """Each folder imports only its own modules and the folders below it (docs/ARCHITECTURE.md's order);
+    llama_cpp only in runtime/, textual only in ui/; runtime's privates stay inside it."""
     assert violations(sources()) == []
 
 
 def test_no_import_circle_inside_the_runtime():
     assert runtime_cycles(sources()) == []
-
-
-@pytest.mark.parametrize("name", sorted(LAYERS))
-def test_every_named_part_exists(name):
-    """A renamed package must not silently leave the contracts (its modules would count as base)."""
-    assert name in {part(m) for m in sources()}

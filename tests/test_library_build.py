@@ -277,7 +277,8 @@ def test_reads_eval_records_made_by_the_eval_itself(tmp_path):
 
 
 def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat import export as chat_export
+    from edge_agent.chat.store import ChatStore
 
     chats = ChatStore(tmp_path / "chats.sqlite3")
     cid = chats.new_chat("t")
@@ -287,7 +288,7 @@ def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
         for e in _events(TRACE, stop=stop):
             chats.add_event(mid, e)
         chats.finish_answer(mid, status, "x")
-    _, jpath = chats.export(cid, tmp_path / "export")
+    _, jpath = chat_export.export(chats, cid, tmp_path / "export")
     r = read_sources([jpath])
     assert r.traces == 2 and [t.correct for t in r.turns] == [None, None, False, False]
     assert {t.action for t in r.turns} == {"zoom", "answer"}
@@ -333,7 +334,7 @@ def _eval_file(tmp_path: Path, correct: bool = True) -> Path:
 
 
 def test_cli_build_then_check(tmp_path, edge_home):
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     src = _eval_file(tmp_path)
     out = tmp_path / "lib" / "mine.json"
@@ -352,7 +353,7 @@ def test_cli_build_then_check(tmp_path, edge_home):
 
 
 def test_cli_build_all_failed_and_garbage(tmp_path, edge_home):
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     src = _eval_file(tmp_path, correct=False)
     res = CliRunner().invoke(cli, ["library", "build", str(src), "-o", str(tmp_path / "x.json")])
@@ -369,7 +370,7 @@ def test_cli_build_all_failed_and_garbage(tmp_path, edge_home):
 
 def test_cli_build_all_does_not_suggest_all(tmp_path, edge_home):
     """With --all already given, a build that finds no answering move suggests what is left to change."""
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     recs = [_record(f"q{i}", [("I should zoom in on the sign", "zoom")], correct=False) for i in range(3)]
     src = tmp_path / "results.jsonl"
@@ -396,7 +397,7 @@ def test_library_ask_hands_each_column_its_library(edge_home):
     """The same engine answers every column; only the scored library changes."""
     from edge_agent import evaluation as E
     from edge_agent.agent.rationales import builtin_library
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     class Engine:
         settings = Settings.load()
@@ -420,7 +421,7 @@ def test_library_ask_hands_each_column_its_library(edge_home):
 
 
 def test_eval_refuses_a_bad_library_before_loading_a_model(tmp_path, edge_home):
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     data = tmp_path / "DATA.jsonl"
     data.write_text(json.dumps({"id": "q1", "image": None, "question": "q?", "answers": ["x"]}) + "\n")

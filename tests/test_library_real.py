@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from edge_agent.agent.rationales import load_library
-from edge_agent.cli import cli
+from edge_agent.commands.cli import cli
 from scripts.make_synthetic_vqa import make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

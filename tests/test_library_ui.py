@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
-from edge_agent.ui.reasoning import rationale_table
-from edge_agent.ui.settings_screen import SettingsScreen
+from edge_agent.core.config import Settings
+from edge_agent.ui.screens.settings import SettingsScreen
+from edge_agent.ui.widgets.reasoning import rationale_table
 from tests.fakes.engines import candidates
 from tests.pilot import ScreenHost
 

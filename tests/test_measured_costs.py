@@ -12,9 +12,9 @@ import json
 from PIL import Image
 
 from edge_agent.agent.seprod_policy import Costs
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest
-from edge_agent.measured import FILE_NAME, MeasuredCosts, costs_key
+from edge_agent.core.config import Settings
+from edge_agent.engine.face import AskRequest
+from edge_agent.engine.measured import FILE_NAME, MeasuredCosts, costs_key
 
 
 def test_costs_round_trip_and_a_damaged_or_foreign_file_is_ignored(tmp_path):
@@ -48,7 +48,7 @@ def test_a_new_process_prices_its_first_draft(tiny_models, edge_home, tmp_path):
     """Engine 1 answers with SeProD and saves what it measured; engine 2 (a new process's engine, same
     files and machine) starts with those costs: its first question's draft is never skipped as
     "cannot be priced yet"."""
-    from edge_agent.engine import Engine
+    from edge_agent.engine.engine import Engine
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
                               "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),

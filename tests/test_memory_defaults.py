@@ -1,6 +1,6 @@
 """Memory at the size we ship (issue 20): repacked weights are read, not mapped; the KV type, decode
 threads and the prophet's context follow the model's size; the expected memory of a choice is shown
-before it is loaded (``edge_agent.footprint``, ``models list``)."""
+before it is loaded (``edge_agent.modelfiles.footprint``, ``models list``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edge_agent import footprint
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
+from edge_agent.modelfiles import footprint
 
 
 def _mapped(path: Path) -> bool:
@@ -38,7 +38,7 @@ def test_repacked_weights_are_read_and_not_kept_mapped(tiny_models) -> None:
 def test_auto_kv_type_follows_the_cache_size(tiny_models) -> None:
     """f16 always; when an f16 cache of n_ctx would exceed 512 MiB (Qwen3-VL-2B at 8192: 896 MiB) the
     context starts at the cells 512 MiB hold (4,096) and grows; the runtime's rule and footprint's agree."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
     from edge_agent.runtime.model import auto_kv_type
 
     tiny = modelfile.inspect(tiny_models["text"])
@@ -108,7 +108,7 @@ def test_footprint_adds_the_parts() -> None:
 
 
 def test_models_list_shows_the_expected_memory_before_loading(edge_home) -> None:
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     out = CliRunner().invoke(cli, ["models", "list"], catch_exceptions=False).output
     assert "MEMORY (+prophet)" in out and "expected peak" in out
@@ -122,8 +122,8 @@ def test_models_list_shows_the_expected_memory_before_loading(edge_home) -> None
 
 
 def test_first_run_screen_quotes_the_same_memory_estimate(edge_home) -> None:
-    from edge_agent.catalog import load_catalog
-    from edge_agent.ui.first_run import how_to, recommended_memory
+    from edge_agent.modelfiles.catalog import load_catalog
+    from edge_agent.ui.screens.first_run import how_to, recommended_memory
 
     entry = load_catalog().get("qwen3-vl-2b-instruct")
     assert entry is not None and entry.file is not None and entry.mmproj is not None
@@ -135,7 +135,7 @@ def test_first_run_screen_quotes_the_same_memory_estimate(edge_home) -> None:
 def test_first_run_screen_quotes_the_recorded_speed_the_readme_shows(edge_home) -> None:
     """the speed the first-run screen quotes is the 2B stand-in run recorded by
     ``scripts/bench_question.py --record`` (edge_agent/data/question_costs.json), the README's table."""
-    from edge_agent.ui.first_run import how_to
+    from edge_agent.ui.screens.first_run import how_to
 
     m = footprint.measured_question("2b")
     assert m is not None and m["cores"] >= 1 and m["ssr_question_s"] > m["read_ahead_question_s"] > 0

@@ -1,4 +1,4 @@
-"""GGUF inspection and validation (edge_agent/modelfile.py): every bad file is a ModelFileError that says
+"""GGUF inspection and validation (edge_agent/modelfiles/checks.py): every bad file is a ModelFileError that says
 how to fix it, the process lives, and the checks guard against real llama.cpp aborts (shown in a child).
 """
 
@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from edge_agent import modelfile
-from edge_agent.errors import ConfigError, ModelFileError
+from edge_agent.core.errors import ConfigError, ModelFileError
+from edge_agent.modelfiles import checks as modelfile
 from scripts import make_tiny_models as mtm
 from tests.llama_probe import run_probe
 

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import edge_agent.catalog as cat
-from edge_agent.catalog import Registry, repo_dirname, resolve
-from edge_agent.cli import cli
-from edge_agent.config import Settings
+import edge_agent.modelfiles.catalog as cat
+from edge_agent.commands.cli import cli
+from edge_agent.core.config import Settings
+from edge_agent.modelfiles.catalog import repo_dirname
+from edge_agent.modelfiles.registry import Registry
+from edge_agent.modelfiles.resolution import resolve
 from tests.fakes.hub import FakeHub
 
 REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
@@ -213,7 +215,7 @@ def test_pull_of_a_corrupted_file_fails_and_nothing_is_installed(edge_home, hub,
 
 def test_interrupted_pull_is_listed_as_partial_and_resumes(edge_home, hub, no_demo, monkeypatch):
     """A pull that gives up leaves a .part: `list` says partial (never installed); the next pull resumes it."""
-    import edge_agent.hub as hubmod
+    import edge_agent.modelfiles.hub as hubmod
 
     real_init = hubmod.HubClient.__init__
     monkeypatch.setattr(hubmod.HubClient, "__init__",

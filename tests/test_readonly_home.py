@@ -50,7 +50,7 @@ def confined(home: Path, args: list[str], *, mount: str, timeout: float = 180,
     else:  # the home copied onto a small tmpfs, which is then filled to the last byte
         setup = (f"cp -a {h} {h}.src && mount -t tmpfs -o size=2m tmpfs {h} && cp -a {h}.src/. {h} && "
                  f"rm -rf {h}.src && (dd if=/dev/zero of={h}/.filler bs=4k 2>/dev/null; true)")
-    cmd = [sys.executable, "-c", python] if python else [sys.executable, "-m", "edge_agent.cli", *args]
+    cmd = [sys.executable, "-c", python] if python else [sys.executable, "-m", "edge_agent.commands.cli", *args]
     script = f"{setup} && exec {' '.join(shlex.quote(c) for c in cmd)}"
     return subprocess.run([*_unshare(), "sh", "-c", script], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**os.environ, **SMALL, "EDGE_AGENT_HOME": str(home)})
@@ -62,7 +62,7 @@ def home(edge_home: Path, tiny_models, tmp_path: Path) -> Path:
     env = {**os.environ, **SMALL}
     tiny = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"])]
     for args in (["config", "set", "max_turns", "1"], ["ask", "What is red?", *tiny]):
-        r = subprocess.run([sys.executable, "-m", "edge_agent.cli", *args], capture_output=True, text=True, env=env,
+        r = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True, env=env,
                            timeout=180)
         assert r.returncode in (0, 1), r.stderr
     return edge_home
@@ -124,7 +124,7 @@ def test_a_full_disk_fails_writes_cleanly_and_half_writes_nothing(home: Path, ti
     check = textwrap.dedent(f"""
         import glob, os, shutil, subprocess, sys
         home, out = {str(home)!r}, {str(out)!r}
-        r = subprocess.run([sys.executable, "-m", "edge_agent.cli", "ask", "--continue", "And blue?",
+        r = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", "--continue", "And blue?",
                             *{tiny!r}], capture_output=True, text=True)
         print("RC", r.returncode); print("ERR", r.stderr.replace(chr(10), " | "))
         os.makedirs(out)
@@ -147,7 +147,7 @@ def test_a_full_disk_fails_writes_cleanly_and_half_writes_nothing(home: Path, ti
 def test_the_app_opens_read_only_with_a_banner(home: Path, tmp_path: Path):
     script = textwrap.dedent("""
         import asyncio
-        from edge_agent.config import Settings
+        from edge_agent.core.config import Settings
         from edge_agent.ui.app import EdgeAgentApp
         from tests.fakes.engines import ScriptedEngine
         from tests.pilot import settle, type_and_enter
@@ -178,7 +178,7 @@ def test_the_app_opens_read_only_with_a_banner(home: Path, tmp_path: Path):
 def test_searches_cached_in_a_read_only_home_are_served(home: Path, fake):
     """The search cache is read as it is (an offline question still finds what was cached); a new result is
     used, not stored; nothing fails."""
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
     from edge_agent.tools.search import SearchTools
 
     wiki = fake("wikipedia")
@@ -186,7 +186,7 @@ def test_searches_cached_in_a_read_only_home_are_served(home: Path, fake):
     assert live.text_search("eiffel tower").status == "live"
     live.close()
     probe = textwrap.dedent(f"""
-        from edge_agent.config import Settings
+        from edge_agent.core.config import Settings
         from edge_agent.tools.search import SearchTools
         t = SearchTools.from_settings(Settings.load({{"wikipedia_url": {wiki.url!r}, "offline": True}}))
         print("OFFLINE", t.text_search("Eiffel tower").status)

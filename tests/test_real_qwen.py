@@ -27,10 +27,10 @@ from edge_agent.agent.loop import AgentOptions, run_agent, system_for
 from edge_agent.agent.prompts import Text, observation_segments, question_segments, system_prompt
 from edge_agent.agent.rationales import builtin_library
 from edge_agent.agent.toolbox import Toolbox
-from edge_agent.calibration import NEUTRAL_QUESTION
-from edge_agent.config import Settings
-from edge_agent.engine import Engine
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.calibration import NEUTRAL_QUESTION
+from edge_agent.engine.engine import Engine
+from edge_agent.engine.face import AskRequest
 from edge_agent.runtime import Model
 from edge_agent.tools.search import SearchTools
 from tests.fakes.tools import FakeSearch, outcome, result

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from edge_agent.errors import ImageError, ModelRuntimeError
+from edge_agent.core.errors import ImageError, ModelRuntimeError
 from edge_agent.runtime import Model
 
 CONTEXT = (
@@ -525,7 +525,7 @@ def test_streamed_pieces_concatenate_to_the_text(tiny):
 
 def test_from_settings_takes_threads_context_and_buffers(tiny_models, edge_home):
     """Model.from_settings maps n_ctx, threads and extra_buffers from the Settings object."""
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     st = Settings.load({"n_ctx": 1024, "n_threads": 1, "n_threads_batch": 1, "extra_buffers": "off"})
     with Model.from_settings(st, tiny_models["text"]) as m:
@@ -546,7 +546,7 @@ def test_image_token_limit(tiny_models):
 
 def test_cancel_and_interrupt_abort_a_long_prefill(smollm2_gguf):
     """A cancel Event (or Model.interrupt) aborts a running llama_decode: Cancelled, state unchanged."""
-    from edge_agent.errors import Cancelled
+    from edge_agent.core.errors import Cancelled
 
     with Model.load(smollm2_gguf, n_ctx=4096, n_threads=1, n_threads_batch=1) as m:
         s = m.session()

@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from edge_agent.errors import EdgeAgentError
+    from edge_agent.core.errors import EdgeAgentError
     from edge_agent.runtime import Model
 
     tiny = {k: Path(v) for k, v in json.loads(sys.argv[1]).items()}
@@ -60,7 +60,7 @@ CHILD = textwrap.dedent(
 
     # The runtime's own net under the Python checks: with validation bypassed, a mismatched
     # mmproj makes mtmd_init_from_file return NULL, which must still be a clean error.
-    import edge_agent.modelfile as mf
+    import edge_agent.modelfiles.checks as mf
     mf.check_pair = lambda text, mm: None
     case("mismatched_mmproj_unvalidated", lambda: load(tiny["text"], tiny["mmproj_mismatch"]))
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import Settings
-from edge_agent.redaction import redact
+from edge_agent.core.config import Settings
+from edge_agent.core.redaction import redact
 from edge_agent.tools.http import HttpPolicy, retry_after_seconds
 from edge_agent.tools.observations import MAX_OBSERVATION_CHARS
 from edge_agent.tools.search import SearchTools, load_image_for_search
@@ -226,7 +226,7 @@ def test_load_image_for_search_sends_what_the_agent_sends(tmp_path):
 
     from edge_agent.agent.actions import ToolCall
     from edge_agent.agent.toolbox import Toolbox
-    from edge_agent.errors import ImageError
+    from edge_agent.core.errors import ImageError
     from edge_agent.tools.images import load_image
     from edge_agent.tools.zoom import ImageStore
 

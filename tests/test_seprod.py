@@ -13,7 +13,7 @@ import pytest
 
 from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified
-from edge_agent.errors import ConfigError
+from edge_agent.core.errors import ConfigError
 from edge_agent.runtime.types import Generation
 from tests.fakes.sessions import PairSession as FakeSession
 from tests.fakes.sessions import ProphetModel as FakeModel
@@ -249,7 +249,7 @@ def test_agent_writes_its_own_leading_whitespace_before_the_draft():
 def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
     """a user-fixable prophet error (context full) -> AgentError(fatal=False), no draft, agent untouched."""
     from edge_agent.agent.events import AgentError
-    from edge_agent.errors import ModelRuntimeError
+    from edge_agent.core.errors import ModelRuntimeError
 
     def boom(*a, **k):
         raise ModelRuntimeError("The context is full.", title="Context full")
@@ -344,7 +344,7 @@ def test_answer_budget_caps_lead_and_accepted_tokens():
 def test_drafter_default_tau_is_the_settings_default():
     import inspect
 
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
     default = inspect.signature(seprod.Drafter.__init__).parameters["tau"].default
     assert default == Settings().seprod_tau == seprod_math.DEFAULT_TAU
@@ -549,7 +549,7 @@ def test_low_acceptance_mode_is_not_drafted_and_says_so():
 def test_the_app_shows_verdicts_waits_and_skipped_drafts():
     """the turn view's draft lines: the grounding verdict (and whether it was accepted), the wait and
     the L_d note of a proposed draft, and a skipped draft with its reason."""
-    from edge_agent.ui.reasoning import draft_text, skipped_text
+    from edge_agent.ui.widgets.reasoning import draft_text, skipped_text
 
     prop = DraftProposed(turn=2, mode="grounding", text="No, it is gone", tokens=(1, 2, 3), seconds=0.1,
                          waited=0.02, note="L_d 8 of 16 (recent acceptance 0.30)")
@@ -576,10 +576,10 @@ async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edg
     from textual.widgets import Static
 
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
-    from edge_agent.config import Settings
+    from edge_agent.chat.store import ChatStore
+    from edge_agent.core.config import Settings
     from edge_agent.ui.app import EdgeAgentApp
-    from edge_agent.ui.reasoning import TurnView
+    from edge_agent.ui.widgets.reasoning import TurnView
     from tests.fakes.engines import ScriptedEngine
     from tests.files import make_image
     from tests.pilot import settle

@@ -20,8 +20,8 @@ from PIL import Image
 
 from edge_agent.agent import seprod, seprod_math, seprod_policy
 from edge_agent.agent.events import AnswerToken, DraftProposed, DraftSkipped, DraftVerified, FinalAnswer
-from edge_agent.engine_face import AskRequest
-from edge_agent.errors import ModelFileError
+from edge_agent.core.errors import ModelFileError
+from edge_agent.engine.face import AskRequest
 from tests.test_seprod import run_hook
 
 KW = dict(n_ctx=2048, n_threads=1, n_threads_batch=1)
@@ -253,8 +253,8 @@ def test_background_drafting_gives_the_same_draft(tiny_pair):
 
 def test_tokenizer_mismatch_is_refused_before_any_model_loads(tiny_models, smollm2_gguf, edge_home, monkeypatch):
     """Qwen3-VL agent + SmolLM2 prophet: ModelFileError naming both files, and Model.load never ran."""
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
     from edge_agent.runtime.model import Model
 
     loads = []
@@ -282,8 +282,8 @@ def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="Wha
     The drafter blocks for its drafts (these tests check what drafts do, not when they are ready).
     ``context``: a previous answer's ``FinalAnswer.context`` (the same chat continues)."""
     from edge_agent.agent.loop import AgentOptions
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
     from edge_agent.tools.search import SearchTools
 
     settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 8,
@@ -404,7 +404,7 @@ def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, mon
 
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     for k, v in {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "5",
                  "SEPROD_TAU": "0", "SEPROD_ADAPTIVE": "false"}.items():
@@ -426,8 +426,8 @@ def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, mon
 def test_engine_loads_the_prophet_and_reports_both_models_memory(tiny_models, edge_home):
     """--prophet with the same tokenizer: both models load, the progress says their memory, and
     Engine.memory() gives weights + KV cache bytes for each."""
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
                               "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
@@ -587,8 +587,8 @@ def test_an_accepted_no_verdict_steers_the_next_turn_elsewhere(tiny_pair, tmp_pa
 
 def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_home):
     """thread counts per model chosen for the machine: the prophet gets seprod_policy.prophet_threads(...)."""
-    from edge_agent.config import Settings
-    from edge_agent.engine import Engine
+    from edge_agent.core.config import Settings
+    from edge_agent.engine.engine import Engine
     from edge_agent.runtime.cores import physical_cores
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),

@@ -23,7 +23,7 @@ CONFIG_2B = {
 def test_tensor_bytes_match_the_published_files(size: str) -> None:
     """Shapes and the Q4_K_M / Q8_0 type mix give the catalog's file sizes up to the metadata: the real
     tokenizer's merges (~5.95 MB, absent here) and a few KB of keys and alignment."""
-    from edge_agent.catalog import load_catalog
+    from edge_agent.modelfiles.catalog import load_catalog
 
     shape = SHAPES[size]
     sizes = expected_sizes(shape)
@@ -61,7 +61,7 @@ def reduced(tmp_path_factory: pytest.TempPathFactory, qwen05_gguf: Path) -> dict
 
 def test_reduced_depth_files_hold_the_config_shapes(reduced: dict[str, Path]) -> None:
     """Every tensor has the config's widths and the planned type; the keys llama.cpp reads say the same."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     shape = SHAPES["2b"].reduced(4, 4)
     text = modelfile.inspect(reduced["text"])
@@ -101,7 +101,7 @@ def test_reduced_depth_files_hold_the_config_shapes(reduced: dict[str, Path]) ->
 def test_reduced_depth_model_decodes_text_and_image_with_finite_logits(reduced: dict[str, Path]) -> None:
     """llama.cpp loads the agent + mmproj (the project's own validation passes first) and the logits
     after text and after an image are finite and not degenerate; the prophet shares the tokenizer."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
     from scripts.make_standin_models import check_finite
 
     modelfile.check_same_tokenizer(modelfile.inspect(reduced["text"]), modelfile.inspect(reduced["prophet"]))
@@ -183,7 +183,7 @@ def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, 
     """The system prompt, the question turn, the rationales, each action head and a search observation
     take the same ids with the stand-in as with the real Qwen GGUF (Qwen2.5's, but for Qwen3's four added
     tokens, which the stand-in has at 151665-151668)."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
     from edge_agent.runtime import Model
 
     tokens = modelfile.read_tokens(reduced["text"])
@@ -201,7 +201,7 @@ def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, 
 
 def test_missing_real_tokenizer_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from edge_agent import catalog
+    from edge_agent.modelfiles import catalog
     from scripts import make_standin_models as msm
 
     monkeypatch.setattr(catalog, "find_wheel_gguf", lambda name: None)

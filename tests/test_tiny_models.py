@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent import modelfile
+from edge_agent.modelfiles import checks as modelfile
 from scripts import make_tiny_models as mtm
 from tests.conftest import TINY_SEED
 from tests.llama_probe import run_probe as probe

@@ -19,8 +19,8 @@ from PIL import Image
 from edge_agent.agent.actions import ToolCall
 from edge_agent.agent.prompts import TURN_LIMIT_NOTE, echoes_instructions
 from edge_agent.agent.toolbox import Toolbox
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest
+from edge_agent.core.config import Settings
+from edge_agent.engine.face import AskRequest
 from edge_agent.tools.http import HttpPolicy
 from edge_agent.tools.search import SearchTools
 from edge_agent.tools.zoom import ImageStore
@@ -165,7 +165,7 @@ def test_agent_offline_by_accident_searches_once_then_answers(edge_home, smollm2
     rationales of searching leave the SSR candidates, and the run ends with an answer or no_answer,
     never with the prompt's own note as the answer."""
     from edge_agent.agent.loop import AgentOptions
-    from edge_agent.engine import Engine
+    from edge_agent.engine.engine import Engine
     from edge_agent.runtime import Model
 
     settings = Settings.load({"wikipedia_url": refused_url(), "n_threads": 1, "n_threads_batch": 1,
@@ -194,7 +194,7 @@ def test_unconfigured_image_search_never_reaches_the_model(edge_home, tiny_model
     """image_search=none with an image: its schema is not in the system prompt, its rationale is not
     scored, and free-form never calls it."""
     from edge_agent.agent.loop import AgentOptions
-    from edge_agent.engine import Engine
+    from edge_agent.engine.engine import Engine
     from edge_agent.runtime import Model
 
     photo = tmp_path / "p.png"

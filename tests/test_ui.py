@@ -10,17 +10,17 @@ import pytest
 from textual.widgets import Input, Markdown, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError, ModelRuntimeError
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.chats_screen import ChatsScreen
-from edge_agent.ui.first_run import FirstRunScreen
-from edge_agent.ui.preview import half_blocks, looks_like_image_path, open_image, with_box
-from edge_agent.ui.prompt import AttachmentBar, PromptInput, parse_slash
-from edge_agent.ui.reasoning import TurnView
-from edge_agent.ui.settings_screen import SettingsScreen
-from edge_agent.ui.tool_view import ToolView
+from edge_agent.ui.screens.chats import ChatsScreen
+from edge_agent.ui.screens.first_run import FirstRunScreen
+from edge_agent.ui.screens.settings import SettingsScreen
+from edge_agent.ui.widgets.preview import half_blocks, looks_like_image_path, open_image, with_box
+from edge_agent.ui.widgets.prompt import AttachmentBar, PromptInput, parse_slash
+from edge_agent.ui.widgets.reasoning import TurnView
+from edge_agent.ui.widgets.tool_view import ToolView
 from tests.fakes.engines import ScriptedEngine
 from tests.files import make_image
 from tests.pilot import scripted_app, settle, type_and_enter
@@ -62,7 +62,7 @@ def test_rationale_bars_mark_the_chosen_one():
     """Six rows, one bar each sized by p, the chosen row marked with ▶ and its percentage."""
     from rich.console import Console
 
-    from edge_agent.ui.reasoning import bar, rationale_table
+    from edge_agent.ui.widgets.reasoning import bar, rationale_table
     from tests.fakes.engines import candidates
 
     e = ev.RationaleScored(turn=1, candidates=candidates([0.05, 0.10, 0.55, 0.05, 0.20, 0.05], 2), chosen=2,
@@ -480,7 +480,7 @@ def test_edge_agent_without_a_subcommand_opens_the_app(edge_home, monkeypatch):
     """`edge-agent` (no sub-command) runs the TUI with the loaded settings and CLI overrides."""
     from click.testing import CliRunner
 
-    from edge_agent.cli import cli
+    from edge_agent.commands.cli import cli
 
     ran = []
     monkeypatch.setattr(EdgeAgentApp, "run", lambda self, *a, **k: ran.append(self))
@@ -499,7 +499,7 @@ async def test_narrow_terminal_hides_the_image_panel(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        from edge_agent.ui.chat_screen import ImagePanel
+        from edge_agent.ui.screens.chat import ImagePanel
 
         assert app.chat_screen.query_one(ImagePanel).display is False
 
@@ -508,7 +508,7 @@ async def test_narrow_terminal_hides_the_image_panel(settings, tmp_path):
 async def test_file_picker_offers_only_images_and_attaches_one(settings, tmp_path, image, monkeypatch):
     """Ctrl+F opens a tree of folders and image files (a .txt is not offered); Enter on the image
     attaches it; `/image 1` goes back to the first image of the chat after another was attached."""
-    from edge_agent.ui.picker import ImagePickerScreen, ImageTree
+    from edge_agent.ui.screens.picker import ImagePickerScreen, ImageTree
 
     (tmp_path / "notes.txt").write_text("not an image")
     (tmp_path / "sub").mkdir()
@@ -547,7 +547,7 @@ async def test_graphics_previews_use_textual_image_when_enabled(settings, tmp_pa
     half-cell widget stands in for Kitty/Sixel, which a test terminal cannot show)."""
     from textual_image.widget import HalfcellImage
 
-    from edge_agent.ui import preview
+    from edge_agent.ui.widgets import preview
 
     monkeypatch.setattr(preview, "_GRAPHICS", HalfcellImage)
     app, _ = scripted_app(settings, tmp_path)
@@ -576,7 +576,7 @@ def test_only_the_ui_package_imports_textual():
     offenders = [str(p.relative_to(root)) for p in sources
                  if ui not in p.parents and pattern.search(p.read_text(encoding="utf-8"))]
     assert offenders == []
-    code = ("import sys, edge_agent.chats, edge_agent.engine, edge_agent.cli; "
+    code = ("import sys, edge_agent.chat.store, edge_agent.engine.engine, edge_agent.commands.cli; "
             "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == "False"
@@ -630,7 +630,7 @@ def test_app_killed_mid_answer_keeps_the_streamed_events(edge_home, tmp_path):
     root = Path(__file__).resolve().parents[1]
     child = """
 import sqlite3, sys, time
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
 from tests.fakes.engines import ScriptedEngine
 
@@ -732,7 +732,7 @@ async def test_a_move_taken_back_is_shown_in_its_turn(settings):
         assert len(turn.query(".rationales")) == 2  # the scores, then the choice among the rest
     from rich.console import Console
 
-    from edge_agent.ui.reasoning import rationale_table
+    from edge_agent.ui.widgets.reasoning import rationale_table
 
     console = Console(width=140, record=True, color_system=None)
     console.print(rationale_table(ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0,

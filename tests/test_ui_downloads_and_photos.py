@@ -11,7 +11,7 @@ import time
 import pytest
 from textual.widgets import Static
 
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from tests.files import write_heic
 from tests.pilot import ScreenHost
 from tests.waits import pilot_wait_until
@@ -24,8 +24,8 @@ REPO = "Qwen/Qwen3-VL-2B-Instruct-GGUF"
 async def test_esc_cancels_a_stalled_download_at_once(edge_home, tiny_models, monkeypatch):
     """The hub sends 4 kB and then nothing (the connection stays open): Esc ends the download within a
     second as "cancelled" (it used to wait for the 30-s read timeout and a retry); the part stays."""
-    from edge_agent.hub import HubClient
-    from edge_agent.ui.download import DownloadScreen
+    from edge_agent.modelfiles.hub import HubClient
+    from edge_agent.ui.screens.download import DownloadScreen
     from tests.fakes.hub import FakeHub
 
     name = "Qwen3VL-2B-Instruct-Q4_K_M.gguf"
@@ -61,7 +61,8 @@ def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
     """The loader reads a HEIC (size, colour); a zoom crops it; an export links a JPEG copy (Markdown
     viewers do not show HEIC)."""
     from edge_agent.agent import events as ev
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat import export as chat_export
+    from edge_agent.chat.store import ChatStore
     from edge_agent.tools.images import SUFFIXES, load_image
     from edge_agent.tools.zoom import ImageStore
 
@@ -79,7 +80,7 @@ def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
         cid = chats.new_chat()
         chats.add_user_message(cid, "What colour?", str(heic))
         chats.add_event(chats.start_answer(cid), ev.FinalAnswer(answer="Red.", turns=1, stop_reason="answered"))
-        md_path, _ = chats.export(cid, tmp_path / "out")
+        md_path, _ = chat_export.export(chats, cid, tmp_path / "out")
     finally:
         chats.close()
     copies = list(md_path.with_name(md_path.stem + "_files").iterdir())
@@ -95,8 +96,8 @@ async def test_heic_in_the_picker_preview_and_asked_in_the_app(edge_home, tiny_m
 
     from edge_agent.agent import events as ev
     from edge_agent.ui.app import EdgeAgentApp
-    from edge_agent.ui.picker import ImagePickerScreen
-    from edge_agent.ui.preview import ImagePreview
+    from edge_agent.ui.screens.picker import ImagePickerScreen
+    from edge_agent.ui.widgets.preview import ImagePreview
     from tests.pilot import settle, type_and_enter
 
     folder = tmp_path / "photos"
@@ -136,7 +137,7 @@ async def test_heic_in_the_picker_preview_and_asked_in_the_app(edge_home, tiny_m
 async def test_the_app_starts_on_a_recovered_history_and_says_so_once(edge_home, tmp_path):
     """A damaged chats.sqlite3, config.toml and search cache: the app opens, lists the salvaged chats,
     and says once for each what was recovered and where the original is kept."""
-    from edge_agent.recovery import take_notices
+    from edge_agent.core.recovery import take_notices
     from tests.files import chats_file, damage
     from tests.pilot import scripted_app, settle
 

@@ -17,11 +17,11 @@ import pytest
 from textual.widgets import Markdown, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from edge_agent.runtime import vision
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.readable import readable_markdown
-from edge_agent.ui.reasoning import TurnView
+from edge_agent.ui.widgets.readable import readable_markdown
+from edge_agent.ui.widgets.reasoning import TurnView
 from tests.files import make_image
 from tests.pilot import settle, type_and_enter
 from tests.waits import pilot_wait_until
@@ -250,7 +250,7 @@ async def test_first_run_screen_then_choosing_local_files_loads_them(edge_home, 
     (swapped: the mmproj as the model) is shown with its reason and never saved (the next start would
     open on the same error: issue 23 item 6); typing the right GGUF + mmproj there loads them (real
     llama.cpp), opens the chat and saves the choice."""
-    from edge_agent.ui.first_run import FirstRunScreen
+    from edge_agent.ui.screens.first_run import FirstRunScreen
 
     settings = Settings.load({"model": str(tmp_path / "nope.gguf"), "n_threads": 1, "n_threads_batch": 1,
                               "n_ctx": 2048, "offline": True})

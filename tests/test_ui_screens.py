@@ -18,13 +18,14 @@ import pytest
 from textual.widgets import Input, Markdown, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
+from edge_agent.chat import export as chat_export
+from edge_agent.core.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.chat_screen import OPEN_PAGE
-from edge_agent.ui.chats_screen import ChatsScreen
-from edge_agent.ui.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
-from edge_agent.ui.statusbar import StatusBar
-from edge_agent.ui.transcript import AnswerView, UserMessage
+from edge_agent.ui.screens.chat import OPEN_PAGE
+from edge_agent.ui.screens.chats import ChatsScreen
+from edge_agent.ui.widgets.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
+from edge_agent.ui.widgets.statusbar import StatusBar
+from edge_agent.ui.widgets.transcript import AnswerView, UserMessage
 from tests.fakes.engines import Asked, ScriptedEngine
 from tests.files import long_chat, make_image
 from tests.pilot import scripted_app, settle, type_and_enter
@@ -173,7 +174,7 @@ async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path)
 async def test_the_chat_list_searches_the_messages_text(settings, tmp_path):
     """The search finds words said in a chat's messages, not only its title (SQLite FTS5), and shows where
     (issue 30 item 8); a chat with none of them is left out."""
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path)
     bikes = store.new_chat()
@@ -298,7 +299,7 @@ async def test_retry_and_edit_last_question(settings, tmp_path, image):
 @pytest.mark.asyncio
 async def test_retry_an_interrupted_answer(settings, tmp_path, image):
     """An answer cut off by a crash says /retry; /retry asks the same question about the same image."""
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path)
     cid = store.new_chat()
@@ -349,7 +350,7 @@ async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(s
         view = app.chat_screen.transcript.answers()[0]
         assert view.status == "no_answer" and view.text == ""
         assert "no answer found" in str(view.query_one(".answer-footer", Static).render())
-        from edge_agent.ui.tool_view import ToolView
+        from edge_agent.ui.widgets.tool_view import ToolView
 
         tool = view.turns[1].query_one(ToolView)
         assert tool.finished.status == "unreachable"
@@ -360,7 +361,7 @@ async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(s
 def test_export_links_to_images_with_spaces_and_accents_parse(settings, tmp_path):
     from markdown_it import MarkdownIt
 
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     photo = make_image(tmp_path / "café photo é.jpg".replace(".jpg", ".png"))
     store = ChatStore(settings.chats_path)
@@ -368,7 +369,7 @@ def test_export_links_to_images_with_spaces_and_accents_parse(settings, tmp_path
     store.add_user_message(cid, "What is it?", str(photo))
     mid = store.start_answer(cid)
     store.finish_answer(mid, "answered", "A box.")
-    md_path, _ = store.export(cid, tmp_path / "out")
+    md_path, _ = chat_export.export(store, cid, tmp_path / "out")
     store.close()
     tokens = MarkdownIt().parse(md_path.read_text())
     images = [c for t in tokens if t.children for c in t.children if c.type == "image"]
@@ -405,9 +406,9 @@ async def test_settings_screen_has_temperature_and_search_backends(settings, tmp
 # --- first run: the demo, when installed, is offered without an install command ----------------------
 @pytest.mark.asyncio
 async def test_first_run_knows_the_demo_is_installed(settings, tmp_path):
-    from edge_agent.catalog import find_demo_gguf
-    from edge_agent.errors import ModelFileError
-    from edge_agent.ui.first_run import FirstRunScreen, recommended_size
+    from edge_agent.core.errors import ModelFileError
+    from edge_agent.modelfiles.catalog import find_demo_gguf
+    from edge_agent.ui.screens.first_run import FirstRunScreen, recommended_size
 
     def factory(s, *, progress=None):
         raise ModelFileError("No model is installed.", title="No model")
@@ -446,13 +447,13 @@ def hub(monkeypatch, tiny_models):
 async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings, tmp_path, hub, monkeypatch):
     """No model: D opens the catalog with sizes; a download shows progress; Esc cancels it (the part
     stays); choosing it again resumes from there (a Range request), installs, and the app loads it."""
-    import edge_agent.catalog as cat
-    from edge_agent.catalog import Registry
-    from edge_agent.errors import ModelFileError
-    from edge_agent.hub import HubClient
-    from edge_agent.ui import download
-    from edge_agent.ui.download import DownloadScreen
-    from edge_agent.ui.first_run import FirstRunScreen
+    import edge_agent.modelfiles.catalog as cat
+    from edge_agent.core.errors import ModelFileError
+    from edge_agent.modelfiles.hub import HubClient
+    from edge_agent.modelfiles.registry import Registry
+    from edge_agent.ui.screens import download
+    from edge_agent.ui.screens.download import DownloadScreen
+    from edge_agent.ui.screens.first_run import FirstRunScreen
 
     monkeypatch.setattr(cat, "find_demo_gguf", lambda entry=None: None)
     name = "Qwen3VL-2B-Instruct-Q4_K_M.gguf"
@@ -517,8 +518,8 @@ def _with_client(init, client):
 
 @pytest.mark.asyncio
 async def test_settings_model_list_opens_the_download_screen(settings, tmp_path):
-    from edge_agent.ui.download import DownloadScreen
-    from edge_agent.ui.settings_screen import SettingsScreen
+    from edge_agent.ui.screens.download import DownloadScreen
+    from edge_agent.ui.screens.settings import SettingsScreen
 
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -541,7 +542,7 @@ async def test_settings_model_list_opens_the_download_screen(settings, tmp_path)
 async def test_app_start_prunes_old_crops_no_chat_shows(settings, tmp_path):
     import os
 
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     old, shown = settings.crops_dir / "20200101-old", settings.crops_dir / "20200101-shown"
     for d in (old, shown):

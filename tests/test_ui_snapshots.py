@@ -14,10 +14,10 @@ import pytest
 from pytest_textual_snapshot import SVGImageExtension
 from textual.widgets import Input
 
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.prompt import PromptInput
+from edge_agent.ui.widgets.prompt import PromptInput
 from tests.fakes.engines import ScriptedEngine
 from tests.files import make_image
 from tests.pilot import settle

@@ -16,15 +16,16 @@ from textual.widgets import Input, Markdown, Static
 from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader
 
 from edge_agent.agent import events as ev
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
+from edge_agent.chat import export as chat_export
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.first_run import FirstRunScreen
-from edge_agent.ui.prompt import PromptInput
-from edge_agent.ui.readable import readable_markdown
-from edge_agent.ui.statusbar import StatusBar
-from edge_agent.ui.transcript import AnswerView, UserMessage
+from edge_agent.ui.screens.first_run import FirstRunScreen
+from edge_agent.ui.widgets.prompt import PromptInput
+from edge_agent.ui.widgets.readable import readable_markdown
+from edge_agent.ui.widgets.statusbar import StatusBar
+from edge_agent.ui.widgets.transcript import AnswerView, UserMessage
 from tests.fakes.engines import Asked
 from tests.files import long_chat
 from tests.pilot import scripted_app, settle, type_and_enter
@@ -124,12 +125,13 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
     cont = store.continuation(cid)
     assert [(q, c) for q, _, c in cont.exchanges] == [("one", "k1"), ("two!", "k3")] and cont.context == "k3"
     assert [h["question"] for h in store.history(cid)] == ["one", "two!"]
-    assert store.last_question(cid) == ("two!", None)
-    md = store.export_markdown(cid)
+    assert store.last_question(cid) == ("two!", [])
+    md = chat_export.export_markdown(store, cid)
     assert md.count("replaced by a later answer") == 1
     store.close()
     db = sqlite3.connect(tmp_path / "chats.sqlite3")  # as a version-3 file (before replaced) was
-    db.executescript("ALTER TABLE messages DROP COLUMN replaced; PRAGMA user_version=3;")
+    db.executescript("ALTER TABLE messages DROP COLUMN replaced; ALTER TABLE messages DROP COLUMN images; "
+                     "PRAGMA user_version=3;")
     db.close()
     store = ChatStore(tmp_path / "chats.sqlite3")
     assert [q for q, _, _ in store.continuation(cid).exchanges] == ["one", "two", "two!"]  # nothing was marked

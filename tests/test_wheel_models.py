@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent import wheelmodels as W
-from edge_agent.catalog import find_model, find_wheel_gguf, load_catalog
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
+from edge_agent.modelfiles import wheels as W
+from edge_agent.modelfiles.catalog import find_wheel_gguf, load_catalog
+from edge_agent.modelfiles.resolution import find_model
 
 
 def _wheels(folder: Path, blob: bytes, n: int, version: str = "1.0.0") -> W.WheelParts:
@@ -110,7 +111,7 @@ def test_not_installed_names_the_command(edge_home: Path, cache: Path) -> None:
 
 def test_installed_models_resolve_and_are_listed(qwen05_gguf: Path, edge_home: Path) -> None:
     """The assembled 0.5B (setup.sh --test) resolves by name as a text-only model and `models list` shows it."""
-    from edge_agent.model_overview import overview
+    from edge_agent.modelfiles.overview import overview
 
     r = find_model(Settings.load(), "qwen2.5-coder-0.5b-instruct")
     assert r.model_path == qwen05_gguf and r.text_only and r.source == "installed"

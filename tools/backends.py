@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from edge_agent.redaction import redact
+from edge_agent.core.redaction import redact
 from edge_agent.tools.http import FetchError
 from edge_agent.tools.text import SNIPPET_CHARS, SOURCE_CHARS, TITLE_CHARS, clean_text, clean_url
 
@@ -47,7 +47,8 @@ class SearchResult:
         )  # fmt: skip
 
 
-def make_result(title: Any, url: Any, snippet: Any, source: str, *, html_text: bool = False) -> SearchResult | None:
+def make_result(title: Any, url: Any, snippet: Any, source: str, *,
+                html_text: bool = False) -> SearchResult | None:
     r = SearchResult(
         clean_text(title, TITLE_CHARS, html_text=html_text),
         clean_url(url),
@@ -165,7 +166,8 @@ class WikipediaBackend(Backend):
             pages = [p for p in _dicts(pages) if not p.get("missing") and p.get("title")]
             pages.sort(key=lambda p: p.get("index") if isinstance(p.get("index"), int) else 1 << 30)
             out = _collect(pages, lambda p: make_result(
-                p["title"], p.get("fullurl") or base + quote(str(p["title"]).replace(" ", "_")), p.get("extract", ""),
+                p["title"], p.get("fullurl") or base + quote(str(p["title"]).replace(" ", "_")),
+                p.get("extract", ""),
                 self.name))
         elif "search" in q:  # list=search shape (snippets are HTML)
             hits = q["search"]
@@ -208,7 +210,8 @@ class SearxngBackend(Backend):
 
         def infobox(box: dict) -> SearchResult | None:
             url = box.get("id") or next((u.get("url") for u in _dicts(box.get("urls"))), "")
-            return make_result(box.get("infobox"), url, box.get("content"), f"{self.name}/infobox", html_text=True)
+            return make_result(box.get("infobox"), url, box.get("content"), f"{self.name}/infobox",
+                               html_text=True)
 
         out = _collect(_dicts(data.get("infoboxes")), infobox)
         out += _collect(_dicts(data.get("results", [])), lambda h: make_result(
@@ -300,12 +303,14 @@ class GcvBackend(ImageBackend):
 
         def entity(x: dict) -> SearchResult | None:
             score = x.get("score")
-            note = f"web entity, score {score:.2f}" if isinstance(score, int | float) and math.isfinite(score) else "web entity"
+            note = f"web entity, score {score:.2f}" if isinstance(score,
+                                                                  int | float) and math.isfinite(score) else "web entity"
             return make_result(x.get("description"), "", note, "gcv/entity")
 
         def page(x: dict) -> SearchResult | None:
             kind = "full" if x.get("fullMatchingImages") else "partial" if x.get("partialMatchingImages") else "similar"
-            return make_result(x.get("pageTitle") or x.get("url"), x.get("url"), f"page with a {kind} matching image",
+            return make_result(x.get("pageTitle") or x.get("url"), x.get("url"),
+                               f"page with a {kind} matching image",
                                "gcv/page", html_text=True)
 
         labels = _collect(_dicts(web.get("bestGuessLabels"))[:2], lambda x: make_result(

@@ -9,7 +9,7 @@ pickle, never eval).
 Does not know: HTTP, backends' JSON shapes, or whether we are online; :mod:`edge_agent.tools.search`
 decides when to read and write. Opening the cache touches only the file (never the network).
 
-Concurrency: WAL journal + a busy timeout (:mod:`edge_agent.sqlitedb`, shared with the chat
+Concurrency: WAL journal + a busy timeout (:mod:`edge_agent.core.sqlitedb`, shared with the chat
 history), one short-lived connection per operation, so the TUI, a ``cache prefetch`` in another
 terminal and an eval can all use one file. A file that is not a readable SQLite database of our
 schema (``PRAGMA user_version`` 1) raises :class:`CacheError` saying to run ``edge-agent cache clear``.
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent import sqlitedb
-from edge_agent.errors import CacheError
-from edge_agent.files import atomic_write
-from edge_agent.redaction import redact
+from edge_agent.core import sqlitedb
+from edge_agent.core.errors import CacheError
+from edge_agent.core.files import atomic_write
+from edge_agent.core.redaction import redact
 from edge_agent.tools import specs
 from edge_agent.tools.text import normalise_query
 
@@ -134,17 +134,19 @@ class SearchCache:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._ready = False
-        self.read_only = False  # the folder cannot be written (a read-only home): served as it is, nothing stored
+        # the folder cannot be written (a read-only home): served as it is, nothing stored
+        self.read_only = False
 
     # --- connections ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection (:func:`edge_agent.sqlitedb.connect`); writes use an explicit transaction."""
+        """A connection (:func:`edge_agent.core.sqlitedb.connect`); writes use an explicit transaction."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             if e.errno != errno.EROFS:
-                raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check its "
+                raise CacheError(f"Cannot create the cache folder {self.path.parent}: {e.strerror}. Check "
+                                 f"its "
                                  "permissions.") from None
         try:
             conn = self._read_only() if self.read_only else self._open()
@@ -164,8 +166,8 @@ class SearchCache:
     def _open(self) -> sqlite3.Connection:
         """A connection; on the first use in this process the file is also checked, and a damaged one is
         set aside (kept) and what is readable of it salvaged into a new file (said once:
-        ``edge_agent.recovery``)."""
-        from edge_agent import recovery
+        ``edge_agent.core.recovery``)."""
+        from edge_agent.core import recovery
 
         try:
             conn = sqlitedb.connect(self.path, busy_timeout=self.busy_timeout)
@@ -192,7 +194,7 @@ class SearchCache:
         return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
 
     def _recover(self, reason: str) -> sqlite3.Connection:
-        from edge_agent import recovery
+        from edge_agent.core import recovery
 
         try:
             aside: Path | None = recovery.set_aside(self.path)
@@ -203,8 +205,8 @@ class SearchCache:
             self._init(conn)
             if aside is not None:
                 n = recovery.salvage(aside, conn, ["entries"])["entries"]
-                recovery.notice(f"The search cache {self.path} was damaged ({reason}). {n} cached searches were "
-                                f"recovered into a new file; the damaged file is kept as {aside}.")
+                recovery.notice(f"The search cache {self.path} was damaged ({reason}). {n} cached searches "
+                                f"were recovered into a new file; the damaged file is kept as {aside}.")
         except BaseException:
             conn.close()
             raise
@@ -227,26 +229,32 @@ class SearchCache:
         text = str(e)
         if isinstance(e, sqlite3.OperationalError):
             if "locked" in text or "busy" in text:
-                return CacheError(f"The search cache {self.path} is locked by another process ({text}). Try again.")
+                return CacheError(f"The search cache {self.path} is locked by another process ({text}). Try "
+                                  f"again.")
             if "unable to open" in text:
-                return CacheError(f"Cannot open the search cache {self.path} ({text}). Check the folder's permissions.")
+                return CacheError(f"Cannot open the search cache {self.path} ({text}). Check the folder's "
+                                  f"permissions.")
             if "readonly" in text or "read-only" in text:
-                return CacheError(f"The search cache {self.path} is read-only ({text}). Check its permissions.")
+                return CacheError(f"The search cache {self.path} is read-only ({text}). Check its "
+                                  f"permissions.")
             if "disk" in text and "full" in text:
-                return CacheError(f"No space left to write the search cache {self.path}. Free some disk space.")
+                return CacheError(f"No space left to write the search cache {self.path}. Free some disk "
+                                  f"space.")
         return _damaged(f"The search cache {self.path} is damaged ({text}). {REBUILD_HINT}")
 
     # --- reading and writing --------------------------------------------------------------------
     def get(self, key: str) -> CacheEntry | None:
         with self._connect() as conn:
             row = conn.execute(
-                "SELECT tool, backend, query, image_sha256, params, results, raw, fetched_at FROM entries WHERE key=?",
+                "SELECT tool, backend, query, image_sha256, params, results, raw, fetched_at FROM entries "
+                "WHERE key=?",
                 (key,),
             ).fetchone()
         if row is None:
             return None
         try:
-            entry = CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
+            entry = CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6],
+                               row[7])
         except (ValueError, TypeError) as e:
             raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
         return entry
@@ -273,7 +281,8 @@ class SearchCache:
             for e in entries
         ]
         sql = "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET " + ", ".join(
-            f"{c}=excluded.{c}" for c in ("tool", "backend", "query", "image_sha256", "params", "results", "raw", "fetched_at")
+            f"{c}=excluded.{c}" for c in ("tool", "backend", "query", "image_sha256", "params", "results",
+                                          "raw", "fetched_at")
         )
         if keep_newer:
             sql += " WHERE excluded.fetched_at > entries.fetched_at"
@@ -294,18 +303,21 @@ class SearchCache:
             ).fetchall()
         for row in rows:
             try:
-                yield CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6], row[7])
+                yield CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]),
+                                 row[6], row[7])
             except (ValueError, TypeError) as e:
                 raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
 
     def stats(self) -> dict[str, Any]:
         """Counts per tool and backend, time range and file size. Does not create a missing file."""
-        out: dict[str, Any] = {"path": str(self.path), "exists": self.path.exists(), "entries": 0, "by_backend": {}}
+        out: dict[str, Any] = {"path": str(self.path), "exists": self.path.exists(), "entries": 0,
+                               "by_backend": {}}
         if not self.path.exists():
             out.update(bytes=0, oldest=None, newest=None)
             return out
         with self._connect() as conn:
-            for tool, backend, n in conn.execute("SELECT tool, backend, COUNT(*) FROM entries GROUP BY tool, backend"):
+            for tool, backend, n in conn.execute("SELECT tool, backend, COUNT(*) FROM entries GROUP BY tool, "
+                                                 "backend"):
                 out["by_backend"][f"{tool}/{backend}"] = n
                 out["entries"] += n
             oldest, newest = conn.execute("SELECT MIN(fetched_at), MAX(fetched_at) FROM entries").fetchone()
@@ -343,14 +355,16 @@ class SearchCache:
         dest = Path(dest)
         secrets = tuple(secrets)
         entries = [_redact_entry(e, secrets).to_json(include_raw) for e in self.entries()]
-        doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported_at": time.time(), "entries": entries}
+        doc = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported_at": time.time(),
+               "entries": entries}
         try:
             atomic_write(dest, json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         except OSError as e:
             raise CacheError(f"Cannot write {dest}: {e.strerror}.") from None
         return len(entries)
 
-    def import_file(self, src: Path | str, replace: bool = False, secrets: Iterable[str] = ()) -> tuple[int, int]:
+    def import_file(self, src: Path | str, replace: bool = False, secrets: Iterable[str] = ()) -> tuple[int,
+                                                                                                        int]:
         """Validate and import an export. Returns (entries in the file, entries written).
 
         Existing entries are kept when they are newer, unless ``replace``. Any invalid entry
@@ -393,9 +407,11 @@ def parse_export(text: str, name: str = "export") -> list[CacheEntry]:
         if stripped.startswith("{") and not _looks_like_jsonl(stripped):
             doc = json.loads(text)
             if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
-                raise CacheError(f"{name} is not an edge-agent cache export (missing \"format\": \"{EXPORT_FORMAT}\").")
+                raise CacheError(f"{name} is not an edge-agent cache export (missing \"format\": "
+                                 f"\"{EXPORT_FORMAT}\").")
             if doc.get("version") != EXPORT_VERSION:
-                raise CacheError(f"{name} has export version {doc.get('version')!r}; this edge-agent reads {EXPORT_VERSION}.")
+                raise CacheError(f"{name} has export version {doc.get('version')!r}; this edge-agent reads "
+                                 f"{EXPORT_VERSION}.")
             extra = set(doc) - {"format", "version", "exported_at", "entries"}
             if extra:
                 raise CacheError(f"{name}: unknown top-level field(s) {', '.join(sorted(extra))}.")
@@ -443,7 +459,8 @@ def _validate_entry(d: Any, where: str) -> CacheEntry:
         raise bad("backend must be a short name")
     if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
         raise bad(f"query must be a string of at most {MAX_QUERY_CHARS} characters")
-    if not isinstance(sha, str) or (sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha))):
+    if not isinstance(sha,
+                      str) or (sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha))):
         raise bad("image_sha256 must be empty or 64 lowercase hex digits")
     if not kinds[tool].per_image and (sha or not query):
         raise bad(f"a {tool} entry has a query and no image_sha256")
@@ -480,11 +497,13 @@ def _validate_entry(d: Any, where: str) -> CacheEntry:
     if raw is not None and (not isinstance(raw, str) or len(raw) > MAX_RAW_CHARS):
         raise bad(f"raw must be null or a string of at most {MAX_RAW_CHARS} characters")
     fetched = d["fetched_at"]
-    if isinstance(fetched, bool) or not isinstance(fetched, int | float) or not math.isfinite(fetched) or fetched < 0:
+    if isinstance(fetched, bool) or not isinstance(fetched,
+                                                   int | float) or not math.isfinite(fetched) or fetched < 0:
         raise bad("fetched_at must be a non-negative number of seconds since 1970")
     if fetched > time.time() + 86400:
         raise bad("fetched_at is in the future")
-    entry = CacheEntry(tool, backend, query, sha, dict(params), [dict(r) for r in results], raw, float(fetched))
+    entry = CacheEntry(tool, backend, query, sha, dict(params), [dict(r) for r in results], raw,
+                       float(fetched))
     if "key" in d and d["key"] != entry.key:
         raise bad("key does not match the entry's fields (edited by hand?)")
     return entry

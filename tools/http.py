@@ -4,7 +4,7 @@ Knows: timeouts (connect and a total deadline per attempt, so a server that drip
 hold us), retries with exponential backoff on 429 and 5xx honouring ``Retry-After`` (seconds or an
 HTTP date) up to a cap (:func:`with_retries`: the app's one retry loop, the hub downloads use it
 too), a hard limit on the body size, empty and invalid JSON bodies, and how to keep API keys out of
-every message it produces (:func:`edge_agent.redaction.redact`) and out of urllib3's debug log
+every message it produces (:func:`edge_agent.core.redaction.redact`) and out of urllib3's debug log
 (:func:`protect_logs`).
 
 Does not know: search backends, the cache, settings. It never raises for a network or server
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from edge_agent.redaction import redact, redact_tree, usable
+from edge_agent.core.redaction import redact, redact_tree, usable
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,8 @@ class TryAgain(Exception):
         self.progressed = progressed
 
 
-def with_retries(attempt: Callable[[int], T], policy: HttpPolicy, *, sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retries(attempt: Callable[[int], T], policy: HttpPolicy, *, sleep: Callable[[float],
+                                                                                     None] = time.sleep) -> T:
     """``attempt(n)`` (n = 1, 2, ...) until it returns or raises anything but :class:`TryAgain`.
 
     After a TryAgain: wait its ``wait`` or ``policy.backoff`` doubled per failure in a row (at most
@@ -216,7 +217,8 @@ def fetch_json(
     def attempt(n: int) -> tuple[int, int, dict, bytes]:
         log.debug("%s %s (attempt %d)", method, where, n)
         try:
-            status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy, follow)
+            status, resp_headers, body = _attempt(session, method, url, params, headers, json_body, policy,
+                                                  follow)
         except FetchError as e:
             e.attempts = n
             e.message = redact(e.message, secrets)
@@ -228,7 +230,9 @@ def fetch_json(
             kind = "rate_limited" if status == 429 else "http"
             if wait is not None and wait > policy.max_wait:
                 raise FetchError(
-                    kind, f"{what}; the server asks to wait {wait:.0f} s, longer than the {policy.max_wait:.0f} s we wait",
+                    kind,
+                    f"{what}; the server asks to wait {wait:.0f} s, longer than the {policy.max_wait:.0f} s "
+                    f"we wait",
                     status, n,
                 )  # fmt: skip
             raise TryAgain(FetchError(kind, f"{what} after {n} attempts", status, n), wait=wait)
@@ -238,7 +242,8 @@ def fetch_json(
     if 300 <= status < 400:
         target = safe_url(redact(resp_headers.get("Location", ""), secrets)) or "elsewhere"
         raise FetchError(
-            "http", f"the endpoint redirects (HTTP {status}) to {target}; put that address in the settings", status, attempts
+            "http", f"the endpoint redirects (HTTP {status}) to {target}; put that address in the settings",
+            status, attempts
         )
     if status >= 400:
         raise FetchError("http", f"HTTP {status}{_error_hint(body, secrets)}", status, attempts)
@@ -247,7 +252,8 @@ def fetch_json(
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:
-        raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status, attempts) from None
+        raise FetchError("bad_json", f"response is not valid JSON ({type(e).__name__})", status,
+                         attempts) from None
     # Backends may reflect the request (URL with its key) in the body: scrub before anyone reads it.
     text = redact(body.decode("utf-8", errors="replace"), secrets)
     if secrets:
@@ -278,21 +284,26 @@ def _attempt(session, method, url, params, headers, json_body, policy, follow) -
     try:
         length = resp.headers.get("Content-Length")
         if length and length.isdigit() and int(length) > policy.max_bytes:
-            raise FetchError("too_large", f"response too large ({int(length)} bytes > {policy.max_bytes})", resp.status_code)
+            raise FetchError("too_large", f"response too large ({int(length)} bytes > {policy.max_bytes})",
+                             resp.status_code)
         chunks: list[bytes] = []
         size = 0
         try:
             for chunk in _body_chunks(resp):
                 size += len(chunk)
                 if size > policy.max_bytes:
-                    raise FetchError("too_large", f"response too large (over {policy.max_bytes} bytes)", resp.status_code)
+                    raise FetchError("too_large", f"response too large (over {policy.max_bytes} bytes)",
+                                     resp.status_code)
                 if time.monotonic() > deadline:
-                    raise FetchError("timeout", f"response not complete within {policy.timeout:g} s", resp.status_code)
+                    raise FetchError("timeout", f"response not complete within {policy.timeout:g} s",
+                                     resp.status_code)
                 chunks.append(chunk)
         except requests.exceptions.Timeout:
-            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s", resp.status_code) from None
+            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s",
+                             resp.status_code) from None
         except urllib3.exceptions.ReadTimeoutError:
-            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s", resp.status_code) from None
+            raise FetchError("timeout", f"response stalled for {policy.timeout:g} s",
+                             resp.status_code) from None
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             raise FetchError("unreachable", f"connection broke while reading ({_short_reason(e)})") from None
         return resp.status_code, dict(resp.headers), b"".join(chunks)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from edge_agent.errors import ImageError
+from edge_agent.core.errors import ImageError
 
 # Decompression-bomb limit: refuse images with more pixels than this before decoding them. A 108 MP
 # phone photo is below both; PIL itself calls 179 MP a bomb (and refuses it when opening). A JPEG is
@@ -124,12 +124,14 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
             rgb = normalise(im)
             if rgb.width * rgb.height > LOAD_MAX_PIXELS:
                 f = (LOAD_MAX_PIXELS / (rgb.width * rgb.height)) ** 0.5
-                rgb = rgb.resize((max(1, int(rgb.width * f)), max(1, int(rgb.height * f))), Image.Resampling.LANCZOS)
+                rgb = rgb.resize((max(1, int(rgb.width * f)), max(1, int(rgb.height * f))),
+                                 Image.Resampling.LANCZOS)
     except ImageError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
         raise ImageError(
-            f"{source} is not an image pillow can read ({type(e).__name__}). Attach a JPEG, PNG, HEIC, GIF or WebP "
+            f"{source} is not an image pillow can read ({type(e).__name__}). Attach a JPEG, PNG, HEIC, GIF "
+            f"or WebP "
             "file."
         ) from e
     except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated or corrupt data
@@ -164,7 +166,8 @@ def normalise(im: Image.Image) -> Image.Image:
     return im
 
 
-def fit_for_model(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS, min_side: int = MODEL_MIN_SIDE) -> Image.Image:
+def fit_for_model(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS,
+                  min_side: int = MODEL_MIN_SIDE) -> Image.Image:
     """Scale so that width*height <= max_pixels and min(width, height) >= min_side (aspect kept).
 
     A tiny image is upscaled; an extreme strip (e.g. 3000x4) whose short side cannot reach
@@ -197,7 +200,8 @@ def to_png(im: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def model_png(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS, min_side: int = MODEL_MIN_SIDE) -> bytes:
+def model_png(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS,
+              min_side: int = MODEL_MIN_SIDE) -> bytes:
     """The image as the model will see it: fitted to the pixel budget, PNG-encoded."""
     return to_png(fit_for_model(im, max_pixels=max_pixels, min_side=min_side))
 

@@ -23,7 +23,7 @@ older cached copy was served, and the observation says so; ``offline`` offline a
 cache; ``unconfigured`` the chosen backend lacks a key/URL (or image search is ``none``);
 ``error`` the search failed and nothing was cached. Tool failures are **returned** as outcomes
 (the agent feeds the observation back to the model); only bugs raise. A damaged cache file raises
-:class:`edge_agent.errors.CacheError` (fix: ``edge-agent cache clear``).
+:class:`edge_agent.core.errors.CacheError` (fix: ``edge-agent cache clear``).
 
 Untrusted text: titles, URLs and snippets come from the web. They are size-limited, HTML-stripped
 and cleaned of control and format characters here, but may still contain strings such as
@@ -32,7 +32,7 @@ NOT parsed (the runtime's ``append_text(..., special=False)``), so such text sta
 
 Keys: API keys are sent in headers where the API allows (Brave, Google Cloud Vision) and in the
 query string only for SerpApi; they never enter cache keys, stored responses, exports,
-observations or log records (see :func:`edge_agent.redaction.redact` and
+observations or log records (see :func:`edge_agent.core.redaction.redact` and
 :func:`edge_agent.tools.http.protect_logs`).
 
 What this module knows is the cache policy (when to serve a cached entry, when to ask the backend,
@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from edge_agent.files import atomic_write
-from edge_agent.redaction import redact
+from edge_agent.core.files import atomic_write
+from edge_agent.core.redaction import redact
 from edge_agent.tools import observations as words
 from edge_agent.tools.backends import (
     Backend,
@@ -76,7 +76,7 @@ from edge_agent.tools.http import FetchError, HttpPolicy, fetch_json, protect_lo
 from edge_agent.tools.text import MAX_QUERY_CHARS, clean_text, query_key
 
 if TYPE_CHECKING:
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class SearchOutcome:
         return tuple(r.to_json() for r in self.results)
 
 
-_EXT = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp", "image/gif": ".gif", "image/bmp": ".bmp"}
+_EXT = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp", "image/gif": ".gif",
+        "image/bmp": ".bmp"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -225,11 +226,13 @@ class SearchTools:
         b = self.text_backend
         q = clean_text(query, MAX_QUERY_CHARS)
         if not q:
-            return SearchOutcome("text_search", "", (), "error", words.EMPTY_QUERY, b.name, time.monotonic() - t0,
+            return SearchOutcome("text_search", "", (), "error", words.EMPTY_QUERY, b.name,
+                                 time.monotonic() - t0,
                                  error="empty query")
         return self._run(b, q, query_key(q), "", refresh, t0, lambda: b.request(q))
 
-    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg", *, refresh: bool = False) -> SearchOutcome:
+    def image_search(self, image_bytes: bytes, mime: str = "image/jpeg", *,
+                     refresh: bool = False) -> SearchOutcome:
         """Reverse image search of exactly ``image_bytes`` (the cache key is their SHA-256)."""
         t0 = time.monotonic()
         b = self.image_backend
@@ -239,7 +242,8 @@ class SearchTools:
         if b.name == "none":  # nothing to look up, even in the cache
             return SearchOutcome("image_search", "", (), "unconfigured", words.cap(b.missing() or ""), b.name,
                                  time.monotonic() - t0)
-        mime = sniff_mime(image) or (mime or "").lower().replace("image/jpg", "image/jpeg")  # the bytes decide
+        mime = sniff_mime(image) or (mime or "").lower().replace("image/jpg",
+                                                                 "image/jpeg")  # the bytes decide
         problem = None
         if not image:
             problem = words.EMPTY_IMAGE
@@ -248,7 +252,8 @@ class SearchTools:
         elif mime not in _EXT:
             problem = words.image_type_refused(mime)
         if problem:
-            return SearchOutcome("image_search", "", (), "error", problem, b.name, time.monotonic() - t0, error=problem)
+            return SearchOutcome("image_search", "", (), "error", problem, b.name, time.monotonic() - t0,
+                                 error=problem)
         sha = hashlib.sha256(image).hexdigest()
 
         def build() -> Request:
@@ -287,7 +292,8 @@ class SearchTools:
         def from_entry(entry: CacheEntry, status: str, note: str = "", error: str | None = None,
                        unreachable: bool = False) -> SearchOutcome:
             results = [SearchResult.from_json(r) for r in entry.results]
-            return outcome(status, results, words.results(tool, what, b.name, results, note), entry.fetched_at, error,
+            return outcome(status, results, words.results(tool, what, b.name, results, note),
+                           entry.fetched_at, error,
                            unreachable)
 
         if self.offline:
@@ -311,12 +317,15 @@ class SearchTools:
         except FetchError as e:
             reason = redact(e.message, self.secrets)
             if entry is not None:
-                return from_entry(entry, "stale", words.stale_note(entry.fetched_at, reason), reason, e.network_down)
+                return from_entry(entry, "stale", words.stale_note(entry.fetched_at, reason), reason,
+                                  e.network_down)
             observation = words.failed(tool, b.name, reason, network_down=e.network_down, hint=b.hint(e))
             return outcome("error", (), observation, None, reason, e.network_down)
         now = time.time()
         self.cache.put(
-            CacheEntry(tool, b.name, norm, sha, params, [r.to_json() for r in results], redact(res.text, self.secrets), now)
+            CacheEntry(tool, b.name, norm, sha, params, [r.to_json() for r in results], redact(res.text,
+                                                                                               self.secrets),
+                                                                                               now)
         )
         return outcome("live", results, words.results(tool, what, b.name, results), now)
 

@@ -36,7 +36,8 @@ def clean_text(text: Any, limit: int, *, html_text: bool = False) -> str:
     if html_text:
         text = html.unescape(_TAG.sub("", text))
     text = "".join(
-        " " if c.isspace() else c for c in text if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
+        " " if c.isspace() else c for c in text if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf",
+                                                                                                  "Cs", "Co")
     )
     text = " ".join(text.split())
     if len(text) > limit:

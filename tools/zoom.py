@@ -1,12 +1,13 @@
 """The zoom tool: crop a region of the original image or of an earlier crop (pillow only).
 
 Knows: ``bbox_2d`` = [x1, y1, x2, y2] in Qwen3-VL's 0-1000 relative coordinates of the image
-``img_idx`` (0 = the original, 1.. = earlier crops); how to repair a sloppy box (swapped corners,
+``img_idx`` (0 = the original, 1.. = earlier crops; a question about several images: 0.. n-1 the
+originals, then the crops); how to repair a sloppy box (swapped corners,
 values outside 0-1000, a box too small or too thin to be useful) or refuse one that cannot mean
 anything (not four numbers, entirely outside the image; a box with no area is taken as a point
 to zoom around); how to enlarge a crop to a size
 the vision encoder can use, within the model's pixel budget. Crops are always cut from the
-full-resolution original (a crop of a crop is composed back to original pixels), so zooming twice
+full-resolution original it shows (a crop of a crop is composed back to original pixels), so zooming twice
 loses nothing. Does not know: models, tokens, the agent's chat format.
 
 A refused box raises :class:`ZoomError`; its message is written for the model to read.
@@ -15,6 +16,7 @@ A refused box raises :class:`ZoomError`; its message is written for the model to
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,7 +119,8 @@ def enlarge_crop(crop: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS) -> Im
 
 @dataclass
 class StoredImage:
-    """The original (index 0) or a crop. ``box`` is the region in ORIGINAL pixels."""
+    """An original (index 0, or 0..n-1 for several) or a crop. ``box`` is the region in the pixels of
+    the original ``root`` it was cut from."""
 
     index: int
     image: Image.Image  # full-resolution pixels (a crop is cut from the original, not upscaled)
@@ -126,6 +129,7 @@ class StoredImage:
     label: str = ""
     path: Path | None = None  # where the crop was saved, if a crops folder was given
     _model_png: bytes | None = field(default=None, repr=False)
+    root: int = 0  # the original it shows (itself for an original)
 
     def model_png(self, max_pixels: int = MODEL_MAX_PIXELS) -> bytes:
         """PNG bytes for the model (cached): originals fitted to the budget, crops also enlarged."""
@@ -144,18 +148,22 @@ class ZoomResult:
 
 
 class ImageStore:
-    """The images of one conversation: index 0 is the original, each zoom appends a crop."""
+    """The images of one conversation: index 0 is the original (``more``: further originals, 1..n-1),
+    each zoom appends a crop."""
 
     def __init__(self, original: Image.Image, *, crops_dir: Path | None = None,
                  max_pixels: int = MODEL_MAX_PIXELS, crop_max_pixels: int | None = None,
-                 original_png: bytes | None = None) -> None:
-        self.max_pixels = max_pixels  # the original's budget (image_max_tokens x 32 x 32 for Qwen3-VL)
+                 original_png: bytes | None = None,
+                 more: Sequence[tuple[Image.Image, bytes | None]] = ()) -> None:
+        self.max_pixels = max_pixels  # each original's budget (image_max_tokens x 32 x 32 for Qwen3-VL)
         self.crop_max_pixels = max_pixels if crop_max_pixels is None else crop_max_pixels  # each crop's
         self.crops_dir = crops_dir
-        w, h = original.size
-        # original_png: the original's model PNG already made for this budget (a follow-up question)
-        self.images: list[StoredImage] = [StoredImage(0, original, (0.0, 0.0, float(w), float(h)),
-                                                      _model_png=original_png)]
+        # original_png: an original's model PNG already made for this budget (a follow-up question)
+        self.images: list[StoredImage] = []
+        for i, (img, png) in enumerate([(original, original_png), *more]):
+            w, h = img.size
+            self.images.append(StoredImage(i, img, (0.0, 0.0, float(w), float(h)), _model_png=png, root=i))
+        self.n_originals = len(self.images)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -165,12 +173,14 @@ class ImageStore:
 
     def model_png(self, idx: int) -> bytes:
         """The model's PNG of image ``idx`` within its budget (the original's, or a crop's)."""
-        return self.images[idx].model_png(self.max_pixels if idx == 0 else self.crop_max_pixels)
+        return self.images[idx].model_png(self.max_pixels if idx < self.n_originals else self.crop_max_pixels)
 
     def check_index(self, img_idx: object) -> int:
         if not isinstance(img_idx, int) or isinstance(img_idx, bool) or not 0 <= img_idx < len(self.images):
             have = "0" if len(self.images) == 1 else f"0-{len(self.images) - 1}"
-            raise ZoomError(f"img_idx {img_idx!r} does not exist; available images: {have} (0 is the original).")
+            n = self.n_originals
+            what = "0 is the original" if n == 1 else f"0-{n - 1} are the originals"
+            raise ZoomError(f"img_idx {img_idx!r} does not exist; available images: {have} ({what}).")
         return img_idx
 
     def zoom(self, bbox_2d: object, img_idx: object = 0, label: str = "") -> ZoomResult:
@@ -184,10 +194,11 @@ class ImageStore:
         notes += more
         # compose into original pixel coordinates and cut from the full-resolution original
         ox1, oy1, ox2, oy2 = px0 + x1, py0 + y1, px0 + x2, py0 + y2
-        orig = self.images[0].image
+        orig = self.images[parent.root].image
         crop = orig.crop((math.floor(ox1), math.floor(oy1), math.ceil(ox2), math.ceil(oy2)))
         label = " ".join(str(label).split())[:80]
-        new = StoredImage(len(self.images), crop, (ox1, oy1, ox2, oy2), parent=idx, label=label)
+        new = StoredImage(len(self.images), crop, (ox1, oy1, ox2, oy2), parent=idx, label=label,
+                          root=parent.root)
         self.images.append(new)
         if self.crops_dir is not None:
             self.crops_dir.mkdir(parents=True, exist_ok=True)

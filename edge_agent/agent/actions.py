@@ -40,8 +40,10 @@ from edge_agent.tools.specs.base import (
     ToolSpec,
 )
 
-__all__ = ["CHOICE_GRAMMAR", "CHOICE_STOP", "HEADS", "MAX_IMAGES_IN_GRAMMAR", "MAX_LABEL_CHARS", "MAX_QUERY_CHARS",
-           "NAME_PREFIX", "TAIL_REST", "TAIL_STOP", "TOOL_CLOSE", "Action", "ActionError", "ToolCall", "head_rest",
+__all__ = ["CHOICE_GRAMMAR", "CHOICE_STOP", "HEADS", "MAX_IMAGES_IN_GRAMMAR", "MAX_LABEL_CHARS",
+           "MAX_QUERY_CHARS",
+           "NAME_PREFIX", "TAIL_REST", "TAIL_STOP", "TOOL_CLOSE", "Action", "ActionError", "ToolCall",
+           "head_rest",
            "name_grammar", "parse_action", "tail_grammar", "validate_arguments"]
 
 
@@ -139,7 +141,8 @@ def parse_action(text: str) -> Action:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         raise ActionError(f"The tool call is not valid JSON ({e.msg}).") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments", {}), dict):
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"),
+                                                   str) or not isinstance(obj.get("arguments", {}), dict):
         raise ActionError('A tool call must be {"name": "...", "arguments": {...}}.')
     name, args = obj["name"], obj.get("arguments", {})
     spec = specs.by_name(name)

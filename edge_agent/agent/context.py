@@ -5,7 +5,7 @@ already said, and the new user turn, up to the first think block), how that was 
 context, the live KV cache of the same chat, a saved state restored from disk, or the chat rebuilt
 from its text), and the two ends of a question (answered: keep and save; cancelled or failed: back to
 the last clean boundary). ``FreshContext`` is the plain form (a fresh session, the earlier exchanges as
-text): tests, benchmarks and the eval use it. ``edge_agent.chat_context.ChatContexts`` implements the
+text): tests, benchmarks and the eval use it. ``edge_agent.chat.continuity.ChatContexts`` implements the
 continuing one with saved states. Does not know llama_cpp, files or widgets.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edge_agent.agent.prompts import Img, Segment, Text, history_segments, question_segments
+from edge_agent.agent.prompts import ImageArg, Img, Segment, Text, history_segments, question_segments
 from edge_agent.runtime.types import ImageChunk, SessionLike
 
 SOURCES = ("new", "live", "restored", "rebuilt")
@@ -35,7 +35,7 @@ class Opened:
     tokens_evaluated: int = 0  # tokens evaluated to open it (images counted in embeddings)
     system_restored: bool = False  # the system prompt came from a saved state
     images: list[ImageChunk] = field(default_factory=list)  # images evaluated while opening
-    # read ahead before the question was sent (edge_agent.pending_turn) and kept: KV cells of the user
+    # read ahead before the question was sent (edge_agent.chat.pending_turn) and kept: KV cells of the user
     # turn (its image included), tokens of the person's own text, and the images
     tokens_read_ahead: int = 0
     question_read_ahead: int = 0
@@ -46,10 +46,10 @@ class Opened:
 class ChatContext(Protocol):
     """What the loop asks of a chat's context (one question at a time)."""
 
-    def open(self, system: str, question: str, image: bytes | None, *,
+    def open(self, system: str, question: str, image: ImageArg, *,
              cancel: threading.Event | None = None) -> Opened:
         """A session ending with the new user turn and ``<think>\\n`` opened, ready for the first turn.
-        ``image`` (PNG bytes) is put in the user turn unless the context already holds it."""
+        ``image`` (PNG bytes; a list: several) is put in the user turn unless the context already holds it."""
         ...
 
     def answered(self, session: SessionLike) -> str:
@@ -76,7 +76,8 @@ def segment_runs(segs: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def append_segments(s: SessionLike, segs: Sequence[Segment], *, cancel: threading.Event | None = None) -> list[ImageChunk]:
+def append_segments(s: SessionLike, segs: Sequence[Segment], *,
+                    cancel: threading.Event | None = None) -> list[ImageChunk]:
     """Append segments, merging neighbours of the same kind (one decode call per run of text).
     Returns the images evaluated (tokens, timings)."""
     images: list[ImageChunk] = []
@@ -95,14 +96,16 @@ class FreshContext:
         self.session = session
         self.history = list(history)
 
-    def open(self, system: str, question: str, image: bytes | None, *,
+    def open(self, system: str, question: str, image: ImageArg, *,
              cancel: threading.Event | None = None) -> Opened:
         t0 = time.perf_counter()
         s = self.session
         n0 = s.n_evaluated
-        segs: list[Segment] = [Text(system), *history_segments(self.history), *question_segments(question, image)]
+        segs: list[Segment] = [Text(system), *history_segments(self.history), *question_segments(question,
+                                                                                                 image)]
         images = append_segments(s, segs, cancel=cancel)
-        return Opened(s, "new" if not self.history else "rebuilt", reason="" if not self.history else "history as text",
+        return Opened(s, "new" if not self.history else "rebuilt",
+                      reason="" if not self.history else "history as text",
                       tokens_evaluated=s.n_evaluated - n0, images=images, seconds=time.perf_counter() - t0)
 
     def answered(self, session: SessionLike) -> str:

@@ -13,7 +13,7 @@ text a person or a model wrote as plain text, each image placeholder of the temp
 a session is made to hold a prompt keeping the longest common prefix of what it holds already (the rest
 rolled back, the remainder evaluated: the context equals evaluating the prompt from scratch), and the
 episode's events. Talks to the model only through ``runtime.types`` sessions; rendering comes in as a
-function. Does not know llama_cpp, chats, saved states or widgets (``chat_context.DirectQuestion``
+function. Does not know llama_cpp, chats, saved states or widgets (``chat.continuity.DirectQuestion``
 continues a chat's context; :class:`FreshDirect` starts from an empty session).
 """
 
@@ -39,7 +39,7 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Segment, Text
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import ChatSessionLike, Checkpoint, Generation, ImageChunk, SessionLike
 
 Render = Callable[[Sequence[Mapping[str, Any]]], str]  # messages -> prompt text (generation prompt included)
@@ -83,7 +83,8 @@ def messages(history: Sequence[Exchange], question: str, images: Sequence[bytes]
 
     out = [ChatMessage("system", " ".join(instructions.split()))] if instructions.strip() else []
     for h in history:
-        out += [ChatMessage("user", h.question.strip(), new(h.images)), ChatMessage("assistant", h.answer.strip())]
+        out += [ChatMessage("user", h.question.strip(), new(h.images)), ChatMessage("assistant",
+                                                                                    h.answer.strip())]
     out.append(ChatMessage("user", question.strip(), new(images)))
     return out
 
@@ -114,7 +115,8 @@ def prompt_segments(render: Render, msgs: Sequence[ChatMessage]) -> list[Segment
 
     The template renders markers in place of the texts, so its text is told apart from theirs exactly;
     the texts are put back verbatim (templates that rewrite a message's text are not followed)."""
-    rendered = render([{"role": m.role, "content": _content(m, _MARK.format(i), True)} for i, m in enumerate(msgs)])
+    rendered = render([{"role": m.role, "content": _content(m, _MARK.format(i), True)} for i,
+                       m in enumerate(msgs)])
     ph = _placeholder(render) if any(m.images for m in msgs) else ""
     out: list[Segment] = []
     pos = 0
@@ -122,8 +124,10 @@ def prompt_segments(render: Render, msgs: Sequence[ChatMessage]) -> list[Segment
         mark = _MARK.format(i)
         at = rendered.find(mark, pos)
         if at < 0:
-            raise EdgeAgentError(f"The model's chat template dropped message {i + 1} ({m.role}): it cannot be used "
-                                 "for a plain chat. Use the ssr or freeform mode.", title="Chat template failed")
+            raise EdgeAgentError(f"The model's chat template dropped message {i + 1} ({m.role}): it cannot "
+                                 f"be used "
+                                 "for a plain chat. Use the ssr or freeform mode.",
+                                 title="Chat template failed")
         out += _with_images(rendered[pos:at], m.images, ph)
         out.append(Text(m.text, special=False))
         pos = at + len(mark)
@@ -329,7 +333,8 @@ class _Direct:
                             tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
                             n_ctx_used=s.n_cells, seconds=opened.seconds)
         for img in opened.images:
-            yield ImageEvaluated(turn=0, source="image", tokens=img.n_tokens, positions=img.n_pos, width=img.width,
+            yield ImageEvaluated(turn=0, source="image", tokens=img.n_tokens, positions=img.n_pos,
+                                 width=img.width,
                                  height=img.height, encode_seconds=img.encode_seconds,
                                  decode_seconds=img.decode_seconds, reused=img.reused)
         if self.cancel.is_set():
@@ -342,7 +347,8 @@ class _Direct:
             seed=self.options.seed + 1, on_token=on_token, cancel=stop), self.cancel, self._piece)
         self.n_generated = len(gen.tokens)
         self.seconds["action"] = time.perf_counter() - t0
-        yield TurnFinished(turn=1, action="answer", reasoning_seconds=0.0, action_seconds=self.seconds["action"],
+        yield TurnFinished(turn=1, action="answer", reasoning_seconds=0.0,
+                           action_seconds=self.seconds["action"],
                            tool_seconds=0.0)
         key = self.context.answered(s)
         yield self._final("length" if gen.stop_reason == "length" else "answered", key)

@@ -110,7 +110,8 @@ class RationaleScored(Event):
     chosen: int  # index into candidates
     seconds: float
     library: str = ""  # the library scored: "built-in" or its file (Library.source); "" in older events
-    score_kind: str = "raw"  # raw (the paper's mean log-prob) | pmi (mean minus its mean after a neutral question)
+    # raw (the paper's mean log-prob) | pmi (mean minus its mean after a neutral question)
+    score_kind: str = "raw"
     rechosen: bool = False  # the first choice's move was taken back (MoveWithdrawn): the best of the rest
 
 
@@ -264,7 +265,8 @@ class ContextOpened(Event):
     source: str  # new | live (the chat's KV cache) | restored (its saved state) | rebuilt (history as text)
     reason: str  # why rebuilt: "no saved state", "context full", "the tools changed" ...
     tokens_reused: int  # context tokens kept from an earlier question or restored from a saved state
-    tokens_evaluated: int  # tokens this process evaluated to open it, read ahead or not (images in embeddings)
+    # tokens this process evaluated to open it, read ahead or not (images in embeddings)
+    tokens_evaluated: int
     system_restored: bool  # the system prompt came from a saved state
     n_ctx_used: int  # KV cells in use after opening
     seconds: float
@@ -294,3 +296,4 @@ class ImageEvaluated(Event):
     decode_seconds: float  # evaluating its embeddings
     reused: bool  # the embedding came from the cache (same image, same mmproj)
     read_ahead: bool = False  # read into the context on attach, before the question was sent
+    index: int | None = None  # an attached image: its number in the question (img_idx; 0 for a single one)

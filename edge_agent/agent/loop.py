@@ -1,10 +1,9 @@
 """The agent's turn loop: a generator of typed events (SSR and free-form modes).
 
-Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool
-runs and how its result re-enters the context, moves taken back, the turn limit, cancellation,
-per-turn timings, and the two SeProD hook points. Talks to the model only through
-``runtime.types.SessionLike`` and to the tools only through ``toolbox.ToolExecutor``; imports neither
-llama_cpp, textual, nor anything that touches the network.
+Knows: the order of one episode (prompt -> turns -> final answer), both reasoning modes, when a tool runs
+and how its result re-enters the context, moves taken back, the turn limit, cancellation, per-turn
+timings, and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike``
+and to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor network.
 
 One turn::
 
@@ -69,15 +68,19 @@ from edge_agent.agent.prompts import (
     THINK_CLOSE,
     TURN_END,
     TURN_LIMIT_NOTE,
+    ImageArg,
     echoes_instructions,
     observation_segments,
+    question_images,
     system_prompt,
 )
 from edge_agent.agent.rationales import ANY_ACTION
 from edge_agent.agent.ssr import SsrChooser
 from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.agent.totals import RunTotals
+from edge_agent.core.errors import Cancelled, EdgeAgentError
+from edge_agent.runtime.state import image_digest
 from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
 from edge_agent.tools import specs
 
@@ -91,7 +94,7 @@ def run_agent(
     question: str,
     *,
     tools: ToolExecutor,
-    image: bytes | None = None,
+    image: ImageArg = None,
     options: AgentOptions | None = None,
     cancel: threading.Event | None = None,
     drafter: DraftHooks | None = None,
@@ -99,9 +102,9 @@ def run_agent(
     image_label: str | None = None,
     context: ChatContext | None = None,
 ) -> Iterator[Event]:
-    """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``) in a few turns.
+    """Answer ``question`` (about ``image``: PNG bytes of image 0 of ``tools``; a list: 0..n-1) in turns.
 
-    ``context``: the chat's context (``edge_agent.chat_context``: continues the chat's KV cache or
+    ``context``: the chat's context (``edge_agent.chat.continuity``: continues the chat's KV cache or
     a saved state); without one, ``session`` must be a fresh (empty) session and ``history`` the
     earlier (question, answer) pairs, evaluated as text (``agent.context.FreshContext``).
     Yields RunStarted, ContextOpened ... FinalAnswer, or ends with AgentError(fatal=True). Closing
@@ -111,7 +114,8 @@ def run_agent(
         if session is None:
             raise ValueError("run_agent needs a session or a context")
         context = FreshContext(session, history)
-    return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter, image_label).events()
+    return _Run(context, question, tools, image, options or AgentOptions(), cancel, drafter,
+                image_label).events()
 
 
 def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
@@ -126,7 +130,7 @@ def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
 
 
 class _Run:
-    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: bytes | None,
+    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: ImageArg,
                  options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
                  image_label: str | None) -> None:
         if options.mode not in AGENT_MODES:  # "direct" has no turns: agent.direct.run_direct
@@ -135,8 +139,6 @@ class _Run:
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
         self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
-        self.evaluated0 = 0  # the session's n_evaluated before this question
-        self.prophet_evaluated0 = 0
         self.question = question.strip()
         self.tools = tools
         self.image = image
@@ -147,21 +149,20 @@ class _Run:
         self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
         self.turn = 0
         self.answer_parts: list[str] = []
-        self.current_image = image  # what the prophet looks at: the latest crop, else the original
+        self.numbers = {image_digest(p): i for i, p in enumerate(question_images(image)) if p is not None}
+        self.current_image = (question_images(image) or [None])[-1]  # the prophet looks at it, then the crops
         self.ground_target: str | None = None  # set after a successful zoom
         self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        self._base: Checkpoint | None = None  # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        # before this turn's reasoning was pasted (SSR) / its action (free-form)
+        self._base: Checkpoint | None = None
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
-        self.phase_seconds = {"prompt": 0.0, "reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0}
-        self.n_generated = 0
-        self.answer_tokens = 0  # tokens of the answer: the accepted draft (and its lead) + generated
-        self.t_start = 0.0
+        self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
 
     # ---- the episode ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
-        self.t_start = time.perf_counter()
+        self.totals.t_start = time.perf_counter()
         yield RunStarted(question=self.question, image=self.image_label, mode=self.options.mode,
                          seprod=self.drafter is not None, model=self.options.model_name)
         kept = False
@@ -185,21 +186,19 @@ class _Run:
             # instead of encoding the image itself first (an encode cannot be preempted, and the agent
             # would wait for the prophet's one-thread encode); while the agent reads, the prophet would
             # only wait for the cores anyway (runtime.cores).
-            self.prophet_evaluated0 = self.drafter.tokens_evaluated
+            self.totals.prophet_evaluated0 = self.drafter.tokens_evaluated
             self.drafter.start(image=self.current_image, question=self.question)
         self.session = opened.session
         self.opened = opened
-        self.evaluated0 = self.session.n_evaluated - opened.tokens_evaluated
-        self.phase_seconds["prompt"] = time.perf_counter() - t
+        self.totals.evaluated0 = self.session.n_evaluated - opened.tokens_evaluated
+        self.totals.phase_seconds["prompt"] = time.perf_counter() - t
         yield ContextOpened(source=opened.source, reason=opened.reason, tokens_reused=opened.tokens_reused,
                             tokens_evaluated=opened.tokens_evaluated, system_restored=opened.system_restored,
                             n_ctx_used=self.session.n_cells, seconds=opened.seconds,
                             tokens_read_ahead=opened.tokens_read_ahead,
                             question_tokens_read_ahead=opened.question_read_ahead)
-        for img in opened.images_read_ahead:
-            yield self._image_event(0, "image", img, read_ahead=True)
-        for img in opened.images:
-            yield self._image_event(0, "image", img)
+        for img, ahead in [(i, True) for i in opened.images_read_ahead] + [(i, False) for i in opened.images]:
+            yield self._image_event(0, "image", img, read_ahead=ahead)
         self._check()
         for turn in range(1, self.options.max_turns + 2):
             self.turn = turn
@@ -211,10 +210,13 @@ class _Run:
                 return True
         return False
 
-    def _image_event(self, turn: int, source: str, img: ImageChunk, *, read_ahead: bool = False) -> ImageEvaluated:
-        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos, width=img.width,
+    def _image_event(self, turn: int, source: str, img: ImageChunk, *,
+                     read_ahead: bool = False) -> ImageEvaluated:
+        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos,
+                              width=img.width,
                               height=img.height, encode_seconds=img.encode_seconds,
-                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead)
+                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead,
+                              index=self.numbers.get(img.digest) if source == "image" else None)
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
@@ -232,7 +234,8 @@ class _Run:
         if self.options.mode == "ssr":
             action, scored, adopt = self._ssr_reason(turn, allowed)
             reasoning_s = time.perf_counter() - t0
-            yield scored  # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
+            # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
+            yield scored
             t0 = time.perf_counter()
             self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
             reasoning_s += time.perf_counter() - t0
@@ -254,9 +257,11 @@ class _Run:
         # ---- tool ----
         t0 = time.perf_counter()
         if call is not None:
-            yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments), action_seconds=action_s)
+            yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments),
+                             action_seconds=action_s)
             out = self.tools.run(call, cancel=self.cancel)
-            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation, seconds=out.seconds,
+            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation,
+                               seconds=out.seconds,
                                status=out.status, image_index=out.image_index, image_path=out.image_path,
                                results=tuple(out.results))
         else:
@@ -276,7 +281,7 @@ class _Run:
             self.ground_target = out.label or self.question
             if self.drafter is not None:
                 self.drafter.start(image=out.image, question=self.question, target=self.ground_target)
-        self._add(reasoning_s, action_s, tool_s, observe_s)
+        self.totals.add(reasoning_s, action_s, tool_s, observe_s)
         yield TurnFinished(turn=turn, action=action if call is not None else "invalid",
                            reasoning_seconds=reasoning_s,
                            action_seconds=action_s, tool_seconds=tool_s, observe_seconds=observe_s)
@@ -337,8 +342,8 @@ class _Run:
         if mean >= threshold:
             self._probe = gen
             return None
-        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of its "
-                f"first tokens, below answer_check {threshold:g}): it searches first")
+        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of "
+                f"its first tokens, below answer_check {threshold:g}): it searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
@@ -355,16 +360,18 @@ class _Run:
                 self.session.append_text("\n")  # the rationale starts on its own line
         self.ground_target = None
 
-    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None, None]:
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
+                                                                                               None]:
         """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
         answer = yield from self._answer(turn)
         action_s = time.perf_counter() - t0
-        self._add(reasoning_s, action_s, 0.0, 0.0)
+        self.totals.add(reasoning_s, action_s, 0.0, 0.0)
         yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
                            tool_seconds=0.0)
         self._close_answer()
         key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer, self.ours):  # "You have no tool calls left", a tool's message: not an answer
+        if echoes_instructions(answer,
+                               self.ours):  # "You have no tool calls left", a tool's message: not an answer
             yield AgentError(turn=turn, title="No answer found", fatal=False,
                              message=f"The model repeated our instructions instead of answering ({answer!r}).")
             yield self._final("no_answer", "", context=key)
@@ -404,7 +411,8 @@ class _Run:
         """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
         the next call on the session). The point before is this turn's base: a move taken back returns there."""
         self._base = self.session.checkpoint()
-        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
+        return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
+                               has_evidence=self.evidence,
                                cancel=self.cancel)
 
     def _has_image(self) -> bool:
@@ -426,7 +434,8 @@ class _Run:
         t0 = time.perf_counter()
         gen = yield from self._stream(
             lambda on_token, stop: self.session.generate(
-                max_tokens=self.options.freeform_max_tokens, stop=[THINK_STOP], temperature=self.options.temperature,
+                max_tokens=self.options.freeform_max_tokens, stop=[THINK_STOP],
+                temperature=self.options.temperature,
                 seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
             lambda piece: ReasoningToken(turn=turn, text=piece),
         )
@@ -477,7 +486,7 @@ class _Run:
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.options.answer_max_tokens
-        self.answer_tokens = 0
+        self.totals.answer_tokens = 0
         self.answer_end = "length"
         if self.drafter is not None:
             # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
@@ -489,8 +498,8 @@ class _Run:
                                                question=self.question, max_tokens=budget)
             if v.accepted_text:
                 self.answer_parts.append(v.accepted_text)
-            self.answer_tokens = len(v.lead) + v.accepted
-            budget -= self.answer_tokens
+            self.totals.answer_tokens = len(v.lead) + v.accepted
+            budget -= self.totals.answer_tokens
         held = {"cut": False}
         probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
@@ -509,7 +518,7 @@ class _Run:
         if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
             if (first := piece_event(probe.text)) is not None:
                 yield first
-            self.answer_tokens += len(probe.tokens)
+            self.totals.answer_tokens += len(probe.tokens)
             budget -= len(probe.tokens)
             if probe.stop_reason in ("stop", "eos"):
                 self.answer_end, budget = probe.stop_reason, 0
@@ -522,7 +531,7 @@ class _Run:
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )
-            self.answer_tokens += len(gen.tokens)
+            self.totals.answer_tokens += len(gen.tokens)
             self.answer_end = gen.stop_reason
             if self.drafter is not None:  # the agent's decode time per token prices the next drafts
                 self.drafter.observe_decode(gen.seconds, len(gen.tokens))
@@ -533,7 +542,7 @@ class _Run:
         gen = self.session.generate(max_tokens=max_tokens, grammar=grammar, stop=stop,
                                     temperature=self.options.temperature, seed=self.options.seed + self.turn,
                                     cancel=self.cancel)
-        self.n_generated += len(gen.tokens)
+        self.totals.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled":
             raise Cancelled()
         return gen
@@ -542,7 +551,7 @@ class _Run:
                 make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
         """:func:`streaming.stream` of one generation; counts its tokens; a cancelled one raises Cancelled."""
         gen = yield from stream(call, make_event, self.cancel)
-        self.n_generated += len(gen.tokens)
+        self.totals.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()
         return gen
@@ -569,32 +578,11 @@ class _Run:
         if self.cancel.is_set():
             raise Cancelled()
 
-    def _add(self, reasoning: float, action: float, tool: float, observe: float) -> None:
-        self.phase_seconds["reasoning"] += reasoning
-        self.phase_seconds["action"] += action
-        self.phase_seconds["tool"] += tool
-        self.phase_seconds["observe"] += observe
-
     def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
-        totals: dict[str, float] = {k: round(v, 6) for k, v in self.phase_seconds.items()}
-        totals["total"] = round(time.perf_counter() - self.t_start, 6)
-        totals["turns"] = float(self.turn)
-        totals["generated_tokens"] = float(self.n_generated)
-        totals["answer_tokens"] = float(self.answer_tokens)  # accepted draft tokens included; <= answer_max_tokens
-        # Prompt tokens this process evaluated for this question (all models; an image counts its
-        # embeddings; read ahead or not) and the context tokens it did not evaluate because they were kept
-        # from an earlier question or restored.
-        evaluated = reused = n_pos = ahead = 0
-        if self.opened is not None:
-            evaluated = self.session.n_evaluated - self.evaluated0
-            reused, n_pos = self.opened.tokens_reused, self.session.n_pos
-            ahead = self.opened.tokens_read_ahead  # read before the question was sent: in tokens_evaluated too
-        if self.drafter is not None:
-            evaluated += self.drafter.tokens_evaluated - self.prophet_evaluated0
-            totals.update(self.drafter.totals())
-        totals["n_pos"] = float(n_pos)
-        totals["tokens_evaluated"] = float(evaluated)
-        totals["tokens_reused"] = float(reused)
-        totals["tokens_read_ahead"] = float(ahead)
+        opened = self.opened is not None
+        totals = self.totals.final(turns=self.turn, opened=self.opened, drafter=self.drafter,
+                                   n_evaluated=self.session.n_evaluated if opened else 0,
+                                   n_pos=self.session.n_pos if opened else 0)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
-        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals, context=context)
+        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals,
+                           context=context)

@@ -16,7 +16,8 @@ from edge_agent.agent.rationales import Library, builtin_library
 from edge_agent.runtime.types import SessionLike
 
 AGENT_MODES = ("ssr", "freeform")  # how the agent's turn reasons: scored rationales or written text
-CHECK_OFF = -20.0  # ssr_answer_check at or below this: no check (a mean log-prob that low is no answer at all)
+# ssr_answer_check at or below this: no check (a mean log-prob that low is no answer at all)
+CHECK_OFF = -20.0
 REASONING_MODES = (*AGENT_MODES, "direct")  # direct: the model alone in a plain chat (agent.direct), no turns
 
 # (turn, allowed action types) -> the action types allowed in this turn. For experiments and tests
@@ -75,8 +76,10 @@ class AgentOptions:
     tau: float = 1.0
     sample: bool = False  # SSR: one seeded categorical draw instead of argmax
     index_only: bool = False  # SSR ablation: score "[k]" instead of the rationale's text
-    ssr_score: str = "raw"  # raw: mean log-prob (the paper) | pmi: minus the candidate's mean after a neutral question
-    neutral: Mapping[str, float] | None = None  # pmi: candidate text -> its mean log-prob after a neutral question
+    # raw: mean log-prob (the paper) | pmi: minus the candidate's mean after a neutral question
+    ssr_score: str = "raw"
+    neutral: Mapping[str,
+                     float] | None = None  # pmi: candidate text -> its mean log-prob after a neutral question
     # SSR, an answer before any tool result: the least mean log-prob of its first tokens to answer without
     # searching first (None: no check; loop.ANSWER_CHECK_TOKENS tokens, kept as the answer's start)
     answer_check: float | None = None
@@ -97,9 +100,11 @@ class AgentOptions:
         from edge_agent.agent.rationales import load_library
 
         kw: dict[str, Any] = dict(
-            mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau, sample=settings.ssr_sample,
+            mode=settings.mode, max_turns=settings.max_turns, tau=settings.ssr_tau,
+            sample=settings.ssr_sample,
             index_only=settings.ssr_index_only, ssr_score=settings.ssr_score,
-            answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None, seed=settings.seed, temperature=settings.temperature,
+            answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None,
+            seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
             instructions=settings.system_prompt,

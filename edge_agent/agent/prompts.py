@@ -29,7 +29,7 @@ from edge_agent.tools import specs
 from edge_agent.tools.specs.answer import ANSWER_CLOSE, ANSWER_OPEN
 
 if TYPE_CHECKING:
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
 
 THINK_OPEN = "<|im_start|>assistant\n<think>\n"
 THINK_CLOSE = "\n</think>\n\n"  # after the reasoning (pasted or generated)
@@ -86,7 +86,8 @@ def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Li
         return f"<|im_start|>system\n{head}<|im_end|>\n"
     schemas = "\n".join(_schema_json(s) for s in tools)
     return (
-        f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"<|im_start|>system\n{head}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+        f"user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n"
         f"<tools>\n{schemas}\n</tools>\n\n"
         "For each function call, return a json object with function name and arguments within "
@@ -99,18 +100,34 @@ def history_segments(history: Sequence[tuple[str, str]]) -> list[Segment]:
     """Earlier questions and answers of the same chat, as plain user/assistant turns (text only)."""
     out: list[Segment] = []
     for q, a in history:
-        out += [Text("<|im_start|>user\n"), Text(q, special=False), Text("<|im_end|>\n<|im_start|>assistant\n"),
+        out += [Text("<|im_start|>user\n"), Text(q, special=False),
+                Text("<|im_end|>\n<|im_start|>assistant\n"),
                 Text(ANSWER_OPEN), Text(a, special=False), Text(ANSWER_CLOSE + TURN_END)]
     return out
 
 
-def question_segments(question: str, image: bytes | None, *, closed: bool = True) -> list[Segment]:
-    """The user turn (image first, then the question) and the opening of the first assistant turn.
-    ``closed=False``: only what the person has given so far (a read-ahead's pending turn: the image and
-    the words typed), which the closed turn starts with."""
+ImageArg = bytes | Sequence[bytes | None] | None  # one image, or several (None: one the chat holds already)
+
+
+def question_images(image: ImageArg) -> list[bytes | None]:
+    """A question's images as a list: one image (bytes), several (a sequence), none (None)."""
+    if image is None:
+        return []
+    return [bytes(image)] if isinstance(image, bytes | bytearray) else list(image)
+
+
+def question_segments(question: str, image: ImageArg, *, closed: bool = True) -> list[Segment]:
+    """The user turn (the images first, then the question) and the opening of the first assistant turn.
+    Several images are each followed by the caption ``Image i.`` (``i`` the ``img_idx`` the tools take;
+    after the image, so a turn read ahead with the first image keeps it when a second is attached); an
+    entry None is an image the chat's context holds already (not repeated, its number kept).
+    ``closed=False``: only what the person has given so far (a read-ahead's pending turn: the images
+    and the words typed), which the closed turn starts with."""
     out: list[Segment] = [Text("<|im_start|>user\n")]
-    if image is not None:
-        out.append(Img(image))
+    images = question_images(image)
+    for i, png in enumerate(images):
+        if png is not None:
+            out += [Img(png), Text(f"Image {i}.\n")] if len(images) > 1 else [Img(png)]
     out.append(Text(question, special=False))
     if closed:
         out.append(Text(TURN_END + THINK_OPEN))
@@ -181,7 +198,7 @@ def min_n_ctx(settings: Settings) -> int:
     densest of the tokenizers we ship: the tiny test models' 2.7; Qwen3's and SmolLM2's ~3.5), plus
     ``QUESTION_TOKENS`` for a question and a short answer."""
     from edge_agent.agent.rationales import load_library
-    from edge_agent.errors import EdgeAgentError
+    from edge_agent.core.errors import EdgeAgentError
 
     try:
         library = load_library(settings.rationales) if settings.ssr_index_only else None
@@ -196,13 +213,14 @@ def check_n_ctx(settings: Settings) -> None:
     """Raise ConfigError when ``n_ctx`` cannot hold the system prompt of these settings and a question
     (``Settings.validate`` checks every range; this needs the prompt, so the layers that know the agent
     call it: ``config set``, the settings screen, loading an engine)."""
-    from edge_agent.errors import ConfigError
+    from edge_agent.core.errors import ConfigError
 
     if settings.n_ctx >= 4096:  # (checked only when small: building the prompt costs ~0.1 s)
         return
     need = min_n_ctx(settings)
     if settings.n_ctx < need:
         raise ConfigError(
-            f"Setting n_ctx must be at least {need}, not {settings.n_ctx}: the system prompt of these settings "
-            f"alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer need "
-            f"{QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx {max(need, 2048)}`.")
+            f"Setting n_ctx must be at least {need}, not {settings.n_ctx}: the system prompt of these "
+            f"settings alone takes up to ~{need - QUESTION_TOKENS} tokens, and a question and its answer "
+            f"need {QUESTION_TOKENS} more (8192 is the default): `edge-agent config set n_ctx "
+            f"{max(need, 2048)}`.")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import ConfigError
+from edge_agent.core.errors import ConfigError
 from edge_agent.tools import specs
 
 
@@ -101,13 +101,15 @@ def load_library(path: str | Path | None = None) -> Library:
 def parse_library(data: Any, *, source: str) -> Library:
     """Validate a decoded library: ``{"rationales": [{"id", "action", "text"}, ...]}`` or a bare list."""
     where = "the built-in library" if source == "built-in" else source
-    shape = ('Expected {"rationales": [{"id": "zoom", "action": "zoom", "text": "I should zoom in ..."}, ...]} '
+    shape = ('Expected {"rationales": [{"id": "zoom", "action": "zoom", "text": "I should zoom in ..."}, '
+             '...]} '
              f"with action one of {', '.join(library_actions())}.")
     items = data.get("rationales") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise RationaleLibraryError(f"{where} holds no rationales. {shape}")
     if len(items) > MAX_RATIONALES:
-        raise RationaleLibraryError(f"{where} has {len(items)} rationales; at most {MAX_RATIONALES} are supported.")
+        raise RationaleLibraryError(f"{where} has {len(items)} rationales; at most {MAX_RATIONALES} are "
+                                    f"supported.")
     out: list[Rationale] = []
     seen: set[str] = set()
     for n, item in enumerate(items, 1):
@@ -120,8 +122,8 @@ def parse_library(data: Any, *, source: str) -> Library:
             raise RationaleLibraryError(f"Rationale {n} in {where}: id {rid!r} is used twice.")
         if action not in (*library_actions(), ANY_ACTION):
             raise RationaleLibraryError(
-                f"Rationale {rid!r} in {where}: action must be one of {', '.join(library_actions())} (or {ANY_ACTION!r}: the "
-                f"model chooses), not {action!r}.")
+                f"Rationale {rid!r} in {where}: action must be one of {', '.join(library_actions())} (or "
+                f"{ANY_ACTION!r}: the model chooses), not {action!r}.")
         if not isinstance(text, str) or not text.strip():
             raise RationaleLibraryError(f"Rationale {rid!r} in {where}: text must be a non-empty string.")
         text = " ".join(text.split())  # one line: it sits between "<think>\n" and "\n</think>"

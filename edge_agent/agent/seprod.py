@@ -69,7 +69,7 @@ from edge_agent.agent.seprod_math import (
     search_weight,
 )
 from edge_agent.agent.seprod_policy import Adaptive, Costs, Fitter, Plan, ema
-from edge_agent.errors import Cancelled, ConfigError, EdgeAgentError
+from edge_agent.core.errors import Cancelled, ConfigError, EdgeAgentError
 from edge_agent.runtime.types import Checkpoint, DraftModelLike, SessionLike
 
 
@@ -273,7 +273,9 @@ class Drafter:
         if mode not in DRAFT_MODES:
             raise ValueError(f"mode must be one of {DRAFT_MODES}")
         t0 = time.perf_counter()
-        job = self._take(mode, query, image) or self._submit(mode, query, image, plan=Plan(True, self.draft_len), keep=False)
+        job = self._take(mode, query, image) or self._submit(mode, query, image, plan=Plan(True,
+                                                                                           self.draft_len),
+                                                                                           keep=False)
         d = job.future.result()
         return dataclasses.replace(d, waited=time.perf_counter() - t0)
 
@@ -282,7 +284,8 @@ class Drafter:
             return self._pending.pop((mode, query, draft_image_key(image)), None)
 
     def _submit(self, mode: str, query: str, image: bytes | None, *, plan: Plan | None = None,
-                keep: bool = True, ahead: list[float] | None = None, new_image: list[bool] | None = None) -> _Job:
+                keep: bool = True, ahead: list[float] | None = None,
+                new_image: list[bool] | None = None) -> _Job:
         """Queue a draft (``keep``: remembered for the hook; ``ahead``/``new_image``: prepared by
         :meth:`start`, fitted to the time before its hook). A plan that does not draft queues nothing."""
         key = (mode, query, draft_image_key(image))
@@ -353,7 +356,8 @@ class Drafter:
             s.rollback(self._after_image)  # same image: its chunks stay in the cache
         s.append_text(query, special=False)  # the user's text never becomes control tokens
         s.append_text("<|im_end|>\n<|im_start|>assistant\n", special=True)
-        gen = s.generate(max_tokens=job.plan.draft_len, temperature=0.0, on_token=job.on_token, cancel=job.cancel)
+        gen = s.generate(max_tokens=job.plan.draft_len, temperature=0.0, on_token=job.on_token,
+                         cancel=job.cancel)
         if gen.stop_reason == "cancelled":
             self._measure(job, cancelled=True)  # a cancelled draft still says what drafting costs
             raise Cancelled()
@@ -480,15 +484,18 @@ class Drafter:
         """Grounding round after a zoom: call right after the think block opens. ``target``: the zoom
         label the agent wrote (or the question), cleaned by :func:`seprod_math.clean_label`. The returned value
         carries the prophet's verdict; after an accepted "no", ``steer`` is text for the loop to append."""
-        return (yield from self._round(session, turn=turn, mode=GROUNDING, query=grounding_query(target), image=image))
+        return (yield from self._round(session, turn=turn, mode=GROUNDING, query=grounding_query(target),
+                                       image=image))
 
     def answer(
-        self, session: SessionLike, *, turn: int, image: bytes | None, question: str, max_tokens: int | None = None
+        self, session: SessionLike, *, turn: int, image: bytes | None, question: str,
+        max_tokens: int | None = None
     ) -> Generator[Event, None, Verification]:
         """Answering round: call where the answer text starts; yields the accepted text as an
         ``AnswerToken(from_prophet=True)``; the loop then continues generating the answer.
         ``max_tokens``: the answer's token budget (lead + accepted tokens never exceed it)."""
-        v = yield from self._round(session, turn=turn, mode=ANSWERING, query=answering_query(question), image=image,
+        v = yield from self._round(session, turn=turn, mode=ANSWERING, query=answering_query(question),
+                                   image=image,
                                    max_tokens=max_tokens)
         if v.accepted_text:
             yield AnswerToken(turn=turn, text=v.accepted_text, from_prophet=True)
@@ -530,7 +537,8 @@ class Drafter:
                              "continuing without it.", fatal=False)
             return Verification.empty(mode, query, skipped="failed")
         d = dataclasses.replace(d, waited=0.0 if ready else time.perf_counter() - t0)
-        yield DraftProposed(turn=turn, mode=mode, text=d.text, tokens=d.tokens, seconds=d.seconds, waited=d.waited,
+        yield DraftProposed(turn=turn, mode=mode, text=d.text, tokens=d.tokens, seconds=d.seconds,
+                            waited=d.waited,
                             draft_len=d.draft_len, note=job.plan.note)
         v = self.verify(session, d, max_tokens=max_tokens)
         if mode == GROUNDING:
@@ -543,7 +551,8 @@ class Drafter:
         if v.accepted:  # a draft that was ready and accepted: probe at the normal rate again
             self.fitter.accepted(mode)
         yield DraftVerified(
-            turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens), accepted_text=v.accepted_text,
+            turn=turn, mode=mode, accepted=v.accepted, drafted=len(v.draft.tokens),
+            accepted_text=v.accepted_text,
             scores=tuple(float(x) for x in v.scores), seconds=v.seconds, lead=len(v.lead), verdict=v.verdict,
             verdict_accepted=v.verdict_accepted,
         )

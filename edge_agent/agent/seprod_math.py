@@ -54,7 +54,8 @@ def normalised_rank(ranks: np.ndarray | Sequence[int], n_vocab: int) -> np.ndarr
     return 1.0 - np.log1p(r) / math.log(n_vocab)
 
 
-def search_weight(ranks: np.ndarray | Sequence[int], n_vocab: int, a0: float, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
+def search_weight(ranks: np.ndarray | Sequence[int], n_vocab: int, a0: float,
+                  gamma: float = DEFAULT_GAMMA) -> np.ndarray:
     """a_j = a0 + (1 - a0) * u_j ** gamma, with u_j = :func:`normalised_rank` (so a0 <= a_j <= 1).
 
     The search model's argmax gets a_j = 1 (s_j = p_s: the agent would pick it anyway, the prophet's
@@ -298,6 +299,6 @@ def draft_image_key(image: bytes | None) -> str:
     return hashlib.blake2b(image, digest_size=16).hexdigest() if image is not None else ""
 
 
-# The ``seprod_tau`` setting's default (edge_agent.config; a test keeps the two equal): at 0.05 the
+# The ``seprod_tau`` setting's default (edge_agent.core.config; a test keeps the two equal): at 0.05 the
 # benchmark's SmolLM2 pair accepted half of its drafts, at 0.1 a fifth.
 DEFAULT_TAU = 0.05

@@ -138,16 +138,19 @@ class Fitter:
             self.late[mode] = self.late.get(mode, 0) + 1
             gap = self.gaps.get(mode, PROBE_EVERY)
             if self.late[mode] < gap:
-                return Plan(False, 0, f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
+                return Plan(False, 0,
+                            f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
                             f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready"), None
             # a short probe; the next one comes twice as late unless a draft is used meanwhile
             self.gaps[mode] = min(2 * gap, MAX_PROBE_GAP)
-            fits, note = min(MIN_DRAFT_LEN, plan.draft_len), f"probing whether a {mode} draft is ready in time"
+            fits, note = min(MIN_DRAFT_LEN,
+                             plan.draft_len), f"probing whether a {mode} draft is ready in time"
         else:
             note = plan.note
         self.late[mode] = 0
         if fits < plan.draft_len:
-            plan = Plan(True, fits, (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
+            plan = Plan(True, fits,
+                        (note + "; " if note else "") + f"L_d {fits} of {plan.draft_len}: what is ready "
                         f"in the ~{lead * 1e3:.0f} ms before the agent needs it")
         elif note != plan.note:
             plan = Plan(True, plan.draft_len, note)

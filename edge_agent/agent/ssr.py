@@ -3,7 +3,7 @@
 Knows: which of the library's rationales are candidates for the allowed actions (with or without an
 image), the candidate strings (the text, or "[k]" in the index-only ablation), the ONE batched scoring
 call, the value a choice is made from (``ssr_score`` raw: the paper's mean token log-prob; pmi: minus
-the candidate's mean after a neutral question, ``edge_agent.calibration``), softmax selection with
+the candidate's mean after a neutral question, ``edge_agent.engine.calibration``), softmax selection with
 ``tau`` (argmax or one seeded draw), the RationaleScored event, and choosing again from the same
 scores when the chosen move was taken back. Does not know: the chat format, the loop's turns, llama.cpp
 (a ``SessionLike`` is handed in).

@@ -17,7 +17,8 @@ from edge_agent.runtime.types import Generation
 
 
 def stream(call: Callable[[Callable[[str, int], None], threading.Event], Generation],
-           make_event: Callable[[str], Event | None], cancel: threading.Event) -> Generator[Event, None, Generation]:
+           make_event: Callable[[str], Event | None], cancel: threading.Event) -> Generator[Event, None,
+                                                                                            Generation]:
     """Run ``call(on_token, stop)`` in a worker thread and yield ``make_event(piece)`` per streamed piece.
 
     The session is touched by the worker only while this generator waits for it. ``cancel`` is mirrored

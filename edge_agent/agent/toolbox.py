@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_agent.agent.actions import ToolCall
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 from edge_agent.tools import specs
 from edge_agent.tools.images import jpeg_bytes
 from edge_agent.tools.text import query_key

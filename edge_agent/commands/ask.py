@@ -1,6 +1,6 @@
-"""`edge-agent ask [IMAGE] QUESTION`: answer one question and print the answer and a compact trace.
+"""`edge-agent ask [IMAGE]... QUESTION`: answer one question and print the answer and a compact trace.
 
-Parses flags into settings, builds the engine (edge_agent.engine), and renders the agent's events:
+Parses flags into settings, builds the engine (edge_agent.engine.engine), and renders the agent's events:
 for people, the answer alone on stdout and, on stderr, progress and one trace line per turn (the
 rationale chosen and its probability, or the reasoning's length; the tool call; timings); with
 ``--json``, one JSON object per event per line on stdout, the last the final answer with totals.
@@ -12,6 +12,7 @@ traceback).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -20,10 +21,12 @@ from typing import Any
 import click
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
-from edge_agent.crops import prune_crops, remove_run_crops
-from edge_agent.engine_face import AskRequest
-from edge_agent.errors import EdgeAgentError
+from edge_agent.chat.crops import prune_crops, remove_run_crops
+from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import EdgeAgentError
+from edge_agent.engine.face import AskRequest
+from edge_agent.tools.images import SUFFIXES as IMAGE_SUFFIXES
 
 
 def _is_file(arg: str) -> bool:
@@ -35,7 +38,9 @@ def _is_file(arg: str) -> bool:
 
 
 @click.command("ask")
-@click.argument("args", nargs=-1, required=True, metavar="[IMAGE] QUESTION")
+@click.argument("args", nargs=-1, required=True, metavar="[IMAGE]... QUESTION")
+@click.option("--image", "-i", "image_flags", multiple=True, metavar="FILE",
+              help="An image to ask about (repeat for several; the same as IMAGE before the question).")
 @click.option("--model", default=None, help="Agent model: catalog name or GGUF path.")
 @click.option("--mmproj", default=None, help="Vision projector (mmproj) GGUF for the model.")
 @click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None,
@@ -48,19 +53,21 @@ def _is_file(arg: str) -> bool:
 @click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path (same tokenizer).")
 @click.option("--prophet-mmproj", default=None, help="Vision projector (mmproj) GGUF for the prophet.")
 @click.option("-c", "--continue", "continue_", is_flag=True,
-              help="Continue the most recent chat (the app's chats too): its image and answers stay in the model's context.")
+              help="Continue the most recent chat (the app's chats too): its images and answers stay in the "
+                   "model's context.")
 @click.option("--chat", "chat_id", type=int, default=None, help="Continue the chat with this id (see `edge-agent chats`).")
 @click.option("--no-save", is_flag=True,
               help="Do not save this question and answer as a chat (a follow-up still reads the chat it continues).")
 def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
             max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool,
             prophet: str | None = None, prophet_mmproj: str | None = None, continue_: bool = False,
-            chat_id: int | None = None, no_save: bool = False) -> None:
-    """Ask one question about an image (or, without IMAGE, a text-only question) and print the answer.
+            chat_id: int | None = None, no_save: bool = False, image_flags: tuple[str, ...] = ()) -> None:
+    """Ask one question about an image or several (without IMAGE, a text-only question); print the answer.
 
     \b
     Examples:
       edge-agent ask photo.jpg "What does the small sign say?"
+      edge-agent ask photo.jpg screenshot.png "Is this the same shop?"   two images (or -i A -i B)
       edge-agent ask photo.jpg "Where is this?" --mode freeform --max-turns 3
       edge-agent ask photo.jpg "Who made this?" --offline --json
       edge-agent ask "What is the capital of Peru?" --model smollm2-135m-demo
@@ -72,14 +79,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     Every question is saved as a chat (the app's chat list) unless --no-save. A follow-up continues
     the chat's saved context: the image and earlier answers are not read again.
     """
-    if len(args) == 1:
-        image, question = None, args[0]
-        if _is_file(question):  # any text that is not an existing file is a question
-            raise click.UsageError(f"{question} is a file: give a question too, e.g. edge-agent ask {question} \"What is this?\"")
-    elif len(args) == 2:
-        image, question = args
-    else:
-        raise click.UsageError("Give an optional IMAGE and one QUESTION (quote the question).")
+    images, question = _images_and_question(args, image_flags)
 
     if not question.strip():  # before any model loads
         raise EdgeAgentError('The question is empty. Give one in quotes: edge-agent ask "What is the capital of '
@@ -87,7 +87,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
     settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
                               "offline": True if offline else None})
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     follow_up, lock = continue_ or chat_id is not None, None
@@ -95,7 +95,7 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
         if follow_up and not no_save:  # one writer per chat: from reading its context to saving the answer
             lock = _lock_chat(settings, store, chat_id)
             chat_id = lock.chat_id if lock is not None else chat_id
-        chat, image = _chat_for(store, follow_up, chat_id, image)
+        chat, images = _chat_for(store, follow_up, chat_id, images)
         settings = _chat_models(settings, chat, flags, say=None if as_json else _note)
         unsaved = "not saved as a chat (--no-save)"
         if store.read_only and not no_save:  # a read-only home, a full disk: the answer still comes, unsaved
@@ -103,17 +103,38 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
             if as_json:
                 _note(unsaved)
         saving = not no_save and not store.read_only
-        _ask(settings, store if saving else None, chat, question, image, as_json=as_json, mode=mode, unsaved=unsaved)
+        _ask(settings, store if saving else None, chat, question, images, as_json=as_json, mode=mode,
+             unsaved=unsaved)
     finally:
         if lock is not None:
             lock.release()
         store.close()
 
 
+def _images_and_question(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[list[str], str]:
+    """The images (``IMAGE...`` before the question, then each ``--image``) and the question. Several
+    images must all exist: a missing one is named, with the command that asks without it."""
+    images, question = [*args[:-1], *flags], args[-1]
+    if _is_file(question) and (not images or question.lower().endswith(IMAGE_SUFFIXES)):  # else a question
+        shown = " ".join(shlex.quote(p) for p in [*images, question])
+        raise click.UsageError(f"{question} is a file: give a question too, e.g. edge-agent ask {shown} "
+                               '"What is this?"')
+    if len(args) > 2 and not any(_is_file(a) or a.lower().endswith(IMAGE_SUFFIXES) for a in args[:-1]):
+        raise click.UsageError("Give the IMAGE files, then one QUESTION (quote the question).")
+    missing = [i for i, p in enumerate(images) if not _is_file(p)]
+    if len(images) > 1 and missing:
+        i = missing[0]
+        rest = " ".join(shlex.quote(p) for k, p in enumerate(images) if k not in missing)
+        without = f"edge-agent ask {rest} {json.dumps(question, ensure_ascii=False)}"
+        raise EdgeAgentError(f"Image file not found: {images[i]} (image {i + 1} of {len(images)}). Check the "
+                             f"path, or ask without it: {without}", title="Image problem")
+    return images, question
+
+
 def _lock_chat(settings: Settings, store: Any, chat_id: int | None) -> Any:
     """The lock of the chat this follow-up goes to (None: there is no chat yet), waiting, with a line on
     stderr, while another question (another `ask`, the app) is answering in it."""
-    from edge_agent.chatlock import ChatLock
+    from edge_agent.chat.lock import ChatLock
 
     cid = chat_id if chat_id is not None else store.latest_chat()
     if cid is None:
@@ -128,26 +149,26 @@ def _note(text: str) -> None:
     click.echo(text, err=True)
 
 
-def _chat_for(store: Any, follow_up: bool, chat_id: int | None, image: str | None) -> tuple[Any, str | None]:
-    """(Continuation of the chat to ask in, the image to ask about): the chat's own image for a
-    follow-up without one; for a new question an empty chat id 0 (the chat is created only once the
-    question reaches the model: see :class:`_ChatWriter`)."""
-    from edge_agent.chats import Continuation
+def _chat_for(store: Any, follow_up: bool, chat_id: int | None, images: list[str]) -> tuple[Any, list[str]]:
+    """(Continuation of the chat to ask in, the images to ask about): the chat's own images (its last
+    question's) for a follow-up without any; for a new question an empty chat id 0 (the chat is created
+    only once the question reaches the model: see ``chat.recorder``)."""
+    from edge_agent.chat.store import Continuation
 
     if not follow_up:
-        return Continuation(0), image
+        return Continuation(0), images
     if chat_id is None:
         chat_id = store.latest_chat()
         if chat_id is None:
             raise click.UsageError("There is no chat to continue yet: ask a first question without --continue.")
     cont = store.continuation(chat_id)
-    if image is None and cont.image:
-        if not Path(cont.image).is_file():
+    if not images and cont.last_images:
+        for gone in (p for p in cont.last_images if not Path(p).is_file()):
             raise EdgeAgentError(
-                f"Chat {chat_id}'s image {cont.image} is gone. Attach it again: "
+                f"Chat {chat_id}'s image {gone} is gone. Attach it again: "
                 f'edge-agent ask --chat {chat_id} IMAGE "question"', title="Image not found")
-        image = cont.image
-    return cont, image
+        images = list(cont.last_images)
+    return cont, images
 
 
 def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], say: Any) -> Settings:
@@ -155,8 +176,8 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     (``Continuation.models``) unless --model (agent, mmproj) or --prophet (prophet, its mmproj) says
     otherwise; ``say`` (None: quiet) is told when that differs from the current setting, and how to
     choose. Raises when the chat's model file is gone (and names the flag that picks another)."""
-    from edge_agent.catalog import resolve
-    from edge_agent.engine import model_files
+    from edge_agent.engine.engine import model_files
+    from edge_agent.modelfiles.resolution import resolve
 
     files = chat.models
     if not files.get("model"):
@@ -188,46 +209,17 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     return settings.updated(use, source=f"chat {chat.chat_id}")
 
 
-class _ChatWriter:
-    """Saves one question and its answer as a chat exchange, but only once the question reached the
-    model: a question refused before that (a bad image, an image for a text-only model, a busy engine)
-    adds nothing, not even a new empty chat. An answer that fails midway is kept, marked ``error``."""
-
-    def __init__(self, store: Any | None, chat: Any, question: str, image: str | None, files: dict[str, str]):
-        self.store, self.chat_id, self.question, self.image, self.files = store, chat.chat_id, question, image, files
-        self.message_id: int | None = None
-        self._held: list[ev.Event] = []
-
-    def add(self, e: ev.Event) -> None:
-        if self.store is None:
-            return
-        if self.message_id is None:
-            if isinstance(e, ev.RunStarted) or (isinstance(e, ev.AgentError) and e.fatal):
-                self._held.append(e)  # not yet: the run may stop here without the model reading anything
-                return
-            if not self.chat_id:
-                self.chat_id = self.store.new_chat()
-            self.store.add_user_message(self.chat_id, self.question, self.image)
-            self.message_id = self.store.start_answer(self.chat_id, models=self.files)
-            for held in self._held:
-                self.store.add_event(self.message_id, held)
-        self.store.add_event(self.message_id, e)
-
-    def finish(self, status: str) -> None:
-        if self.store is not None and self.message_id is not None:
-            self.store.finish_answer(self.message_id, status)
-
-
-def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image: str | None, *, as_json: bool,
+def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images: list[str], *, as_json: bool,
          mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
-    from edge_agent.engine import Engine  # heavy: llama.cpp
+    from edge_agent.engine.engine import Engine  # heavy: llama.cpp
 
     def progress(msg: str, frac: float) -> None:
         if not as_json and sys.stderr.isatty():
             click.echo(f"{msg} ...", err=True)
 
     # the system prompt's saved state and the photo are read while the prophet loads
+    image = images[0] if len(images) == 1 else (images or None)  # what Engine.ask takes: one file, or a list
     engine = Engine.from_settings(settings, progress=progress, ahead=(question, image, chat.context))
     memory = getattr(engine, "memory", None)
     # like the progress lines, for people only: --json's output holds events only, and a piped
@@ -239,16 +231,15 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
     cancel = threading.Event()
     events: list[ev.Event] = []
     live = not as_json and sys.stderr.isatty()
-    shown = str(Path(image).expanduser().resolve()) if image else None
-    writer = _ChatWriter(store, chat, question, shown, engine.files)
-    status = "error"
+    shown = [str(Path(p).expanduser().resolve()) for p in images]
+    writer = ExchangeRecorder(store, chat.chat_id, question, shown, engine.files)
+    status = AnswerStatus()
     try:
         for e in engine.ask(AskRequest(question, image, context=chat.context,
                                        history=chat.turns), cancel=cancel):
             events.append(e)
             writer.add(e)
-            if isinstance(e, ev.FinalAnswer):
-                status = e.stop_reason
+            status.see(e)
             if as_json:
                 click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
             elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
@@ -256,13 +247,17 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, image:
                            err=True)
             elif live and isinstance(e, ev.TurnFinished):
                 click.echo(f"  turn {e.turn}: {e.action}", err=True)
-    except KeyboardInterrupt:
+        status.end(cancelled=cancel.is_set())
+    except KeyboardInterrupt as e:
         cancel.set()
-        status = "cancelled"
+        status.failed(e)
         click.echo("Cancelled.", err=True)
         sys.exit(130)
+    except BaseException as e:
+        status.failed(e)
+        raise
     finally:
-        writer.finish(status)
+        writer.finish(status.status or "error")
         engine.close()
         if not as_json:  # the crops were for this run only; --json prints their paths, so they stay (a while)
             remove_run_crops(events, settings.crops_dir)

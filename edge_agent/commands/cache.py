@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from edge_agent.config import Settings
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import EdgeAgentError
 
 
 def _cache(settings: Settings):
@@ -88,7 +88,9 @@ def import_(file: Path, replace: bool) -> None:
     """Add the searches in FILE (made by `cache export`) to the cache. Validated; nothing is executed."""
     s = Settings.load()
     total, written = _cache(s).import_file(file, replace=replace, secrets=s.secrets())
-    click.echo(f"imported {written} of {total} entries from {file}" + ("" if written == total else " (newer copies kept)"))
+    click.echo(f"imported {written} of {total} entries from {file}" + ("" if written == total else " (newer "
+                                                                                                   "copies "
+                                                                                                   "kept)"))
 
 
 @command.command("clear")
@@ -129,7 +131,8 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
 
     s = Settings.load()
     if s.offline:
-        raise EdgeAgentError("prefetch needs the network, but offline is on. Run it with EDGE_AGENT_OFFLINE=0.", "Offline")
+        raise EdgeAgentError("prefetch needs the network, but offline is on. Run it with "
+                             "EDGE_AGENT_OFFLINE=0.", "Offline")
     queries, images = read_prefetch_file(file)
     tools = SearchTools.from_settings(s)
     problem = tools.text_backend.missing()
@@ -143,7 +146,8 @@ def prefetch(file: Path, refresh: bool, no_images: bool, as_json: bool) -> None:
     def report(kind: str, label: str, out: Any) -> None:
         counts[out.status] += 1
         if as_json:
-            click.echo(json.dumps({"tool": kind, "input": label, "status": out.status, "results": len(out.results),
+            click.echo(json.dumps({"tool": kind, "input": label, "status": out.status,
+                                   "results": len(out.results),
                                    "seconds": round(out.seconds, 3), "error": out.error}))  # fmt: skip
         else:
             what = out.error if out.status in ("error", "unconfigured") else f"{len(out.results)} results"
@@ -192,7 +196,8 @@ def read_prefetch_file(file: Path) -> tuple[list[str], list[Path]]:
 
     def bad(n: int, msg: str) -> EdgeAgentError:
         return EdgeAgentError(
-            f"{file} line {n}: {msg}. Each line must be a JSON object with \"text_queries\" and/or \"images\" lists, "
+            f"{file} line {n}: {msg}. Each line must be a JSON object with \"text_queries\" and/or "
+            f"\"images\" lists, "
             'or an eval question {"id", "image", "question", "answers"}.',
             "Bad prefetch file",
         )

@@ -1,7 +1,7 @@
 """`edge-agent chats`: the saved chats, newest first, with the ids `ask --chat ID` takes; `chats show ID`
 prints one; `chats export ID` writes it as Markdown or JSON (what the app's export writes).
 
-Reads the one chat store the app and `ask` write (edge_agent.chats). Knows nothing of models.
+Reads the one chat store the app and `ask` write (edge_agent.chat.store). Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 
 
 @contextmanager
 def _store(settings: Settings) -> Iterator[Any]:
-    from edge_agent.chats import ChatStore
+    from edge_agent.chat.store import ChatStore
 
     store = ChatStore(settings.chats_path, secrets=settings.secrets())
     try:
@@ -30,7 +30,8 @@ def _store(settings: Settings) -> Iterator[Any]:
 
 
 @click.group("chats", invoke_without_command=True)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Most chats to list.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Most chats to list.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per chat per line.")
 @click.pass_context
 def command(ctx: click.Context, limit: int, as_json: bool) -> None:
@@ -55,7 +56,8 @@ def command(ctx: click.Context, limit: int, as_json: bool) -> None:
         chats = store.list_chats()[:limit]
     for c in chats:
         if as_json:
-            click.echo(json.dumps({"id": c.id, "title": c.title, "updated": c.updated, "messages": c.n_messages},
+            click.echo(json.dumps({"id": c.id, "title": c.title, "updated": c.updated,
+                                   "messages": c.n_messages},
                                   ensure_ascii=False))
         else:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
@@ -74,10 +76,11 @@ def show(chat_id: int) -> None:
     click.echo(f"chat {chat.id}: {chat.title}  ({len(chat.messages)} messages, {when})")
     if chat.models.get("model"):
         click.echo("models: " + ", ".join(f"{k} {Path(chat.models[k]).name}"
-                                          for k in ("model", "mmproj", "prophet", "prophet_mmproj") if chat.models.get(k)))
+                                          for k in ("model", "mmproj", "prophet",
+                                                    "prophet_mmproj") if chat.models.get(k)))
     for m in chat.messages:
         if m.role == "user":
-            click.echo(f"\nYou: {m.text}" + (f"\n  image: {m.image}" if m.image else ""))
+            click.echo(f"\nYou: {m.text}" + "".join(f"\n  image: {p}" for p in m.images))
         else:
             ended = "" if m.status in ("answered", "done") else f" ({m.status})"
             click.echo(f"edge-agent{ended}: {m.text or '(no answer)'}")
@@ -87,18 +90,21 @@ def show(chat_id: int) -> None:
 @command.command("export")
 @click.argument("chat_id", type=int, metavar="ID")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File to write (Markdown: its images are copied into FILE_files/ beside it). Default: stdout.")
+              help="File to write (Markdown: its images are copied into FILE_files/ beside it). Default: "
+                   "stdout.")
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default=None,
               help="md (default) or json; with -o, taken from the file's suffix when not given.")
 def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
     """Write chat ID as Markdown (tool calls, crops, rationale scores) or JSON (every event)."""
+    from edge_agent.chat import export as chat_export
+
     if fmt is None:
         fmt = "json" if output is not None and output.suffix.lower() == ".json" else "md"
     with _store(Settings.load()) as store:
         if output is None:
-            text = store.export_markdown(chat_id) if fmt == "md" else json.dumps(
-                store.export_json(chat_id), indent=2, ensure_ascii=False)
+            text = chat_export.export_markdown(store, chat_id) if fmt == "md" else json.dumps(
+                chat_export.export_json(store, chat_id), indent=2, ensure_ascii=False)
             click.echo(text.rstrip("\n"))
             return
-        store.export_to(chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
+        chat_export.export_to(store, chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
     click.echo(f"chat {chat_id} written to {output}", err=True)

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 
 STATUS = "EDGE_AGENT_EVAL_STATUS"  # the child's status file (set: this process is the watched child)
 
@@ -45,7 +45,8 @@ def run_watched(argv: list[str], results: Path, counts: Callable[[], tuple[int, 
     fd, status = tempfile.mkstemp(prefix="edge-agent-eval-", suffix=".json")
     os.close(fd)
     os.unlink(status)
-    child = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", *argv], env={**os.environ, STATUS: status},
+    child = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *argv], env={**os.environ,
+                                                                                   STATUS: status},
                              process_group=0)
     previous = signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
     try:
@@ -62,7 +63,8 @@ def run_watched(argv: list[str], results: Path, counts: Callable[[], tuple[int, 
         return rc
     saved, total = counts()
     raise EdgeAgentError(
-        f"Ray lost the node this run's driver ran on and ended it (exit status {rc}; Ray marks a node dead when "
-        f"its raylet or one of its agents stops: its lines above say which). The questions running then were not "
-        f"finished. {saved} of {total} results are saved in {results} and kept. Run the same command again to "
+        f"Ray lost the node this run's driver ran on and ended it (exit status {rc}; Ray marks a node dead "
+        f"when its raylet or one of its agents stops: its lines above say which). The questions running then "
+        f"were not finished. {saved} of {total} results are saved in {results} and kept. Run the same "
+        f"command again to "
         "resume (start the cluster again first if you started it yourself).", title="Ray lost a node")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from edge_agent.config import SECRET_FIELDS, Settings
-from edge_agent.errors import ConfigError
+from edge_agent.core.config import SECRET_FIELDS, Settings
+from edge_agent.core.errors import ConfigError
 
 
 @click.group("config")
@@ -42,7 +42,8 @@ def set_(key: str, value: str) -> None:
     # The new value is applied before validation, so a file holding a bad value can be fixed here.
     from edge_agent.agent.prompts import check_n_ctx
 
-    s = Settings.load({key: value}, check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
+    s = Settings.load({key: value},
+                      check=check_n_ctx)  # n_ctx: what the system prompt of these settings needs
     _check_files(s, key)
     path = s.save()
     if key in SECRET_FIELDS:  # a key is never printed; an emptied one is said to be gone
@@ -55,8 +56,8 @@ def set_(key: str, value: str) -> None:
 @click.argument("key")
 def unset(key: str) -> None:
     """Remove KEY from the config file: it takes its default again (an API key is removed)."""
-    from edge_agent.config import _dump_toml, _read_config
-    from edge_agent.files import atomic_write
+    from edge_agent.core.config import _dump_toml, _read_config
+    from edge_agent.core.files import atomic_write
 
     default = Settings()
     if key not in {f.name for f in fields(Settings)} or key == "home":
@@ -82,11 +83,12 @@ def _check_files(s: Settings, key: str) -> None:
     if not value:
         return
     if key in ("model", "prophet"):
-        from edge_agent.catalog import find_model
+        from edge_agent.modelfiles.resolution import find_model
 
         find_model(s, value, detect_mmproj=False)
     elif key in ("mmproj", "prophet_mmproj") and not Path(value).expanduser().is_file():
-        raise ConfigError(f"Setting {key}: no file {value}. Give the path of the vision projector GGUF (its name "
+        raise ConfigError(f"Setting {key}: no file {value}. Give the path of the vision projector GGUF (its "
+                          f"name "
                           "usually starts with 'mmproj'), or an empty value for none.")
     elif key == "rationales":
         from edge_agent.agent.rationales import load_library
@@ -98,7 +100,7 @@ def _check_files(s: Settings, key: str) -> None:
 def explain() -> None:
     """Describe every setting."""
     from edge_agent.agent.prompts import min_n_ctx
-    from edge_agent.config import CHOICES, RANGES, URL_FIELDS
+    from edge_agent.core.config import CHOICES, RANGES, URL_FIELDS
 
     for f in fields(Settings):
         click.echo(f"{f.name}\n    {f.metadata.get('doc', '')}")
@@ -109,7 +111,8 @@ def explain() -> None:
             lo = min_n_ctx(Settings()) if f.name == "n_ctx" else lo  # what the default system prompt needs
             click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None else ""))
         elif f.name in URL_FIELDS:
-            click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url", "public_image_url_prefix") else ""))
+            click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url",
+                                                                                             "public_image_url_prefix") else ""))
 
 
 @command.command("path")

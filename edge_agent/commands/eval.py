@@ -18,14 +18,17 @@ import click
 
 from edge_agent import evaluation as E
 from edge_agent.commands.progress import EvalProgress
-from edge_agent.config import Settings
-from edge_agent.errors import ConfigError, EdgeAgentError
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ConfigError, EdgeAgentError
 
 # Settings that change what the agent answers: a results folder is resumed only with the same ones.
 FINGERPRINT_SETTINGS = (
-    "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample", "ssr_score", "ssr_answer_check",
-    "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature", "system_prompt", "seed",
-    "seprod_draft_len", "seprod_tau", "seprod_a0", "seprod_adaptive", "offline", "text_search", "image_search", "search_top_k",
+    "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample",
+    "ssr_score", "ssr_answer_check",
+    "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature",
+    "system_prompt", "seed",
+    "seprod_draft_len", "seprod_tau", "seprod_a0", "seprod_adaptive", "offline", "text_search",
+    "image_search", "search_top_k",
 )
 
 
@@ -42,9 +45,10 @@ def engine_factory(settings: Settings, *, on_status=None):
     ``on_status(text)`` gets the engine's loading steps (shown next to the progress bar)."""
 
     def make():
-        from edge_agent.engine import Engine  # heavy: llama.cpp
+        from edge_agent.engine.engine import Engine  # heavy: llama.cpp
 
-        return Engine.from_settings(settings, progress=(lambda msg, frac: on_status(msg)) if on_status else None)
+        return Engine.from_settings(settings, progress=(lambda msg,
+                                                        frac: on_status(msg)) if on_status else None)
 
     return make
 
@@ -52,29 +56,33 @@ def engine_factory(settings: Settings, *, on_status=None):
 @click.command("eval")
 @click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--modes", default=None, metavar="LIST",
-              help="Comma-separated modes: freeform, ssr, ssr+seprod, direct (the model alone, no tools), and the "
-                   "ablations ssr-index, ssr-k1, ssr-k2. Default: freeform,ssr (and ssr+seprod when a prophet is "
-                   "configured).")
+              help="Comma-separated modes: freeform, ssr, ssr+seprod, direct (the model alone, no tools), "
+                   "and the ablations ssr-index, ssr-k1, ssr-k2. Default: freeform,ssr (and ssr+seprod when "
+                   "a prophet is configured).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Results folder (default: eval-<DATA name> in the current folder). Rerun with the same one to resume.")
+              help="Results folder (default: eval-<DATA name> in the current folder). Rerun with the same "
+                   "one to resume.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions.")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--model", default=None, help="Agent model: catalog name or GGUF path.")
 @click.option("--mmproj", default=None, help="Vision projector GGUF for the agent model.")
 @click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path.")
 @click.option("--prophet-mmproj", default=None, help="mmproj GGUF for the prophet.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
-@click.option("--seed", type=int, default=None, help="Random seed (each question adds a number made from its id).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None,
+              help="Most tool calls per question; then one more turn must answer.")
+@click.option("--seed", type=int, default=None,
+              help="Random seed (each question adds a number made from its id).")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON instead of a summary.")
 @click.option("--rationales", "libraries", default=None, metavar="LIST",
               help="Compare rationale libraries: comma-separated JSON files, `builtin` for the built-in one. "
                    "Each SSR mode runs once per library, one column each (ssr[builtin], ssr[mine]).")
 @click.option("--cluster", default=None, metavar="ray[:ADDRESS]",
-              help="Run the questions on a Ray cluster: `ray` (RAY_ADDRESS, else a local cluster sized to this "
-                   "machine) or `ray:ADDRESS`. Needs the cluster extra.")
+              help="Run the questions on a Ray cluster: `ray` (RAY_ADDRESS, else a local cluster sized to "
+                   "this machine) or `ray:ADDRESS`. Needs the cluster extra.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="With --cluster: worker processes, each with its own loaded models (default: as many as fit).")
+              help="With --cluster: worker processes, each with its own loaded models (default: as many as "
+                   "fit).")
 @click.option("--threads-per-worker", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --cluster: CPUs Ray reserves for each worker, and llama.cpp's threads there.")
 @click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=0.0,
@@ -107,17 +115,20 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
     out_dir = out_dir or Path(f"eval-{E.dataset_name(data)}")
 
     def counts() -> tuple[int, int]:  # (results saved, results in all)
-        return len(E.ResultsStore(out_dir).open().records), len(E.load_dataset(data, limit=limit)) * len(specs)
+        return len(E.ResultsStore(out_dir).open().records), len(E.load_dataset(data,
+                                                                               limit=limit)) * len(specs)
 
-    from edge_agent import cli
-    from edge_agent.commands import cluster_watch
+    from edge_agent.commands import cli, cluster_watch
 
-    if cluster and not cluster_watch.watched() and cli.ARGV is not None:  # from a shell: watched (Ray may end it)
+    # from a shell: watched (Ray may end it)
+    if cluster and not cluster_watch.watched() and cli.ARGV is not None:
         sys.exit(cluster_watch.run_watched(cli.ARGV, out_dir / E.RESULTS_FILE, counts))
     outcome = "error"
     try:
-        _run(data, specs, libs, settings, run_settings, out_dir, counts, limit=limit, cluster=cluster, workers=workers,
-             threads_per_worker=threads_per_worker, gpus_per_worker=gpus_per_worker, no_plot=no_plot, as_json=as_json)
+        _run(data, specs, libs, settings, run_settings, out_dir, counts, limit=limit, cluster=cluster,
+             workers=workers,
+             threads_per_worker=threads_per_worker, gpus_per_worker=gpus_per_worker, no_plot=no_plot,
+             as_json=as_json)
         outcome = "finished"
     except KeyboardInterrupt:
         outcome = "interrupted"
@@ -126,7 +137,8 @@ def command(data: Path, modes: str | None, out_dir: Path | None, limit: int | No
         cluster_watch.mark_done(outcome)
 
 
-def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Settings, run_settings: Settings,
+def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Settings,
+         run_settings: Settings,
          out_dir: Path, counts: Any, *, limit: int | None, cluster: str | None, workers: int | None,
          threads_per_worker: int, gpus_per_worker: float, no_plot: bool, as_json: bool) -> None:
     """The eval itself (in the watched child when ``--cluster`` runs from a shell)."""
@@ -136,15 +148,19 @@ def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Se
     ask = E.library_ask(libs) if libs else E.default_ask
     pool = None
     if not cluster and (workers or threads_per_worker != 1 or gpus_per_worker):
-        raise click.UsageError("--workers, --threads-per-worker and --gpus-per-worker go with --cluster ray[:ADDRESS].")
+        raise click.UsageError("--workers, --threads-per-worker and --gpus-per-worker go with --cluster "
+                               "ray[:ADDRESS].")
     if cluster:
-        from edge_agent.cluster import RayWorkers, parse_cluster
+        from edge_agent.evaluation.cluster import RayWorkers, parse_cluster
 
-        pool = RayWorkers(run_settings, address=parse_cluster(cluster), workers=workers, threads=threads_per_worker,
+        pool = RayWorkers(run_settings, address=parse_cluster(cluster), workers=workers,
+                          threads=threads_per_worker,
                           gpus=gpus_per_worker, ask=ask)
-    progress = EvalProgress(out_dir / E.RESULTS_FILE, workers=(lambda: pool.info()["per_worker"]) if pool else None)
+    progress = EvalProgress(out_dir / E.RESULTS_FILE,
+                            workers=(lambda: pool.info()["per_worker"]) if pool else None)
     try:
-        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=progress.status), limit=limit,
+        run = E.run_eval(data, specs, out_dir, engine_factory(run_settings, on_status=progress.status),
+                         limit=limit,
                          fingerprint=fp, on_progress=progress, ask=ask, workers=pool,
                          on_question=lambda q, m: progress.working(f"{q.id} {m.name} ..."))
     except KeyboardInterrupt:
@@ -158,14 +174,17 @@ def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Se
             raise
         progress.close()
         saved, total = counts()
-        raise EdgeAgentError(f"{e.message} {saved} of {total} results are saved in {out_dir / E.RESULTS_FILE} and "
-                             "kept. Run the same command again to resume (start the node or the cluster again first "
-                             "if you started it yourself).", title=e.title) from None
+        raise EdgeAgentError(f"{e.message} {saved} of {total} results are saved in "
+                             f"{out_dir / E.RESULTS_FILE} and "
+                             "kept. Run the same command again to resume (start the node or the cluster "
+                             "again first if you started it yourself).", title=e.title) from None
     progress.close()
     _finish(run, no_plot=no_plot, as_json=as_json)
 
 
-def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple[list[E.ModeSpec], dict[str, Any], Settings]:
+def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple[list[E.ModeSpec], dict[str,
+                                                                                                        Any],
+                                                                                                        Settings]:
     """The modes to run (one column per compared library), the libraries, and the settings the models load with."""
     if modes is None:
         modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
@@ -173,10 +192,13 @@ def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple
     specs = E.with_libraries(E.parse_modes(modes), list(libs))
     want_seprod = any(m.seprod for m in specs)
     if want_seprod and not settings.prophet:
-        raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's base model) "
-                          "or set `prophet` with `edge-agent config`, or leave ssr+seprod out of --modes.")
+        raise ConfigError("Mode ssr+seprod needs a prophet model. Pass --prophet GGUF (the agent model's "
+                          "base model) or set `prophet` with `edge-agent config`, or leave ssr+seprod out of "
+                          "--modes.")
     # Load the prophet only when a mode uses it; SeProD is switched per question, not per load.
-    run_settings = settings.updated({"seprod": want_seprod} if want_seprod else {"prophet": "", "prophet_mmproj": "", "seprod": False})
+    run_settings = settings.updated({"seprod": want_seprod} if want_seprod else {"prophet": "",
+                                                                                 "prophet_mmproj": "",
+                                                                                 "seprod": False})
     if libs:  # the model is loaded with a scoring sequence per rationale of the largest library
         largest = max(libs.values(), key=len)
         run_settings = run_settings.updated({"rationales": "" if largest.source == "built-in" else largest.source})
@@ -188,8 +210,10 @@ def _finish(run: E.EvalRun, *, no_plot: bool, as_json: bool) -> None:
     paths = E.write_outputs(run, plot=not no_plot)
     failed = all_failed(run.records)
     if as_json:
-        click.echo(json.dumps({"out": str(run.out_dir), "metrics": run.metrics, "model_files": run.model_files,
-                               "cluster": run.cluster, "files": {k: str(v) if v else None for k, v in paths.items()}},
+        click.echo(json.dumps({"out": str(run.out_dir), "metrics": run.metrics,
+                               "model_files": run.model_files,
+                               "cluster": run.cluster, "files": {k: str(v) if v else None for k,
+                                                                 v in paths.items()}},
                               indent=2))
     else:
         click.echo(_summary(run))
@@ -200,7 +224,8 @@ def _finish(run: E.EvalRun, *, no_plot: bool, as_json: bool) -> None:
             click.echo(f"Plot skipped: {plot_skipped_reason(failed)}")
     if failed:
         raise EdgeAgentError(f"Every question failed with the same error: {failed} Fix that and run the same "
-                             f"command again (the results folder {run.out_dir} resumes).", title="Evaluation failed")
+                             f"command again (the results folder {run.out_dir} resumes).",
+                             title="Evaluation failed")
 
 
 def all_failed(records: list[dict[str, Any]]) -> str | None:
@@ -240,7 +265,8 @@ def compared_libraries(text: str) -> dict[str, Any]:
             name, k = f"{base}{k}", k + 1
         out[name] = lib
     if not out:
-        raise ConfigError("--rationales names no library. Pass files and/or `builtin`, e.g. --rationales builtin,mine.json.")
+        raise ConfigError("--rationales names no library. Pass files and/or `builtin`, e.g. --rationales "
+                          "builtin,mine.json.")
     return out
 
 
@@ -253,7 +279,8 @@ def library_digest(lib: Any) -> str:
 
 
 def _summary(run: E.EvalRun) -> str:
-    rows = [f"{'mode':<12} {'exact':>7} {'contains':>9} {'turns':>6} {'reason/turn':>12} {'p95':>9} {'model/q':>9}"]
+    rows = [f"{'mode':<12} {'exact':>7} {'contains':>9} {'turns':>6} {'reason/turn':>12} {'p95':>9} "
+            f"{'model/q':>9}"]
     for name, m in run.metrics.items():
         r = m["reasoning_seconds_per_turn"]
 

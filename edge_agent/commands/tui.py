@@ -14,7 +14,8 @@ import click
 @click.option("--mmproj", default=None, help="Vision projector GGUF for --model.")
 @click.option("--prophet", default=None, help="SeProD prophet model: a catalog name or a GGUF path.")
 @click.option("--prophet-mmproj", default=None, help="Vision projector GGUF for --prophet.")
-@click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None, help="Reasoning mode.")
+@click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None,
+              help="Reasoning mode.")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--chat", "chat_id", type=int, default=None, help="Open this chat (see the chat list, Ctrl+O).")
 def command(model, mmproj, prophet, prophet_mmproj, mode, offline, chat_id) -> None:
@@ -24,10 +25,11 @@ def command(model, mmproj, prophet, prophet_mmproj, mode, offline, chat_id) -> N
     Keys: Ctrl+F attach image · Esc stop answer · Ctrl+T reasoning · Ctrl+R mode (SSR, free-form, direct)
           Ctrl+O chats · Ctrl+N new chat · Ctrl+S settings · Ctrl+P all commands · Ctrl+Q quit
     """
-    from edge_agent.config import Settings
-    from edge_agent.ui.preview import enable_graphics
+    from edge_agent.core.config import Settings
+    from edge_agent.ui.widgets.preview import enable_graphics
 
-    settings = Settings.load({"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj,
+    settings = Settings.load({"model": model, "mmproj": mmproj, "prophet": prophet,
+                              "prophet_mmproj": prophet_mmproj,
                               "mode": mode, "offline": offline})
     enable_graphics()  # queries the terminal: must happen before Textual takes it over
 

@@ -24,7 +24,7 @@ Modules, in the order data flows through them:
 - ``matching``  ``normalize_answer``, ``match_answer``
 - ``store``     ``ResultsStore``: ``results.jsonl`` + ``run.json``
 - ``runner``    ``run_eval`` -> ``EvalRun``; ``run_question`` (one question in its modes: the code path
-                of a local run and of a cluster worker, ``edge_agent.cluster``); ``question_seed``
+                of a local run and of a cluster worker, ``edge_agent.evaluation.cluster``); ``question_seed``
 - ``metrics``   ``compute_metrics``, ``mode_metrics``
 - ``report``    ``write_outputs``: ``results.json`` + ``report.md`` (+ ``plot.write_plot``)
 

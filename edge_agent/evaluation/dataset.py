@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question
     """Read and validate a JSONL question set; every problem names its line and how to fix it."""
     path = Path(path)
     if not path.is_file():
-        raise DatasetError(f"Question file not found: {path}. Pass a JSONL file with one {{id, image, question, answers}} per line.")
+        raise DatasetError(f"Question file not found: {path}. Pass a JSONL file with one "
+                           f"{{id, image, question, answers}} per line.")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -63,7 +64,8 @@ def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question
         if not isinstance(qid, str) or not qid.strip():
             raise DatasetError(f"{where}: 'id' must be a non-empty string.")
         if qid in seen:
-            raise DatasetError(f"{where}: id {qid!r} appears twice. Ids must be unique (results are keyed by id).")
+            raise DatasetError(f"{where}: id {qid!r} appears twice. Ids must be unique (results are keyed by "
+                               f"id).")
         seen.add(qid)
         question = row.get("question")
         if not isinstance(question, str) or not question.strip():
@@ -76,15 +78,18 @@ def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question
             or not answers
             or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in answers)
         ):
-            raise DatasetError(f"{where}: 'answers' must be a non-empty list of strings (any of them counts as correct).")
+            raise DatasetError(f"{where}: 'answers' must be a non-empty list of strings (any of them counts "
+                               f"as correct).")
         image_raw = row.get("image")
         image: Path | None = None
         if image_raw not in (None, ""):
             if not isinstance(image_raw, str):
-                raise DatasetError(f"{where}: 'image' must be a path string (relative to {path.name}) or null.")
+                raise DatasetError(f"{where}: 'image' must be a path string (relative to {path.name}) or "
+                                   f"null.")
             image = (base / image_raw).resolve()
             if not image.is_file():
-                raise DatasetError(f"{where}: image {image_raw} not found at {image}. Image paths are relative to the folder of {path.name}.")
+                raise DatasetError(f"{where}: image {image_raw} not found at {image}. Image paths are "
+                                   f"relative to the folder of {path.name}.")
         out.append(Question(qid, question.strip(), tuple(str(a) for a in answers), image))
         if limit is not None and len(out) >= limit:
             break

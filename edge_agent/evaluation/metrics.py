@@ -76,7 +76,8 @@ def intent_agreement(turn_logs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     stated = [(stated_action(t["reasoning"]), t["action"]) for t in turn_logs if t.get("reasoning")]
     with_plan = [(s, a) for s, a in stated if s is not None and a is not None]
     agree = sum(1 for s, a in with_plan if s == a)
-    return {"turns": len(stated), "with_plan": len(with_plan), "agree": agree, "share": _share(agree, len(with_plan))}
+    return {"turns": len(stated), "with_plan": len(with_plan), "agree": agree, "share": _share(agree,
+                                                                                               len(with_plan))}
 
 
 def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -85,7 +86,8 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     turn_logs = [t for r in records for t in r["turn_log"]]
     reasoning = [t["reasoning_seconds"] for t in turn_logs if t["reasoning_seconds"] is not None]
     scored = [t for t in turn_logs if t["rationale"] is not None]
-    typed = [t for t in scored if t["rationale_action"] != "any"]  # a rationale that implies no action: not checked
+    # a rationale that implies no action: not checked
+    typed = [t for t in scored if t["rationale_action"] != "any"]
     consistent = [t for t in typed if t["action"] == t["rationale_action"]]
     mix = Counter(t["rationale"] for t in scored)
     mix_by_action = Counter(t["rationale_action"] for t in scored)
@@ -140,7 +142,8 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "share": _share(len(covered), len(searched)),
             "without_search": sum(1 for r in records if r not in searched),
         },
-        "seprod": {"rounds": sum(r["drafts"]["rounds"] for r in records), "drafted": drafted, "accepted": accepted,
+        "seprod": {"rounds": sum(r["drafts"]["rounds"] for r in records), "drafted": drafted,
+                   "accepted": accepted,
                    "acceptance": _share(accepted, drafted)},
     }
 
@@ -148,7 +151,8 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 TIMING_KEYS = ("reasoning_seconds_per_turn", "model_seconds_per_question", "wall_seconds_per_question")
 
 
-def compute_metrics(records: Iterable[dict[str, Any]], modes: Sequence[ModeSpec] | None = None) -> dict[str, dict[str, Any]]:
+def compute_metrics(records: Iterable[dict[str, Any]], modes: Sequence[ModeSpec] | None = None) -> dict[str,
+                                                                                                        dict[str, Any]]:
     """Metrics per mode name, in the order of ``modes`` (or first appearance)."""
     by_mode: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes or ()}
     for r in records:

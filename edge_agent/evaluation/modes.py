@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge_agent.errors import ConfigError
+from edge_agent.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ MODES: dict[str, ModeSpec] = {
     "ssr-k1": ModeSpec("ssr-k1", "ssr", False, ablation_library="k1"),
     "ssr-k2": ModeSpec("ssr-k2", "ssr", False, keep_ids=("text_search", "answer_knowledge")),
 }
-_MODE_ALIASES = {"free-form": "freeform", "free_form": "freeform", "react": "freeform", "seprod": "ssr+seprod",
+_MODE_ALIASES = {"free-form": "freeform", "free_form": "freeform", "react": "freeform",
+                 "seprod": "ssr+seprod",
                  "plain": "direct", "ssr-index-only": "ssr-index", "ssr-k6": "ssr"}
 
 
@@ -58,7 +59,8 @@ def parse_modes(text: str | Sequence[str]) -> list[ModeSpec]:
             continue
         key = _MODE_ALIASES.get(key, key)
         if key not in MODES:
-            raise ConfigError(f"Unknown eval mode {raw.strip()!r}. Choose from: {', '.join(MODES)} (comma-separated).")
+            raise ConfigError(f"Unknown eval mode {raw.strip()!r}. Choose from: {', '.join(MODES)} "
+                              f"(comma-separated).")
         if MODES[key] not in out:
             out.append(MODES[key])
     if not out:

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edge_agent.core.files import atomic_write
 from edge_agent.evaluation.dataset import dataset_name
 from edge_agent.evaluation.plot import write_plot
 from edge_agent.evaluation.runner import EvalRun
 from edge_agent.evaluation.store import RESULTS_FILE
-from edge_agent.files import atomic_write
 
 JSON_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -31,7 +31,8 @@ def write_outputs(run: EvalRun, *, plot: bool = True) -> dict[str, Path | None]:
             plot_path = write_plot(run, out / PLOT_FILE)
         except ImportError:
             plot_note = ("The plot was skipped: matplotlib is not installed. "
-                         "Install the plot extra (`pip install 'edge-agent[plot]'`) and rerun the same command.")
+                         "Install the plot extra (`pip install 'edge-agent[plot]'`) and rerun the same "
+                         "command.")
     else:
         plot_note = "The plot was not requested."
     if plot_path is None and not plot_note:
@@ -94,10 +95,12 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     other = "".join(f", {k} {searches[k]}" for k in ("unconfigured", "error") if searches.get(k))
     rows = [
         ("Questions", f"{m['questions']}" + (f" ({m['errors']} with errors)" if m["errors"] else "")),
-        ("Success, exact match (95% CI)", f"{_pct(s['exact'])} ({s['exact_count']}/{m['questions']}){_ci(s.get('exact_ci95'))}"),
+        ("Success, exact match (95% CI)",
+         f"{_pct(s['exact'])} ({s['exact_count']}/{m['questions']}){_ci(s.get('exact_ci95'))}"),
         ("Success, contains (95% CI)",
          f"{_pct(s['contains'])} ({s['contains_count']}/{m['questions']}){_ci(s.get('contains_ci95'))}"),
-        ("Turns per question (mean / p95)", f"{_num(m['turns_per_question']['mean'])} / {_num(m['turns_per_question']['p95'])}"),
+        ("Turns per question (mean / p95)",
+         f"{_num(m['turns_per_question']['mean'])} / {_num(m['turns_per_question']['p95'])}"),
         ("Tool calls per question", _num(m["tool_calls_per_question"])),
         ("Searches / repeated identical searches per question",
          f"{_num(m.get('searches_per_question'))} / {_num(m.get('repeated_searches_per_question'))}"),
@@ -106,10 +109,12 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
         ("Tool calls", tools),
         ("Action-type consistency", f"{_pct(m['action_consistency'])} of {m['scored_turns']} scored turns"
          if m["scored_turns"] else "n/a (no scored rationales)"),
-        ("Reasoning per turn (mean / p50 / p95)", f"{_ms(r['mean'])} / {_ms(r['p50'])} / {_ms(r['p95'])} ({r['n']} turns)"),
+        ("Reasoning per turn (mean / p50 / p95)",
+         f"{_ms(r['mean'])} / {_ms(r['p50'])} / {_ms(r['p95'])} ({r['n']} turns)"),
         ("Model time per question (mean / p50 / p95)", f"{_s(t['mean'])} / {_s(t['p50'])} / {_s(t['p95'])}"),
         ("Searches (live / cached / stale / offline miss)",
-         f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / {searches.get('offline', 0)}{other}"),
+         f"{searches.get('live', 0)} / {searches.get('cached', 0)} / {searches.get('stale', 0)} / "
+         f"{searches.get('offline', 0)}{other}"),
         ("Cache hits", f"{m['cache_hits']} of {searches['total']} searches ({_pct(m['cache_hit_rate'])})"),
         ("Offline coverage (searches all answered by the cache)",
          f"{oc['questions']}/{oc['searched']} questions that searched ({_pct(oc['share'])}); "
@@ -118,7 +123,9 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if m["seprod"]["rounds"]:
         sp = m["seprod"]
-        rows.append(("SeProD drafts accepted", f"{sp['accepted']}/{sp['drafted']} tokens ({_pct(sp['acceptance'])}) in {sp['rounds']} rounds"))
+        rows.append(("SeProD drafts accepted",
+                     f"{sp['accepted']}/{sp['drafted']} tokens ({_pct(sp['acceptance'])}) in {sp['rounds']} "
+                     f"rounds"))
     return rows
 
 
@@ -128,8 +135,9 @@ def cluster_line(c: dict[str, Any]) -> str:
     per = ", ".join(f"w{k} {w['done']}" + (f" ({w['restarts']} restarted)" if w["restarts"] else "")
                     for k, w in enumerate(c.get("per_worker") or [], 1))
     gpus = f" + {c['gpus_per_worker']:g} GPU" if c.get("gpus_per_worker") else ""
-    return (f"Ran on Ray ({c.get('address')}): {c.get('workers')} workers x {c.get('threads_per_worker')} thread(s){gpus} "
-            f"on {len(nodes)} node(s) ({', '.join(nodes)})" + (f"; results per worker this run: {per}." if per else "."))
+    return (f"Ran on Ray ({c.get('address')}): {c.get('workers')} workers x {c.get('threads_per_worker')} "
+            f"thread(s){gpus} on {len(nodes)} node(s) ({', '.join(nodes)})" + (f"; results per worker this "
+                                                                               f"run: {per}." if per else "."))
 
 
 def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str = "") -> str:
@@ -142,8 +150,10 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
     lines.append("| | " + " | ".join(modes) + " |")
     lines.append("|---|" + "---|" * len(modes))
     summary = [
-        ("Success (exact), 95% CI", lambda m: _pct(m["success"]["exact"]) + _ci(m["success"].get("exact_ci95"))),
-        ("Success (contains), 95% CI", lambda m: _pct(m["success"]["contains"]) + _ci(m["success"].get("contains_ci95"))),
+        ("Success (exact), 95% CI",
+         lambda m: _pct(m["success"]["exact"]) + _ci(m["success"].get("exact_ci95"))),
+        ("Success (contains), 95% CI",
+         lambda m: _pct(m["success"]["contains"]) + _ci(m["success"].get("contains_ci95"))),
         ("Turns per question", lambda m: _num(m["turns_per_question"]["mean"])),
         ("Searches per question", lambda m: _num(m.get("searches_per_question"))),
         ("Repeated identical searches per question", lambda m: _num(m.get("repeated_searches_per_question"))),
@@ -151,10 +161,12 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
         ("Reasoning per turn, p95", lambda m: _ms(m["reasoning_seconds_per_turn"]["p95"])),
         ("Model time per question, mean", lambda m: _s(m["model_seconds_per_question"]["mean"])),
         ("Action-type consistency (SSR)", lambda m: _pct(m["action_consistency"])),
-        ("Reasoning/action agreement (free-form)", lambda m: _pct((m.get("reasoning_action_agreement") or {}).get("share"))),
+        ("Reasoning/action agreement (free-form)",
+         lambda m: _pct((m.get("reasoning_action_agreement") or {}).get("share"))),
         ("SeProD acceptance", lambda m: _pct(m["seprod"]["acceptance"])),
         ("Cache hits", lambda m: f"{m['cache_hits']}/{m['searches']['total']}"),
-        ("Offline coverage", lambda m: f"{m['offline_coverage']['questions']}/{m['offline_coverage']['searched']}"),
+        ("Offline coverage",
+         lambda m: f"{m['offline_coverage']['questions']}/{m['offline_coverage']['searched']}"),
     ]
     for label, fn in summary:
         lines.append(f"| {label} | " + " | ".join(fn(M[n]) for n in modes) + " |")
@@ -179,7 +191,8 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
         lines.append("| rationale | " + " | ".join(ssr_modes) + " |")
         lines.append("|---|" + "---|" * len(ssr_modes))
         for k in ids:
-            lines.append(f"| {k} | " + " | ".join(_pct(M[n]["rationale_mix"].get(k, 0.0)) for n in ssr_modes) + " |")
+            lines.append(f"| {k} | " + " | ".join(_pct(M[n]["rationale_mix"].get(k,
+                                                                                 0.0)) for n in ssr_modes) + " |")
 
     lines += ["", "## Plot", ""]
     if plot_path is not None:
@@ -188,7 +201,8 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
         lines.append(plot_note)
 
     lines += _answers(run, modes)
-    lines += ["", "✓ exact match, ≈ contains an answer, ✗ neither (case, punctuation and articles ignored).", ""]
+    lines += ["", "✓ exact match, ≈ contains an answer, ✗ neither (case, punctuation and articles ignored).",
+              ""]
     return "\n".join(lines)
 
 
@@ -199,11 +213,13 @@ def _header(run: EvalRun, modes: list[str], name: str) -> list[str]:
     lines.append(f"{len(run.questions)} questions x {len(modes)} modes ({', '.join(modes)}), "
                  f"{len(run.records)} results in `{RESULTS_FILE}`.")
     if fp:
-        shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search", "seed") if k in fp}
+        shown = {k: fp[k] for k in ("model", "mmproj", "prophet", "max_turns", "offline", "text_search",
+                                    "seed") if k in fp}
         lines.append("Settings: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ".")
     if run.model_files:
         order = ("model", "mmproj", "prophet", "prophet_mmproj")
-        files = sorted(run.model_files.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        files = sorted(run.model_files.items(),
+                       key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
         lines.append("Model files: " + ", ".join(f"{k} `{v}`" for k, v in files) + ".")
     if run.cluster:
         lines.append(cluster_line(run.cluster))
@@ -212,7 +228,8 @@ def _header(run: EvalRun, modes: list[str], name: str) -> list[str]:
                      "earlier mode made live can be a cache hit for a later one.")
     missing = len(run.questions) * len(modes) - len(run.records)
     if missing:
-        lines.append(f"**Incomplete:** {missing} (question, mode) pairs have no result yet; rerun the same command to finish.")
+        lines.append(f"**Incomplete:** {missing} (question, mode) pairs have no result yet; rerun the same "
+                     f"command to finish.")
     return lines
 
 

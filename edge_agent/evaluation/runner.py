@@ -1,7 +1,7 @@
 """The runner: every pending (question, mode) through an engine, each record saved before the next.
 
 Knows: the order of work, resuming from ``results.jsonl``, which errors are a question's result
-(``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine_face.EngineFace``
+(``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine.face.EngineFace``
 (``Engine``, or the tests' scripted one), asked one ``AskRequest`` per (question, mode), created once
 per run, lazily, by an injected factory. Does not know: models, llama.cpp, reports.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edge_agent.agent import events as ev
-from edge_agent.engine_face import AskRequest, EngineFace
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
+from edge_agent.engine.face import AskRequest, EngineFace
 from edge_agent.evaluation.dataset import Question, load_dataset
 from edge_agent.evaluation.matching import match_answer
 from edge_agent.evaluation.metrics import compute_metrics
@@ -63,7 +63,8 @@ def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any =
     if mode.ablation_library:
         lib = builtin_library(mode.ablation_library)
     elif mode.keep_ids:
-        lib = Library(tuple(r for r in lib if r.id in mode.keep_ids), f"{lib.source} ({', '.join(mode.keep_ids)})")
+        lib = Library(tuple(r for r in lib if r.id in mode.keep_ids),
+                      f"{lib.source} ({', '.join(mode.keep_ids)})")
     return AgentOptions.from_settings(settings, mode=mode.engine_mode, seed=seed, library=lib,
                                       index_only=mode.index_only or settings.ssr_index_only)
 
@@ -77,7 +78,8 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
             cancel: threading.Event | None) -> Iterable[ev.Event]:
         if not mode.library:
             return default_ask(engine, mode, q, cancel)
-        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode, library=libraries[mode.library],
+        opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode,
+                                          library=libraries[mode.library],
                                           seed=_seed(engine, q))
         image = str(q.image) if q.image is not None else None
         return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
@@ -99,7 +101,9 @@ class EvalRun:
     ran: int  # (question, mode) pairs run now; the rest came from results.jsonl
     fingerprint: dict[str, Any] = field(default_factory=dict)
     model_files: dict[str, str] = field(default_factory=dict)  # role -> the file loaded (run.json keeps them)
-    cluster: dict[str, Any] | None = None  # a cluster run: workers, threads, nodes (edge_agent.cluster.RayWorkers.info)
+    cluster: dict[str,
+                  # a cluster run: workers, threads, nodes (edge_agent.evaluation.cluster.RayWorkers.info)
+                  Any] | None = None
 
 
 ProgressFn = Callable[[int, int, dict[str, Any] | None], None]  # (done, total, record just finished)
@@ -107,7 +111,7 @@ Work = list[tuple[Question, list[ModeSpec]]]  # each pending question with the m
 
 
 class Workers(Protocol):
-    """Runs pending work somewhere else (``edge_agent.cluster.RayWorkers``): yields each question's
+    """Runs pending work somewhere else (``edge_agent.evaluation.cluster.RayWorkers``): yields each question's
     records as they arrive, in any order; ``model_files`` and ``info`` describe what ran them."""
 
     model_files: dict[str, str]
@@ -189,7 +193,8 @@ def run_eval(
         if files:
             store.note("model_files", files)
     # Re-score with the answers as they are now (a corrected answer key needs no rerun).
-    records = [_rescored(store.records[(m.name, q.id)], q) for q in questions for m in specs if store.has(m.name, q.id)]
+    records = [_rescored(store.records[(m.name, q.id)],
+                         q) for q in questions for m in specs if store.has(m.name, q.id)]
     return EvalRun(dataset, questions, specs, Path(out_dir), records, compute_metrics(records, specs),
                    ran=pending, fingerprint=fingerprint or {}, model_files=store.noted("model_files") or {},
                    cluster=workers.info() if workers is not None else None)

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ConfigError, EdgeAgentError
-from edge_agent.files import atomic_write
+from edge_agent.core.errors import ConfigError, EdgeAgentError
+from edge_agent.core.files import atomic_write
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -49,7 +49,8 @@ class ResultsStore:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     raise EdgeAgentError(
-                        f"{self.path} has a corrupt line at byte {pos}. Delete that line (or the file, to start over) and rerun.",
+                        f"{self.path} has a corrupt line at byte {pos}. Delete that line (or the file, to "
+                        f"start over) and rerun.",
                         title="Bad results file",
                     ) from None
                 self.records.setdefault((rec["mode"], rec["id"]), rec)
@@ -68,7 +69,8 @@ class ResultsStore:
         if "fingerprint" in data:  # (a run.json without one holds only notes: nothing to compare)
             old = data["fingerprint"]
             if not isinstance(old, dict):
-                raise EdgeAgentError(f"{run} is not valid JSON. Delete {self.out_dir} (or use another --out) to start over.",
+                raise EdgeAgentError(f"{run} is not valid JSON. Delete {self.out_dir} (or use another --out) "
+                                     f"to start over.",
                                      title="Bad results folder")
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             if diff and self.path.exists() and self.path.stat().st_size:

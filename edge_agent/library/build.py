@@ -31,7 +31,8 @@ DEFAULT_SIMILARITY = 0.5  # average cosine similarity at which two clusters merg
 DEFAULT_MIN_SUPPORT = 2  # a move must recur: a cluster of one turn is not a move
 MAX_UNIQUE = 1500  # most distinct texts clustered per action (the most frequent ones; O(n^2) memory)
 
-_IMAGE_WORDS = re.compile(r"\b(image|picture|photo|crop|see|seen|visible|shown|shows|look|looks|zoomed)\b", re.I)
+_IMAGE_WORDS = re.compile(r"\b(image|picture|photo|crop|see|seen|visible|shown|shows|look|looks|zoomed)\b",
+                          re.I)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,12 @@ class Build:
         """The library file's content: ``rationales`` as the loader reads them, plus provenance."""
         return {
             "version": 1,
-            "about": (f"Built by `edge-agent library build` from {self.used} free-form turns of {self.read.traces} "
-                      f"traces; clustered by {self.method}. Each entry's provenance: the turns its cluster "
+            "about": (f"Built by `edge-agent library build` from {self.used} free-form turns of "
+                      f"{self.read.traces} traces; clustered by {self.method}. Each entry's provenance: the "
+                      f"turns its cluster "
                       "covers (size, share of all turns used) and example trace ids."),
-            "built": {"sources": list(sources), "turns": self.used, "traces": self.read.traces, "method": self.method,
+            "built": {"sources": list(sources), "turns": self.used, "traces": self.read.traces,
+                      "method": self.method,
                       "skipped_failed": self.skipped_failed, "skipped_garbage": self.skipped_garbage},
             "rationales": [
                 {"id": e.id, "action": e.action, "text": e.text, "needs_image": e.needs_image,
@@ -142,8 +145,8 @@ def build_library(
     if not any(e.action == "answer" for e in candidates):
         more = "Pass --min-support 1 or more sources." if take_all else "Pass --min-support 1, --all, or more sources."
         raise LibraryBuildError(
-            f"No answering move recurs in the {used} usable turns (--min-support {min_support}): the agent could "
-            f"never answer with this library. {more}")
+            f"No answering move recurs in the {used} usable turns (--min-support {min_support}): the agent "
+            f"could never answer with this library. {more}")
     entries = _capped(candidates, max_total, dropped)
     build = Build(entries, read, used, len(read.turns) - len(kept), garbage, n_clusters, how, dropped)
     parse_library(build.library_json(), source="the built library")  # the loader's own checks
@@ -155,7 +158,8 @@ def _usable_turns(read: Read, take_all: bool) -> list[Turn]:
     if not read.turns:
         why = []
         if read.scored_turns:
-            why.append(f"{read.scored_turns} SSR turns have no written reasoning (run the eval with --modes freeform)")
+            why.append(f"{read.scored_turns} SSR turns have no written reasoning (run the eval with --modes "
+                       f"freeform)")
         if read.missing_text:
             why.append(f"{read.missing_text} free-form turns were recorded without their reasoning text "
                        "(results of an older edge-agent: rerun the eval with a new --out)")
@@ -169,7 +173,8 @@ def _usable_turns(read: Read, take_all: bool) -> list[Turn]:
     if not kept:  # only without take_all
         n_failed = len({t.trace for t in read.turns})
         raise LibraryBuildError(
-            f"All {n_failed} questions in the sources were answered wrongly or failed, so no turn is known to "
+            f"All {n_failed} questions in the sources were answered wrongly or failed, so no turn is known "
+            f"to "
             "lead somewhere good. Pass --all to build from every turn anyway, or evaluate more questions.")
     return kept
 
@@ -222,7 +227,8 @@ def _pick(rows: _Texts, vectors: np.ndarray, action: str, *, used: int, similari
         close = sub[c] @ sub[c].mean(axis=0)
         cut = float(np.median(close))
         best = min((j for j, s in zip(c, close, strict=True) if s >= cut - 1e-12),
-                   key=lambda j: (rows.items(idx[j])[0][1].placeholders, len(rows.texts[idx[j]]), rows.texts[idx[j]]))
+                   key=lambda j: (rows.items(idx[j])[0][1].placeholders, len(rows.texts[idx[j]]),
+                                  rows.texts[idx[j]]))
         items = [x for j in c for x in rows.items(idx[j])]
         examples = tuple(dict.fromkeys(f"{t.trace}#t{t.turn}" for t, _ in items))[:3]
         text = rows.texts[idx[best]]
@@ -245,18 +251,21 @@ def _capped(candidates: list[Entry], max_total: int, dropped: list[str]) -> list
         if len(chosen) < max_total:
             chosen.append(e)
         else:
-            dropped.append(f"{e.action}: a cluster of {e.size:g} turns (at most {max_total} rationales in all)")
+            dropped.append(f"{e.action}: a cluster of {e.size:g} turns (at most {max_total} rationales in "
+                           f"all)")
     # Identical texts under two actions would score alike: keep one, the answer's first (a library
     # needs an answer), then the bigger cluster's.
     kept_texts: dict[str, Entry] = {}
     for e in sorted(chosen, key=lambda e: (e.action != "answer", -e.size)):
         if e.text.lower() in kept_texts:
-            dropped.append(f"{e.action}: {e.text!r} (the same text leads to {kept_texts[e.text.lower()].action})")
+            dropped.append(f"{e.action}: {e.text!r} (the same text leads to "
+                           f"{kept_texts[e.text.lower()].action})")
         else:
             kept_texts[e.text.lower()] = e
     entries: list[Entry] = []
     for action in library_actions():
         same = sorted((e for e in kept_texts.values() if e.action == action), key=lambda e: -e.size)
-        entries += [Entry(f"{action}_{rank}", action, e.text, e.needs_image, e.size, e.share, e.examples, e.variants)
+        entries += [Entry(f"{action}_{rank}", action, e.text, e.needs_image, e.size, e.share, e.examples,
+                          e.variants)
                     for rank, e in enumerate(same, 1)]
     return entries

@@ -41,8 +41,10 @@ def decision_sentence(text: str) -> str:
     """The sentence of a reasoning that commits to the move: the last one that says what to do next
     ("I should ...", "Let me ..."), else the last sentence; a last fragment of under four words
     without final punctuation (cut off by the token limit) is left out."""
-    parts = [p.strip() for p in _SENTENCE_END.split(" ".join(text.replace("\n", " \n ").split(" "))) if p and p.strip()]
-    if len(parts) > 1 and not parts[-1].endswith((".", "!", "?", ":", '"', ")")) and len(parts[-1].split()) < 4:
+    parts = [p.strip() for p in _SENTENCE_END.split(" ".join(text.replace("\n",
+                                                                          " \n ").split(" "))) if p and p.strip()]
+    if len(parts) > 1 and not parts[-1].endswith((".", "!", "?", ":", '"',
+                                                  ")")) and len(parts[-1].split()) < 4:
         parts.pop()  # a few words cut off by the token limit decide nothing
     if not parts:
         return ""

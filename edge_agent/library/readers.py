@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.agent.rationales import library_actions
-from edge_agent.errors import EdgeAgentError
+from edge_agent.core.errors import EdgeAgentError
 
 HELP = ("SOURCES are `edge-agent eval` results (the --out folder, results.json or results.jsonl) run with "
         "--modes freeform, chats exported from the app (Ctrl+O, e: the .json file), or `edge-agent ask "
@@ -50,7 +50,8 @@ class Read:
     scored_turns: int = 0  # SSR turns: no written reasoning, nothing to learn from
     invalid_turns: int = 0  # turns whose action did not parse
     missing_text: int = 0  # free-form turns recorded without their reasoning text (an older eval)
-    errors: list[str] = field(default_factory=list)  # traces that ended in an error (e.g. an image for a text model)
+    # traces that ended in an error (e.g. an image for a text model)
+    errors: list[str] = field(default_factory=list)
 
 
 def read_sources(paths: Iterable[str | Path]) -> Read:
@@ -84,7 +85,8 @@ def _read_one(path: Path, out: Read) -> None:
         try:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as e:
-            raise LibraryBuildError(f"{path} is neither JSON nor JSON lines ({e.msg}, line {e.lineno}). {HELP}") from None
+            raise LibraryBuildError(f"{path} is neither JSON nor JSON lines ({e.msg}, line {e.lineno}). "
+                                    f"{HELP}") from None
     if rows is None:
         if isinstance(data, dict) and data.get("format") == "edge-agent-chat":
             return _read_chat(data, name, out)
@@ -95,7 +97,8 @@ def _read_one(path: Path, out: Read) -> None:
         elif isinstance(data, list):
             rows = data
         else:
-            raise LibraryBuildError(f"{path} is not an eval result, an exported chat or an ask --json log. {HELP}")
+            raise LibraryBuildError(f"{path} is not an eval result, an exported chat or an ask --json log. "
+                                    f"{HELP}")
     if rows and all(isinstance(r, dict) and "event" in r for r in rows):
         return _read_ask_log(rows, name, out)
     if rows and all(isinstance(r, dict) and "turn_log" in r for r in rows):
@@ -106,9 +109,11 @@ def _read_one(path: Path, out: Read) -> None:
 def _read_records(records: list[Any], name: str, path: Path, out: Read) -> None:
     # In (question id, mode) order, not the file's: a cluster run appends records as they arrive, and the
     # same records must build the same library (the clustering depends on the order it sees turns in).
-    for rec in sorted(records, key=lambda r: (str(r.get("id")), str(r.get("mode"))) if isinstance(r, dict) else ("", "")):
+    for rec in sorted(records, key=lambda r: (str(r.get("id")), str(r.get("mode"))) if isinstance(r,
+                                                                                                  dict) else ("", "")):
         if not isinstance(rec, dict) or not isinstance(rec.get("turn_log"), list):
-            raise LibraryBuildError(f"{path} holds a record without a turn log: not an edge-agent eval result. {HELP}")
+            raise LibraryBuildError(f"{path} holds a record without a turn log: not an edge-agent eval "
+                                    f"result. {HELP}")
         out.traces += 1
         correct = bool(rec.get("contains") or rec.get("exact")) and not rec.get("error")
         trace = f"{name}:{rec.get('id', out.traces)}"
@@ -160,7 +165,8 @@ def _add(out: Read, trace: str, turn: Any, text: str, action: Any, correct: bool
     if action not in library_actions():
         out.invalid_turns += 1
         return
-    out.turns.append(Turn(trace=trace, turn=int(turn) if isinstance(turn, int) else 0, text=text, action=action,
+    out.turns.append(Turn(trace=trace, turn=int(turn) if isinstance(turn, int) else 0, text=text,
+                          action=action,
                           correct=correct))
 
 
@@ -184,6 +190,7 @@ def _read_ask_log(rows: list[dict[str, Any]], name: str, out: Read) -> None:
         fatal = next((e for e in events if e.get("event") == "error" and e.get("fatal")), None)
         if fatal is not None:
             out.errors.append(f"{fatal.get('title', 'Error')}: {fatal.get('message', '')}")
-        ok = final is not None and fatal is None and final.get("stop_reason") in ("answered", "length", "turn_limit")
+        ok = final is not None and fatal is None and final.get("stop_reason") in ("answered", "length",
+                                                                                  "turn_limit")
         _add_events(out, f"{name}:run{n}", events, None if ok else False)
 

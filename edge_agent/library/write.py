@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write
 from edge_agent.library.build import Build
 
 

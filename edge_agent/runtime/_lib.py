@@ -182,7 +182,8 @@ class AbortFlag:
         with self._cond:
             self._watched = cancel
             if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, name="edge-agent-cancel-watch", daemon=True)
+                self._watcher = threading.Thread(target=self._watch, name="edge-agent-cancel-watch",
+                                                 daemon=True)
                 self._watcher.start()
             self._cond.notify_all()
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 from edge_agent.runtime.handle import ContextFull, Handle
 from edge_agent.runtime.scoring import Trie, build_trie, row_logsumexp, split_points
 from edge_agent.runtime.tokenizer import Tokenizer

@@ -28,15 +28,19 @@ class BatchBuffers:
         self.seq = np.zeros((cap, n_seq_max), dtype=np.int32)
         self.out = np.zeros(cap, dtype=np.int8)
         # seq_id is int32**: one pointer per row of self.seq.
-        self._ptrs = (self.seq.ctypes.data + np.arange(cap, dtype=np.uintp) * self.seq.strides[0]).astype(np.uintp)
+        self._ptrs = (self.seq.ctypes.data + np.arange(cap,
+                                                       dtype=np.uintp) * self.seq.strides[0]).astype(np.uintp)
         i32p = ctypes.POINTER(ctypes.c_int32)
-        self.struct: Any = cast(Any, C.llama_batch())  # ctypes struct; its pointer fields point into the arrays above
+        self.struct: Any = cast(Any,
+                                # ctypes struct; its pointer fields point into the arrays above
+                                C.llama_batch())
         self.struct.n_tokens = 0
         self.struct.token = self.tok.ctypes.data_as(i32p)
         self.struct.embd = ctypes.POINTER(ctypes.c_float)()
         self.struct.pos = self.pos.ctypes.data_as(i32p)
         self.struct.n_seq_id = self.nseq.ctypes.data_as(i32p)
-        self.struct.seq_id = ctypes.cast(self._ptrs.ctypes.data, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
+        self.struct.seq_id = ctypes.cast(self._ptrs.ctypes.data,
+                                         ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
         self.struct.logits = self.out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def fill_run(self, tokens: Any, p0: int, *, last_logits: bool) -> int:

@@ -22,8 +22,8 @@ from edge_agent.runtime.types import ChatTemplate
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
-    "{% endif %}{{ '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% "
+    "endfor %}{% endif %}{{ '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
@@ -48,7 +48,7 @@ def render(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], *,
     """The prompt text of ``messages`` ({"role", "content"}; content a string, or a list of
     {"type": "text", "text"} and {"type": "image"} parts) under ``template``. Raises
     ``ModelRuntimeError`` when the template fails on them (it says which part)."""
-    from edge_agent.errors import ModelRuntimeError
+    from edge_agent.core.errors import ModelRuntimeError
 
     fmt = _formatter(template.template, template.bos, template.eos, add_generation_prompt)
     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 
 if TYPE_CHECKING:
     from edge_agent.runtime.model import Model
@@ -87,8 +87,10 @@ class Embedder:
                     raise ModelRuntimeError(f"llama_decode failed with code {rc} while embedding a text.")
                 ptr = C.llama_get_embeddings_seq(self._ctx, 0)
                 if not ptr:
-                    raise ModelRuntimeError("llama.cpp returned no pooled embedding (pooling is off for this model).")
-                out[i] = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_embd,))
+                    raise ModelRuntimeError("llama.cpp returned no pooled embedding (pooling is off for this "
+                                            "model).")
+                out[i] = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                               shape=(self.n_embd,))
             C.llama_memory_clear(mem, True)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms > 0, norms, 1.0)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_agent.errors import Cancelled
+from edge_agent.core.errors import Cancelled
 from edge_agent.runtime.handle import Handle
 from edge_agent.runtime.scoring import row_logsumexp
 

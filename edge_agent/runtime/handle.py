@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import Cancelled, ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import Cancelled, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C, M
 from edge_agent.runtime.buffers import BatchBuffers
@@ -397,7 +397,8 @@ class Handle:
                 raise ContextFull(n, self.n_ctx)
             if rc == 2:
                 raise Cancelled()
-            raise ModelRuntimeError(f"llama_decode failed with code {rc} ({_lib.recent_errors() or 'no details'}).")
+            raise ModelRuntimeError(f"llama_decode failed with code {rc} "
+                                    f"({_lib.recent_errors() or 'no details'}).")
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """Zero-copy (n_rows, V) float32 view of llama.cpp's logits buffer (valid until the next decode)."""
@@ -417,7 +418,8 @@ class Handle:
         while True:
             _lib.clear_errors()
             with self.computing(n_tokens) as step:
-                rc = self._compute(n_tokens, M.mtmd_helper_decode_image_chunk, self.mtmd, self._ctx, chunk, ptr,
+                rc = self._compute(n_tokens, M.mtmd_helper_decode_image_chunk, self.mtmd, self._ctx, chunk,
+                                   ptr,
                                    n_past, seq, self.n_batch, ctypes.byref(new_pos), _NO_CALLBACK, None)
             if rc == 0:
                 return int(new_pos.value)
@@ -426,7 +428,8 @@ class Handle:
                 continue
             if self.abort.is_set():
                 raise Cancelled()
-            raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; {_lib.recent_errors() or 'no details'}).")
+            raise ModelRuntimeError(f"Evaluating the image failed (code {rc}; "
+                                    f"{_lib.recent_errors() or 'no details'}).")
 
     def _compute(self, n_tokens: int, fn: Any, *args: Any) -> int:
         """One llama.cpp pass: on the model's lane when it uses more than one thread (the threads set on

@@ -1,6 +1,6 @@
 """A loaded model: its files, its tokenizer, its identity; sessions on its one context.
 
-Knows: file validation before llama.cpp sees a file (through ``edge_agent.modelfile``), what a load
+Knows: file validation before llama.cpp sees a file (through ``edge_agent.modelfiles.checks``), what a load
 asks for (context size, sequences for batched scoring, batch size, threads, KV type, flash attention,
 image-token limits) and checks it, the identity of a context (what changes its numbers: saved states
 are keyed by it), memory accounting, handing out sessions. Does not know: chat formats, prompts, the
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import ModelFileError, ModelRuntimeError
 from edge_agent.runtime.cores import FOREGROUND, CoreShare, default_threads
 from edge_agent.runtime.types import ModelLike, SessionLike
 
 if TYPE_CHECKING:
-    from edge_agent.config import Settings
+    from edge_agent.core.config import Settings
     from edge_agent.runtime.handle import Handle
     from edge_agent.runtime.session import ModelFacts, Session
     from edge_agent.runtime.state import SessionState
@@ -47,7 +47,7 @@ class Model:
 
     def __init__(self, handle: Handle, info: Any, mmproj: Path | None = None, mmproj_info: Any = None,
                  mmproj_identity: str = "") -> None:
-        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfile`` records of the files;
+        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfiles.checks`` records of the files;
         ``mmproj_identity``: ``file_identity(mmproj)`` when the caller has it already."""
         from edge_agent.runtime.session import ModelFacts
         from edge_agent.runtime.tokenizer import Tokenizer
@@ -56,7 +56,7 @@ class Model:
         self.tokenizer: Tokenizer = Tokenizer(handle)
         self.path: Path = handle.path
         self.mmproj_path = mmproj
-        self.info = info  # edge_agent.modelfile.ModelInfo of the text model
+        self.info = info  # edge_agent.modelfiles.checks.ModelInfo of the text model
         self.mmproj_info = mmproj_info
         self.arch: str = info.architecture
         # the context as created (fixed for the model's life)
@@ -70,7 +70,8 @@ class Model:
         self.kv_type = p.kv_type
         self.extra_buffers = p.extra_buffers
         self.image_px_per_token = 0  # pixels per image-token side (patch * merge; 32 for Qwen3-VL), 0 unknown
-        self.mmproj_identity = ""  # the mmproj file's identity: with an image and its grid, what fixes an embedding
+        # the mmproj file's identity: with an image and its grid, what fixes an embedding
+        self.mmproj_identity = ""
         self.vision_identity = ""  # mmproj + mtmd's image limits: what fixes how an image becomes tokens
         if mmproj is not None:
             self.mmproj_identity = mmproj_identity or file_identity(mmproj)
@@ -157,13 +158,16 @@ class Model:
             kv_type, start = auto_kv_type(info, n_ctx)
         start = min(n_ctx, n_ctx_start or start)
         params = Params(
-            n_ctx=start, n_ctx_max=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
-            n_threads_batch=default_threads(n_threads_batch), extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
+            n_ctx=start, n_ctx_max=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
+            n_threads=default_threads(n_threads, decode=True, model_bytes=info.size_bytes),
+            n_threads_batch=default_threads(n_threads_batch),
+            extra_buffers=_lib.extra_buffers_enabled(extra_buffers),
             kv_type=kv_type, flash_attn=flash_attn, image_tokens=(image_min_tokens, image_max_tokens),
         )
         mm_id = file_identity(mm) if mm is not None else ""
         tower = share_vision_with.handle.vision if share_vision_with is not None else None
-        handle = Handle.open(path, mm, params, vision_key=vision_key(mm_id, params.image_tokens) if mm_id else "",
+        handle = Handle.open(path, mm, params, vision_key=vision_key(mm_id,
+                                                                     params.image_tokens) if mm_id else "",
                              share_vision=tower)
         try:
             return cls(handle, info, mm, mm_info, mmproj_identity=mm_id)
@@ -173,7 +177,8 @@ class Model:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None, **kw: Any
+        cls, settings: Settings, path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None,
+        **kw: Any
     ) -> Model:
         """:meth:`load` with context size, threads and extra buffers taken from ``settings``."""
         kw.setdefault("n_ctx", settings.n_ctx)
@@ -247,7 +252,8 @@ class Model:
         with self.lock:
             self.handle.check_open()
             if not self.has_vision:
-                raise ModelFileError(f"{self.path.name} was loaded without a vision projector, so it cannot read "
+                raise ModelFileError(f"{self.path.name} was loaded without a vision projector, so it cannot "
+                                     f"read "
                                      "images.", title="No vision")
             with vision.prepare(self.handle, bytes(image)) as prep:
                 for part in prep.parts:
@@ -312,7 +318,7 @@ def auto_kv_type(info: Any, n_ctx: int) -> tuple[str, int]:
     weights): f16 at 4,096 cells takes the memory q8_0 took at 8,192 (448 vs 476 MiB), and a photo
     question needs ~1,800. ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
     ``footprint.KvShape``'s, which the memory estimates use too."""
-    from edge_agent import footprint
+    from edge_agent.modelfiles import footprint
 
     shape = footprint.kv_shape_of_info(info)
     return shape.resolve(n_ctx, "auto"), shape.start_cells(n_ctx, "auto")
@@ -343,9 +349,9 @@ def file_identity(path: Path, sample: int = 1 << 20) -> str:
 
 
 def _validate_files(path: Path, mmproj: Path | None) -> tuple[Any, Any]:
-    """Check the files in Python with ``edge_agent.modelfile`` (llama.cpp aborts the process on several
+    """Check the files in Python with ``edge_agent.modelfiles.checks`` (llama.cpp aborts the process on several
     bad inputs: a wrong-width mmproj, too many deepstack layers, ...). Returns (text info, mmproj info)."""
-    from edge_agent import modelfile
+    from edge_agent.modelfiles import checks as modelfile
 
     text = modelfile.validate_text_model(path, need_vision=mmproj is not None)
     if mmproj is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from edge_agent.errors import ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C
 from edge_agent.runtime.cores import default_threads
@@ -26,7 +26,8 @@ FILE_TYPES = {
 }
 
 
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], file_type: str, *, threads: int = 0) -> Path:
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], file_type: str, *,
+             threads: int = 0) -> Path:
     """Write ``src`` requantized to ``file_type`` (a key of FILE_TYPES) at ``dst``; returns ``dst``."""
     src, dst = Path(src), Path(dst)
     if file_type not in FILE_TYPES:

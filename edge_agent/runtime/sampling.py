@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 from edge_agent.runtime._lib import C, captured_stderr, clear_errors, recent_errors
 from edge_agent.runtime.handle import TOKEN_DATA, Handle
 from edge_agent.runtime.textstream import StopStream
@@ -165,7 +165,8 @@ class Sampler:
         self._apply(data)
         masked = data["logit"].copy()
         if not np.isfinite(masked).any():
-            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this vocabulary).")
+            raise ModelRuntimeError("The grammar allows no next token here (it cannot be completed with this "
+                                    "vocabulary).")
         return masked
 
 

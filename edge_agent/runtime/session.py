@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
+from edge_agent.core.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import batch, forced, vision
 from edge_agent.runtime import state as state_mod
 from edge_agent.runtime._lib import recent_errors
@@ -108,7 +108,8 @@ class Session:
     def _check(self) -> None:
         self._h.check_open("The model of this session was closed. Load it again.")
         if self._h.owner is not self:
-            raise ModelRuntimeError("This session was replaced: Model.session() started a new one and cleared the KV cache.")
+            raise ModelRuntimeError("This session was replaced: Model.session() started a new one and "
+                                    "cleared the KV cache.")
 
     @property
     def n_pending(self) -> int:
@@ -315,7 +316,8 @@ class Session:
 
     def _rollback(self, cp: Checkpoint) -> None:
         if cp.n_history > len(self.history) or cp.n_pos > self.n_pos:
-            raise ModelRuntimeError("This checkpoint is ahead of the session (it belongs to another session or a rolled-back branch).")
+            raise ModelRuntimeError("This checkpoint is ahead of the session (it belongs to another session "
+                                    "or a rolled-back branch).")
         kv_end = cp.n_pos - cp.n_pending  # positions >= kv_end were not in the KV cache at the checkpoint
         self._h.seq_rm(0, kv_end, -1)
         del self.history[cp.n_history :]
@@ -424,8 +426,10 @@ class Session:
             out: list[ContinuationScore] = []
             for s in range(0, len(toks), group):
                 try:
-                    got = batch.score_group(self._h, toks[s : s + group], logits=self._logits, n_pos=self.n_pos,
-                                            free=self._free_cells(sum(map(len, toks[s : s + group]))), keep=keep,
+                    got = batch.score_group(self._h, toks[s : s + group], logits=self._logits,
+                                            n_pos=self.n_pos,
+                                            free=self._free_cells(sum(map(len, toks[s : s + group]))),
+                                            keep=keep,
                                             scratch=self._scratch_for())
                 except ContextFull as e:
                     raise self._context_full(e.need) from None
@@ -509,7 +513,8 @@ class Session:
                         break
                 if run.reason == "cancelled":
                     run.release_held()
-            return Generation(text=run.stream.text, tokens=run.tokens, stop_reason=run.reason, logprobs=run.lps,
+            return Generation(text=run.stream.text, tokens=run.tokens, stop_reason=run.reason,
+                              logprobs=run.lps,
                               n_eval=self.n_evaluated - ev0, seconds=time.perf_counter() - t0)
 
     def _start_generation(self, max_tokens: int, run: Run) -> int:
@@ -542,11 +547,13 @@ class Session:
                 return True
         return False
 
-    def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int, cancel: threading.Event | None) -> int:
+    def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int,
+              cancel: threading.Event | None) -> int:
         """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0: none)."""
         assert len(self._pending) == 1
         got = forced.jump(self._h, sampler, run, self._tok, probe, self._pending[0], self.n_pos - 1,
-                          room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(), cancel=cancel)
+                          room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(),
+                          cancel=cancel)
         if got is not None:
             self.n_evaluated += got.n_eval
             self._took(got.tokens, got.n_kv, got.logits)
@@ -571,7 +578,8 @@ class Session:
         self._pending.append(tok)
         self.n_pos += 1
         self._logits = None
-        run.add(tok, float(logits[tok]) - float(lse), None if self._tok.is_eog(tok) else self._tok.token_bytes(tok),
+        run.add(tok, float(logits[tok]) - float(lse),
+                None if self._tok.is_eog(tok) else self._tok.token_bytes(tok),
                 last=last)
 
     def _scratch_for(self) -> np.ndarray:
@@ -588,4 +596,5 @@ class Session:
 
     def text(self) -> str:
         """The conversation as text (special tokens rendered; an image as ``<image>``), for debugging."""
-        return "".join("<image>" if t == IMAGE else self._tok.detokenize([t], special=True) for t in self.history)
+        return "".join("<image>" if t == IMAGE else self._tok.detokenize([t],
+                                                                         special=True) for t in self.history)

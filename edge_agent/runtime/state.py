@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write
 from edge_agent.runtime.types import ImageChunk, SessionState, StateError
 
 MAGIC = b"EDGEKV01"
@@ -50,7 +50,8 @@ _DIGESTS_LOCK = threading.Lock()
 
 def image_digest(image: bytes) -> str:
     """SHA-256 of an image's bytes: its identity in saved-state keys and in the embedding cache."""
-    image = bytes(image)  # immutable: a dict key (a bytes object hashes once; the same object is found at once)
+    # immutable: a dict key (a bytes object hashes once; the same object is found at once)
+    image = bytes(image)
     with _DIGESTS_LOCK:
         got = _DIGESTS.get(image)
     if got is None:

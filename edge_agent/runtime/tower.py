@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from edge_agent.errors import ModelRuntimeError
+from edge_agent.core.errors import ModelRuntimeError
 from edge_agent.runtime._lib import C, M
 from edge_agent.runtime.cores import ComputeLane
 
@@ -28,7 +28,8 @@ class VisionTower:
     only reads its flags (M-RoPE, causal attention). Encodes run on the loader's compute lane
     (``cores.ComputeLane``): one OpenMP team per model, whichever model encodes."""
 
-    def __init__(self, ptr: Any, key: str, n_threads: int, n_embd_inp: int, n_vocab: int, lane: ComputeLane) -> None:
+    def __init__(self, ptr: Any, key: str, n_threads: int, n_embd_inp: int, n_vocab: int,
+                 lane: ComputeLane) -> None:
         self.ptr, self.key, self.n_threads, self.lane = ptr, key, n_threads, lane
         self.n_embd_inp, self.n_vocab = n_embd_inp, n_vocab  # what a model must match to use it
         self.lock = threading.Lock()

@@ -73,7 +73,8 @@ class Generation:
     text: str
     tokens: list[int]
     stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled"
-    logprobs: list[float] = field(default_factory=list)  # log p of each sampled token under the model (before grammar/temperature)
+    # log p of each sampled token under the model (before grammar/temperature)
+    logprobs: list[float] = field(default_factory=list)
     n_eval: int = 0  # tokens evaluated into the KV cache by this call
     seconds: float = 0.0
 
@@ -203,7 +204,7 @@ class SessionLike(Protocol):
 
 
 class ChatSessionLike(SessionLike, Protocol):
-    """A session as chat persistence (``edge_agent.chat_context``) uses it: besides the loop's verbs,
+    """A session as chat persistence (``edge_agent.chat.continuity``) uses it: besides the loop's verbs,
     which images it holds, the key of its content, and a saved state of it."""
 
     @property
@@ -239,7 +240,7 @@ class DraftModelLike(Protocol):
 
 
 class ChatModelLike(Protocol):
-    """What chat persistence (``edge_agent.chat_context``) uses of the agent model."""
+    """What chat persistence (``edge_agent.chat.continuity``) uses of the agent model."""
 
     n_ctx: int
     identity: dict[str, Any]  # what changes this context's numbers (keys of saved states)
@@ -264,7 +265,7 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     image geometry, sharing the cores, closing). ``edge_agent.runtime.Model`` implements it.
 
     ``Model.load(path, mmproj=None, *, n_ctx=8192, n_threads=0, n_threads_batch=0, n_seq_max=8, ...)``
-    validates the files in Python first (edge_agent.modelfile) and raises ModelFileError instead of
+    validates the files in Python first (edge_agent.modelfiles.checks) and raises ModelFileError instead of
     letting llama.cpp abort the process.
     """
 
@@ -273,7 +274,8 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
     path: Path  # the text GGUF
     mmproj_path: Path | None  # its vision projector, None without one
     image_px_per_token: int  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
-    chat_template: ChatTemplate  # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
+    # the file's own (plain ChatML when it has none): the ``direct`` mode's prompt
+    chat_template: ChatTemplate
 
     @property
     def memory_bytes(self) -> dict[str, int]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_agent.errors import ImageError, ModelRuntimeError
+from edge_agent.core.errors import ImageError, ModelRuntimeError
 from edge_agent.runtime._lib import M, clear_errors, recent_errors
 from edge_agent.runtime.handle import Handle
 from edge_agent.runtime.types import ImageChunk
@@ -93,7 +93,8 @@ def prepare(h: Handle, image: bytes) -> Iterator[Prepared]:
         with _tower_lock(h):  # a tower shared by two models (agent and prophet): one call at a time
             rc = M.mtmd_tokenize(mt, chunks, ctypes.byref(txt), bitmaps, 1)
         if rc != 0:
-            raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another image.")
+            raise ImageError(f"The vision projector could not prepare this image (code {rc}). Try another "
+                             f"image.")
         parts: list[list[int] | ImagePart] = []
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
@@ -162,7 +163,8 @@ def _encode(h: Handle, chunk: object, key: str, n_tok: int) -> Embedding:
             clear_errors()
             rc = tower.encode(chunk)
             if rc != 0:
-                raise ModelRuntimeError(f"Encoding the image failed (code {rc}; {recent_errors() or 'no details'}).")
+                raise ModelRuntimeError(f"Encoding the image failed (code {rc}; "
+                                        f"{recent_errors() or 'no details'}).")
             ptr = M.mtmd_get_output_embd(tower.ptr)
             data = np.ctypeslib.as_array(ptr, shape=(n_tok, h.n_embd_inp)).copy()
         emb = Embedding(data=data, encode_seconds=time.perf_counter() - t0)
@@ -189,8 +191,10 @@ def decode_chunk(h: Handle, chunk: object, prep: Prepared, digest: str, n_pos: i
         raise ModelRuntimeError(f"mtmd advanced the position by {new_pos - n_pos}, expected {n_positions}.")
     px = px_per_token
     at = next(i for i, p in enumerate(prep.parts) if isinstance(p, ImagePart))  # mtmd's markers around it
-    wrap = [sum(len(p) for p in ps if not isinstance(p, ImagePart)) for ps in (prep.parts[:at], prep.parts[at + 1:])]
+    wrap = [sum(len(p) for p in ps if not isinstance(p, ImagePart)) for ps in (prep.parts[:at],
+                                                                               prep.parts[at + 1:])]
     return ImageChunk(n_tokens=n_tok, n_pos=n_positions, nx=nx, ny=ny, width=nx * px if px else prep.width,
                       height=ny * px if px else prep.height, digest=digest,
-                      encode_seconds=0.0 if reused else emb.encode_seconds, decode_seconds=time.perf_counter() - t0,
+                      encode_seconds=0.0 if reused else emb.encode_seconds,
+                      decode_seconds=time.perf_counter() - t0,
                       reused=reused, wrap_before=wrap[0], wrap_after=wrap[1])

@@ -17,13 +17,13 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 from textual.theme import Theme
 
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.errors import ConfigError, EdgeAgentError
-from edge_agent.ui.chat_screen import ChatScreen
-from edge_agent.ui.first_run import FirstRunScreen
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import ConfigError, EdgeAgentError
 from edge_agent.ui.host import EngineFactory, EngineHost
 from edge_agent.ui.messages import EngineFailed, EngineProgress, EngineReady, HostChanged, SettingsRequested
+from edge_agent.ui.screens.chat import ChatScreen
+from edge_agent.ui.screens.first_run import FirstRunScreen
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class EdgeAgentApp(App[None]):
     @work(thread=True, group="crops", exit_on_error=False)
     def prune_crops(self) -> None:
         """Worker thread: delete week-old crop folders no saved chat shows (deleted chats, `ask --json`)."""
-        from edge_agent.crops import prune_crops
+        from edge_agent.chat.crops import prune_crops
 
         try:
             n = prune_crops(self.settings.crops_dir, chats_path=self.settings.chats_path)
@@ -89,7 +89,7 @@ class EdgeAgentApp(App[None]):
 
     def say_recovered(self) -> None:
         """A damaged settings file, chat history or search cache was set aside and salvaged: say so, once."""
-        from edge_agent.recovery import take_notices
+        from edge_agent.core.recovery import take_notices
 
         for message in take_notices():
             self.notify(message, title="Recovered a damaged file", severity="warning", timeout=30)
@@ -116,7 +116,8 @@ class EdgeAgentApp(App[None]):
         if isinstance(self.screen, FirstRunScreen):
             self.pop_screen()
         self._tell_chat()
-        self.notify(f"{self.host.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready", timeout=3)
+        self.notify(f"{self.host.model_names()[0]} loaded in {m.seconds:.1f} s.", title="Model ready",
+                    timeout=3)
         self.say_recovered()  # the search cache is first opened while the model loads
 
     def on_engine_failed(self, m: EngineFailed) -> None:
@@ -164,7 +165,7 @@ class EdgeAgentApp(App[None]):
                             title="Settings saved", timeout=3)
 
     def action_settings(self) -> None:
-        from edge_agent.ui.settings_screen import SettingsScreen
+        from edge_agent.ui.screens.settings import SettingsScreen
 
         def done(new: Settings | None) -> None:
             if new is not None:
@@ -183,7 +184,8 @@ class EdgeAgentApp(App[None]):
                             lambda: self.change_settings({"mode": "freeform"}))
         yield SystemCommand("Mode: direct", "The model alone in a plain chat: no tools, no agent",
                             lambda: self.change_settings({"mode": "direct"}))
-        yield SystemCommand(f"SeProD {'off' if s.seprod else 'on'}", "Prophet drafting (needs a prophet model)",
+        yield SystemCommand(f"SeProD {'off' if s.seprod else 'on'}",
+                            "Prophet drafting (needs a prophet model)",
                             lambda: self.change_settings({"seprod": not self.settings.seprod}))
         yield SystemCommand(f"Go {'online' if s.offline else 'offline'}",
                             "Offline: searches are served from the cache only",
@@ -196,9 +198,10 @@ class EdgeAgentApp(App[None]):
             yield SystemCommand("Export chat", "Markdown + JSON with tool calls, crops and scores",
                                 chat.action_export)
             yield SystemCommand("Attach image", "Pick an image file", chat.action_pick_image)
-            yield SystemCommand("Detach image", "Ask the next questions without the image (Ctrl+D)",
+            yield SystemCommand("Detach image", "The next questions go without the last image (Ctrl+D)",
                                 chat.action_detach_image)
-            yield SystemCommand("Retry last answer", "Answer the last question again (/retry)", chat.action_retry)
+            yield SystemCommand("Retry last answer", "Answer the last question again (/retry)",
+                                chat.action_retry)
             yield SystemCommand("Edit last question", "Change the last question and send it again (/edit)",
                                 chat.action_edit_last)
             yield SystemCommand("Reasoning: open/close", "The last answer's reasoning blocks",

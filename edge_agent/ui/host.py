@@ -15,22 +15,22 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from textual.message_pump import MessagePump
 
-from edge_agent.agent import events as ev
 from edge_agent.agent.prompts import check_n_ctx
-from edge_agent.chatlock import ChatLock
-from edge_agent.chats import ChatStore
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest, EngineFace
-from edge_agent.errors import Cancelled, EdgeAgentError
+from edge_agent.chat.lock import ChatLock
+from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
+from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
+from edge_agent.core.errors import Cancelled, EdgeAgentError
+from edge_agent.engine.face import AskRequest, EngineFace
 from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
-from edge_agent.ui.preview import looks_like_image_path
-from edge_agent.ui.statusbar import model_label
+from edge_agent.ui.widgets.preview import looks_like_image_path
+from edge_agent.ui.widgets.statusbar import model_label
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -46,13 +46,13 @@ EngineFactory = Callable[..., EngineFace]  # (settings, *, progress) -> engine
 
 def default_engine_factory(settings: Settings, *,
                            progress: Callable[[str, float], None] | None = None) -> EngineFace:
-    from edge_agent.engine import Engine  # llama.cpp is imported here, in the worker thread
+    from edge_agent.engine.engine import Engine  # llama.cpp is imported here, in the worker thread
 
     return Engine.from_settings(settings, progress=progress)
 
 
 def reload_fields() -> frozenset[str]:
-    from edge_agent.engine import RELOAD_FIELDS  # numpy and the agent: not at the app's import
+    from edge_agent.engine.engine import RELOAD_FIELDS  # numpy and the agent: not at the app's import
 
     return RELOAD_FIELDS
 
@@ -61,14 +61,16 @@ def reload_fields() -> frozenset[str]:
 class Question:
     """One question of a chat as the engine gets it: its answer is stored as message ``message_id``;
     ``context``: the key the chat's last kept answer was saved under; ``history``: the chat's
-    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt)."""
+    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt). An image is a file, a
+    tuple of several, or None."""
 
     message_id: int
     text: str
-    image: str | None
-    history: list[tuple[str, str, str | None]]
+    image: str | tuple[str, ...] | None
+    history: list[tuple[str, str, str | tuple[str, ...] | None]]
     context: str
-    chat_id: int | None = None  # the chat whose lock (edge_agent.chatlock) the answer holds until it is saved
+    # the chat whose lock (edge_agent.chat.lock) the answer holds until it is saved
+    chat_id: int | None = None
 
 
 class EngineHost:
@@ -187,11 +189,14 @@ class EngineHost:
         Model files are saved once a load with them succeeds. Raises ConfigError for a bad value."""
         new = self.settings.updated(changes, source="the app")
         new.validate(check=check_n_ctx)
-        changed = {f.name for f in dataclasses.fields(Settings) if getattr(new, f.name) != getattr(self.settings, f.name)}
+        changed = {f.name for f in dataclasses.fields(Settings) if getattr(new,
+                                                                           f.name) != getattr(self.settings,
+                                                                                              f.name)}
         self.settings = new
         if not changed:
             return changed, False
-        live = self.engine.update_settings(new, changed) if self.engine is not None else not (changed & reload_fields())
+        live = self.engine.update_settings(new,
+                                           changed) if self.engine is not None else not (changed & reload_fields())
         if not live:
             self._unsaved.update({k: getattr(new, k) for k in changed & MODEL_FIELDS})
             self.load()
@@ -213,7 +218,8 @@ class EngineHost:
         """Hold chat ``chat_id``'s lock for a question (None); when another process (an ``ask``, another app)
         is answering in it, who that is (and nothing is held)."""
         with self._locks_guard:
-            lock, n = self._locks.get(chat_id, (ChatLock(self.settings.home, chat_id, "the edge-agent app"), 0))
+            lock, n = self._locks.get(chat_id, (ChatLock(self.settings.home, chat_id, "the edge-agent app"),
+                                                0))
             if n == 0 and not lock.try_acquire():
                 return lock.holder()
             self._locks[chat_id] = (lock, n + 1)
@@ -242,9 +248,10 @@ class EngineHost:
 
         self.app.run_worker(read, thread=True, group="prepare", exit_on_error=False)
 
-    def read_ahead(self, text: str, image: str | None, chat_id: int | None) -> None:
+    def read_ahead(self, text: str, image: str | Sequence[str] | None, chat_id: int | None) -> None:
         """What the person has given so far for the next question of chat ``chat_id`` (None: a new chat):
-        the attached ``image`` and the ``text`` typed (a command or a path is not a question). The engine
+        the attached ``image`` (a tuple: several) and the ``text`` typed (a command or a path is not a
+        question). The engine
         reads them into the chat's context in its own background thread (``Engine.read_ahead``: the photo
         at once, whole words as they are typed), which the question takes over when it is sent. Returns
         at once; nothing without an engine."""
@@ -273,34 +280,27 @@ class EngineHost:
 
     def _ask(self, engine: EngineFace, q: Question, mode: str, cancel: threading.Event,
              reply_to: MessagePump) -> None:
-        """Worker thread: runs the engine, stores and posts each event. Never touches widgets."""
-        status, title, message = "error", "", ""
+        """Worker thread: runs the engine, records and posts each event. Never touches widgets."""
+        record, status = ExchangeRecorder.opened(self.store, q.message_id), AnswerStatus()
         with self.lock:
             try:
-                if cancel.is_set():
-                    status = "cancelled"
-                else:
+                if not cancel.is_set():
                     for event in engine.ask(AskRequest(q.text, q.image, mode=mode, history=q.history,
                                                        context=q.context), cancel=cancel):
-                        self.store.add_event(q.message_id, event)
+                        record.add(event)
                         reply_to.post_message(AgentEvent(q.message_id, event))
-                        if isinstance(event, ev.FinalAnswer):
-                            status = event.stop_reason
-                        elif isinstance(event, ev.AgentError) and event.fatal:
-                            status, title, message = "error", event.title, event.message
-                    if status == "error" and not title:
-                        status = "cancelled" if cancel.is_set() else "answered"
-            except Cancelled:
-                status = "cancelled"
-            except EdgeAgentError as e:
-                status, title, message = "error", e.title, e.message
+                        status.see(event)
+                status.end(cancelled=cancel.is_set())
+            except (Cancelled, EdgeAgentError) as e:
+                status.failed(e)
             except Exception as e:  # a bug: report it, keep the app and the chat usable
                 log.error("engine failed:\n%s", traceback.format_exc())
-                status, title = "error", "Internal error"
-                message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
+                status.failed(e)
+                status.title = "Internal error"
+                status.message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
             finally:
-                self.store.finish_answer(q.message_id, status)
+                record.finish(status.status or "error")
                 self._cancels.pop(q.message_id, None)
                 self.release(q.chat_id)
-        reply_to.post_message(AskFinished(q.message_id, status, title, message))
+        reply_to.post_message(AskFinished(q.message_id, status.status, status.title, status.message))
 

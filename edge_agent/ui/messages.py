@@ -12,7 +12,7 @@ from textual.message import Message
 from edge_agent.agent.events import Event
 
 if TYPE_CHECKING:
-    from edge_agent.engine_face import EngineFace
+    from edge_agent.engine.face import EngineFace
 
 
 class EngineProgress(Message):

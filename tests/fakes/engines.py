@@ -1,5 +1,5 @@
 """The one scripted engine of the tests: engine-shaped (what the app, ``ask``'s callers and the eval use of
-``edge_agent.engine.Engine``; mypy holds it to those protocols), for tests of pure rendering,
+``edge_agent.engine.engine.Engine``; mypy holds it to those protocols), for tests of pure rendering,
 persistence and evaluation logic.
 
 By default a question yields a fixed, realistic event stream (:func:`script`: an SSR turn with a zoom, a
@@ -11,14 +11,14 @@ that use ``tiny_models``. The Pilot helpers are in tests/pilot.py, the files tes
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.agent import events as ev
-from edge_agent.config import Settings
-from edge_agent.engine_face import AskRequest, EngineFace
+from edge_agent.core.config import Settings
+from edge_agent.engine.face import AskRequest, EngineFace
 from tests.files import make_image
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class Asked:
     """One question as the scripted engine got it (``crop``: where the default script's zoom crop was written)."""
 
     question: str
-    image: str | None
+    image: str | tuple[str, ...] | None  # several: a tuple
     mode: str | None
     seprod: bool
     history: list[Any]
@@ -109,7 +109,8 @@ Script = Callable[[Asked], Iterable[ev.Event]]
 
 def app_script(asked: Asked) -> list[ev.Event]:
     """The default: :func:`script` for the question, its image and the crop written for it."""
-    return script(asked.question, asked.image, asked.crop)
+    image = ", ".join(asked.image) if isinstance(asked.image, tuple) else asked.image
+    return script(asked.question, image, asked.crop)
 
 
 class _Vision:
@@ -134,13 +135,13 @@ class ScriptedEngine:
         self.hold = hold
         self.model = _Vision(vision)
         self.requests: list[Asked] = []
-        self.asked: list[tuple[str, str | None, str | None]] = []
+        self.asked: list[tuple[str, str | tuple[str, ...] | None, str | None]] = []
         self.contexts: list[str | None] = []  # the context key each question continued from
         self.histories: list[list[Any]] = []  # the history each question was asked with
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
-        self.read: list[tuple[str, str | None, str]] = []  # read_ahead calls: (text, image, context)
+        self.read: list[tuple[str, str | tuple[str, ...] | None, str]] = []  # read_ahead's (text, image, ctx)
         self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
     def model_files(self) -> dict[str, str]:
@@ -148,7 +149,8 @@ class ScriptedEngine:
 
     def ask(self, request: AskRequest, *, cancel: threading.Event | None = None) -> Iterator[ev.Event]:
         question, image, mode, context = request.question, request.image, request.mode, request.context
-        assert image is None or isinstance(image, str), "the app, ask and the eval hand an engine a file"
+        assert image is None or isinstance(image, str | tuple), "the app, ask and the eval hand files"
+        image = image if image is None or isinstance(image, str) else tuple(str(x) for x in image)
         seprod, history, seed = bool(request.seprod), request.history, request.seed
         crop = None
         if self.crop_dir is not None:
@@ -185,7 +187,7 @@ class ScriptedEngine:
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:
         """Like ``Engine.update_settings``: model files and the llama context need a new engine."""
-        from edge_agent.engine import RELOAD_FIELDS
+        from edge_agent.engine.engine import RELOAD_FIELDS
 
         if RELOAD_FIELDS.intersection(changed):
             return False
@@ -196,8 +198,9 @@ class ScriptedEngine:
         self.prepared.append(str(image))
         return True
 
-    def read_ahead(self, text: str = "", image: str | None = None, *, context: str = "") -> None:
-        self.read.append((text, image, context))
+    def read_ahead(self, text: str = "", image: str | Sequence[str] | None = None, *,
+                   context: str = "") -> None:
+        self.read.append((text, image if image is None or isinstance(image, str) else tuple(image), context))
 
     def close(self) -> None:
         self.closed = True

@@ -1,6 +1,6 @@
 """A real HTTP server on 127.0.0.1 that answers like the Hugging Face hub, for download tests.
 
-Serves the shapes edge_agent.hub relies on (and that huggingface_hub uses too):
+Serves the shapes edge_agent.modelfiles.hub relies on (and that huggingface_hub uses too):
 - ``GET /api/models/{owner}/{repo}[/revision/{rev}]?blobs=true`` -> ``{"id", "sha", "siblings": [{"rfilename",
   "size", "blobId", "lfs": {"sha256", "size", "pointerSize"}}]}``
 - ``GET|HEAD /{owner}/{repo}/resolve/{rev}/{file}`` -> LFS files: 302 to ``/cdn/{sha256}`` with the hub's

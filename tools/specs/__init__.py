@@ -15,7 +15,8 @@ import pkgutil
 
 from edge_agent.tools.specs.base import ActionError, ToolSpec
 
-__all__ = ["ActionError", "ToolSpec", "all_specs", "by_action", "by_name", "is_search", "refresh", "searches", "tools"]
+__all__ = ["ActionError", "ToolSpec", "all_specs", "by_action", "by_name", "is_search", "refresh", "searches",
+           "tools"]
 
 
 @functools.cache

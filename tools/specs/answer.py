@@ -22,8 +22,8 @@ SPEC = ToolSpec(
     tail_rest="/answer>",
     tail_grammar=_grammar,
     check=None,
-    plan_verbs=(r"(?:answer|respond|reply|say|give (?:the|my|a|your) (?:final )?answer|provide (?:the|an|my) answer|"
-                r"conclude)"),
+    plan_verbs=(r"(?:answer|respond|reply|say|give (?:the|my|a|your) (?:final )?answer|provide (?:the|an|my) "
+                r"answer|conclude)"),
     prompt_rank=100,
     library_rank=100,
 )

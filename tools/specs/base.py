@@ -67,10 +67,12 @@ class ToolSpec:
     tail_stop: str
     tail_rest: str
     tail_grammar: Callable[[int], str]  # GBNF of what follows the head, given the number of images
-    check: Callable[[dict[str, Any]], dict[str, Any]] | None  # a call's arguments, checked (raises ActionError)
+    check: Callable[[dict[str, Any]], dict[str,
+                                           Any]] | None  # a call's arguments, checked (raises ActionError)
     plan_verbs: str  # regex: the verbs with which a reasoning states this move next (agent.intent)
     can_do: str = ""  # in "You can still ... or answer.": "zoom into the image" ("" for the answer)
-    needs_image: bool = False  # offered only to a model that reads images, usable only with an image attached;
+    # offered only to a model that reads images, usable only with an image attached;
+    needs_image: bool = False
     # a rationale implying it needs an image unless its library says otherwise
     cache_kind: str | None = None  # a search: the kind the search cache keeps its results under (tools.cache)
     per_image: bool = False  # a search keyed by image (not by query): withdrawn once every image was searched

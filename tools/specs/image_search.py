@@ -30,7 +30,8 @@ SPEC = ToolSpec(
             "description": "Reverse image search: find web pages that show this image or crop.",
             "parameters": {
                 "type": "object",
-                "properties": {"img_idx": {"type": "integer", "description": "0 is the original, 1.. are crops."}},
+                "properties": {"img_idx": {"type": "integer",
+                                           "description": "0 is the original, 1.. are crops."}},
                 "required": ["img_idx"],
             },
         },

@@ -20,7 +20,8 @@ NAME = "image_zoom_in_tool"
 
 def _grammar(n_images: int) -> str:
     return "\n".join([
-        'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " idx "}"',
+        'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " '
+        'idx "}"',
         COORD,
         f"label ::= {STR_CHAR}{{1,{MAX_LABEL_CHARS}}}",
         idx_rule(n_images),
@@ -46,7 +47,8 @@ SPEC = ToolSpec(
         "type": "function",
         "function": {
             "name": NAME,
-            "description": "Zoom into a region of an image to see small details. The crop is returned as a new image.",
+            "description": "Zoom into a region of an image to see small details. The crop is returned as a "
+                           "new image.",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -65,8 +67,8 @@ SPEC = ToolSpec(
     tail_rest="}\n</tool_call>",
     tail_grammar=_grammar,
     check=_check,
-    plan_verbs=(r"(?:zoom(?:ing)?|image_zoom_in_tool|crop(?:ping)?|enlarge|magnify|take a closer look|look closer|"
-                r"look more closely)"),
+    plan_verbs=(r"(?:zoom(?:ing)?|image_zoom_in_tool|crop(?:ping)?|enlarge|magnify|take a closer look|look "
+                r"closer|look more closely)"),
     can_do="zoom into the image",
     needs_image=True,
     prompt_rank=10,

@@ -1,0 +1,1 @@
+"""Plain helpers every layer may use: errors, settings, files, recovery, redaction, SQLite, text."""

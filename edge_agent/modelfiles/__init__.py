@@ -1,0 +1,1 @@
+"""Model files: the catalog, GGUF reading and checks, memory footprints, downloads."""

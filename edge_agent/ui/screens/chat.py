@@ -1,0 +1,567 @@
+"""The main screen: transcript, image panel, prompt, status bar.
+
+Questions go to the engine host (``host.EngineHost.ask``), whose thread worker stores every event in
+the chat store as it arrives and posts it to this screen as a message; the screen only renders. Escape
+cancels the run and frees the prompt at once; a new question waits for the engine lock, so the model
+is never used by two threads. Nothing here calls the model on the UI thread. The screen talks to the
+app through messages (``SettingsRequested``) and hears from it through ``HostChanged``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message as UIMessage
+from textual.widget import Widget
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+
+from edge_agent.agent import events as ev
+from edge_agent.chat import export as chat_export
+from edge_agent.chat.recorder import ExchangeRecorder
+from edge_agent.chat.store import Chat, Message
+from edge_agent.core.errors import EdgeAgentError
+from edge_agent.tools import specs
+from edge_agent.ui.host import EngineHost, Question
+from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
+from edge_agent.ui.screens import slash_commands
+from edge_agent.ui.screens.images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel, names, one_or_all
+from edge_agent.ui.widgets.preview import looks_like_image_path
+from edge_agent.ui.widgets.prompt import (
+    KEY_HELP,
+    PLACEHOLDER_TEXT,
+    PLACEHOLDER_VISION,
+    SLASH_HELP,
+    AttachmentBar,
+    PromptInput,
+    parse_slash,
+    path_and_question,
+    path_like,
+)
+from edge_agent.ui.widgets.statusbar import StatusBar, next_mode
+from edge_agent.ui.widgets.transcript import AnswerView, Transcript, UserMessage
+
+EMPTY_HINT = (
+    "Attach an image (/image PATH, Ctrl+F, or paste a path) and ask about it.\n"
+    "Each answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an answer. "
+    "Ctrl+P: all commands."
+)
+EMPTY_HINT_TEXT_ONLY = (
+    "This model reads text only: ask a question (it can search the web, or the cache offline).\n"
+    "For questions about images choose a vision model: Ctrl+S, or `edge-agent models pull "
+    "qwen3-vl-2b-instruct`.\nEach answer shows its reasoning: Ctrl+T opens or closes it. Esc stops an "
+    "answer. Ctrl+P: all commands."
+)
+
+OPEN_PAGE = 8  # messages a stored chat shows at first, and per step back (4 questions and answers)
+
+
+class EarlierMessages(Static):
+    """The top line of a long chat: older messages are mounted when it is clicked or scrolled to."""
+
+    DEFAULT_CSS = """
+    EarlierMessages { width: 100%; height: 1; background: $boost; color: $text-muted; text-align: center; }
+    """
+
+    class Pressed(UIMessage):
+        pass
+
+    def __init__(self, n: int) -> None:
+        super().__init__(self._label(n), classes="earlier-messages")
+
+    @staticmethod
+    def _label(n: int) -> str:
+        return f"▲ {n} earlier messages (scroll up or click to show)"
+
+    def set_count(self, n: int) -> None:
+        self.update(self._label(n))
+
+    def on_click(self) -> None:
+        self.post_message(self.Pressed())
+
+
+class ChatScreen(ImageActions):
+    BINDINGS = [
+        Binding("escape", "cancel", "Stop answer"),
+        Binding("ctrl+f", "pick_image", "Attach image"),
+        Binding("ctrl+d", "detach_image", "Detach image", show=False, priority=True),
+        Binding("ctrl+t", "toggle_reasoning", "Reasoning"),
+        Binding("ctrl+r", "toggle_mode", "Mode"),
+        Binding("ctrl+o", "chats", "Chats"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+s", "app.settings", "Settings"),
+        Binding("ctrl+y", "copy_answer", "Copy answer", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    ChatScreen #main { height: 1fr; }
+    ChatScreen #loading { height: auto; padding: 0 1; display: none; }
+    ChatScreen #loading.-visible { display: block; }
+    ChatScreen #loading ProgressBar { width: 40; }
+    ChatScreen #loading-label { width: 1fr; }
+    ChatScreen PromptInput { margin: 0 1; }
+    ChatScreen #read-only { height: auto; padding: 0 1; background: $warning 30%; }
+    """
+
+    def __init__(self, host: EngineHost, history: list[str]) -> None:
+        super().__init__()
+        self.host = host
+        self.store = host.store
+        self.chat_id: int | None = None
+        self.attached: list[str] = []  # the next question's images (ImageActions)
+        self.sent = False
+        self.images: list[str] = []
+        self.running: int | None = None  # message id of the answer being computed
+        self._prompt_history = history
+        self._t0 = 0.0
+        self._tokens = 0
+        # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
+        self.reasoning_open = False
+        self.text_only = False  # the loaded model reads no images
+        self._replace_last = False  # /edit: the next question replaces the last exchange in the context
+        self._older: list[tuple[Message, list[str]]] = []  # a long chat's messages not mounted yet
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        banner = Static(Text(f"Read-only: {self.store.read_only} Answers work; chats, settings and saved "
+                             f"contexts "
+                             "of this session are not saved.", style="bold"), id="read-only")
+        banner.display = bool(self.store.read_only)
+        yield banner
+        with Horizontal(id="main"):
+            with Transcript(id="transcript"):
+                yield Static(self.empty_hint(), classes="empty-hint")
+            yield ImagePanel(id="image-panel")
+        with Horizontal(id="loading"):
+            yield Static("Loading the model…", id="loading-label")
+            yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
+        yield AttachmentBar(id="attachment")
+        yield PromptInput(self._prompt_history, id="prompt")
+        yield StatusBar(self.host.settings, id="status")
+        yield Footer()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The image panel needs ~36 columns; below 100 the transcript gets the whole width.
+        self.query_one(ImagePanel).display = event.size.width >= 100
+
+    def on_mount(self) -> None:
+        self.sub_title = "new chat"
+        self.query_one(AttachmentBar).show([], 0)
+        self.query_one(PromptInput).focus()
+
+    def empty_hint(self) -> str:
+        return EMPTY_HINT_TEXT_ONLY if self.text_only else EMPTY_HINT
+
+    def set_text_only(self, text_only: bool) -> None:
+        """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
+        self.text_only = text_only
+        if text_only and self.attached:  # attached while the model loaded
+            self.notify(f"{names(self.attached)} detached: {TEXT_ONLY_IMAGE}",
+                        title="Model cannot see images", severity="warning", timeout=8)
+            self.attached = []
+        self.query_one(PromptInput).placeholder = PLACEHOLDER_TEXT if text_only else PLACEHOLDER_VISION
+        bar = self.query_one(AttachmentBar)
+        bar.text_only = text_only
+        self._show_images()
+        for hint in self.query(".empty-hint").results(Static):
+            hint.update(self.empty_hint())
+
+    # --- small accessors ---
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    def on_host_changed(self, m: HostChanged) -> None:
+        """The engine loads, loaded, failed to load, or the settings changed: show it."""
+        host, status = self.host, self.status
+        status.set_settings(host.settings)
+        if m.loading is not None:
+            self.show_loading(*m.loading)
+        elif host.state != "loading":
+            self.show_loading("", None)
+        if self.running is None or host.state != "ready":
+            status.state = host.state
+        if host.state == "ready":
+            status.set_models(*host.model_names(), text_only=not host.sees_images)
+            self.set_text_only(not host.sees_images)
+            self.read_ahead()  # a photo attached (or words typed) while the model loaded
+
+    def show_loading(self, text: str, fraction: float | None) -> None:
+        box = self.query_one("#loading")
+        if fraction is None:
+            box.remove_class("-visible")
+            return
+        box.add_class("-visible")
+        self.query_one("#loading-label", Static).update(text)
+        bar = self.query_one(ProgressBar)
+        bar.update(total=None if fraction < 0 else 1.0, progress=max(fraction, 0.0))
+
+    @on(Input.Changed, "#prompt")
+    def read_ahead(self) -> None:
+        """What is given so far (the photo, the words typed) is read into the chat's context meanwhile;
+        not during an answer, nor for an edited question (it continues from an earlier point)."""
+        if self.running is None and not self._replace_last:
+            text, images = self.given(self.query_one(PromptInput).value)  # a pasted path: its photo + words
+            self.host.read_ahead(text, one_or_all(images), self.chat_id)
+
+    # --- the prompt ---
+    @on(Input.Submitted, "#prompt")
+    async def submitted(self, event: Input.Submitted) -> None:
+        """Enter: a command, a path to attach, or a question. The prompt is emptied only when its text is
+        used: refused (busy, no model, not an image), it stays as it was, to send again or fix."""
+        text = event.value.strip()
+        prompt = self.query_one(PromptInput)
+        if not text:
+            return
+        slash = parse_slash(text)
+        if slash is not None:
+            command = slash_commands.find(slash.name, slash.arg)
+            if command is not None and command.busy_refused and self._say_busy():
+                return
+            prompt.value = ""
+            await self.run_slash(slash.name, slash.arg)
+            return
+        path = looks_like_image_path(text) or path_like(text)
+        if path is not None:  # a path is never a question: attach it, or say why it cannot be
+            if self.attach(path):
+                prompt.value = ""
+            return
+        pasted = path_and_question(text)  # a path, then the question: attached, and the words asked
+        if not self._can_ask() or (pasted is not None and not self.attach(pasted[0])):
+            return  # the prompt stays as it was (to fix the path, or send again)
+        prompt.value = ""
+        prompt.remember(text)
+        await self.ask(pasted[1] if pasted is not None else text, self.attached)
+        self.sent = bool(self.attached)
+
+    async def run_slash(self, name: str, arg: str) -> None:
+        command = slash_commands.find(name, arg)
+        if command is None:
+            self.notify(f"Unknown command /{name}.\n{SLASH_HELP}", title="Unknown command",
+                        severity="warning")
+            return
+        done = command.run(self, arg)
+        if done is not None:
+            await done
+
+    async def show_help(self) -> None:
+        """/help: a block in the transcript that stays (a toast vanished before it was read)."""
+        for hint in self.query(".empty-hint"):
+            await hint.remove()
+        await self.transcript.mount(Static(Text(f"{KEY_HELP}\n{SLASH_HELP}", style="dim"), classes="help"))
+        self.transcript.scroll_end(animate=False)
+
+    def _last_question(self) -> tuple[str, list[str]] | None:
+        """The chat's last question and the images it was about (None: nothing asked yet)."""
+        return self.store.last_question(self.chat_id) if self.chat_id is not None else None
+
+    def _say_busy(self) -> bool:
+        """True (and says so) while an answer runs."""
+        if self.running is None:
+            return False
+        self.notify("An answer is still running. Press Esc to stop it first.", title="Busy",
+                    severity="warning")
+        return True
+
+    def _can_ask(self) -> bool:
+        """True when a question can go to the model now; else says why."""
+        if self.host.engine is None:
+            if self.host.state == "loading":
+                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
+                            severity="warning")
+            else:
+                self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
+                            severity="error")
+            return False
+        if self._say_busy():
+            return False
+        holder = self.host.claim(self.chat_id) if self.chat_id is not None else None
+        if holder is not None:  # another process is answering in this chat: one writer at a time
+            self.notify(f"Chat {self.chat_id} is being answered by {holder}. Ask again when it is done, or "
+                        f"in a new "
+                        "chat (Ctrl+N).", title="Chat busy", severity="warning", timeout=8)
+            return False
+        self.host.release(self.chat_id)  # only asked whether it is free: ask() holds it for the answer
+        return True
+
+    async def action_retry(self) -> None:
+        """Answer the last question again (a new answer; also after a stopped or failed one), with
+        the context the first answer had: the new exchange takes the last one's place."""
+        last = self._last_question()
+        if last is None:
+            self.notify("Nothing to answer again yet: ask a question first.", title="Nothing to retry",
+                        timeout=4)
+            return
+        await self.ask(last[0], last[1], replace_last=True)
+
+    def action_edit_last(self) -> None:
+        """Put the last question back in the prompt; sent, it replaces the last exchange in the context."""
+        if self._say_busy():
+            return
+        last = self._last_question()
+        if last is None:
+            self.notify("Nothing to edit yet: ask a question first.", title="Nothing to edit", timeout=4)
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.value = last[0]
+        prompt.cursor_position = len(last[0])
+        prompt.focus()
+        self._replace_last = True
+        self.notify("Edit the question and press Enter to send it again.", title="Edit last question",
+                    timeout=4)
+
+    async def ask(self, question: str, images: str | list[str] | None, *, replace_last: bool = False) -> None:
+        """Ask in this chat about ``images`` (a file, several, or none). ``replace_last``: the model does not
+        see the chat's last exchange (a retry or an edited question takes its place)."""
+        images = [images] if isinstance(images, str) else list(images or ())
+        if not self._can_ask():
+            return
+        engine = self.host.engine
+        assert engine is not None
+        replace_last = (replace_last or self._replace_last) and self.chat_id is not None
+        self._replace_last = False
+        if self.chat_id is None:
+            self.chat_id = self.store.new_chat()
+        if self.host.claim(self.chat_id) is not None:  # taken between the check and now
+            self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy",
+                        severity="warning")
+            return
+        # The chat continues from the model's kept context of its last answer that was not replaced (or,
+        # failing that, its exchanges as text): a retry or an edited question continues from the one before.
+        record = ExchangeRecorder(self.store, self.chat_id, question, images, engine.files,
+                                  replace_last=replace_last)
+        message_id = record.open()  # shown at once, so written now (chat.recorder)
+        cont = record.continuation
+        assert cont is not None
+        self.sub_title = self.store.load_title(self.chat_id)
+        for hint in self.query(".empty-hint"):
+            await hint.remove()
+        if replace_last:
+            self.transcript.mark_last_replaced()
+        view = AnswerView(message_id, images, collapse_when_done=not self.reasoning_open)
+        await self.transcript.mount_all([UserMessage(question, images), view])
+        self.transcript.scroll_end(animate=False)
+        self.running = message_id
+        self._t0 = time.monotonic()
+        self._tokens = 0
+        self.status.state = "busy"
+        q = Question(message_id, question, one_or_all(images), cont.turns, cont.context, self.chat_id)
+        self.host.ask(q, self)
+
+    async def on_agent_event(self, m: AgentEvent) -> None:
+        view = self.transcript.answer(m.message_id)
+        if view is None or view.status != "running":
+            return  # cancelled from the UI already: late events are stored, not shown
+        await view.apply(m.event)  # the transcript is anchored: it follows the end unless scrolled up
+        if isinstance(m.event, ev.ToolFinished) and specs.is_search(m.event.name):
+            if m.event.status == "unreachable":
+                self.status.network_down = True
+            elif m.event.status == "live":
+                self.status.network_down = False
+        if isinstance(m.event, ev.ContextOpened):
+            self.status.context = {"live": "context kept", "restored": "context restored",
+                                   "rebuilt": "context rebuilt",
+                                   "new": "new context"}.get(m.event.source, "")
+        if isinstance(m.event, ev.AnswerToken):
+            self._tokens += 1
+            dt = time.monotonic() - self._t0
+            if dt > 0.5:
+                self.status.tokens_per_second = self._tokens / dt
+        if isinstance(m.event, ev.FinalAnswer):
+            tps = view.tokens_per_second()
+            if tps:
+                self.status.tokens_per_second = tps
+
+    async def on_ask_finished(self, m: AskFinished) -> None:
+        view = self.transcript.answer(m.message_id)
+        if view is not None and view.status == "running":
+            await view.finish(m.status, f"{m.title}: {m.message}" if m.title else "")
+        if m.status == "error" and m.title:
+            self.notify(m.message, title=m.title, severity="error", timeout=10)
+        if self.running == m.message_id:
+            self.running = None
+            self.status.state = "ready"
+            self.read_ahead()  # what was typed meanwhile, after the new answer
+
+    async def action_cancel(self) -> None:
+        if self.running is None:
+            return
+        self.host.cancel(self.running)
+        view = self.transcript.answer(self.running)
+        if view is not None:
+            await view.finish("cancelled")
+        self.running = None
+        self.status.state = "ready"
+        self.notify("Stopped. Ask again when you like.", title="Answer cancelled", timeout=3)
+        self.query_one(PromptInput).focus()
+
+    def action_copy_answer(self) -> None:
+        """Ctrl+Y: the answer in focus (clicked), else the last one, to the clipboard (the terminal's, through
+        Textual: OSC 52, which most terminals take)."""
+        answers = self.transcript.answers()
+        focused = next((a for a in answers if a.has_focus_within), None)
+        answer = focused or next((a for a in reversed(answers) if a.text.strip()), None)
+        if answer is None or not answer.text.strip():
+            self.notify("There is no answer to copy yet.", title="Nothing to copy", timeout=3)
+            return
+        self.app.copy_to_clipboard(answer.text.strip())
+        self.notify(f"The answer ({len(answer.text.strip())} characters) is on the clipboard.",
+                    title="Copied",
+                    timeout=3)
+
+    # --- reasoning, mode, settings ---
+    def action_toggle_reasoning(self) -> None:
+        """Open every answer's reasoning, new answers' too (or close them all)."""
+        answers = self.transcript.answers()
+        self.reasoning_open = any(t.collapsed for a in answers for t in a.turns.values()) or (
+            not self.reasoning_open and not any(a.turns for a in answers))
+        for a in answers:
+            a.collapse_when_done = not self.reasoning_open
+            a.set_expanded(self.reasoning_open)
+
+    def action_toggle_mode(self) -> None:
+        self.post_message(SettingsRequested({"mode": next_mode(self.host.settings.mode)}))
+
+    # --- chats ---
+    def action_chats(self) -> None:
+        from edge_agent.ui.screens.chats import ChatAction, ChatsScreen
+
+        async def chosen(choice: ChatAction | None) -> None:
+            if self.chat_id is not None:
+                self.sub_title = self.store.load_title(self.chat_id) or "new chat"  # it may have been renamed
+            if choice is None:
+                if self.chat_id is not None and not any(c.id == self.chat_id for c in self.store.list_chats()):
+                    await self.new_chat()  # the open chat was deleted
+                return
+            if choice.action == "new":
+                await self.new_chat()
+            elif choice.action == "resume" and choice.chat_id is not None:
+                await self.open_chat(self.store.load(choice.chat_id))
+            elif choice.action == "export":
+                self.export(choice.chat_id)
+
+        self.app.push_screen(ChatsScreen(self.store, self.chat_id), chosen)
+
+    async def action_new_chat(self) -> None:
+        await self.new_chat()
+
+    async def new_chat(self) -> None:
+        if self.running is not None:
+            await self.action_cancel()
+        self.chat_id, self.attached, self.images, self.sent = None, [], [], False
+        self._replace_last, self._older = False, []
+        self.transcript.restart()
+        await self.transcript.remove_children()
+        await self.transcript.mount(Static(self.empty_hint(), classes="empty-hint"))
+        self.sub_title = "new chat"
+        self._show_images()
+        self.query_one(PromptInput).focus()  # Ctrl+N from anywhere: typing goes to the new chat
+
+    async def open_chat(self, chat: Chat) -> None:
+        """Show a stored chat and continue it (its last image stays attached).
+
+        Only the last ``OPEN_PAGE`` messages are built and mounted now; older ones are mounted a page at a
+        time when the user scrolls to the top (or presses the "earlier messages" line), so a chat of any
+        length opens at once."""
+        if self.running is not None:
+            await self.action_cancel()
+        self.transcript.restart()
+        await self.transcript.remove_children()
+        self.chat_id = chat.id
+        self._replace_last = False
+        self.sub_title = chat.title
+        images: list[str] = []
+        staged: list[tuple[Message, list[str]]] = []
+        for m in chat.messages:
+            if m.role == "user":
+                images = m.images or images
+            staged.append((m, images))
+        cut = max(0, len(staged) - OPEN_PAGE)
+        if cut and staged[cut][0].role != "user":
+            cut -= 1  # a page starts with a question
+        self._older = staged[:cut]
+        widgets: list[Widget] = [await self._message_widget(m, img) for m, img in staged[cut:]]
+        if self._older:
+            widgets.insert(0, EarlierMessages(len(self._older)))
+        await self.transcript.mount_all(widgets)
+        self.images = []
+        for p in chat.images:
+            if p not in self.images:
+                self.images.append(p)
+        self.attached, self.sent = ([] if self.text_only else list(images)), bool(images)
+        self._show_images()
+        self.transcript.scroll_end(animate=False)
+        # The chat's context is restored (in the background, while the question is typed), not read
+        # again; its photo matters only to the prophet, which then decodes the agent's embedding instead
+        # of encoding it itself (in the answer's way).
+        self.read_ahead()
+        for image in images if self.host.drafting else ():
+            self.host.prepare_image(image)
+
+    async def _message_widget(self, m: Message, images: list[str]) -> UserMessage | AnswerView:
+        """One stored message as its widget, built unmounted (mounted in one go with its page)."""
+        if m.role == "user":
+            return UserMessage(m.text, m.images, replaced=m.replaced)
+        view = AnswerView(m.id, images, collapse_when_done=not self.reasoning_open, replaced=m.replaced)
+        await view.replay(m.events, m.status, m.text)
+        if self.reasoning_open:
+            view.set_expanded(True)
+        return view
+
+    async def show_earlier(self) -> None:
+        """Mount the previous page of a long chat above what is shown, keeping the view where it was."""
+        if not self._older:
+            return
+        marker = next(iter(self.transcript.query(EarlierMessages)), None)
+        cut = max(0, len(self._older) - OPEN_PAGE)
+        if cut and self._older[cut][0].role != "user":
+            cut -= 1
+        page, self._older = self._older[cut:], self._older[:cut]
+        widgets = [await self._message_widget(m, img) for m, img in page]
+        first = next((c for c in self.transcript.children if not isinstance(c, EarlierMessages)), None)
+        before_height = self.transcript.virtual_size.height
+        if first is not None:
+            await self.transcript.mount_all(widgets, before=first)
+        else:
+            await self.transcript.mount_all(widgets)
+        if marker is not None:
+            if self._older:
+                marker.set_count(len(self._older))
+            else:
+                await marker.remove()
+        self.call_after_refresh(lambda: self.transcript.scroll_to(
+            y=self.transcript.scroll_y + max(0, self.transcript.virtual_size.height - before_height),
+            animate=False))
+
+    @on(Transcript.ReachedTop)
+    async def reached_top(self) -> None:
+        await self.show_earlier()
+
+    @on(EarlierMessages.Pressed)
+    async def earlier_pressed(self) -> None:
+        await self.show_earlier()
+
+    def action_export(self) -> None:
+        self.export(self.chat_id)
+
+    def export(self, chat_id: int | None, directory: str | None = None) -> None:
+        if chat_id is None:
+            self.notify("Nothing to export yet: ask a question first.", title="Empty chat",
+                        severity="warning")
+            return
+        target = Path(directory).expanduser() if directory else self.host.settings.home / "exports"
+        try:
+            md, js = chat_export.export(self.store, chat_id, target)
+        except EdgeAgentError as e:
+            self.notify(e.message, title=e.title, severity="error")
+            return
+        self.notify(f"{md}\n{js}", title="Chat exported", timeout=8)
