@@ -36,8 +36,8 @@ over the models run): ``followup_floor_ratio`` (continuity tokens evaluated / fl
 follow-ups), ``followup_ttfr_ratio``, ``cold_ttfr_ratio``, ``reopen_ttfr_ratio``; read-ahead:
 ``enter_ttfr_over_scoring`` (worst of (a), (b) with read-ahead: Enter-to-first-rationale / the scoring
 pass alone), ``attach_ttfr_ratio`` (the first photo question, read-ahead on / off: models with an
-image only), ``tokens_at_enter`` (tokens evaluated after Enter with read-ahead, worst question). Times are wall
-clock on whatever machine runs this: read the ratios; token counts carry over to real models.
+image only), ``tokens_at_enter`` (tokens evaluated after Enter with read-ahead, worst question). Times are
+wall clock on whatever machine runs this: read the ratios; token counts carry over to real models.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def photo(path: Path) -> Path:
 class Bench:
     """One model: two loads (continuity / baseline), settings in a temp home per variant."""
 
-    def __init__(self, label: str, path: Path, mmproj: Path | None, args: argparse.Namespace, tmp: Path) -> None:
+    def __init__(self, label: str, path: Path, mmproj: Path | None, args: argparse.Namespace,
+                 tmp: Path) -> None:
         self.label, self.args, self.tmp = label, args, tmp
         self.image = photo(tmp / "photo.png") if mmproj is not None else None
         self.chat = IMAGE_CHAT if mmproj is not None else TEXT_CHAT
@@ -104,7 +105,8 @@ class Bench:
     def engine(self, variant: str, settings: Settings) -> Engine:
         from edge_agent.tools.search import SearchTools
 
-        return Engine(self.models[variant], settings, tools=SearchTools.from_settings(settings), model_name=self.label)
+        return Engine(self.models[variant], settings, tools=SearchTools.from_settings(settings),
+                      model_name=self.label)
 
     def ask(self, engine: Engine, question: str, *, text_only: bool = False, **kw: Any) -> dict[str, Any]:
         """Run one question to its end; TTFR = submit -> first RationaleScored."""
@@ -130,7 +132,8 @@ class Bench:
     def floor(self, question: str) -> int:
         """Tokens of the new user turn's text (its image, the first time, is added by the caller)."""
         m = self.models["a"]
-        return sum(len(m.tokenize(seg.text, special=seg.special)) for seg in question_segments(question, None))
+        return sum(len(m.tokenize(seg.text, special=seg.special))
+                   for seg in question_segments(question, None))
 
     # ---- the three measurements ------------------------------------------------------------------
     def followups(self, rep: int) -> list[dict[str, Any]]:
@@ -151,7 +154,8 @@ class Bench:
             oa, ob = res["a"]["opened"], res["b"]["opened"]
             floor = self.floor(q) + res["a"].get("image_tokens", 0)
             rows.append({"question": i + 1, "floor": floor, "source": oa.source,
-                         "evaluated_continuity": oa.tokens_evaluated, "evaluated_rebuild": ob.tokens_evaluated,
+                         "evaluated_continuity": oa.tokens_evaluated,
+                         "evaluated_rebuild": ob.tokens_evaluated,
                          "reused_continuity": oa.tokens_reused,
                          "ttfr_continuity": res["a"]["ttfr"], "ttfr_rebuild": res["b"]["ttfr"]})
         self.saved_key, self.saved_hist = key, hist_a
@@ -213,7 +217,8 @@ class Bench:
         engines hold the system prompt live (a warm-up chat) and start with an empty embedding cache."""
         from edge_agent.runtime import vision
 
-        engines = {v: self.engine(m, self.settings(f"typed-{v}{rep}")) for v, m in (("on", "a"), ("off", "b"))}
+        engines = {v: self.engine(m, self.settings(f"typed-{v}{rep}"))
+                   for v, m in (("on", "a"), ("off", "b"))}
         for e in engines.values():
             self.ask(e, "Warm up the system prompt?", text_only=True)
         order = ("on", "off") if rep % 2 == 0 else ("off", "on")
@@ -252,7 +257,8 @@ class Bench:
             m.close()
 
 
-def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namespace,
+              tmp: Path) -> dict[str, Any]:
     b = Bench(label, path, mmproj, args, tmp)
     try:
         follows, colds, colds_img, reopens, attaches, typed = [], [], [], [], [], []
@@ -273,7 +279,8 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
         rows = [f[i] for f in follows]
         per_q.append({
             "question": i + 1, "floor": rows[0]["floor"], "source": rows[0]["source"],
-            "evaluated_continuity": rows[0]["evaluated_continuity"], "evaluated_rebuild": rows[0]["evaluated_rebuild"],
+            "evaluated_continuity": rows[0]["evaluated_continuity"],
+            "evaluated_rebuild": rows[0]["evaluated_rebuild"],
             "floor_ratio_continuity": rows[0]["evaluated_continuity"] / rows[0]["floor"],
             "floor_ratio_rebuild": rows[0]["evaluated_rebuild"] / rows[0]["floor"],
             "ttfr_continuity_s": med(r["ttfr_continuity"] for r in rows),
@@ -302,21 +309,25 @@ def run_model(label: str, path: Path, mmproj: Path | None, args: argparse.Namesp
         "model": label,
         "image": mmproj is not None,
         "questions": per_q,
-        "followup_floor_ratio": max(max(f[i]["evaluated_continuity"] / f[i]["floor"] for i in range(1, len(b.chat)))
+        "followup_floor_ratio": max(max(f[i]["evaluated_continuity"] / f[i]["floor"]
+                                        for i in range(1, len(b.chat)))
                                     for f in follows),
         "followup_ttfr_ratio": max(q["ttfr_ratio"] for q in follow),
         "cold": {"ttfr_saved_s": med(c["ttfr_saved"] for c in colds),
                  "ttfr_evaluated_s": med(c["ttfr_evaluated"] for c in colds),
-                 "evaluated_saved": colds[0]["evaluated_saved"], "evaluated_evaluated": colds[0]["evaluated_evaluated"]},
+                 "evaluated_saved": colds[0]["evaluated_saved"],
+                 "evaluated_evaluated": colds[0]["evaluated_evaluated"]},
         "cold_ttfr_ratio": med(c["ttfr_saved"] / c["ttfr_evaluated"] for c in colds),
         # with the image as well (a vision model's usual first question): the image must be read either way
-        "cold_image_ttfr_ratio": med(c["ttfr_saved"] / c["ttfr_evaluated"] for c in colds_img) if colds_img else None,
+        "cold_image_ttfr_ratio": med(c["ttfr_saved"] / c["ttfr_evaluated"] for c in colds_img) if colds_img
+        else None,
         "cold_image": {"evaluated_saved": colds_img[0]["evaluated_saved"],
                        "evaluated_evaluated": colds_img[0]["evaluated_evaluated"]} if colds_img else None,
         # the photo's vision encode alone done on attach (Engine.prepare_image) vs with the question
         "encode_ahead": {"ttfr_ahead_s": med(a["ttfr_ahead"] for a in attaches),
                          "ttfr_with_s": med(a["ttfr_with"] for a in attaches)} if attaches else None,
-        "encode_ahead_ttfr_ratio": med(a["ttfr_ahead"] / a["ttfr_with"] for a in attaches) if attaches else None,
+        "encode_ahead_ttfr_ratio": med(a["ttfr_ahead"] / a["ttfr_with"] for a in attaches) if attaches
+        else None,
         # read-ahead: the first question about a just-attached photo, on / off
         "attach_ttfr_ratio": ahead["first"]["on_over_off"] if mmproj is not None else None,
         "reopen": {"ttfr_restored_s": med(r["ttfr_restored"] for r in reopens),
@@ -332,34 +343,43 @@ def table(results: list[dict[str, Any]]) -> str:
     out = []
     for r in results:
         out.append(f"\n{r['model']} ({'one 768x768 image' if r['image'] else 'text only'})")
-        out.append("| question | context | floor | evaluated: continuity / rebuild | TTFR ms: continuity / rebuild | TTFR ratio |")
+        out.append("| question | context | floor | evaluated: continuity / rebuild | TTFR ms: continuity / "
+                   "rebuild | TTFR ratio |")
         out.append("|---|---|---|---|---|---|")
         for q in r["questions"]:
             out.append(f"| {q['question']} | {q['source']} | {q['floor']} | {q['evaluated_continuity']} / "
-                       f"{q['evaluated_rebuild']} | {q['ttfr_continuity_s'] * 1000:.0f} / {q['ttfr_rebuild_s'] * 1000:.0f} "
+                       f"{q['evaluated_rebuild']} | {q['ttfr_continuity_s'] * 1000:.0f} / "
+                       f"{q['ttfr_rebuild_s'] * 1000:.0f} "
                        f"| {q['ttfr_ratio']:.2f} |")
         c, o = r["cold"], r["reopen"]
-        out.append(f"cold ask (text question): system state saved {c['ttfr_saved_s'] * 1000:.0f} ms vs evaluated "
-                   f"{c['ttfr_evaluated_s'] * 1000:.0f} ms ({c['evaluated_saved']} vs {c['evaluated_evaluated']} "
+        out.append(f"cold ask (text question): system state saved {c['ttfr_saved_s'] * 1000:.0f} ms vs "
+                   "evaluated "
+                   f"{c['ttfr_evaluated_s'] * 1000:.0f} ms ({c['evaluated_saved']} vs "
+                   f"{c['evaluated_evaluated']} "
                    f"tokens evaluated): {r['cold_ttfr_ratio']:.2f}x")
         if r["cold_image_ttfr_ratio"] is not None:
             ci = r["cold_image"]
-            out.append(f"cold ask with the image: {r['cold_image_ttfr_ratio']:.2f}x ({ci['evaluated_saved']} vs "
+            out.append(f"cold ask with the image: {r['cold_image_ttfr_ratio']:.2f}x ({ci['evaluated_saved']} "
+                       "vs "
                        f"{ci['evaluated_evaluated']} tokens evaluated: the image is read either way)")
         if r["encode_ahead_ttfr_ratio"] is not None:
             a = r["encode_ahead"]
             out.append(f"first question about a photo encoded ahead on attach / encoded with the question: "
                        f"{a['ttfr_ahead_s'] * 1000:.0f} vs {a['ttfr_with_s'] * 1000:.0f} ms: "
                        f"{r['encode_ahead_ttfr_ratio']:.2f}x")
-        out.append(f"| typed over {ARGS_TYPING[0]:.0f} s, then Enter | TTFR ms read-ahead on / off | on / off | scoring "
-                   "pass alone ms | TTFR on / scoring | tokens after Enter on / off | question tokens read ahead |")
+        out.append(f"| typed over {ARGS_TYPING[0]:.0f} s, then Enter | TTFR ms read-ahead on / off | on / "
+                   "off | scoring "
+                   "pass alone ms | TTFR on / scoring | tokens after Enter on / off | question tokens read "
+                   "ahead |")
         out.append("|---|---|---|---|---|---|---|")
         for which, a in r["read_ahead"].items():
             what = ("first question, photo just attached" if r["image"] else "first question of a new chat") \
                 if which == "first" else "follow-up"
             out.append(f"| {what} | {a['ttfr_on_s'] * 1000:.0f} / {a['ttfr_off_s'] * 1000:.0f} | "
-                       f"{a['on_over_off']:.2f} | {a['scoring_s'] * 1000:.0f} | {a['enter_over_scoring']:.2f} | "
-                       f"{a['tokens_at_enter_on']} / {a['tokens_at_enter_off']} | {a['question_tokens_read_ahead']} |")
+                       f"{a['on_over_off']:.2f} | {a['scoring_s'] * 1000:.0f} | "
+                       f"{a['enter_over_scoring']:.2f} | "
+                       f"{a['tokens_at_enter_on']} / {a['tokens_at_enter_off']} | "
+                       f"{a['question_tokens_read_ahead']} |")
         out.append(f"reopen (4th question after a restart): restored {o['ttfr_restored_s'] * 1000:.0f} ms vs "
                    f"re-evaluated {o['ttfr_reevaluated_s'] * 1000:.0f} ms ({o['evaluated_restored']} vs "
                    f"{o['evaluated_reevaluated']} tokens evaluated, {o['reused_restored']} restored): "
@@ -381,7 +401,8 @@ def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> di
     m = Model.load(tiny["text"], tiny["mmproj"], n_ctx=4096, n_threads=threads, n_threads_batch=threads)
     try:
         for name, side in (("image_576", 768), ("crop_256", 512), ("image_1024", 1024)):
-            png = model_png(Image.open(photo(Path(tempfile.mkdtemp()) / "p.png")).resize((side, side)), max_pixels=side * side)
+            png = model_png(Image.open(photo(Path(tempfile.mkdtemp()) / "p.png")).resize((side, side)),
+                            max_pixels=side * side)
             vision.clear_cache()
             s = m.session()
             s.append_text("<|im_start|>user\n")
@@ -398,9 +419,12 @@ def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> di
             t0 = time.perf_counter()
             s.append_tokens(toks)
             out["smollm2_prefill_ms_per_token"] = (time.perf_counter() - t0) * 1000 / len(toks)
-            long = [SearchResult(title=f"Result {i} - Wikipedia", url=f"https://en.wikipedia.org/wiki/Result_{i}",
-                                 snippet=("Lima is the capital and the largest city of Peru. It is located in the "
-                                          "valleys of the Chillon, Rimac and Lurin Rivers, in the desert zone. ") * 3,
+            long = [SearchResult(title=f"Result {i} - Wikipedia",
+                                 url=f"https://en.wikipedia.org/wiki/Result_{i}",
+                                 snippet=("Lima is the capital and the largest city of Peru. It is located "
+                                          "in the "
+                                          "valleys of the Chillon, Rimac and Lurin Rivers, in the desert "
+                                          "zone. ") * 3,
                                  source="wikipedia") for i in range(5)]
             obs = observations.results("text_search", "lima", "wikipedia", long)
             out["observation_top5_tokens"] = len(sm.tokenize(obs, special=False))
@@ -440,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir()
             results.append(run_model(label, p, mm, args, work))
     worst: dict[str, Any] = {k: max(r[k] for r in results) for k in
-                             ("followup_floor_ratio", "followup_ttfr_ratio", "cold_ttfr_ratio", "reopen_ttfr_ratio",
+                             ("followup_floor_ratio", "followup_ttfr_ratio", "cold_ttfr_ratio",
+                              "reopen_ttfr_ratio",
                               "enter_ttfr_over_scoring", "tokens_at_enter")}
     attach = [r["attach_ttfr_ratio"] for r in results if r["attach_ttfr_ratio"] is not None]
     worst["attach_ttfr_ratio"] = max(attach) if attach else None
@@ -448,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**worst, "reps": args.reps, "threads": args.threads, "models": results}, indent=2))
     else:
         print(table(results))
-        print("\nworst over the models run: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+        print("\nworst over the models run: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float)
+                                                          else f"{k} {v}"
                                                        for k, v in worst.items()))
     return 0
 

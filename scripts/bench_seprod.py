@@ -231,7 +231,8 @@ def bench_fixed(agent, drafter, questions, image, reps, n_tokens) -> dict:
             "sync_over_without_when_half_accepted": ratio("sync", half)}
 
 
-def bench_questions(engine, questions, image, reps, answer_tokens, first: str | None, min_seconds: float = 0.0) -> dict:
+def bench_questions(engine, questions, image, reps, answer_tokens, first: str | None,
+                    min_seconds: float = 0.0) -> dict:
     """Question latency through Engine.ask, SeProD on vs off, interleaved; SeProD counters of the on runs.
     ``first``: the action of turn 1 before the answer (None: answer at once). ``reps`` is a minimum:
     short questions are repeated until each variant of each has about ``min_seconds`` of samples (at
@@ -243,11 +244,13 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
     def policy(turn, allowed):  # e.g. zoom in turn 1 (a grounding draft), then answer
         return {first} if (first and turn == 1 and first in allowed) else {"answer"}
 
-    opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=policy, answer_max_tokens=answer_tokens,
+    opts = AgentOptions.from_settings(engine.settings, mode="ssr", policy=policy,
+                                      answer_max_tokens=answer_tokens,
                                       library=engine.library)
     models = [m for m in (engine.model, engine.prophet) if m is not None]
     cores = engine.model.handle.cores
-    pauses0 = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
+    pauses0 = (cores.preemptions, cores.background_waits,
+               cores.background_wait_seconds) if cores else (0, 0, 0.0)
 
     def ask(q, on):
         vision.clear_cache()  # every question reads its image afresh (fair to both variants)
@@ -257,15 +260,18 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
         wall = time.perf_counter() - t0
         fin = events[-1]
         assert isinstance(fin, FinalAnswer), fin
-        images = (image is not None) + sum(1 for e in events if isinstance(e, ToolFinished) and e.image_index is not None)
+        images = (image is not None) + sum(1 for e in events if isinstance(e, ToolFinished)
+                                           and e.image_index is not None)
         return wall, fin, sum(m.vision_encodes for m in models) - enc0, images
 
-    warm = [ask(questions[0], on)[0] for on in (False, True)]  # warm-up: weights paged in, prophet costs measured
+    # warm-up: weights paged in, prophet costs measured
+    warm = [ask(questions[0], on)[0] for on in (False, True)]
     if min_seconds > 0:
         reps = max(reps, min(MAX_REPS, math.ceil(min_seconds / max(min(warm), 1e-3))))
     raw = {q: {"on": [], "off": []} for q in questions}
     keys = ("seprod_rounds", "seprod_drafts", "seprod_drafts_skipped", "seprod_skipped_not_ready",
-            "seprod_skipped_low_acceptance", "seprod_drafts_waited", "seprod_wait_seconds", "seprod_drafted_tokens",
+            "seprod_skipped_low_acceptance", "seprod_drafts_waited", "seprod_wait_seconds",
+            "seprod_drafted_tokens",
             "seprod_accepted_tokens", "seprod_verify_seconds")
     agg = dict.fromkeys(keys, 0.0)
     by_mode: dict[str, list[float]] = {}
@@ -297,7 +303,8 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
     rounds = agg["seprod_rounds"] or 1.0
     n_on = reps * len(questions)
     n_all = n_on + 1  # + the warm-up question with SeProD on
-    pauses = (cores.preemptions, cores.background_waits, cores.background_wait_seconds) if cores else (0, 0, 0.0)
+    pauses = (cores.preemptions, cores.background_waits,
+              cores.background_wait_seconds) if cores else (0, 0, 0.0)
     return {
         "reps": reps,
         "warmup_s": min(warm),  # the faster warm-up question (--min-seconds sets reps from it)
@@ -312,7 +319,8 @@ def bench_questions(engine, questions, image, reps, answer_tokens, first: str | 
         "share_waited": agg["seprod_drafts_waited"] / rounds,
         "seconds_waited_per_question": agg["seprod_wait_seconds"] / n_on,
         "verify_seconds_per_question": agg["seprod_verify_seconds"] / n_on,
-        "acceptance": agg["seprod_accepted_tokens"] / agg["seprod_drafted_tokens"] if agg["seprod_drafted_tokens"] else None,
+        "acceptance": agg["seprod_accepted_tokens"] / agg["seprod_drafted_tokens"]
+        if agg["seprod_drafted_tokens"] else None,
         "acceptance_per_mode": {m: v[1] / v[0] if v[0] else None for m, v in by_mode.items()},
         "vision_encodes": encodes, "images": images,
         "vision_encodes_per_image": encodes / images if images else None,
@@ -349,13 +357,15 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         if "search" in sections:
             res["search"] = bench_search(settings, questions, image, args)
         if sections & {"verify", "fixed"}:
-            drafter = seprod.Drafter(prophet, agent_vocab=agent.n_vocab, draft_len=args.draft_len, tau=args.tau,
+            drafter = seprod.Drafter(prophet, agent_vocab=agent.n_vocab, draft_len=args.draft_len,
+                                     tau=args.tau,
                                      a0=args.a0, background=False, adaptive=False)
             try:
                 if "verify" in sections:
                     res["verify"] = bench_verify(agent, drafter, questions, image, args.reps)
                 if "fixed" in sections:
-                    res["fixed"] = bench_fixed(agent, drafter, questions, image, args.reps, args.answer_tokens)
+                    res["fixed"] = bench_fixed(agent, drafter, questions, image, args.reps,
+                                               args.answer_tokens)
             finally:
                 drafter.close()
         res["memory"] = {**mem, **{f"{k}_bytes": v for k, v in engine.memory().items()}}
@@ -375,7 +385,8 @@ def bench_search(settings, questions, image, args) -> dict:
     engine = None
     try:
         engine = Engine.from_settings(settings.updated({"offline": False, "text_search": "wikipedia",
-                                                       "wikipedia_url": server.url, "search_cache_days": 0.0}))
+                                                       "wikipedia_url": server.url,
+                                                        "search_cache_days": 0.0}))
         res = bench_questions(engine, questions, image, args.reps, args.answer_tokens, first="text_search",
                               min_seconds=args.min_seconds)
         res["search_latency_s"] = args.search_latency
@@ -396,14 +407,16 @@ def _questions_report(qs: dict, res: dict, out: list[str]) -> None:
     out.append(f"all: off {qs['total_off_s']:.2f} s, on {qs['total_on_s']:.2f} s, on/off "
                f"{qs['latency_ratio_on_off']:.3f} (target <= 1.05)")
     acc = "n/a" if qs["acceptance"] is None else f"{qs['acceptance']:.2f}"
-    out.append(f"drafts: {qs['rounds']:.0f} rounds; used {qs['share_used']:.0%}, skipped {qs['share_skipped']:.0%} "
+    out.append(f"drafts: {qs['rounds']:.0f} rounds; used {qs['share_used']:.0%}, skipped "
+               f"{qs['share_skipped']:.0%} "
                f"(not ready {qs['share_skipped_not_ready']:.0%}, low acceptance "
                f"{qs['share_skipped_low_acceptance']:.0%}), waited for {qs['share_waited']:.0%}; waited "
                f"{qs['seconds_waited_per_question'] * 1e3:.0f} ms and verified "
                f"{qs['verify_seconds_per_question'] * 1e3:.0f} ms per question; acceptance {acc} "
                "(" + ", ".join(f"{m} {a:.2f}" for m, a in qs["acceptance_per_mode"].items() if a is not None)
                + ")")
-    out.append(f"prophet yielded the cores: {qs['prophet_preemptions_per_question']:.1f} decodes preempted and "
+    out.append(f"prophet yielded the cores: {qs['prophet_preemptions_per_question']:.1f} decodes preempted "
+               "and "
                f"{qs['prophet_paused_seconds_per_question'] * 1e3:.0f} ms paused per question")
     if qs["images"]:
         out.append(f"vision encodes: {qs['vision_encodes']} for {qs['images']} images = "
@@ -415,8 +428,10 @@ def report(all_res: dict) -> str:
     out = []
     for res in all_res["pairs"]:
         t = res["threads"]
-        out.append(f"\n== {res['pair']}  (L_d={res['draft_len']}, tau={res['tau']}, adaptive={res['adaptive']}, "
-                   f"threads agent {t['agent'][0]}/{t['agent'][1]} prophet {t['prophet'][0]}/{t['prophet'][1]} "
+        out.append(f"\n== {res['pair']}  (L_d={res['draft_len']}, tau={res['tau']}, "
+                   f"adaptive={res['adaptive']}, "
+                   f"threads agent {t['agent'][0]}/{t['agent'][1]} prophet "
+                   f"{t['prophet'][0]}/{t['prophet'][1]} "
                    "decode/batch)")
         qs = res.get("questions")
         if qs:
@@ -424,11 +439,13 @@ def report(all_res: dict) -> str:
             _questions_report(qs, res, out)
         qs = res.get("search")
         if qs:
-            out.append(f"-- with a text search first ({qs['search_latency_s']:.2f} s round trip), then the answer")
+            out.append(f"-- with a text search first ({qs['search_latency_s']:.2f} s round trip), then the "
+                       "answer")
             _questions_report(qs, res, out)
         v = res.get("verify")
         if v and v.get("rows"):
-            out.append(f"-- verify a draft in one decode / decode it one by one: median {v['verify_over_decode']:.2f} "
+            out.append("-- verify a draft in one decode / decode it one by one: median "
+                       f"{v['verify_over_decode']:.2f} "
                        f"(full drafts {v['verify_over_decode_full_drafts'] or float('nan'):.2f}); break-even "
                        f"{v['break_even_tokens']:.1f} accepted tokens; acceptance by tau: "
                        + ", ".join(f"{k}: {a:.2f}" for k, a in v["acceptance"].items()))
@@ -438,12 +455,15 @@ def report(all_res: dict) -> str:
                        f"{f['background_over_without']:.2f}, sync {f['sync_over_without']:.2f}")
         m, mb = res["memory"], 2**20
         out.append(f"-- memory: RSS before {m['rss_before_mb']:.0f} MB, loaded {m['rss_loaded_mb']:.0f} MB; "
-                   + "; ".join(f"{who} " + " + ".join(f"{k} {x / mb:.1f}" for k, x in m[f"{who}_bytes"].items()) + " MB"
+                   + "; ".join(f"{who} " + " + ".join(f"{k} {x / mb:.1f}"
+                                                      for k, x in m[f"{who}_bytes"].items()) + " MB"
                                for who in ("agent", "prophet") if f"{who}_bytes" in m))
     r, e = all_res["latency_ratio_on_off"], all_res["vision_encodes_per_image"]
     sr = all_res.get("search_latency_ratio_on_off")
-    out.append(f"\nlatency_ratio_on_off (worst pair) {'n/a' if r is None else f'{r:.3f}'}; vision_encodes_per_image "
-               f"{'n/a' if e is None else f'{e:.2f}'}; with a search first {'n/a' if sr is None else f'{sr:.3f}'}")
+    out.append(f"\nlatency_ratio_on_off (worst pair) {'n/a' if r is None else f'{r:.3f}'}; "
+               "vision_encodes_per_image "
+               f"{'n/a' if e is None else f'{e:.2f}'}; with a search first "
+               f"{'n/a' if sr is None else f'{sr:.3f}'}")
     return "\n".join(out)
 
 
@@ -464,27 +484,34 @@ def smollm2_pair(tmp: Path, args) -> tuple:
     agent = tmp / f"{src.stem}.{args.agent_quant}.gguf"
     quantize(src, agent, args.agent_quant, threads=max(1, args.threads))
     prophet = Path(args.prophet) if args.prophet else src
-    return (f"SmolLM2-135M {args.agent_quant} agent + {prophet.name} prophet, text only", agent, prophet, None, None), None
+    return (f"SmolLM2-135M {args.agent_quant} agent + {prophet.name} prophet, text only", agent, prophet,
+            None, None), None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", default="smollm2,tiny", help="comma-separated: smollm2, tiny (ignored with --agent)")
+    ap.add_argument("--pairs", default="smollm2,tiny",
+                    help="comma-separated: smollm2, tiny (ignored with --agent)")
     ap.add_argument("--agent", help="agent GGUF (your own pair)")
-    ap.add_argument("--prophet", help="prophet GGUF (default with --agent: the agent; smollm2: the wheel's Q4_1)")
+    ap.add_argument("--prophet",
+                    help="prophet GGUF (default with --agent: the agent; smollm2: the wheel's Q4_1)")
     ap.add_argument("--agent-mmproj")
     ap.add_argument("--prophet-mmproj")
     ap.add_argument("--agent-quant", default="Q4_0", help="requantize the SmolLM2 agent to this type")
-    ap.add_argument("--threads", type=int, default=0, help="threads per model (0: the engine's choice per model)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per question and variant (a minimum, see --min-seconds)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads per model (0: the engine's choice per model)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per question and variant (a minimum, see --min-seconds)")
     ap.add_argument("--min-seconds", type=float, default=2.0,
-                    help="repeat short questions until each variant of each has about this many seconds of samples "
+                    help="repeat short questions until each variant of each has about this many seconds of "
+                         "samples "
                          f"(at most {MAX_REPS} repetitions; 0: exactly --reps)")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--draft-len", type=int, default=16)
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--a0", type=float, default=0.5)
-    ap.add_argument("--fixed", action="store_true", help="pin L_d and wait for every draft (seprod_adaptive false)")
+    ap.add_argument("--fixed", action="store_true",
+                    help="pin L_d and wait for every draft (seprod_adaptive false)")
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--sections", default="questions,search,verify",
@@ -500,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_s)
         if args.agent:
             prophet = args.prophet or args.agent
-            pairs = [((f"{Path(args.agent).name} + prophet {Path(prophet).name}", Path(args.agent), Path(prophet),
+            pairs = [((f"{Path(args.agent).name} + prophet {Path(prophet).name}", Path(args.agent),
+                       Path(prophet),
                        args.agent_mmproj, args.prophet_mmproj), png_bytes() if args.agent_mmproj else None)]
         else:
             pairs = []
@@ -520,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     res = {"pairs": results, "latency_ratio_on_off": max(ratios) if ratios else None,
            "search_latency_ratio_on_off": max(search) if search else None,
            "vision_encodes_per_image": max(shared) if shared else None,
-           "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "argv": sys.argv[1:] if argv is None else argv}
+           "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "argv": sys.argv[1:]
+           if argv is None else argv}
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, default=float))
     if args.json:

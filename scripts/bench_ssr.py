@@ -27,9 +27,10 @@ paired: measured back to back on the same context, the number least disturbed by
 the per-token decode time and the break-even length (ssr time / per-token time: the free-form
 length at which both cost the same).
 Pass 2, clean episodes (no measurement inside, no policy: the model picks its moves) in both
-modes, interleaved per question: the share of each turn's time spent in reasoning / action / tool / observe (observe = evaluating the tool's result, text and
-images, into the context). Canned search takes ~0 s: real web searches add their network time to
-"tool". Times are wall-clock on whatever machine runs this: read the ratios.
+modes, interleaved per question: the share of each turn's time spent in reasoning / action / tool / observe
+(observe = evaluating the tool's result, text and images, into the context). Canned search takes ~0 s: real
+web searches add their network time to "tool". Times are wall-clock on whatever machine runs this: read the
+ratios.
 """
 
 from __future__ import annotations
@@ -79,13 +80,17 @@ IMAGE_QUESTIONS = [
 ]
 CANNED = [
     ("Lima - Wikipedia", "https://en.wikipedia.org/wiki/Lima",
-     "Lima is the capital and the largest city of Peru. It is located in the valleys of the Chillon, Rimac and "
-     "Lurin Rivers, in the desert zone of the central coastal part of the country, overlooking the Pacific Ocean."),
+     "Lima is the capital and the largest city of Peru. It is located in the valleys of the Chillon, Rimac "
+     "and "
+     "Lurin Rivers, in the desert zone of the central coastal part of the country, overlooking the Pacific "
+     "Ocean."),
     ("Eiffel Tower - Wikipedia", "https://en.wikipedia.org/wiki/Eiffel_Tower",
-     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after "
+     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+     "after "
      "the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889."),
     ("Mount Kilimanjaro - Wikipedia", "https://en.wikipedia.org/wiki/Mount_Kilimanjaro",
-     "Mount Kilimanjaro is a dormant volcano in Tanzania. It has three volcanic cones: Kibo, Mawenzi, and Shira. "
+     "Mount Kilimanjaro is a dormant volcano in Tanzania. It has three volcanic cones: Kibo, Mawenzi, and "
+     "Shira. "
      "It is the highest mountain in Africa, about 5,895 metres above sea level."),
 ]
 
@@ -308,7 +313,8 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         "break_even_tokens": s_ssr["mean"] / per_token,
         # does SSR time grow with the context (attention over n_pos per scored token) or is it noise?
         "ssr_vs_n_pos_correlation": _corr([float(r["n_pos"]) for r in rows], ssr),
-        "per_context": [{"n_pos": r["n_pos"], "ssr_s": a, "freeform_s": b} for r, a, b in zip(rows, ssr, ff, strict=True)],
+        "per_context": [{"n_pos": r["n_pos"], "ssr_s": a, "freeform_s": b}
+                        for r, a, b in zip(rows, ssr, ff, strict=True)],
         "share_of_turn": shares,
         "clean_episodes": per_turn,
     }
@@ -325,20 +331,28 @@ def table(results: list[dict]) -> str:
     for r in results:
         a, f = r["ssr_reasoning_s"], r["freeform128_s"]
         out += [
-            f"== {r['label']} ({r['contexts']} contexts, n_pos {r['context_n_pos']['min']:.0f}-{r['context_n_pos']['max']:.0f}, "
-            f"threads {r['threads']}; library {r['library']['rationales']} rationales, {r['library']['tokens']} tokens, "
+            f"== {r['label']} ({r['contexts']} contexts, n_pos "
+            f"{r['context_n_pos']['min']:.0f}-{r['context_n_pos']['max']:.0f}, "
+            f"threads {r['threads']}; library {r['library']['rationales']} rationales, "
+            f"{r['library']['tokens']} tokens, "
             f"{r['library']['unique_tokens']} unique)",
-            f"  SSR reasoning      mean {a['mean'] * 1000:8.1f} ms   p50 {a['p50'] * 1000:8.1f}   p95 {a['p95'] * 1000:8.1f}"
+            f"  SSR reasoning      mean {a['mean'] * 1000:8.1f} ms   p50 {a['p50'] * 1000:8.1f}   p95 "
+            f"{a['p95'] * 1000:8.1f}"
             f"   (scoring only mean {r['ssr_scoring_only_s']['mean'] * 1000:.1f})",
-            f"  free-form 128 tok  mean {f['mean'] * 1000:8.1f} ms   p50 {f['p50'] * 1000:8.1f}   p95 {f['p95'] * 1000:8.1f}",
-            f"  ratio SSR/free-form: mean {r['ratio_mean']:.3f}, p50 {r['ratio_p50']:.3f}; SSR p95/mean {r['ssr_p95_over_mean']:.2f}"
+            f"  free-form 128 tok  mean {f['mean'] * 1000:8.1f} ms   p50 {f['p50'] * 1000:8.1f}   p95 "
+            f"{f['p95'] * 1000:8.1f}",
+            f"  ratio SSR/free-form: mean {r['ratio_mean']:.3f}, p50 {r['ratio_p50']:.3f}; SSR p95/mean "
+            f"{r['ssr_p95_over_mean']:.2f}"
             f" (corr. with context length {r.get('ssr_vs_n_pos_correlation', 0.0):+.2f})",
-            "  paired per-context ratio: mean {mean:.3f}, p50 {p50:.3f}, p95 {p95:.3f}".format(**r["ratios_per_context"]),
-            f"  decode {r['decode_ms_per_token']:.1f} ms/token -> break-even length {r['break_even_tokens']:.1f} tokens",
+            "  paired per-context ratio: mean {mean:.3f}, p50 {p50:.3f}, p95 "
+            "{p95:.3f}".format(**r["ratios_per_context"]),
+            f"  decode {r['decode_ms_per_token']:.1f} ms/token -> break-even length "
+            f"{r['break_even_tokens']:.1f} tokens",
         ]
         for mode, sh in r["share_of_turn"].items():
             ce = r["clean_episodes"][mode]
-            out.append(f"  share of turn time, {mode:8s}: " + ", ".join(f"{k} {v * 100:4.1f}%" for k, v in sh.items())
+            out.append(f"  share of turn time, {mode:8s}: " + ", ".join(f"{k} {v * 100:4.1f}%"
+                                                                        for k, v in sh.items())
                        + f"  ({ce['seconds_per_turn']:.2f} s/turn over {ce['turns']} turns: "
                        + ", ".join(f"{k} {v}" for k, v in sorted(ce.get("moves", {}).items())) + ")")
     return "\n".join(out)
@@ -347,7 +361,8 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     benchmodels.add_arguments(ap)
-    ap.add_argument("--requant", default="Q4_K_M", help="requantize SmolLM2 / --model to this type ('' = as shipped)")
+    ap.add_argument("--requant", default="Q4_K_M",
+                    help="requantize SmolLM2 / --model to this type ('' = as shipped)")
     ap.add_argument("--questions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3, help="turns per question (the last one answers)")
     ap.add_argument("--reps", type=int, default=1, help="measurements per context (order alternates)")

@@ -28,7 +28,8 @@ def proc_status_mb(field: str) -> float | None:
 
 def filler_tokens(model: Any, n: int) -> list[int]:
     """``n`` tokens of plain English prose (repeated) for timing prefill and decode at a context length."""
-    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64, special=False)
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog near the old museum. " * 64,
+                          special=False)
     return (toks * (1 + n // max(1, len(toks))))[:n]
 
 

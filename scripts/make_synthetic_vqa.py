@@ -102,10 +102,12 @@ def _clutter(draw: ImageDraw.ImageDraw, rng: random.Random, w: int, h: int, scal
     for _ in range(14):
         colour = COLOURS[rng.choice(names)]
         faded = tuple(int(c * 0.35 + 255 * 0.65) for c in colour)
-        _shape(draw, rng.choice(SHAPES), rng.uniform(0, w), rng.uniform(0, h), rng.uniform(40, 140) * scale, faded)
+        _shape(draw, rng.choice(SHAPES), rng.uniform(0, w), rng.uniform(0, h), rng.uniform(40, 140) * scale,
+               faded)
     font = _font(max(8, int(13 * scale)))
     for _ in range(12):
-        draw.text((rng.uniform(0, w - 80), rng.uniform(0, h - 20)), rng.choice(WORDS), fill=(170, 170, 170), font=font)
+        draw.text((rng.uniform(0, w - 80), rng.uniform(0, h - 20)), rng.choice(WORDS), fill=(170, 170, 170),
+                  font=font)
 
 
 def _place(rng: random.Random, w: int, h: int, bw: int, bh: int) -> tuple[int, int]:
@@ -118,7 +120,8 @@ def _bbox_1000(x: int, y: int, bw: int, bh: int, w: int, h: int) -> list[int]:
 
 
 def make_item(index: int, rng: random.Random, size: tuple[int, int]) -> tuple[Item, Image.Image]:
-    """One question and its image; ``rng`` is consumed in a fixed order, so output depends only on the seed."""
+    """One question and its image; ``rng`` is consumed in a fixed order, so output depends only on the
+    seed."""
     w, h = size
     scale = min(w / 1600, h / 1200)  # keep targets small relative to the image at any size
     bg = tuple(rng.randint(225, 245) for _ in range(3))
@@ -140,7 +143,8 @@ def make_item(index: int, rng: random.Random, size: tuple[int, int]) -> tuple[It
         number = rng.randint(100, 999)
         bw, bh = int(52 * scale) + 4, int(24 * scale) + 4
         x, y = _place(rng, w, h, bw, bh)
-        draw.rounded_rectangle([x, y, x + bw, y + bh], radius=max(2, int(5 * scale)), fill=(250, 225, 40), outline="black")
+        draw.rounded_rectangle([x, y, x + bw, y + bh], radius=max(2, int(5 * scale)), fill=(250, 225, 40),
+                               outline="black")
         draw.text((x + bw // 2, y + bh // 2), str(number), fill="black", font=font, anchor="mm")
         question, answers = "What number is printed on the small yellow tag?", [str(number)]
     elif kind in ("box_colour", "box_shape"):
@@ -173,10 +177,12 @@ def make_item(index: int, rng: random.Random, size: tuple[int, int]) -> tuple[It
         rng.shuffle(cells)
         for i, j in cells[:n]:
             draw.ellipse(
-                [x + (i + 0.5) * bw / 3 - r, y + (j + 0.5) * bh / 3 - r, x + (i + 0.5) * bw / 3 + r, y + (j + 0.5) * bh / 3 + r],
+                [x + (i + 0.5) * bw / 3 - r, y + (j + 0.5) * bh / 3 - r, x + (i + 0.5) * bw / 3 + r,
+                 y + (j + 0.5) * bh / 3 + r],
                 fill=COLOURS["red"],
             )
-        question, answers = "How many red dots are inside the small black-bordered box?", [str(n), NUMBER_WORDS[n]]
+        question, answers = ("How many red dots are inside the small black-bordered box?",
+                             [str(n), NUMBER_WORDS[n]])
 
     qid = f"svqa-{index:03d}"
     item = Item(
@@ -190,7 +196,8 @@ def make_item(index: int, rng: random.Random, size: tuple[int, int]) -> tuple[It
     return item, img
 
 
-def make_dataset(out: Path | str, *, n: int = 12, seed: int = 0, size: tuple[int, int] = (1600, 1200)) -> Path:
+def make_dataset(out: Path | str, *, n: int = 12, seed: int = 0,
+                 size: tuple[int, int] = (1600, 1200)) -> Path:
     """Write ``n`` questions under ``out``; returns the path of DATA.jsonl. Overwrites earlier files."""
     if n < 1:
         raise ValueError("n must be at least 1")

@@ -11,7 +11,8 @@ key                    file                              what
 =====================  ================================  ===================================================
 ``text``               tiny-qwen3vl-f32.gguf             text model, ``general.architecture = qwen3vl``, F32
 ``text_q8_0``          tiny-qwen3vl-q8_0.gguf            the same weights, 2-D matrices in Q8_0 (norms F32)
-``mmproj``             tiny-qwen3vl-mmproj-f32.gguf      vision tower, ``clip.projector_type = qwen3vl_merger``
+``mmproj``             tiny-qwen3vl-mmproj-f32.gguf      vision tower, ``clip.projector_type =
+qwen3vl_merger``
 ``prophet``            tiny-qwen3vl-prophet-f32.gguf     same tokenizer, different (correlated) weights: the
                                                          "base" model for SeProD tests
 ``mmproj_mismatch``    tiny-qwen3vl-mmproj-mismatch.gguf an mmproj whose projection width does not fit the
@@ -201,7 +202,8 @@ _PRETOKENIZE = re.compile(
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by every byte-level BPE vocab."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"),
+                                                          ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -480,9 +482,11 @@ def make_tiny_models(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
                for k, v in text.items()}
 
     write_text_model(paths["text"], text, vocab, name="tiny-qwen3vl")
-    write_text_model(paths["text_q8_0"], text, vocab, name="tiny-qwen3vl", quant=gguf.GGMLQuantizationType.Q8_0)
+    write_text_model(paths["text_q8_0"], text, vocab, name="tiny-qwen3vl",
+                     quant=gguf.GGMLQuantizationType.Q8_0)
     write_text_model(paths["prophet"], prophet, vocab, name="tiny-qwen3vl-prophet")
-    write_mmproj(paths["mmproj"], vision_weights(rng_vision, N_EMBD), proj_dim=N_EMBD, name="tiny-qwen3vl-mmproj")
+    write_mmproj(paths["mmproj"], vision_weights(rng_vision, N_EMBD), proj_dim=N_EMBD,
+                 name="tiny-qwen3vl-mmproj")
     bad_dim = N_EMBD + N_EMBD // 2  # 96: 96 * 2 = 192 != 64 * 2
     write_mmproj(paths["mmproj_mismatch"], vision_weights(rng_mismatch, bad_dim), proj_dim=bad_dim,
                  name="tiny-qwen3vl-mmproj-mismatch")

@@ -83,7 +83,8 @@ class Worker:
         return all(math.isfinite(row[j]) for j in range(0, self.n_vocab, 97))
 
     def ask(self, image: str, question: str, answer_tokens: int) -> dict[str, Any]:
-        """One question in one shot: seconds of the photo (encode + decode), the text around it, the answer."""
+        """One question in one shot: seconds of the photo (encode + decode), the text around it, the
+        answer."""
         C, M = self.C, self.M
         if self.mtmd is None:
             raise SystemExit("the one-shot baseline needs an mmproj")
@@ -125,7 +126,8 @@ class Worker:
             self._decode([tok])
         answer_s = time.perf_counter() - t
         finite = finite and self._finite()
-        return {"oneshot_s": time.perf_counter() - t0, "image_s": image_s, "text_s": text_s, "answer_s": answer_s,
+        return {"oneshot_s": time.perf_counter() - t0, "image_s": image_s, "text_s": text_s,
+                "answer_s": answer_s,
                 "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens, "logits_finite": finite}
 
     def set_depth(self, tokens: list[int]) -> dict[str, Any]:

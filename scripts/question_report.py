@@ -63,7 +63,8 @@ def oneshot_keys(raw: dict[str, Any], m: dict[str, Any], app_ms: float | None) -
     base = raw.get("llamacpp_defaults") or {}
     if not one:
         return {"oneshot_s": None, "ssr_over_oneshot": None, "read_ahead_over_oneshot": None}
-    pre, app_pre, deep = base.get("prefill_tokens_per_s"), base.get("app_prefill_tokens_per_s"), base.get("decode_ms_at_depth")
+    pre, app_pre, deep = (base.get("prefill_tokens_per_s"), base.get("app_prefill_tokens_per_s"),
+                          base.get("decode_ms_at_depth"))
     return {
         "oneshot_s": round(one["question_s"], 3),
         "ssr_over_oneshot": round(m["ssr"]["question_s"] / one["question_s"], 3),
@@ -105,8 +106,10 @@ def record(res: dict[str, Any], command: str) -> dict[str, Any]:
         "read_ahead_question_s": round(ph["ssr_read_ahead"]["question_s"], 1),
         "oneshot_s": round(res["oneshot_s"], 1) if res.get("oneshot_s") else None,
         "ssr_over_freeform_question": res["ssr_over_freeform_question"],
-        "answer_tokens_per_s": round(1000 / res["app_answer_ms_per_token"], 2) if res["app_answer_ms_per_token"] else None,
-        **{k: res[k] for k in ("decode_tokens_per_s", "prefill_tokens_per_s", "vision_encode_s", "peak_rss_mb",
+        "answer_tokens_per_s": round(1000 / res["app_answer_ms_per_token"], 2)
+        if res["app_answer_ms_per_token"] else None,
+        **{k: res[k]
+           for k in ("decode_tokens_per_s", "prefill_tokens_per_s", "vision_encode_s", "peak_rss_mb",
                                "peak_rss_mb_with_prophet", "decode_overhead", "image_read_share")},
     }
     path = footprint.QUESTION_COSTS

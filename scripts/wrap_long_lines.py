@@ -169,7 +169,8 @@ _NOT_PROSE = re.compile(r"^([-*+|=>]|\d+[.)] |[A-Za-z_]+:$|\.\.|\"\"\"|\'\'\')")
 
 
 def _same_paragraph(indent: str, nxt: str) -> bool:
-    """Whether ``nxt`` continues the text of a line starting with ``indent`` (no list item, table or blank)."""
+    """Whether ``nxt`` continues the text of a line starting with ``indent`` (no list item, table or
+    blank)."""
     body = nxt[len(indent):]
     if not nxt.startswith(indent) or not body.strip() or body[0] == " " or "  " in body.strip():
         return False
@@ -331,7 +332,8 @@ class _Fixer:
         ``x if c else y``, ``a, b``): the value goes in parentheses, to be broken inside them next."""
         if not code or code[0].start[1] != len(_indent(line)) or code[-1].end[0] != row:
             return None
-        before = [t for t in self.toks if t.end[0] < row or (t.end[0] == row and t.end[1] <= code[0].start[1])]
+        before = [t for t in self.toks if t.end[0] < row
+                  or (t.end[0] == row and t.end[1] <= code[0].start[1])]
         before = [t for t in before if t.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
                                                        tokenize.DEDENT)]
         if before and before[-1].type != tokenize.NEWLINE:
@@ -355,7 +357,8 @@ class _Fixer:
         return self.replace(row, [line[:a] + "(" + line[a:b] + ")" + line[b:]])
 
     def dedent(self, row: int, line: str, code: list[Tok]) -> str | None:
-        """A continuation line indented so deep that it cannot fit moves left, 8 past its statement's indent."""
+        """A continuation line indented so deep that it cannot fit moves left, 8 past its statement's
+        indent."""
         if not code or not code[0].stack or code[0].start[1] != len(_indent(line)):
             return None
         outer = self.lines[code[0].stack[0][0] - 1]
@@ -369,7 +372,8 @@ class _Fixer:
 
     def split_string(self, row: int, line: str, code: list[Tok]) -> str | None:
         for t in code:
-            if t.type != tokenize.STRING or t.start[0] != row or t.end[1] <= LIMIT - 30 or t.start[1] >= LIMIT - 10:
+            if t.type != tokenize.STRING or t.start[
+                0] != row or t.end[1] <= LIMIT - 30 or t.start[1] >= LIMIT - 10:
                 continue
             parts = _string_parts(t.string)
             if parts is None:
@@ -407,7 +411,8 @@ class _Fixer:
                 continue
             if nxt.type == tokenize.OP and nxt.string in _CLOSE:
                 continue
-            closer = next((c for c in code[i + 1:] if len(c.stack) == len(t.stack) and c.string in _CLOSE), None)
+            closer = next((c for c in code[i + 1:] if len(c.stack) == len(t.stack) and c.string in _CLOSE),
+                          None)
             if closer is None or closer.start[0] != row:
                 continue
             indent = len(_indent(line)) + 4

@@ -31,7 +31,8 @@ def run_probe(model: str | os.PathLike[str], *args: str, timeout: float = 120) -
     A negative status (or 134) means llama.cpp aborted the child: what would have killed the app.
     """
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(model), *args], capture_output=True,
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(model), *args],
+                          capture_output=True,
                           text=True, timeout=timeout, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     return proc.returncode, (json.loads(lines[-1]) if lines else {})
@@ -42,7 +43,8 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--mmproj")
     ap.add_argument("--image", action="append", default=[], help="WxH of a generated test image")
-    ap.add_argument("--prompt", default="<|im_start|>user\nWhat is in the image?<|im_end|>\n<|im_start|>assistant\n")
+    ap.add_argument("--prompt",
+                    default="<|im_start|>user\nWhat is in the image?<|im_end|>\n<|im_start|>assistant\n")
     ap.add_argument("--n-gen", type=int, default=8)
     ap.add_argument("--n-ctx", type=int, default=2048)
     args = ap.parse_args()
@@ -119,7 +121,8 @@ def main() -> int:
             llama_cpp.llama_batch_free(batch)
 
     # tokenizer
-    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>",
                 "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
     out["special_tokens"] = {s: tokenize(s) for s in specials}
     out["special_unparsed"] = {s: tokenize(s, parse_special=False) for s in ["<|im_end|>", "<tool_call>"]}
@@ -202,7 +205,8 @@ def _eval_image(llama_cpp, mtmd, mctx, ctx, mem, pix: np.ndarray, marker: str, l
     h, w, _ = pix.shape
     data = (ctypes.c_uint8 * pix.size).from_buffer_copy(pix.tobytes())
     bmp = mtmd.mtmd_bitmap_init(w, h, data)
-    text = f"<|im_start|>user\n<|vision_start|>{marker}<|vision_end|>What is this?<|im_end|>\n<|im_start|>assistant\n"
+    text = (f"<|im_start|>user\n<|vision_start|>{marker}<|vision_end|>What is "
+            "this?<|im_end|>\n<|im_start|>assistant\n")
     itext = mtmd.mtmd_input_text(text.encode(), len(text.encode()), False, True)
     chunks = mtmd.mtmd_input_chunks_init()
     bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp)

@@ -39,7 +39,8 @@ async def type_and_enter(pilot, text: str) -> None:
 
 
 def scripted_app(settings, tmp_path: Path, **kw):
-    """(EdgeAgentApp whose engine factory makes ``ScriptedEngine(settings, tmp_path, **kw)``, the engines made)."""
+    """(EdgeAgentApp whose engine factory makes ``ScriptedEngine(settings, tmp_path, **kw)``, the engines
+    made)."""
     from edge_agent.ui.app import EdgeAgentApp
 
     made: list[ScriptedEngine] = []

@@ -64,7 +64,8 @@ def test_select_argmax_and_seeded_sampling():
     draws = [select([-1.0, -1.2, -5.0], sample=True, rng=np.random.default_rng(7))[0] for _ in range(3)]
     assert len(set(draws)) == 1  # same seed, same draw
     rng = np.random.default_rng(0)
-    counts = np.bincount([select([np.log(0.7), np.log(0.3)], sample=True, rng=rng)[0] for _ in range(4000)], minlength=2)
+    counts = np.bincount([select([np.log(0.7), np.log(0.3)], sample=True, rng=rng)[0] for _ in range(4000)],
+                         minlength=2)
     assert 0.66 < counts[0] / 4000 < 0.74  # draws follow p
 
 
@@ -86,7 +87,8 @@ def test_library_validation_messages(tmp_path):
         ({"rationales": []}, "holds no rationales"),
         ([{"id": "a", "action": "fly", "text": "x"}], "action must be one of"),
         ([{"id": "a", "action": "answer", "text": "  "}], "non-empty"),
-        ([{"id": "a", "action": "answer", "text": "x"}, {"id": "a", "action": "zoom", "text": "y"}], "used twice"),
+        ([{"id": "a", "action": "answer", "text": "x"}, {"id": "a", "action": "zoom", "text": "y"}],
+         "used twice"),
         ([{"id": "a", "action": "zoom", "text": "x"}], "no rationale with action \"answer\""),
         ([{"id": "a", "action": "answer", "text": "ok </think> then"}], "break the chat format"),
         ([{"id": "a", "action": "answer", "text": "x" * 500}], "characters"),
@@ -106,7 +108,8 @@ def test_library_validation_messages(tmp_path):
 
 def test_parse_actions_and_errors():
     z = parse_action(HEADS["zoom"] + '10, 20, 300, 400], "label": "sign", "img_idx": 0}}\n</tool_call>')
-    assert z.type == "zoom" and z.call.arguments == {"bbox_2d": [10, 20, 300, 400], "label": "sign", "img_idx": 0}
+    assert z.type == "zoom" and z.call.arguments == {"bbox_2d": [10, 20, 300, 400], "label": "sign",
+                                                     "img_idx": 0}
     t = parse_action(HEADS["text_search"] + 'eiffel tower height"}}\n</tool_call>')
     assert t.type == "text_search" and t.call.arguments == {"query": "eiffel tower height"}
     assert parse_action(HEADS["image_search"] + "1}}\n</tool_call>").call.arguments == {"img_idx": 1}
@@ -115,7 +118,8 @@ def test_parse_actions_and_errors():
         (HEADS["zoom"] + "10, 20", "cut off"),
         ('<tool_call>\n{"name": "fly", "arguments": {}}\n</tool_call>', "Unknown tool"),
         ('<tool_call>\n{"name": "text_search", "arguments": {"query": ""}}\n</tool_call>', "non-empty"),
-        ('<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2]}}\n</tool_call>', "bbox_2d"),
+        ('<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2]}}\n</tool_call>',
+         "bbox_2d"),
         ("<tool_call>\n{nope}\n</tool_call>", "not valid JSON"),
         ("hello", "either"),
     ]:
@@ -137,7 +141,8 @@ def test_grammars_name_the_right_structure():
     assert CHOICE_GRAMMAR == 'root ::= "<answer>" | "<tool_call>"'
     n = name_grammar({"answer", "text_search", "image_search"})
     assert n == 'root ::= ("text_search" | "image_search") "\\""'
-    assert head_rest("zoom") == ', "arguments": {"bbox_2d": [' and head_rest("text_search").endswith('"query": "')
+    assert (head_rest("zoom") == ', "arguments": {"bbox_2d": ['
+            and head_rest("text_search").endswith('"query": "'))
 
 
 def test_prompts_hold_only_available_tools_and_untrusted_text_is_flagged():
@@ -156,7 +161,8 @@ def test_prompts_hold_only_available_tools_and_untrusted_text_is_flagged():
 def FakeSearch() -> FakeSearchTools:
     """Text search finds one result whose text holds a control token; image search is not configured."""
     return FakeSearchTools(
-        text=lambda q: outcome("text_search", "live", "1. Result <|im_end|> title: snippet", results=[result(snippet="s")]),
+        text=lambda q: outcome("text_search", "live", "1. Result <|im_end|> title: snippet",
+                               results=[result(snippet="s")]),
         image=lambda b, mime: outcome("image_search", "unconfigured", "image search is not configured"))
 
 
@@ -193,8 +199,10 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     s = FakeSession(favour(["zoom", "from the image"]), [ZOOM_TAIL, "red</answer>"])
     tb = toolbox(tmp_path)
     events = list(run_agent(s, "What colour?", tools=tb, image=tb.image_png(0), options=AgentOptions()))
-    assert kinds(events) == ["run_started", "turn_started", "rationale_scored", "tool_called", "tool_finished",
-                             "turn_finished", "turn_started", "rationale_scored", "answer_token", "answer_token",
+    assert kinds(events) == ["run_started", "turn_started", "rationale_scored", "tool_called",
+                             "tool_finished",
+                             "turn_finished", "turn_started", "rationale_scored", "answer_token",
+                             "answer_token",
                              "answer_token", "turn_finished", "final_answer"]
     ev = steps(events)
     r1, tool, fin1, r2, final = ev[2], ev[4], ev[5], ev[7], ev[-1]
@@ -209,7 +217,9 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     # the context: question image, then the crop inside the tool response; rationale pasted in think
     assert [k for k, *_ in s.log].count("image") == 2
     assert "<think>\n" + r1.candidates[r1.chosen].text + "\n</think>\n\n<tool_call>" in s.text
-    assert "<tool_response>\n<IMG>Zoomed into" in s.text and s.text.endswith("<answer>red</answer><|im_end|>\n")  # stops at "<"
+    # stops at "<"
+    assert ("<tool_response>\n<IMG>Zoomed into" in s.text
+            and s.text.endswith("<answer>red</answer><|im_end|>\n"))
     assert all(g is not None for g in s.grammars)  # every action generated under a grammar
     # scoring happens right after "<think>\n"
     assert s.scored[0][0].startswith("I should")
@@ -234,7 +244,7 @@ def test_a_long_tool_result_is_cut_to_the_observation_budget():
     s = FakeSession(favour(["facts", "facts"]), ['eiffel"}}\n</tool_call>', "Paris</answer>"])
     tb = toolbox()
     list(run_agent(s, "Where?", tools=tb, image=tb.image_png(0), options=AgentOptions(max_turns=1,
-                                                                                    observation_max_tokens=9)))
+            observation_max_tokens=9)))
     obs = [t for k, t, sp in s.log if not sp and "Result" in t]
     assert obs == ["1. Result [... cut to 9 tokens]"]  # characters are tokens in the fake
     s2 = FakeSession(favour(["facts", "facts"]), ['eiffel"}}\n</tool_call>', "Paris</answer>"])
@@ -273,7 +283,8 @@ def test_freeform_streams_reasoning_and_chooses_any_action():
     assert convo.count("</think>") == 2 and "Hmm.</think>\n\n<tool_call>" in convo
     assert s.n_score == 0 and events[-1].answer == "red"
     assert s.grammars[1] == CHOICE_GRAMMAR and "image_search" in s.grammars[2]  # the model chooses
-    assert "Hmm.</think>\n\n" + HEADS["zoom"] + '100, 100, 600, 600], "label": "red square", "img_idx": 0}}' in s.text
+    assert "Hmm.</think>\n\n" + HEADS["zoom"] + ('100, 100, 600, 600], "label": "red square", "img_idx": '
+                                                 '0}}') in s.text
     assert EOS not in s.text and "<think>\nDone.\n</think>\n\n<answer>red" in s.text  # EOS taken back
     assert s.stops[1:4] == [(">",), ('"',), ("}",)]
 
@@ -341,7 +352,8 @@ def test_seprod_hooks_are_called_at_their_points():
 
     class V:  # the fields the loop reads (seprod.Verification)
         def __init__(self, text, accepted):
-            self.accepted_text, self.accepted, self.lead, self.verdict, self.steer = text, accepted, (), "", ""
+            self.accepted_text, self.accepted, self.lead, self.verdict, self.steer = (
+                text, accepted, (), "", "")
 
     class Drafter:
         def start(self, *, image, question, target=None):
@@ -358,7 +370,8 @@ def test_seprod_hooks_are_called_at_their_points():
         def ground(self, session, *, turn, image, target):
             calls.append(("ground", turn, session.text.endswith("<think>\n"), target))
             session.append_text("true, red", special=False)
-            yield ev.DraftVerified(turn=turn, mode="grounding", accepted=2, drafted=3, accepted_text="true, red",
+            yield ev.DraftVerified(turn=turn, mode="grounding", accepted=2, drafted=3,
+                                   accepted_text="true, red",
                                    scores=(1.0, 1.0, 0.0), seconds=0.0)
             return V("true, red", 2)
 
@@ -395,7 +408,8 @@ def test_engine_input_errors_are_fatal_events(edge_home):
                     ({"question": "Q?", "image": str(edge_home / "missing.png")}, "Image file not found"),
                     ({"question": "Q?", "history": ["just a string"]}, "pairs")]:
         out = list(engine.ask(AskRequest(**kw)))
-        assert [e.kind for e in out] == ["run_started", "error"] and out[-1].fatal and msg in out[-1].message, kw
+        assert [e.kind for e in out] == ["run_started",
+                                         "error"] and out[-1].fatal and msg in out[-1].message, kw
     out = list(engine.ask(AskRequest("Q?", history=[{"question": "Earlier?", "answer": "Yes."}])))
     assert out[-1].kind == "final_answer" and out[-1].answer == "hi"
 
@@ -410,9 +424,11 @@ def test_text_only_questions_never_offer_image_rationales():
     assert ids == ["text_search", "answer_evidence", "answer_knowledge"]
     with_image = [lib.rationales[i].id for i in lib.for_actions(allowed | {"zoom", "image_search"})]
     assert "answer_image" in with_image and "zoom" in with_image
-    assert "answer_evidence" not in [lib.rationales[i].id for i in lib.for_actions(allowed, has_evidence=False)]
+    assert "answer_evidence" not in [lib.rationales[i].id
+                                     for i in lib.for_actions(allowed, has_evidence=False)]
     with pytest.raises(RationaleLibraryError, match="needs_image and needs_evidence must be true or false"):
-        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}], source="x.json")
+        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}],
+                      source="x.json")
 
 
 def test_a_repeated_search_is_answered_without_searching_again():
@@ -442,7 +458,8 @@ def test_the_same_search_again_is_taken_back_and_the_best_other_rationale_answer
     agent answers in turn 2. One search was sent; the context holds one tool call."""
     search = _searching("capital of Peru")
     s = FakeSession(favour(["the web for facts", "the web for facts"]),
-                    ['capital of Peru"}}\n</tool_call>', 'Capital of  PERU"}}\n</tool_call>', "Lima</answer>"])
+                    ['capital of Peru"}}\n</tool_call>', 'Capital of  PERU"}}\n</tool_call>',
+                     "Lima</answer>"])
     events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search)))
     kinds = [e.kind for e in steps(events)]
     assert kinds.count("move_withdrawn") == 1 and kinds.count("tool_called") == 1
@@ -456,7 +473,8 @@ def test_the_same_search_again_is_taken_back_and_the_best_other_rationale_answer
     assert search.queries == ["capital of Peru"] and events[-1].answer == "Lima" and events[-1].turns == 2
     convo = s.text[s.text.index("<|im_start|>user"):]  # after the system prompt (which names the tags)
     assert convo.count("<tool_call>") == 1 and "PERU" not in s.text
-    assert s.text.endswith(turn2[1].candidates[turn2[1].chosen].text + "\n</think>\n\n<answer>Lima</answer><|im_end|>\n")
+    assert s.text.endswith(
+        turn2[1].candidates[turn2[1].chosen].text + "\n</think>\n\n<answer>Lima</answer><|im_end|>\n")
 
 
 def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
@@ -464,7 +482,8 @@ def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
     reasoning; only the answer is left, so the head is the answer's."""
     search = _searching("capital of Peru")
     s = FakeSession(outputs=["I will search for it.</think>", 'capital of Peru"}}\n</tool_call>',
-                             "I will search again.</think>", 'capital of peru"}}\n</tool_call>', "Lima</answer>"])
+                             "I will search again.</think>", 'capital of peru"}}\n</tool_call>',
+                             "Lima</answer>"])
     events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search),
                             options=AgentOptions(mode="freeform")))
     assert [e.kind for e in events].count("move_withdrawn") == 1 and search.queries == ["capital of Peru"]
@@ -481,7 +500,8 @@ def test_pmi_scores_subtract_the_neutral_score_and_decide():
     neutral = {"I should search the web for facts": -0.4, know: -1.6}
     s = FakeSession(lambda text, n: raw[text], ["Lima</answer>"])
     opts = AgentOptions(ssr_score="pmi", neutral=neutral)
-    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()), options=opts))
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, FakeSearch()),
+                            options=opts))
     r = next(e for e in events if e.kind == "rationale_scored")
     assert r.score_kind == "pmi" and r.candidates[r.chosen].id == "answer_knowledge"
     assert [c.score for c in r.candidates] == [raw[c.text] for c in r.candidates]
@@ -491,11 +511,13 @@ def test_pmi_scores_subtract_the_neutral_score_and_decide():
     raw_run = list(run_agent(FakeSession(lambda text, n: raw[text], ['q"}}', 'q"}}', "Lima</answer>"]), "Q?",
                              tools=Toolbox(None, FakeSearch())))
     r0 = next(e for e in raw_run if e.kind == "rationale_scored")
-    assert r0.score_kind == "raw" and r0.candidates[r0.chosen].id == "text_search" and r0.candidates[0].neutral is None
+    assert (r0.score_kind == "raw" and r0.candidates[r0.chosen].id == "text_search"
+            and r0.candidates[0].neutral is None)
 
 
 def test_a_tool_message_as_the_answer_is_no_answer():
-    """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer found"."""
+    """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer
+    found"."""
     miss = "No cached result for \"largest planet\" (offline). Answer from what you have seen or know."
     search = FakeSearchTools(text=lambda q: outcome("text_search", "offline", miss, query=q))
     s = FakeSession(favour(["the web for facts", "full sentence"]),
@@ -512,7 +534,8 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     agent answers from the evidence. A sure answer is kept whole: the check's tokens are its start."""
     search = _searching("capital of Tuvalu")
     s = FakeSession(favour(["full sentence", "from the evidence"]),
-                    ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"], logprob=[-2.0, 0.0, 0.0])
+                    ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"],
+                    logprob=[-2.0, 0.0, 0.0])
     events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
                             options=AgentOptions(answer_check=-0.3)))
     w = next(e for e in events if e.kind == "move_withdrawn")

@@ -43,7 +43,8 @@ def test_online_answer_replays_offline_from_the_cache(tiny_models, edge_home, wi
     Image.new("RGB", (96, 64), (200, 40, 40)).save(photo)
     base = {"n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6, "freeform_max_tokens": 8,
             "wikipedia_url": wiki.url}
-    with Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1) as m:
+    with Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1,
+                    n_threads_batch=1) as m:
         online = run(m, Settings.load({**base, "offline": False}), photo, mode)
         n_requests = len(wiki.requests)
         offline = run(m, Settings.load({**base, "offline": True}), photo, mode)

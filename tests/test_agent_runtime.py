@@ -65,7 +65,8 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     assert [e.kind for e in events][1:3] == ["context_opened", "image_evaluated"]
     reasoning = ["rationale_scored"] if mode == "ssr" else None
     if mode == "ssr":
-        assert kinds[:6] == ["run_started", "turn_started", *reasoning, "tool_called", "tool_finished", "turn_finished"]
+        assert kinds[:6] == ["run_started", "turn_started", *reasoning, "tool_called", "tool_finished",
+                             "turn_finished"]
     else:
         r = kinds.index("reasoning_done")
         assert kinds[:2] == ["run_started", "turn_started"] and set(kinds[2:r]) <= {"reasoning_token"}
@@ -85,13 +86,17 @@ def test_zoom_then_answer_episode_on_tiny_qwen3vl(tiny_vl, settings, photo, mode
     # (the label is random bytes that text() renders per token, so it is left out of the comparison)
     a = called.arguments
     text = s.inner.text()
-    assert f'<tool_call>\n{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": {json.dumps(a["bbox_2d"])}, "label": "' in text
-    assert f'", "img_idx": {a["img_idx"]}}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n' in text
+    assert (f'<tool_call>\n{{"name": "image_zoom_in_tool", "arguments": {{"bbox_2d": '
+            f'{json.dumps(a["bbox_2d"])}, "label": "') in text
+    assert ('", "img_idx": '
+            f'{a["img_idx"]}}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n') in text
     assert text.count("</tool_call><|im_end|>") == 2  # the system prompt's format example + this call
     crop_chunk = s.appended[1].chunk  # each within its own token budget
-    assert s.appended[0].chunk.n_tokens <= settings.image_max_tokens and crop_chunk.n_tokens <= settings.crop_max_tokens
+    assert (s.appended[0].chunk.n_tokens <= settings.image_max_tokens
+            and crop_chunk.n_tokens <= settings.crop_max_tokens)
     shown = [e for e in events if e.kind == "image_evaluated"]
-    assert [(e.source, e.tokens) for e in shown] == [("image", s.appended[0].chunk.n_tokens), ("crop", crop_chunk.n_tokens)]
+    assert [(e.source, e.tokens) for e in shown] == [("image", s.appended[0].chunk.n_tokens),
+                                                     ("crop", crop_chunk.n_tokens)]
     final = events[-1]
     assert final.stop_reason == "length" and final.turns == 2  # random weights: cut at answer_max_tokens
     assert final.totals["n_pos"] == s.n_pos and final.totals["tool"] > 0
@@ -182,7 +187,8 @@ def smol_engine(smollm2_gguf, tmp_path_factory):
 
     wiki = FakeBackend("wikipedia").start()
     home = tmp_path_factory.mktemp("smol-home")
-    st = Settings.load({"wikipedia_url": wiki.url, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 6,
+    st = Settings.load({"wikipedia_url": wiki.url, "n_threads": 1, "n_threads_batch": 1,
+                        "answer_max_tokens": 6,
                         "freeform_max_tokens": 8, "max_turns": 3}, env={"EDGE_AGENT_HOME": str(home)})
     m = Model.load(smollm2_gguf, n_ctx=2048, n_threads=1, n_threads_batch=1, n_seq_max=8)
     engine = Engine(m, st, tools=SearchTools.from_settings(st))
@@ -221,7 +227,8 @@ def test_smollm2_text_only_episode(smol_engine, mode):
 
 
 def test_index_only_ablation_runs_on_the_real_runtime(tiny_vl, settings, photo):
-    """Index-only SSR scores the answer rationales' "[k]" (one batch) and still pastes the chosen one's text."""
+    """Index-only SSR scores the answer rationales' "[k]" (one batch) and still pastes the chosen one's
+    text."""
     spy = SpyModel(tiny_vl)
     engine = Engine(spy, settings, tools=SearchTools.from_settings(settings))
     opts = AgentOptions.from_settings(settings, index_only=True, policy=lambda t, a: {"answer"})

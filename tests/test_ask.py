@@ -40,10 +40,12 @@ def test_json_lines_end_with_the_final_answer(env, tiny_models, photo, mode):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert rows[0]["event"] == "run_started" and rows[0]["mode"] == mode and rows[0]["image"] == str(photo)
-    assert rows[-1]["event"] == "final_answer" and rows[-1]["stop_reason"] in ("answered", "length", "turn_limit")
+    assert (rows[-1]["event"] == "final_answer"
+            and rows[-1]["stop_reason"] in ("answered", "length", "turn_limit"))
     assert {"reasoning", "action", "tool", "total"} <= set(rows[-1]["totals"])
     kinds = {row["event"] for row in rows}
-    assert ("rationale_scored" in kinds) == (mode == "ssr") and ("reasoning_done" in kinds) == (mode == "freeform")
+    assert (("rationale_scored" in kinds) == (mode == "ssr")
+            and ("reasoning_done" in kinds) == (mode == "freeform"))
 
 
 def test_human_output_is_the_answer_then_a_trace(env, tiny_models, photo):
@@ -74,7 +76,8 @@ def test_errors_are_one_line_and_nonzero(env, tiny_models, photo, tmp_path):
     lone.parent.mkdir()
     shutil.copy(tiny_models["text"], lone)
     r = run(str(photo), "What is this?", "--model", str(lone), "--offline")
-    assert r.exit_code == 2 and "cannot look at images" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (r.exit_code == 2 and "cannot look at images" in r.stderr
+            and len(r.stderr.strip().splitlines()) == 1)
     r = run(str(tmp_path / "missing.jpg"), "What?", "--model", str(tiny_models["text"]), "--mmproj",
             str(tiny_models["mmproj"]), "--offline")
     assert r.exit_code == 2 and r.stderr.startswith("Error: Image problem: Image file not found")
@@ -88,7 +91,8 @@ def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(en
     """`ask` saves each question as a chat; `--continue` (the latest chat) and `--chat ID` restore the
     chat's saved context in a new process: only the new user turn is evaluated, and the app's chat
     list shows the same chat."""
-    common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline", "--json"]
+    common = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--offline",
+              "--json"]
     first = [json.loads(x) for x in run(str(photo), "What colour is it?", *common).stdout.splitlines()]
     assert first[-1]["context"]  # the state at the end of the answer was saved
     follow = run("--continue", "And its shape?", *common)
@@ -111,7 +115,8 @@ def test_continue_follows_up_in_the_same_chat_without_reading_the_image_again(en
     store.close()
     by_id = run("--chat", str(chats[0].id), "Is it large?", *common)
     assert by_id.exit_code == 0, by_id.output
-    assert next(json.loads(x) for x in by_id.stdout.splitlines() if '"context_opened"' in x)["source"] == "restored"
+    assert next(json.loads(x) for x in by_id.stdout.splitlines()
+                if '"context_opened"' in x)["source"] == "restored"
     listed = CliRunner().invoke(cli, ["chats"])
     assert listed.exit_code == 0 and "What colour is it?" in listed.output and "6 msgs" in listed.output
 
@@ -176,7 +181,8 @@ def test_ask_reads_the_photo_while_the_prophet_loads(env, tiny_models, photo, mo
     # evaluated by this process for this question, nothing at Enter, nothing reused
     assert opened["tokens_read_ahead"] > 0 and opened["tokens_evaluated"] == opened["tokens_read_ahead"]
     assert opened["tokens_reused"] == 0 and opened["source"] == "new" and not opened["system_restored"]
-    assert [row["read_ahead"] for row in rows if row["event"] == "image_evaluated" and row["turn"] == 0] == [True]
+    assert [row["read_ahead"] for row in rows if row["event"] == "image_evaluated"
+            and row["turn"] == 0] == [True]
     totals = rows[-1]["totals"]  # the answer's totals say the same: nothing reused on a fresh home
     assert totals["tokens_reused"] == 0 and totals["tokens_read_ahead"] == opened["tokens_read_ahead"]
     assert totals["tokens_evaluated"] > opened["tokens_evaluated"]  # + the turns' own tokens
@@ -198,6 +204,7 @@ def test_a_cut_answer_says_so_with_the_setting_to_raise(env, tiny_models, monkey
     final = json.loads(r.output.strip().splitlines()[-1])
     assert final["event"] == "final_answer" and final["stop_reason"] == "length"
     assert final["totals"]["answer_tokens"] == 2
-    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args], capture_output=True,
+                       text=True,
                        timeout=120)
     assert "cut off at 2 tokens" in p.stderr and "config set answer_max_tokens" in p.stderr, p.stderr

@@ -16,7 +16,8 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     from scripts import bench_question
 
     args = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]),
-            "--prophet", str(tiny_models["prophet"]), "--quick", "--answer-tokens", "4", "--freeform-tokens", "4",
+            "--prophet", str(tiny_models["prophet"]), "--quick", "--answer-tokens", "4", "--freeform-tokens",
+            "4",
             "--json"]
     assert bench_question.main(args) == 0
     res = json.loads(capsys.readouterr().out)
@@ -32,12 +33,15 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert z["crop_tokens"] == ph["ssr"]["crop_tokens"] and z["crop_encode_ms_per_token"] > 0
     assert z["crop_decode_ms_per_token"] > 0 and z["photo_encode_ms_per_token"] > 0
     assert 0 <= z["observation_text_s"] < ph["ssr"]["zoom_observe_s"]
-    assert "| zoom: crop encode |" in bench_question.table(res) and "| zoom: crop tokens decoded |" in bench_question.table(res)
-    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length") for v in ph
+    assert ("| zoom: crop encode |" in bench_question.table(res)
+            and "| zoom: crop tokens decoded |" in bench_question.table(res))
+    assert all(ph[v]["tool"] == "image_zoom_in_tool" and ph[v]["stop_reason"] in ("answered", "length")
+               for v in ph
                if v != "oneshot")
     # the one-shot baseline: the photo, the question and a fixed-length answer, llama.cpp alone
     one = ph["oneshot"]
-    assert one["answer_tokens"] == 4 and one["tokens_evaluated"] > ph["ssr"]["image_tokens"] and one["logits_finite"]
+    assert (one["answer_tokens"] == 4 and one["tokens_evaluated"] > ph["ssr"]["image_tokens"]
+            and one["logits_finite"])
     assert res["ssr_over_oneshot"] == round(ph["ssr"]["question_s"] / one["question_s"], 3) > 0
     assert res["read_ahead_over_oneshot"] == round(ph["ssr_read_ahead"]["question_s"] / one["question_s"], 3)
     base = res["raw"]["llamacpp_defaults"]
@@ -51,7 +55,8 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     # raw decode also after as many cells as the answer was decoded after (decode_overhead's baseline)
     assert res["raw"]["depth_cells"] > 64 and res["raw"]["best_decode_ms_at_depth"] > 0
     # the prophet read images with the agent's vision tower (same mmproj file): no weights of its own
-    assert res["memory"]["with_prophet"]["prophet"]["mmproj"] == 0 < res["memory"]["with_prophet"]["agent"]["mmproj"]
+    assert res[
+        "memory"]["with_prophet"]["prophet"]["mmproj"] == 0 < res["memory"]["with_prophet"]["agent"]["mmproj"]
     # --record: what the first-run screen quotes (footprint.speed_text) comes from this result
     from edge_agent.modelfiles import footprint
 

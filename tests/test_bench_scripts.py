@@ -23,8 +23,11 @@ def test_bench_runtime_runs_on_the_tiny_model(capsys, tiny_models):
     batched pass evaluates only the library trie's inner nodes."""
     from scripts import bench_runtime
 
-    assert bench_runtime.main(["--model", str(tiny_models["text"]), "--reps", "1", "--threads", "1", "--json"]) == 0
+    assert bench_runtime.main(["--model", str(tiny_models["text"]), "--reps", "1", "--threads", "1",
+                               "--json"]) == 0
     (res,) = json.loads(capsys.readouterr().out)
-    assert res["library_size"] == 6 and res["evaluated_tokens"] < res["unique_scored_tokens"] <= res["library_tokens"]
-    assert set(res["median_ms"]) == {"batched", "one_at_a_time", "floor", "floor_inner", "freeform", "verify16"}
+    assert (res["library_size"] == 6
+            and res["evaluated_tokens"] < res["unique_scored_tokens"] <= res["library_tokens"])
+    assert set(res["median_ms"]) == {"batched", "one_at_a_time", "floor", "floor_inner", "freeform",
+                                     "verify16"}
     assert res["ratio_batched_over_one_at_a_time"] > 0 and res["break_even_tokens"] > 0

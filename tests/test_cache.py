@@ -32,7 +32,8 @@ def entry(q: str = "eiffel tower", n: int = 2, **kw) -> CacheEntry:
         query=normalise_query(q),
         image_sha256="",
         params={"url": "https://en.wikipedia.org/w/api.php", "top_k": 5},
-        results=[{"title": f"T{i}", "url": f"https://x.example/{i}", "snippet": f"s{i}", "source": "wikipedia"} for i in range(n)],
+        results=[{"title": f"T{i}", "url": f"https://x.example/{i}", "snippet": f"s{i}",
+                  "source": "wikipedia"} for i in range(n)],
         raw='{"ok": true}',
         fetched_at=1_700_000_000.0,
     )
@@ -58,7 +59,8 @@ def test_put_get_roundtrip_in_wal_mode(tmp_path):
 def test_key_ignores_case_and_spacing_but_not_params():
     a = entry("  Eiffel\tTower ")
     assert a.key == entry("eiffel tower").key
-    assert a.key != entry("eiffel tower", params={"url": "https://en.wikipedia.org/w/api.php", "top_k": 3}).key
+    assert a.key != entry("eiffel tower",
+                          params={"url": "https://en.wikipedia.org/w/api.php", "top_k": 3}).key
     assert a.key != entry("eiffel tower", backend="searxng").key
 
 
@@ -73,8 +75,10 @@ def test_put_many_keep_newer(tmp_path):
 
 def test_stats_and_clear(tmp_path):
     c = SearchCache(tmp_path / "c.sqlite3")
-    assert c.stats()["exists"] is False and not (tmp_path / "c.sqlite3").exists()  # stats does not create the file
-    c.put_many([entry("a"), entry("b", fetched_at=1_800_000_000.0), entry(tool="image_search", backend="gcv", query="", image_sha256="ab" * 32)])
+    # stats does not create the file
+    assert c.stats()["exists"] is False and not (tmp_path / "c.sqlite3").exists()
+    c.put_many([entry("a"), entry("b", fetched_at=1_800_000_000.0),
+                entry(tool="image_search", backend="gcv", query="", image_sha256="ab" * 32)])
     st = c.stats()
     assert st["entries"] == 3 and st["by_backend"] == {"text_search/wikipedia": 2, "image_search/gcv": 1}
     assert st["oldest"] == 1_700_000_000.0 and st["newest"] == 1_800_000_000.0 and st["bytes"] > 0
@@ -97,7 +101,8 @@ def test_a_corrupt_file_is_set_aside_and_a_new_cache_started(tmp_path):
     (lambda conn: conn.execute("PRAGMA user_version=99"), "schema version 99"),
 ])
 def test_foreign_sqlite_file_or_newer_schema_is_refused(tmp_path, make, words):
-    """Another program's SQLite file, or a cache of a newer schema, is never written into: CacheError says why."""
+    """Another program's SQLite file, or a cache of a newer schema, is never written into: CacheError says
+    why."""
     path = tmp_path / "c.sqlite3"
     with sqlite3.connect(path) as conn:
         make(conn)
@@ -106,17 +111,20 @@ def test_foreign_sqlite_file_or_newer_schema_is_refused(tmp_path, make, words):
 
 
 def test_cache_written_before_the_user_version_convention_is_read(tmp_path):
-    """A cache that kept its version in a `meta` table (user_version 0) is read as it is, and then marked 1."""
+    """A cache that kept its version in a `meta` table (user_version 0) is read as it is, and then marked
+    1."""
     path = tmp_path / "c.sqlite3"
     e = entry()
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("CREATE TABLE entries (key TEXT PRIMARY KEY, tool TEXT NOT NULL, backend TEXT NOT NULL, "
-                     "query TEXT NOT NULL, image_sha256 TEXT NOT NULL, params TEXT NOT NULL, results TEXT NOT NULL, "
+                     "query TEXT NOT NULL, image_sha256 TEXT NOT NULL, params TEXT NOT NULL, results TEXT "
+                     "NOT NULL, "
                      "raw TEXT, fetched_at REAL NOT NULL)")
         conn.execute("INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?)",
-                     (e.key, e.tool, e.backend, e.query, e.image_sha256, json.dumps(e.params), json.dumps(e.results),
+                     (e.key, e.tool, e.backend, e.query, e.image_sha256, json.dumps(e.params),
+                      json.dumps(e.results),
                       e.raw, e.fetched_at))
     assert SearchCache(path).get(e.key) == e
     with sqlite3.connect(path) as conn:
@@ -149,7 +157,8 @@ def test_two_processes_share_one_cache(tmp_path):
     path = tmp_path / "shared.sqlite3"
     root = Path(__file__).resolve().parents[1]
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), tag], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), tag], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
         for tag in ("alpha", "beta")
     ]
     for p in procs:
@@ -163,7 +172,8 @@ def test_two_processes_share_one_cache(tmp_path):
 
 def test_export_import_roundtrip(tmp_path):
     a = SearchCache(tmp_path / "a.sqlite3")
-    src = [entry("one"), entry("two", n=0), entry(tool="image_search", backend="gcv", query="", image_sha256="cd" * 32, raw=None)]
+    src = [entry("one"), entry("two", n=0),
+           entry(tool="image_search", backend="gcv", query="", image_sha256="cd" * 32, raw=None)]
     a.put_many(src)
     n = a.export(tmp_path / "x.json")
     assert n == 3
@@ -217,7 +227,8 @@ def test_import_rejects_bad_entries_and_writes_nothing(tmp_path, mutate, words):
 
 @pytest.mark.parametrize(
     "text",
-    ["not json", '{"format": "something-else", "version": 1, "entries": []}', '{"format": "edge-agent-search-cache", "version": 7, "entries": []}', "[1, 2]"],
+    ["not json", '{"format": "something-else", "version": 1, "entries": []}',
+     '{"format": "edge-agent-search-cache", "version": 7, "entries": []}', "[1, 2]"],
 )
 def test_import_rejects_bad_files(tmp_path, text):
     p = tmp_path / "bad.json"
@@ -271,9 +282,11 @@ def test_cli_prefetch_then_offline_answers_from_the_cache(home, tmp_path, fake, 
     write_png(imgs / "b.png", (4, 5, 6))
     qfile = tmp_path / "trip.jsonl"
     qfile.write_text(
-        json.dumps({"text_queries": ["louvre opening hours", "Louvre  opening HOURS", "seine bridges"], "images": ["imgs/a.png"]})
+        json.dumps({"text_queries": ["louvre opening hours", "Louvre  opening HOURS", "seine bridges"],
+                    "images": ["imgs/a.png"]})
         + "\n\n"
-        + json.dumps({"id": "q1", "image": "imgs/b.png", "question": "What is this building?", "answers": ["x"]})
+        + json.dumps({"id": "q1", "image": "imgs/b.png", "question": "What is this building?",
+                      "answers": ["x"]})
         + "\n"
     )
     r = run("cache", "prefetch", str(qfile))
@@ -401,7 +414,8 @@ def test_cli_stats_show_and_clear_removes_saved_context_states(home):
     s = Settings.load()
     store = StateStore(s.states_dir, s.state_cache_mb * 2**20)
     for i in range(2):
-        st = SessionState(identity={"m": 1}, key=sequence_key({"m": 1}, [i], []), history=[i], images=[], n_pos=1,
+        st = SessionState(identity={"m": 1}, key=sequence_key({"m": 1}, [i], []), history=[i], images=[],
+                          n_pos=1,
                           n_cells=1, logits=np.zeros(8, np.float32), kv=np.zeros(2**20, np.uint8))
         store.put(st, wait=True)
     r = run("cache", "stats")

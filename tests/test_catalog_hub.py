@@ -50,7 +50,8 @@ def entry(**kw) -> CatalogEntry:
 
 
 def pull_bytes(*a, **kw):
-    """The transfer tests serve random bytes: skip the GGUF header check (tested below and in test_models_cli)."""
+    """The transfer tests serve random bytes: skip the GGUF header check (tested below and in
+    test_models_cli)."""
     kw.setdefault("check", False)
     return pull(*a, **kw)
 
@@ -93,7 +94,8 @@ def test_failed_pull_leaves_part_not_installed_and_next_pull_resumes(settings, h
     assert Registry(settings.models_dir).get("tiny-vl") is None
     # a partial download is shown as such, never as installed
     shipped = overview(settings)
-    machine_wide = {e.name for e in load_catalog().entries if e.wheels is not None}  # the model cache, not this home
+    # the model cache, not this home
+    machine_wide = {e.name for e in load_catalog().entries if e.wheels is not None}
     assert all(r.status != "installed" for r in shipped if r.name not in machine_wide)
 
     pull_bytes(entry(), settings, client=client(retries=0))
@@ -113,7 +115,8 @@ def test_resume_from_a_previous_process_hashes_the_existing_part(settings, hub):
 
 
 def test_a_wrong_part_fails_the_checksum_and_is_deleted(settings, hub):
-    """A .part whose bytes are not the file's prefix gives a checksum error, and is removed (not resumed again)."""
+    """A .part whose bytes are not the file's prefix gives a checksum error, and is removed (not resumed
+    again)."""
     folder = settings.models_dir / repo_dirname(REPO)
     folder.mkdir(parents=True)
     (folder / "tiny-Q4_K_M.gguf.part").write_bytes(b"\0" * 5000)
@@ -153,7 +156,8 @@ def test_shared_mmproj_is_not_downloaded_twice(settings, hub):
     """Two quantizations of one repo share the mmproj file: the second pull reuses it."""
     hub.add_file(REPO, "tiny-Q8_0.gguf", MODEL[::-1])
     pull_bytes(entry(), settings, client=client())
-    pull_bytes(entry(name="tiny-vl-q8_0", quant="Q8_0", file=CatalogFile("tiny-Q8_0.gguf")), settings, client=client())
+    pull_bytes(entry(name="tiny-vl-q8_0", quant="Q8_0", file=CatalogFile("tiny-Q8_0.gguf")), settings,
+               client=client())
     assert len(hub.transfers("mmproj-tiny-F16.gguf")) == 1
     assert {m.name for m in Registry(settings.models_dir).models} == {"tiny-vl", "tiny-vl-q8_0"}
 
@@ -180,10 +184,12 @@ def test_missing_file_repo_and_gated_give_clear_errors(settings, hub, monkeypatc
 
 
 def test_busy_hub_file_list_is_retried_then_reported(settings, hub):
-    """The file list shares the download's retry loop: 503s are retried; with no retry left the error says so."""
+    """The file list shares the download's retry loop: 503s are retried; with no retry left the error says
+    so."""
     hub.api_busy = 2
     pull_bytes(entry(), settings, client=client(retries=2))
-    assert [p for m, p, _, _ in hub.requests if p.startswith("/api/")] == [f"/api/models/{REPO}/revision/main"] * 3
+    assert [p for m, p, _, _ in hub.requests
+            if p.startswith("/api/")] == [f"/api/models/{REPO}/revision/main"] * 3
     hub.api_busy = 1
     with pytest.raises(DownloadError, match="answered HTTP 503"):
         pull_bytes(entry(), settings, client=client(retries=0), force=True)

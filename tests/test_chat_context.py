@@ -96,7 +96,8 @@ def opened(events):
 
 
 def user_turn_tokens(model: Model, question: str) -> int:
-    return sum(len(model.tokenize(seg.text, special=seg.special)) for seg in question_segments(question, None))
+    return sum(len(model.tokenize(seg.text, special=seg.special))
+               for seg in question_segments(question, None))
 
 
 def test_followup_is_appended_to_the_live_context_and_evaluates_only_its_turn(model, settings, photo):
@@ -139,7 +140,8 @@ def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_mod
     """Greedy: the follow-up answered in the kept KV cache == the whole transcript evaluated anew."""
     m = SpyModel(load(tiny_models))  # records every image appended, for the replay
     engine = Engine(m, settings)
-    opts = AgentOptions.from_settings(settings, policy=zoom_then_answer, ssr_score="raw")  # as run_agent gets below
+    # as run_agent gets below
+    opts = AgentOptions.from_settings(settings, policy=zoom_then_answer, ssr_score="raw")
     first = list(engine.ask(AskRequest("What does the sign say?", photo, options=opts)))
     transcript, pngs = list(m.inner.active_session.history), list(m.pngs)
     assert len(pngs) == 2  # the photo and a crop
@@ -168,7 +170,8 @@ def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_mod
 
     tb = Toolbox(ImageStore(load_image(photo).image, max_pixels=settings.image_max_tokens * 1024,
                             crop_max_pixels=settings.crop_max_tokens * 1024))
-    scratch = list(run_agent(None, "And the colour?", tools=tb, image=tb.image_png(0), options=opts, context=Scratch()))
+    scratch = list(run_agent(None, "And the colour?", tools=tb, image=tb.image_png(0), options=opts,
+                             context=Scratch()))
     pick = lambda evs: [(e.kind, getattr(e, "text", None), getattr(e, "arguments", None)) for e in evs  # noqa: E731
                         if e.kind in ("answer_token", "tool_called", "rationale_scored")]
     assert pick(scratch) == pick(cont) and scratch[-1].answer == cont[-1].answer
@@ -198,7 +201,8 @@ def test_restored_system_prompt_and_chat_give_the_logits_of_evaluating(tiny_mode
     for st in states:
         r = b.restore(st)
         assert r.n_pos == st.n_pos and r.n_cells == st.n_cells and r.key() == st.key
-        np.testing.assert_allclose(r.next_logprobs(), st.logits - np.log(np.exp(st.logits.astype(np.float64)).sum()),
+        np.testing.assert_allclose(r.next_logprobs(),
+                                   st.logits - np.log(np.exp(st.logits.astype(np.float64)).sum()),
                                    atol=1e-5)
         fresh = replay(b, st.history, [store.model_png(0), store.model_png(crop)][: len(st.images)])
         expect = fresh.next_logprobs()
@@ -206,7 +210,8 @@ def test_restored_system_prompt_and_chat_give_the_logits_of_evaluating(tiny_mode
         np.testing.assert_allclose(got, expect, atol=1e-5)
         # and generation continues the same way
         g1 = b.restore(st).generate(max_tokens=5).tokens
-        g2 = replay(b, st.history, [store.model_png(0), store.model_png(crop)][: len(st.images)]).generate(max_tokens=5).tokens
+        g2 = replay(b, st.history, [store.model_png(0),
+                                    store.model_png(crop)][: len(st.images)]).generate(max_tokens=5).tokens
         assert g1 == g2
     a.close()
     b.close()
@@ -306,7 +311,8 @@ def test_store_budget_evicts_least_recently_used(tmp_path):
 
     def state(i: int) -> SessionState:
         hist = [i]
-        return SessionState(identity=ident, key=sequence_key(ident, hist, []), history=hist, images=[], n_pos=1,
+        return SessionState(identity=ident, key=sequence_key(ident, hist, []), history=hist, images=[],
+                            n_pos=1,
                             n_cells=1, logits=np.zeros(4, np.float32), kv=np.full(1000, i, np.uint8))
 
     size = sum(len(bytes(p)) for p in dumps(state(0)))
@@ -346,7 +352,8 @@ def test_cancelled_followup_rolls_back_to_the_last_answer(model, settings, photo
         events.append(e)
         if e.kind == "turn_started":
             cancel.set()
-    assert events[-1].kind == "final_answer" and events[-1].stop_reason == "cancelled" and not events[-1].context
+    assert (events[-1].kind == "final_answer" and events[-1].stop_reason == "cancelled"
+            and not events[-1].context)
     assert model.active_session.n_cells == cells  # rolled back to the clean boundary
     again = list(engine.ask(AskRequest("And the colour?", photo, options=opts, context=key)))
     assert opened(again).source == "live" and opened(again).tokens_reused == cells
@@ -420,7 +427,8 @@ def test_a_reused_image_embedding_gives_the_logits_of_a_fresh_encode(tiny_models
     b.close()
 
 
-def test_an_image_read_ahead_is_not_encoded_again_and_answers_the_same(tiny_models, settings, photo, tmp_path):
+def test_an_image_read_ahead_is_not_encoded_again_and_answers_the_same(tiny_models, settings, photo,
+                                                                       tmp_path):
     """Engine.prepare_image (the app calls it on attach, while the person types) encodes the photo as
     ask will fit it; the question then decodes that embedding (no encode on its path) and gives the
     same answer and rationale scores as a question that encoded the photo itself."""

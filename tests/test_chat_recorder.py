@@ -11,7 +11,8 @@ from edge_agent.chat.store import ChatStore
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 
 START = ev.RunStarted(question="Q?", image=None, mode="ssr", seprod=False, model="m")
-OPENED = ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=10, system_restored=False,
+OPENED = ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=10,
+                          system_restored=False,
                           n_ctx_used=10, seconds=0.1)
 REFUSED = ev.AgentError(turn=0, title="Image problem", message="unreadable", fatal=True)
 FINAL = ev.FinalAnswer(answer="Paris", turns=1, stop_reason="answered", totals={})
@@ -49,7 +50,8 @@ def test_an_answer_is_written_from_the_first_event_the_model_read(store):
 def test_the_app_opens_the_exchange_when_it_sends_and_reads_the_continuation_between(store):
     first = ExchangeRecorder(store, None, "Q1?", [], {})
     mid = first.open()
-    store.add_event(mid, ev.FinalAnswer(answer="A1", turns=1, stop_reason="answered", totals={}, context="k1"))
+    store.add_event(mid,
+                    ev.FinalAnswer(answer="A1", turns=1, stop_reason="answered", totals={}, context="k1"))
     first.finish("answered")
     again = ExchangeRecorder(store, first.chat_id, "Q1 again?", [], {}, replace_last=True)
     again.open()  # a retry: continues from before the exchange it replaces
@@ -73,7 +75,9 @@ def test_one_derivation_of_an_answer_s_status():
     s = AnswerStatus()
     s.see(REFUSED)
     assert (s.status, s.title, s.message) == ("error", "Image problem", "unreadable")
-    assert AnswerStatus().failed(Cancelled()) == "cancelled" and AnswerStatus().failed(KeyboardInterrupt()) == "cancelled"
+    assert (AnswerStatus().failed(Cancelled()) == "cancelled"
+            and AnswerStatus().failed(KeyboardInterrupt()) == "cancelled")
     busy = AnswerStatus()
-    assert busy.failed(EdgeAgentError("The engine is busy.", title="Busy")) == "error" and busy.title == "Busy"
+    assert busy.failed(EdgeAgentError("The engine is busy.",
+                                      title="Busy")) == "error" and busy.title == "Busy"
     assert AnswerStatus().failed(RuntimeError("a bug")) == "error"

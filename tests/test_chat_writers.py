@@ -43,7 +43,8 @@ def test_two_asks_to_one_chat_at_once_keep_context_and_transcript_in_step(edge_h
     store = ChatStore(edge_home / "chats.sqlite3")
     (chat,) = [c.id for c in store.list_chats()]
     store.close()
-    both = [ask(tiny_models, "--chat", str(chat), q, "--mode", "direct") for q in ("Is it warm?", "Is it loud?")]
+    both = [ask(tiny_models, "--chat", str(chat), q, "--mode", "direct")
+            for q in ("Is it warm?", "Is it loud?")]
     results = [done(p) for p in both]
     assert all(code in (0, 1) for code, _, _ in results), results
     assert sum("waiting for it" in err for _, _, err in results) == 1, [err for _, _, err in results]
@@ -89,7 +90,8 @@ async def test_the_app_refuses_a_question_to_a_chat_ask_is_answering(edge_home: 
             await type_and_enter(pilot, "second question")
             await settle(pilot)
             assert len(engines[0].asked) == 1
-            assert any("edge-agent ask (pid" in n.message and n.title == "Chat busy" for n in app._notifications)
+            assert any("edge-agent ask (pid" in n.message and n.title == "Chat busy"
+                       for n in app._notifications)
             assert app.chat_screen.query_one(PromptInput).value == "second question"
             assert [m.text for m in app.store.load(chat).messages if m.role == "user"] == ["first question"]
         finally:

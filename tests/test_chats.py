@@ -58,7 +58,8 @@ def test_resume_returns_messages_and_typed_events(store, tmp_path):
     assert [e.kind for e in answer.events] == [e.kind for e in script("q", img, None)]
     scored = [e for e in answer.events if isinstance(e, ev.RationaleScored)][0]
     assert scored.chosen == 2 and abs(scored.candidates[2].prob - 0.55) < 1e-9
-    assert store.history(cid) == [{"question": "What does the sign say?", "image": img, "answer": answer.text}]
+    assert store.history(cid) == [{"question": "What does the sign say?", "image": img,
+                                   "answer": answer.text}]
 
 
 def test_several_images_per_chat(store, tmp_path):
@@ -84,7 +85,8 @@ for e in script("q", None, None)[:-4]:  # stop inside the streamed answer
     s.add_event(mid, e)
 os._exit(9)  # no close, no commit hooks: like a kill
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    r = subprocess.run([sys.executable, "-c", code],
+                       cwd=str(__import__("pathlib").Path(__file__).parent.parent))
     assert r.returncode == 9
     s = ChatStore(db)
     chat = s.load(s.list_chats()[0].id)
@@ -155,9 +157,12 @@ def test_url_encoded_key_never_reaches_the_chat_file(tmp_path):
     store.add_user_message(cid, "where is it?")
     mid = store.start_answer(cid)
     url = f"https://api.example/search?q=x&api_key={encoded}"
-    store.add_event(mid, ev.ToolFinished(turn=1, name="text_search", ok=False, observation=f"failed: {url}", seconds=0.1,
-                                         status="error", results=({"title": "t", "url": url, "snippet": plus},)))
-    store.add_event(mid, ev.FinalAnswer(answer=f"see {url.replace('api_key=', 'k=')}", turns=1, stop_reason="answered"))
+    store.add_event(mid, ev.ToolFinished(turn=1, name="text_search", ok=False, observation=f"failed: {url}",
+                                         seconds=0.1,
+                                         status="error",
+                                         results=({"title": "t", "url": url, "snippet": plus},)))
+    store.add_event(mid, ev.FinalAnswer(answer=f"see {url.replace('api_key=', 'k=')}", turns=1,
+                                        stop_reason="answered"))
     store.close()
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("c.sqlite3*"))
     for form in (key, encoded, plus, "Key%2B42"):
@@ -215,7 +220,8 @@ def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
     db.close()
     store = ChatStore(path)
     cont = store.continuation(1)
-    assert cont.exchanges == [("Old question?", "Old answer.", "")] and cont.context == ""  # rebuilt from text
+    # rebuilt from text
+    assert cont.exchanges == [("Old question?", "Old answer.", "")] and cont.context == ""
     store.add_user_message(1, "New?")
     m = store.start_answer(1)
     store.add_event(m, ev.FinalAnswer(answer="Yes.", turns=1, stop_reason="answered", context="abc"))

@@ -89,9 +89,11 @@ def test_max_turns_has_one_meaning_in_ask_eval_and_config(edge_home):
 def test_ask_prints_only_the_answer_on_stdout(edge_home, smollm2_gguf):
     """`$(edge-agent ask ...)` captures the answer alone; the trace goes to stderr."""
     env = {**os.environ, "EDGE_AGENT_HOME": str(edge_home), "EDGE_AGENT_N_THREADS": "1",
-           "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_OFFLINE": "true", "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
+           "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_OFFLINE": "true",
+           "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
            "EDGE_AGENT_MAX_TURNS": "1"}
-    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", "What is the capital of Peru?",
+    p = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask",
+                        "What is the capital of Peru?",
                         "--model", str(smollm2_gguf)], capture_output=True, text=True, env=env, timeout=300)
     assert "trace:" in p.stderr and "trace:" not in p.stdout
     assert "turn 1" not in p.stdout
@@ -99,7 +101,8 @@ def test_ask_prints_only_the_answer_on_stdout(edge_home, smollm2_gguf):
         assert p.stdout.strip() and len(p.stdout.strip().splitlines()) <= 3
     else:  # no answer found: nothing on stdout, the reason on stderr
         assert p.returncode == 1 and p.stdout == "" and "No answer found" in p.stderr
-    pj = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", "What is the capital of Peru?", "--json",
+    pj = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask",
+                         "What is the capital of Peru?", "--json",
                          "--model", str(smollm2_gguf)], capture_output=True, text=True, env=env, timeout=300)
     kinds = [json.loads(line)["event"] for line in pj.stdout.splitlines()]  # every line is an event
     assert kinds[0] == "run_started" and kinds[-1] == "final_answer" and "trace:" not in pj.stdout
@@ -113,9 +116,11 @@ def test_eval_where_every_question_fails_alike_exits_non_zero(edge_home, smollm2
     for name in ("a.png", "b.png"):
         Image.new("RGB", (32, 32), (9, 9, 9)).save(tmp_path / name)
     data = tmp_path / "DATA.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "image": name, "question": "What colour?", "answers": ["black"]})
+    data.write_text("".join(json.dumps({"id": f"q{i}", "image": name, "question": "What colour?",
+                                        "answers": ["black"]})
                             + "\n" for i, name in enumerate(("a.png", "b.png"))))
-    r = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "out"), "--offline",
+    r = CliRunner().invoke(cli,
+                           ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "out"), "--offline",
                                  "--model", str(smollm2_gguf)], env={"EDGE_AGENT_N_THREADS": "1"})
     assert r.exit_code == 2, r.output
     assert "Every question failed with the same error" in r.output and "cannot look at images" in r.output
@@ -129,7 +134,8 @@ def models(*args: str):
     return CliRunner().invoke(cli, ["models", *args], catch_exceptions=False)
 
 
-def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf, tmp_path, monkeypatch):
+def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home, smollm2_gguf, tmp_path,
+                                                                      monkeypatch):
     """The demo is installed: whether or not it is the default, the list does not claim there is no model."""
     monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))  # only the demo
     r = models("list")
@@ -147,7 +153,8 @@ def test_one_size_from_the_catalog_and_no_catalog_notes_in_info(edge_home):
     entry = load_catalog().get("qwen3-vl-2b-instruct")
     size = human_size(entry.download_size)
     assert recommended_size() == size
-    listed = next(ln for ln in models("list").output.splitlines() if ln.split()[:1] == ["qwen3-vl-2b-instruct"]
+    listed = next(ln for ln in models("list").output.splitlines()
+                  if ln.split()[:1] == ["qwen3-vl-2b-instruct"]
                   or ln.split()[1:2] == ["qwen3-vl-2b-instruct"])
     assert size in listed
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -164,7 +171,8 @@ def test_models_add_says_when_the_model_becomes_the_default(edge_home, tiny_mode
     r = models("add", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]), "--name", "mine")
     assert r.exit_code == 0, r.output
     assert "mine is now the default model" in r.output
-    r = models("add", str(tiny_models["text_q8_0"]), "--mmproj", str(tiny_models["mmproj"]), "--name", "other")
+    r = models("add", str(tiny_models["text_q8_0"]), "--mmproj", str(tiny_models["mmproj"]), "--name",
+               "other")
     assert r.exit_code == 0, r.output
     assert "The default model stays mine" in r.output and "config set model other" in r.output
 
@@ -192,7 +200,8 @@ def test_ask_cleans_its_crops_and_old_ones_that_no_chat_shows(edge_home, tmp_pat
 
     store = ChatStore(s.chats_path)
     mid = store.start_answer(store.new_chat())
-    store.add_event(mid, ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="", seconds=0.0,
+    store.add_event(mid,
+                    ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="", seconds=0.0,
                                          status="local", image_index=1, image_path=str(kept / "crop-1.png")))
     store.close()
     week_ago = time.time() - 8 * 86400
@@ -221,7 +230,8 @@ def test_a_108_megapixel_photo_loads_downscaled_in_bounded_memory(tmp_path):
             "r = load_image(sys.argv[1]); w, h = r.size; "
             "hwm = next(ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')).split()[1]; "
             "print(w, h, r.original_size, w * h <= LOAD_MAX_PIXELS, int(hwm) // 1024)")
-    out = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True,
+                         check=True).stdout
     w, h, *rest = out.split()
     assert abs(int(w) / int(h) - 12000 / 9000) < 0.01 and "(12000, 9000)" in out and "True" in rest
     peak_mb = int(rest[-1])
@@ -256,7 +266,8 @@ def test_system_prompt_setting_reaches_the_model(edge_home, tiny_models, monkeyp
     assert seen and "Answer in one short sentence." in seen[0].split("# Tools")[0]
 
 
-def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(edge_home, smollm2_gguf, monkeypatch):
+def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(
+    edge_home, smollm2_gguf, monkeypatch):
     """No network: the download error points at the demo, and does not ask to install it when it is."""
     import socket
 
@@ -271,5 +282,6 @@ def test_unreachable_hub_offers_the_installed_demo_without_an_install_command(ed
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DownloadError) as e:
-        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(), client=hub.HubClient(backoff=0.0))
+        model_pull.pull(load_catalog().get("qwen3-vl-2b-instruct"), Settings.load(),
+                        client=hub.HubClient(backoff=0.0))
     assert "smollm2-135m-demo" in e.value.message and "pip install" not in e.value.message

@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def edge(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True,
+                          text=True,
                           timeout=timeout, env=dict(os.environ))
 
 

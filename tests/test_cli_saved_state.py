@@ -30,11 +30,13 @@ CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def edge(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``edge-agent ARGS`` in a subprocess (the environment of the test: EDGE_AGENT_HOME etc.)."""
-    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True,
+                          text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, errors="surrogateescape")
 
 
-SMALL = {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "60", "MAX_TURNS": "1"}
+SMALL = {"N_THREADS": "1", "N_THREADS_BATCH": "1", "N_CTX": "4096", "ANSWER_MAX_TOKENS": "60",
+         "MAX_TURNS": "1"}
 
 
 @pytest.fixture
@@ -63,7 +65,8 @@ def test_ask_prints_and_saves_no_control_characters(env, tiny_models, image):
         r = edge("ask", str(image), "What colour?", *tiny(tiny_models), "--offline", "--seed", seed, env=hot)
         assert r.returncode in (0, 1), r.stderr
         assert r.stdout.strip() and not CONTROLS.search(r.stdout) and not CONTROLS.search(r.stderr)
-    r = edge("ask", str(image), "What colour?", *tiny(tiny_models), "--offline", "--seed", "4", "--json", env=hot)
+    r = edge("ask", str(image), "What colour?", *tiny(tiny_models), "--offline", "--seed", "4", "--json",
+             env=hot)
     assert r.returncode in (0, 1), r.stderr
     final = json.loads(r.stdout.splitlines()[-1])
     assert final["answer"] and not CONTROLS.search(r.stdout) and not CONTROLS.search(final["answer"])
@@ -95,7 +98,8 @@ def test_chats_written_before_cleaning_load_and_export_clean(edge_home):
         assert store.load(chat).messages[-1].text == "ok[31m"
         md, js = chat_export.export_markdown(store, chat), chat_export.export_json(store, chat)
         assert not CONTROLS.search(md + json.dumps(js))
-        store.add_event(store.start_answer(chat), ev.FinalAnswer(answer="a\x02b", turns=1, stop_reason="answered"))
+        store.add_event(store.start_answer(chat),
+                        ev.FinalAnswer(answer="a\x02b", turns=1, stop_reason="answered"))
         assert store.load(chat).messages[-1].text == "ab"
     finally:
         store.close()
@@ -174,10 +178,13 @@ def test_continue_uses_the_chats_models(env, tiny_models, image, tmp_path):
     vision.mkdir()
     for key in ("text", "mmproj"):
         shutil.copy(tiny_models[key], vision / tiny_models[key].name)
-    r = edge("ask", str(image), "What colour?", "--model", str(vision / tiny_models["text"].name), "--offline")
+    r = edge("ask", str(image), "What colour?", "--model", str(vision / tiny_models["text"].name),
+             "--offline")
     assert r.returncode in (0, 1), r.stderr
-    stored = json.loads(sqlite3.connect(env / "chats.sqlite3").execute("SELECT models FROM chats").fetchone()[0])
-    assert stored == {"model": str(vision / tiny_models["text"].name), "mmproj": str(vision / tiny_models["mmproj"].name),
+    stored = json.loads(sqlite3.connect(env / "chats.sqlite3").execute("SELECT models FROM "
+                                                                       "chats").fetchone()[0])
+    assert stored == {"model": str(vision / tiny_models["text"].name),
+                      "mmproj": str(vision / tiny_models["mmproj"].name),
                       "prophet": "", "prophet_mmproj": ""}
     lone = lone_model(tiny_models, tmp_path)
     assert edge("config", "set", "model", str(lone)).returncode == 0
@@ -190,7 +197,8 @@ def test_continue_uses_the_chats_models(env, tiny_models, image, tmp_path):
     assert r.returncode == 2 and "cannot look at images" in r.stderr  # chose another model: its limits apply
     shutil.rmtree(vision)
     r = edge("ask", "--continue", "Still there?", "--offline")
-    assert r.returncode == 2 and "is gone" in r.stderr and "--model" in r.stderr and "Traceback" not in r.stderr
+    assert (r.returncode == 2 and "is gone" in r.stderr and "--model" in r.stderr
+            and "Traceback" not in r.stderr)
 
 
 def test_older_chat_files_gain_the_models_column(tmp_path):
@@ -209,14 +217,16 @@ def test_older_chat_files_gain_the_models_column(tmp_path):
     try:
         assert store.continuation(cid).models == {}
         store.start_answer(cid, models={"model": "/a.gguf"})
-        assert store.continuation(cid).models == {"model": "/a.gguf"} and store.load(cid).models == {"model": "/a.gguf"}
+        assert (store.continuation(cid).models == {"model": "/a.gguf"}
+                and store.load(cid).models == {"model": "/a.gguf"})
     finally:
         store.close()
 
 
 # --- item 5: the prophet's mmproj -------------------------------------------------------------------
 def test_ambiguous_prophet_mmproj_names_the_prophet_flag(env, tiny_models, tmp_path):
-    """Two mmproj files next to the prophet: the error names --prophet-mmproj (and its setting), not --mmproj."""
+    """Two mmproj files next to the prophet: the error names --prophet-mmproj (and its setting), not
+    --mmproj."""
     folder = tmp_path / "prophet"
     folder.mkdir()
     shutil.copy(tiny_models["prophet"], folder / "prophet.gguf")
@@ -224,7 +234,8 @@ def test_ambiguous_prophet_mmproj_names_the_prophet_flag(env, tiny_models, tmp_p
         shutil.copy(tiny_models["mmproj"], folder / name)
     r = edge("ask", "Q?", *tiny(tiny_models), "--prophet", str(folder / "prophet.gguf"), "--offline")
     assert r.returncode == 2 and "Several mmproj files" in r.stderr
-    assert "--prophet-mmproj PATH" in r.stderr and "prophet_mmproj setting" in r.stderr and "--mmproj PATH" not in r.stderr
+    assert ("--prophet-mmproj PATH" in r.stderr and "prophet_mmproj setting" in r.stderr
+            and "--mmproj PATH" not in r.stderr)
     r = edge("ask", "Q?", *tiny(tiny_models), "--prophet", str(folder / "prophet.gguf"), "--prophet-mmproj",
              str(folder / "mmproj-a.gguf"), "--offline", "--max-turns", "1")
     assert r.returncode in (0, 1), r.stderr
@@ -236,7 +247,8 @@ def app_runs(monkeypatch):
     from edge_agent.ui.app import EdgeAgentApp
 
     seen: list[tuple] = []
-    monkeypatch.setattr(EdgeAgentApp, "run", lambda self, *a, **k: seen.append((self.settings, self.open_chat)))
+    monkeypatch.setattr(EdgeAgentApp, "run",
+                        lambda self, *a, **k: seen.append((self.settings, self.open_chat)))
     return seen
 
 
@@ -382,7 +394,8 @@ async def test_settings_screen_refuses_values_that_cannot_work(edge_home):
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, SettingsScreen)
-        for field, bad, says in [("temperature", "-1", "between 0 and 5"), ("seprod_tau", "2", "between 0 and 1"),
+        for field, bad, says in [("temperature", "-1", "between 0 and 5"),
+                                 ("seprod_tau", "2", "between 0 and 1"),
                                  ("searxng_url", "notaurl", "http:// or https://")]:
             screen.query_one(f"#f-{field}").value = bad
             screen.action_save()
@@ -429,7 +442,8 @@ def test_models_verify_says_a_mismatch_once_and_not_gguf_for_a_jpeg(edge_home, t
     jpeg = image.with_suffix(".jpg")
     Image.open(image).convert("RGB").save(jpeg)
     r = edge("models", "verify", str(jpeg))
-    assert r.returncode == 2 and "not a GGUF model file" in r.stderr and (r.stdout + r.stderr).count("not a GGUF model file") == 1
+    assert (r.returncode == 2 and "not a GGUF model file" in r.stderr
+            and (r.stdout + r.stderr).count("not a GGUF model file") == 1)
 
 
 # --- item 16: HEIC photos -----------------------------------------------------------------------------
@@ -450,7 +464,8 @@ def test_ask_about_a_heic_photo(env, tiny_models, tmp_path):
 
 
 
-@pytest.mark.parametrize("how, at_least", [("truncated", 15), ("zeroed header", 40), ("page in the middle", 30)])
+@pytest.mark.parametrize("how, at_least",
+                         [("truncated", 15), ("zeroed header", 40), ("page in the middle", 30)])
 def test_a_damaged_chat_history_is_set_aside_and_salvaged(edge_home, how, at_least):
     """`edge-agent chats` on a damaged file: the file is kept aside byte for byte, the readable chats
     are listed from a new file, and what happened is said once (the next run says nothing)."""
@@ -501,7 +516,8 @@ def test_a_damaged_search_cache_is_set_aside_and_salvaged(edge_home):
 
     cache = SearchCache(edge_home / "search-cache.sqlite3")
     for i in range(60):
-        cache.put(CacheEntry(tool="text_search", backend="wikipedia", query=f"q{i}", image_sha256="", params={},
+        cache.put(CacheEntry(tool="text_search", backend="wikipedia", query=f"q{i}", image_sha256="",
+                             params={},
                              results=[{"title": "t" * 500, "url": "https://e.org", "snippet": "s" * 500}]))
     damaged = damage(edge_home / "search-cache.sqlite3", "page in the middle")
     r = edge("cache", "stats", "--json")

@@ -32,14 +32,16 @@ from tests.fakes.hub import FakeHub
 from tests.fakes.search_servers import FakeBackend
 from tests.waits import signal_when, wait_until
 
-ray = pytest.importorskip("ray", reason="the cluster extra (ray) is part of the test extra: scripts/setup.sh --test")
+ray = pytest.importorskip("ray",
+                          reason="the cluster extra (ray) is part of the test extra: scripts/setup.sh --test")
 
 ROOT = Path(__file__).resolve().parents[1]
 # Sampled rationales and actions: only the per-question seeds make two runs agree. SeProD pinned
 # (non-adaptive drafting waits for every draft, so its drafts do not depend on timing).
 TINY_ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_N_CTX": "4096",
             "EDGE_AGENT_FREEFORM_MAX_TOKENS": "24", "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
-            "EDGE_AGENT_SSR_SAMPLE": "true", "EDGE_AGENT_TEMPERATURE": "0.8", "EDGE_AGENT_SEPROD_ADAPTIVE": "false"}
+            "EDGE_AGENT_SSR_SAMPLE": "true", "EDGE_AGENT_TEMPERATURE": "0.8",
+            "EDGE_AGENT_SEPROD_ADAPTIVE": "false"}
 SMOL_ENV = {"EDGE_AGENT_N_THREADS": "1", "EDGE_AGENT_N_THREADS_BATCH": "1", "EDGE_AGENT_N_CTX": "2048",
             "EDGE_AGENT_FREEFORM_MAX_TOKENS": "16", "EDGE_AGENT_ANSWER_MAX_TOKENS": "12",
             "EDGE_AGENT_OBSERVATION_MAX_TOKENS": "96"}
@@ -89,7 +91,8 @@ def cluster(node_home, hub):
                 os.environ[k] = v
         ray.shutdown()
         try:
-            wait_until(lambda: not _ray_processes(temp_dir), timeout=30, interval=0.2, what="Ray's processes to end")
+            wait_until(lambda: not _ray_processes(temp_dir), timeout=30, interval=0.2,
+                       what="Ray's processes to end")
         finally:
             for pid in _ray_processes(temp_dir):  # never leave one behind, even when the check failed
                 os.kill(pid, signal.SIGKILL)
@@ -112,7 +115,8 @@ def _records(out: Path) -> list[dict]:
 def _untimed(rec: dict) -> dict:
     """What must not depend on where or when a question ran: the answer, its moves and rationales, tools."""
     return {"prediction": rec["prediction"], "turns": rec["turns"], "stop_reason": rec["stop_reason"],
-            "tools": rec["tools"], "turn_log": [(t["action"], t["rationale"], t["reasoning"]) for t in rec["turn_log"]],
+            "tools": rec["tools"],
+            "turn_log": [(t["action"], t["rationale"], t["reasoning"]) for t in rec["turn_log"]],
             "accepted": rec["drafts"]["accepted"], "error": rec["error"]}
 
 
@@ -127,7 +131,8 @@ def tiny_set(tmp_path_factory):
 
 def _tiny_args(data: Path, out: Path, models: dict[str, Path], modes: str = TINY_MODES) -> list[str]:
     return [str(data), "--modes", modes, "--out", str(out), "--offline", "--max-turns", "2",
-            "--model", str(models["text"]), "--mmproj", str(models["mmproj"]), "--prophet", str(models["prophet"]),
+            "--model", str(models["text"]), "--mmproj", str(models["mmproj"]), "--prophet",
+            str(models["prophet"]),
             "--prophet-mmproj", str(models["mmproj"])]
 
 
@@ -144,12 +149,14 @@ def tiny_local(tiny_models, tiny_set, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_tiny_model_cluster_run_equals_local(cluster, tiny_models, tiny_set, tiny_local, edge_home, tmp_path, monkeypatch):
+def test_tiny_model_cluster_run_equals_local(cluster, tiny_models, tiny_set, tiny_local, edge_home, tmp_path,
+                                             monkeypatch):
     """2 workers x 1 thread, every mode incl. SeProD with sampled choices: the same records as locally,
     question by question; the report and results.json say where it ran and which files were loaded."""
     _setenv(monkeypatch, TINY_ENV)
     out = tmp_path / "cl"
-    res = _eval(*_tiny_args(tiny_set, out, tiny_models), "--cluster", f"ray:{cluster}", "--workers", "2", "--json")
+    res = _eval(*_tiny_args(tiny_set, out, tiny_models), "--cluster", f"ray:{cluster}", "--workers", "2",
+                "--json")
     assert res.exit_code == 0, res.output
     local, remote = _records(tiny_local), _records(out)
     assert len(remote) == len(local) == 12 and len({(r["mode"], r["id"]) for r in remote}) == 12
@@ -161,14 +168,17 @@ def test_tiny_model_cluster_run_equals_local(cluster, tiny_models, tiny_set, tin
     assert info["workers"] == 2 and info["threads_per_worker"] == 1 and len(info["nodes"]) == 1
     assert sum(w["done"] for w in info["per_worker"]) == 12 and all(w["done"] for w in info["per_worker"])
     assert payload["model_files"] == {"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
-                                      "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"])}
+                                      "prophet": str(tiny_models["prophet"]),
+                                      "prophet_mmproj": str(tiny_models["mmproj"])}
     report = (out / E.REPORT_FILE).read_text()
-    assert "Ran on Ray" in report and "2 workers x 1 thread" in report and str(tiny_models["prophet"]) in report
+    assert ("Ran on Ray" in report and "2 workers x 1 thread" in report
+            and str(tiny_models["prophet"]) in report)
 
 
 
 @pytest.mark.slow
-def test_compared_libraries_and_tau_run_on_the_cluster_as_locally(cluster, tiny_models, tiny_set, edge_home, tmp_path,
+def test_compared_libraries_and_tau_run_on_the_cluster_as_locally(cluster, tiny_models, tiny_set, edge_home,
+                                                                  tmp_path,
                                                                    monkeypatch):
     """`--rationales builtin,mine.json` (each SSR mode once per library) and another ssr_tau: the libraries
     travel to the workers, and every column's records equal the local run's."""
@@ -180,10 +190,12 @@ def test_compared_libraries_and_tau_run_on_the_cluster_as_locally(cluster, tiny_
     outs = {"local": tmp_path / "local", "cluster": tmp_path / "cl"}
     for name, out in outs.items():
         extra = ["--cluster", f"ray:{cluster}", "--workers", "2"] if name == "cluster" else []
-        res = _eval(*_tiny_args(tiny_set, out, tiny_models, "ssr,ssr+seprod"), "--rationales", f"builtin,{mine}", *extra)
+        res = _eval(*_tiny_args(tiny_set, out, tiny_models, "ssr,ssr+seprod"), "--rationales",
+                    f"builtin,{mine}", *extra)
         assert res.exit_code == 0, res.output
     local, remote = _records(outs["local"]), _records(outs["cluster"])
-    assert {r["mode"] for r in remote} == {"ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]", "ssr+seprod[mine]"}
+    assert {r["mode"] for r in remote} == {"ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]",
+                                           "ssr+seprod[mine]"}
     assert len(remote) == 16 and _by_key(remote) == _by_key(local)
 
 
@@ -209,7 +221,8 @@ def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
             os.kill(busy[0], signal.SIGKILL)
             killed.append(busy[0])
 
-    run = E.run_eval(tiny_set, "ssr,freeform", tmp_path / "out", engine_factory(settings), on_progress=progress,
+    run = E.run_eval(tiny_set, "ssr,freeform", tmp_path / "out", engine_factory(settings),
+                     on_progress=progress,
                      fingerprint=fingerprint(settings, tiny_set), workers=pool)
     assert killed
     rows = _records(tmp_path / "out")
@@ -218,7 +231,8 @@ def test_worker_killed_mid_question_is_restarted_and_each_question_runs_once(
     want = {k: v for k, v in _by_key(_records(tiny_local)).items() if k[0] in ("ssr", "freeform")}
     assert _by_key(rows) == want
     assert sum(w["restarts"] for w in run.cluster["per_worker"]) == 1  # Ray restarted the killed one
-    assert not (Path(tempfile.gettempdir()) / f"edge-agent-worker-{killed[0]}").exists()  # its folder: cleaned
+    # its folder: cleaned
+    assert not (Path(tempfile.gettempdir()) / f"edge-agent-worker-{killed[0]}").exists()
 
 
 @pytest.mark.slow
@@ -248,7 +262,8 @@ def test_a_question_that_kills_its_worker_every_time_is_recorded_as_an_error(
 
 
 @pytest.mark.slow
-def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_set, edge_home, tmp_path, monkeypatch):
+def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_set, edge_home, tmp_path,
+                                                 monkeypatch):
     """`--model NAME` from the driver's catalog: each node downloads it into its own models folder before any
     question, once however many workers it runs (one transfer per file here: one node, two workers), and
     sha256-checked; then the questions run on it. The driver's own machine downloads nothing."""
@@ -258,14 +273,17 @@ def test_a_catalog_model_is_pulled_once_per_node(cluster, hub, node_home, tiny_s
     entry = C.CatalogEntry(name="tiny-vl", description="tiny test model", family="tiny", params="1M",
                            variant="instruct", quant="Q8_0", architecture="qwen3vl", roles=("agent",),
                            tokenizer="qwen3", source="official", repo=HUB_REPO,
-                           file=C.CatalogFile("tiny-Q8_0.gguf", len(hub.repos[HUB_REPO]["tiny-Q8_0.gguf"].data)),
+                           file=C.CatalogFile("tiny-Q8_0.gguf",
+                                              len(hub.repos[HUB_REPO]["tiny-Q8_0.gguf"].data)),
                            mmproj=C.CatalogFile("mmproj-tiny-F32.gguf",
                                                 len(hub.repos[HUB_REPO]["mmproj-tiny-F32.gguf"].data)))
     real = C.load_catalog()
-    monkeypatch.setattr(C, "load_catalog", lambda path=None: dataclasses.replace(real, entries=(*real.entries, entry)))
+    monkeypatch.setattr(C, "load_catalog",
+                        lambda path=None: dataclasses.replace(real, entries=(*real.entries, entry)))
     _setenv(monkeypatch, TINY_ENV)
     hub.delay["tiny-Q8_0.gguf"] = 4.0  # slow: the second worker comes while the first one downloads
-    res = _eval(str(tiny_set), "--modes", "ssr", "--out", str(tmp_path / "out"), "--offline", "--max-turns", "1",
+    res = _eval(str(tiny_set), "--modes", "ssr", "--out", str(tmp_path / "out"), "--offline", "--max-turns",
+                "1",
                 "--limit", "2", "--model", "tiny-vl", "--cluster", f"ray:{cluster}", "--workers", "2")
     hub.delay.clear()
     assert res.exit_code == 0, res.output
@@ -296,10 +314,12 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
     env.update(TINY_ENV, EDGE_AGENT_HOME=str(edge_home))
     out = tmp_path / "out"
-    args = ["eval", *_tiny_args(tiny_set, out, tiny_models, "ssr,freeform"), "--no-plot", "--cluster", f"ray:{cluster}",
+    args = ["eval", *_tiny_args(tiny_set, out, tiny_models, "ssr,freeform"), "--no-plot", "--cluster",
+            f"ray:{cluster}",
             "--workers", "2"]
     log = (tmp_path / "driver.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT,
+                            stdout=log, stderr=log)
     results = out / E.RESULTS_FILE
     try:
         signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, signal.SIGINT,
@@ -331,7 +351,8 @@ def test_cluster_ray_alone_starts_a_local_cluster_and_stops_it(tiny_models, tiny
     env.update(TINY_ENV, EDGE_AGENT_HOME=str(edge_home), RAY_TMPDIR=temp)
     out = tmp_path / "out"
     try:
-        done = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "eval", *_tiny_args(tiny_set, out, tiny_models, "ssr"),
+        done = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "eval",
+                               *_tiny_args(tiny_set, out, tiny_models, "ssr"),
                                "--limit", "2", "--no-plot", "--cluster", "ray", "--workers", "2"],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
@@ -346,7 +367,8 @@ def test_cluster_ray_alone_starts_a_local_cluster_and_stops_it(tiny_models, tiny
 
 def _descendants(pid: int) -> dict[int, str]:
     """{pid: command line} of every process below ``pid``."""
-    rows = [line.split(None, 2) for line in subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+    rows = [line.split(None, 2)
+            for line in subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
                                                             text=True).stdout.splitlines()]
     kids: dict[int, list[tuple[int, str]]] = {}
     for r in rows:
@@ -376,7 +398,8 @@ def test_a_node_lost_mid_run_says_so_keeps_the_results_and_a_rerun_resumes(tiny_
     results = out / E.RESULTS_FILE
     ray_kids: dict[int, str] = {}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "edge_agent.commands.cli", *args], env=env, cwd=ROOT,
+                                stdout=log,
                                 stderr=log)
         try:
             wait_until(lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, timeout=300,
@@ -420,7 +443,8 @@ TEXT_QUESTIONS = [("t0", "What is the capital of France?", "Paris"),
 
 @pytest.mark.slow
 @pytest.mark.smollm2
-def test_smollm2_searches_on_workers_come_back_to_the_driver_cache(cluster, smollm2_gguf, tmp_path, monkeypatch):
+def test_smollm2_searches_on_workers_come_back_to_the_driver_cache(cluster, smollm2_gguf, tmp_path,
+                                                                   monkeypatch):
     """SmolLM2 on text questions that search: a live cluster run answers as a local run does (and `library
     build` reads its store as it reads the local one's); what the workers fetched lands in the driver's
     cache; then `--offline` on the cluster (the driver's cache shipped to the workers) answers the same
@@ -453,12 +477,15 @@ def test_smollm2_searches_on_workers_come_back_to_the_driver_cache(cluster, smol
         built = {}
         for name, folder in (("local", tmp_path / "local"), ("cluster", tmp_path / "live")):
             dest = tmp_path / f"{name}.json"
-            res = CliRunner().invoke(cli, ["library", "build", str(folder), "-o", str(dest), "--all", "--min-support", "1"])
+            res = CliRunner().invoke(cli, ["library", "build", str(folder), "-o", str(dest), "--all",
+                                           "--min-support", "1"])
             assert res.exit_code == 0, res.output
             built[name] = json.loads(dest.read_text())["rationales"]
 
         def unnamed(rationales: list[dict]) -> list[dict]:  # examples are "<source folder>:<question id>"
-            return [{**r, "provenance": {**r["provenance"], "examples": [e.split(":", 1)[1] for e in r["provenance"]["examples"]]}}
+            return [{**r, "provenance": {**r["provenance"],
+                                         "examples": [e.split(":", 1)[1]
+                                                      for e in r["provenance"]["examples"]]}}
                     for r in rationales]
 
         assert built["cluster"] and unnamed(built["cluster"]) == unnamed(built["local"])
@@ -468,7 +495,8 @@ def test_smollm2_searches_on_workers_come_back_to_the_driver_cache(cluster, smol
 
         assert keys(homes["driver-home"]) == keys(homes["local-home"]) and keys(homes["driver-home"])
         requests_before = wiki.count
-        res = _eval(*args, "--out", str(tmp_path / "offline"), "--offline", "--cluster", f"ray:{cluster}", "--workers", "2")
+        res = _eval(*args, "--out", str(tmp_path / "offline"), "--offline", "--cluster", f"ray:{cluster}",
+                    "--workers", "2")
         assert res.exit_code == 0, res.output
         offline = _records(tmp_path / "offline")
         assert wiki.count == requests_before
@@ -485,9 +513,11 @@ def test_without_ray_cluster_says_how_to_install(tmp_path, edge_home, monkeypatc
     data = tmp_path / "DATA.jsonl"
     data.write_text(json.dumps({"id": "q", "image": None, "question": "q?", "answers": ["a"]}) + "\n")
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"), "--cluster", "ray"])
+    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"),
+                                   "--cluster", "ray"])
     assert res.exit_code == 2 and "pip install 'edge-agent[cluster]'" in res.output, res.output
-    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"), "--workers", "2"])
+    res = CliRunner().invoke(cli, ["eval", str(data), "--modes", "ssr", "--out", str(tmp_path / "o"),
+                                   "--workers", "2"])
     assert res.exit_code == 2 and "go with --cluster" in res.output, res.output
 
 

@@ -59,9 +59,11 @@ def test_the_function_check_counts_lines_and_reads_the_reason():
     assert long_functions("# long: one table, read top to bottom\ndef f():\n" + _body(81)) == []
     assert long_functions("# long:\ndef f():\n" + _body(81)) == [("f", 2, 81)]
     assert long_functions("# the loop\ndef f():\n" + _body(81)) == [("f", 2, 81)]
-    src = "class C:\n    # long: the whole protocol in one place\n    @property\n    def p(self):\n" + _body(81)
+    src = ("class C:\n    # long: the whole protocol in one place\n    @property\n    def "
+           "p(self):\n") + _body(81)
     assert long_functions(src.replace("\n    x", "\n        x")) == []
-    nested = "class C:\n    def m(self):\n        async def inner():\n" + _body(81).replace("    x", "            x")
+    nested = "class C:\n    def m(self):\n        async def inner():\n" + _body(
+        81).replace("    x", "            x")
     assert [name for name, _, _ in long_functions(nested)] == ["C.m", "C.m.inner"]
 
 
@@ -83,6 +85,7 @@ def test_the_architecture_notes_have_a_paragraph_for_every_package():
     paragraph that starts with its folder in bold: a new package without one fails here."""
     notes = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     packages = {p.parent.name for p in (ROOT / "edge_agent").glob("*/__init__.py")} | {"tools"}
-    missing = sorted(name for name in packages if not re.search(rf"^\*\*(?:[a-z_/ .]+ and )?{name}/", notes, re.M))
+    missing = sorted(name for name in packages
+                     if not re.search(rf"^\*\*(?:[a-z_/ .]+ and )?{name}/", notes, re.M))
     assert missing == []
     assert "(docs/ARCHITECTURE.md)" in (ROOT / "README.md").read_text(encoding="utf-8")

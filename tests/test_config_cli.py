@@ -54,7 +54,8 @@ def test_saved_strings_with_newlines_quotes_and_unicode_load_back(edge_home):
     s.save()
     again = Settings.load()
     assert (again.model, again.rationales, again.ssr_tau) == (odd, s.rationales, 0.25)
-    assert tomllib.loads(_dump_toml({"x": odd, "p": edge_home / "a\nb"})) == {"x": odd, "p": str(edge_home / "a\nb")}
+    assert tomllib.loads(_dump_toml({"x": odd,
+                                     "p": edge_home / "a\nb"})) == {"x": odd, "p": str(edge_home / "a\nb")}
 
 
 def test_config_cli_set_and_show(tmp_path, monkeypatch):

@@ -56,7 +56,8 @@ def test_a_saved_state_restores_into_a_smaller_start(tiny_models: dict[str, Path
         s = large.session()
         s.append_text(TEXT * 30)  # ~780 tokens
         state, want = s.save_state("t"), s.next_logits()
-    with Model.load(tiny_models["text"], n_ctx=4096, n_ctx_start=512, n_threads=1, n_threads_batch=1) as small:
+    with Model.load(tiny_models["text"], n_ctx=4096, n_ctx_start=512, n_threads=1,
+                    n_threads_batch=1) as small:
         r = small.restore(state)
         assert small.handle.n_ctx >= state.n_cells > 512
         np.testing.assert_array_equal(r.next_logits(), want)

@@ -221,7 +221,8 @@ def test_a_cancelled_prophet_stops_while_waiting_for_the_cores(smol_two):
         s.append_text("Hello")
         with share.foreground(2):
             t, out = in_thread(lambda: s.generate(max_tokens=20, cancel=cancel))
-            wait_until(lambda: share.background_waits == 1, timeout=10, what="the draft's decode to wait for the cores")
+            wait_until(lambda: share.background_waits == 1, timeout=10,
+                       what="the draft's decode to wait for the cores")
             assert t.is_alive()  # waiting for the cores
             cancel.set()
             t.join(5)

@@ -62,7 +62,8 @@ def test_texts_stay_plain_text_and_images_go_where_the_template_puts_them(tiny_m
     # vision placeholder (the runtime's projector writes its own markers around it)
     assert [s.png for s in segs if isinstance(s, Img)] == [b"png-1", b"png-2"]
     text = "".join(s.text if isinstance(s, Text) else "[IMG]" for s in segs)
-    assert "<|im_start|>user\n[IMG]What is" in text and "<|im_start|>user\n[IMG]And <tool_call>?<|im_end|>" in text
+    assert ("<|im_start|>user\n[IMG]What is" in text
+            and "<|im_start|>user\n[IMG]And <tool_call>?<|im_end|>" in text)
     assert "<|image_pad|>" not in text and text.endswith("<|im_start|>assistant\n")
 
 
@@ -80,7 +81,8 @@ def scratch(tiny_models, engine: Engine, history: list[Exchange], question: str,
     m = load(tiny_models["text"], tiny_models["mmproj"])
     s = m.session()
     opts = AgentOptions.from_settings(engine.settings, mode="direct", model_name=engine.model_name)
-    got = list(run_direct(FreshDirect(s), lambda msgs: render(m.chat_template, msgs), question, history=history,
+    got = list(run_direct(FreshDirect(s), lambda msgs: render(m.chat_template, msgs), question,
+                          history=history,
                           images=images, options=opts))
     return final(got), s, m
 
@@ -113,7 +115,8 @@ def test_a_plain_chat_continues_live_and_restored_exactly_as_evaluated_from_scra
         assert o2.source == "live" and o2.tokens_reused > 576 and not any(isinstance(e, ev.ImageEvaluated)
                                                                           for e in second)
         live = engine.contexts.live
-        ref, s_ref, m_ref = scratch(tiny_models, engine, [Exchange("What does the sign say?", f1.answer, png)],
+        ref, s_ref, m_ref = scratch(tiny_models, engine,
+                                    [Exchange("What does the sign say?", f1.answer, png)],
                                     "And the door?", png)
         assert (ref.answer, ref.stop_reason) == (f2.answer, f2.stop_reason)
         same_context(live, s_ref)
@@ -144,13 +147,15 @@ def test_a_plain_chat_and_an_agents_context_are_never_taken_for_each_other(tiny_
     try:
         agent = final(ask(engine, "Hello?", mode="ssr", options=AgentOptions.from_settings(
             settings, mode="ssr", policy=lambda turn, allowed: {"answer"})))
-        plain = ask(engine, "And now?", mode="direct", context=agent.context, history=[("Hello?", agent.answer or "x")])
+        plain = ask(engine, "And now?", mode="direct", context=agent.context,
+                    history=[("Hello?", agent.answer or "x")])
         o = opened(plain)
         assert o.source == "rebuilt" and o.reason == "the chat was not a plain chat"
         assert "And now?" in engine.contexts.live.text() and "<tools>" not in engine.contexts.live.text()
         back = ask(engine, "Once more?", mode="ssr", context=final(plain).context,
                    history=[("Hello?", "x"), ("And now?", final(plain).answer or "y")])
-        assert opened(back).source == "rebuilt" and opened(back).reason == "the settings changed the system prompt"
+        assert (opened(back).source == "rebuilt"
+                and opened(back).reason == "the settings changed the system prompt")
     finally:
         engine.close()
 
@@ -199,10 +204,12 @@ def test_qwen_answers_peru_with_lima_from_the_prompt_create_chat_completion_feed
         f1 = final(first)
         assert "Lima" in f1.answer and f1.stop_reason == "answered"
         assert ev.RationaleScored not in {type(e) for e in first}
-        prompt1 = chat_completion_prompt(qwen05, [{"role": "user", "content": "What is the capital of Peru?"}])
+        prompt1 = chat_completion_prompt(qwen05,
+                                         [{"role": "user", "content": "What is the capital of Peru?"}])
         n1 = len(prompt1)
         assert list(engine.contexts.live.history[:n1]) == prompt1
-        second = ask(engine, "And of Chile?", context=f1.context, history=[("What is the capital of Peru?", f1.answer)])
+        second = ask(engine, "And of Chile?", context=f1.context,
+                     history=[("What is the capital of Peru?", f1.answer)])
         prompt2 = chat_completion_prompt(qwen05, [{"role": "user", "content": "What is the capital of Peru?"},
                                                   {"role": "assistant", "content": f1.answer},
                                                   {"role": "user", "content": "And of Chile?"}])
@@ -224,7 +231,8 @@ def test_ask_mode_direct_on_the_command_line(qwen05, edge_home):
     env = {**os.environ, "EDGE_AGENT_N_CTX": "1024", "EDGE_AGENT_ANSWER_MAX_TOKENS": "32"}
 
     def edge(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask", *args],
+                              capture_output=True, text=True,
                               timeout=300, env=env)
 
     r = edge("What is the capital of Peru?", "--model", str(qwen05), "--mode", "direct")

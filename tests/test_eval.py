@@ -37,19 +37,23 @@ def scored(turn: int, chosen: str, seconds: float) -> ev.RationaleScored:
                               prob=0.5 if rid == chosen else 0.1)
         for rid, act in RATIONALES
     )
-    return ev.RationaleScored(turn=turn, candidates=cands, chosen=[r for r, _ in RATIONALES].index(chosen), seconds=seconds)
+    return ev.RationaleScored(turn=turn, candidates=cands, chosen=[r for r, _ in RATIONALES].index(chosen),
+                              seconds=seconds)
 
 
 def tool_turn(turn: int, *, rationale: str | None, action: str, reasoning: float, act: float = 0.1,
-              tool: str = "image_zoom_in_tool", status: str = "local", tool_s: float = 0.01) -> list[ev.Event]:
+              tool: str = "image_zoom_in_tool", status: str = "local",
+              tool_s: float = 0.01) -> list[ev.Event]:
     out: list[ev.Event] = [ev.TurnStarted(turn=turn)]
     if rationale:
         out.append(scored(turn, rationale, reasoning))
     else:
         out.append(ev.ReasoningDone(turn=turn, text="thinking", n_tokens=40, seconds=reasoning))
     out.append(ev.ToolCalled(turn=turn, name=tool, arguments={}, action_seconds=act))
-    out.append(ev.ToolFinished(turn=turn, name=tool, ok=True, observation="obs", seconds=tool_s, status=status))
-    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act, tool_seconds=tool_s))
+    out.append(ev.ToolFinished(turn=turn, name=tool, ok=True, observation="obs", seconds=tool_s,
+                               status=status))
+    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act,
+                               tool_seconds=tool_s))
     return out
 
 
@@ -59,25 +63,30 @@ def answer_turn(turn: int, answer: str, *, rationale: str | None, reasoning: flo
     out.append(scored(turn, rationale, reasoning) if rationale else
                ev.ReasoningDone(turn=turn, text="so", n_tokens=10, seconds=reasoning))
     out.append(ev.AnswerToken(turn=turn, text=answer))
-    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act, tool_seconds=0.0))
+    out.append(ev.TurnFinished(turn=turn, action=action, reasoning_seconds=reasoning, action_seconds=act,
+                               tool_seconds=0.0))
     out.append(ev.FinalAnswer(answer=answer, turns=turn, stop_reason="answered", totals={}))
     return out
 
 
 # Scripted outcomes per (mode, question id). Known by construction:
-#   ssr: q1 zoom(0.1) -> "The word is Meadow." (contains, not exact), q2 text_search cached(0.2) -> "304" (exact),
+#   ssr: q1 zoom(0.1) -> "The word is Meadow." (contains, not exact), q2 text_search cached(0.2) -> "304"
+#   (exact),
 #        q3 answers "blue" (wrong) but the turn generated a zoom after an answer rationale (inconsistent).
-#   freeform: q1 "meadow" exact (reasoning 1.0 + 2.0), q2 text_search live (3.0) -> "305" wrong, q3 "Orange." exact.
+#   freeform: q1 "meadow" exact (reasoning 1.0 + 2.0), q2 text_search live (3.0) -> "305" wrong, q3 "Orange."
+#   exact.
 SCRIPTS: dict[tuple[str, str], list[ev.Event]] = {
     ("ssr", "q1"): tool_turn(1, rationale="zoom", action="zoom", reasoning=0.1)
     + answer_turn(2, "The word is Meadow.", rationale="answer_image", reasoning=0.3),
-    ("ssr", "q2"): tool_turn(1, rationale="text_search", action="text_search", reasoning=0.2, tool="text_search", status="cached")
+    ("ssr", "q2"): tool_turn(1, rationale="text_search", action="text_search", reasoning=0.2,
+                             tool="text_search", status="cached")
     + answer_turn(2, "304", rationale="answer_evidence", reasoning=0.4),
     ("ssr", "q3"): tool_turn(1, rationale="answer_image", action="zoom", reasoning=0.5)
     + answer_turn(2, "blue", rationale="answer_image", reasoning=0.6),
     ("freeform", "q1"): tool_turn(1, rationale=None, action="zoom", reasoning=1.0)
     + answer_turn(2, "meadow", rationale=None, reasoning=2.0),
-    ("freeform", "q2"): tool_turn(1, rationale=None, action="text_search", reasoning=3.0, tool="text_search", status="live")
+    ("freeform", "q2"): tool_turn(1, rationale=None, action="text_search", reasoning=3.0, tool="text_search",
+                                  status="live")
     + answer_turn(2, "305", rationale=None, reasoning=4.0),
     ("freeform", "q3"): answer_turn(1, "Orange.", rationale=None, reasoning=5.0),
 }
@@ -93,7 +102,8 @@ def replaying(interrupt_at: int | None = None, fail: Collection[str] = ()) -> Sc
         name, qid = call(asked)
         if qid in fail:
             raise ImageError(f"cannot read image for {qid}")
-        return [ev.RunStarted(question=asked.question, image=asked.image, mode=asked.mode, seprod=asked.seprod,
+        return [ev.RunStarted(question=asked.question, image=asked.image, mode=asked.mode,
+                              seprod=asked.seprod,
                               model="scripted"), *SCRIPTS[(name, qid)]]
 
     engine = ScriptedEngine(script=replay)
@@ -116,7 +126,8 @@ def dataset(tmp_path: Path) -> Path:
     img.write_bytes(b"not needed by the scripted engine")
     rows = [
         {"id": "q1", "image": "img.png", "question": "q1: what word?", "answers": ["meadow"]},
-        {"id": "q2", "image": "img.png", "question": "q2: what number?", "answers": ["304", "three hundred four"]},
+        {"id": "q2", "image": "img.png", "question": "q2: what number?",
+         "answers": ["304", "three hundred four"]},
         {"id": "q3", "image": None, "question": "q3: what colour?", "answers": ["orange"]},
     ]
     path = tmp_path / "DATA.jsonl"
@@ -135,8 +146,10 @@ def test_normalize_and_match():
     assert E.match_answer("pineapple", ["apple"]) == (False, False)
     assert E.match_answer("304", ["3 0 4", "304"]) == (True, True)
     assert E.match_answer("", ["x"]) == (False, False)
-    assert E.match_answer("anything", ["the", "!!"]) == (False, False)  # answers that normalise to nothing never match
-    assert E.match_answer("Chirripó Grande", ["Cerro Chirripo", "Chirripo"]) == (False, True)  # accents folded
+    # answers that normalise to nothing never match
+    assert E.match_answer("anything", ["the", "!!"]) == (False, False)
+    # accents folded
+    assert E.match_answer("Chirripó Grande", ["Cerro Chirripo", "Chirripo"]) == (False, True)
     assert E.match_answer("Bogotá", ["Bogota"]) == (True, True)
 
 
@@ -154,8 +167,10 @@ def test_success_has_a_wilson_interval_and_repeats_are_counted():
 
 
 def test_parse_modes():
-    """Mode names are case-insensitive, aliases accepted, order kept, unknown ones refused with the choices."""
-    assert [m.name for m in E.parse_modes("Free-Form, SSR+SeProD,ssr,ssr")] == ["freeform", "ssr+seprod", "ssr"]
+    """Mode names are case-insensitive, aliases accepted, order kept, unknown ones refused with the
+    choices."""
+    assert [m.name
+            for m in E.parse_modes("Free-Form, SSR+SeProD,ssr,ssr")] == ["freeform", "ssr+seprod", "ssr"]
     assert E.parse_modes("ssr+seprod")[0].seprod and E.parse_modes("ssr+seprod")[0].engine_mode == "ssr"
     with pytest.raises(ConfigError, match="freeform, ssr, ssr\\+seprod, direct"):
         E.parse_modes("ssr,bogus")
@@ -171,7 +186,8 @@ def test_parse_modes():
         ('{"id": "a", "question": "", "answers": ["x"]}', "question"),
         ('{"question": "q", "answers": ["x"]}', "'id'"),
         ('{"id": "a", "image": "missing.png", "question": "q", "answers": ["x"]}', "missing.png not found"),
-        ('{"id": "a", "question": "q", "answers": ["x"]}\n{"id": "a", "question": "q", "answers": ["y"]}', "appears twice"),
+        ('{"id": "a", "question": "q", "answers": ["x"]}\n{"id": "a", "question": "q", "answers": ["y"]}',
+         "appears twice"),
         ("", "holds no questions"),
     ],
 )
@@ -208,8 +224,10 @@ def test_metrics_on_a_scripted_run(dataset, tmp_path):
     assert list(m) == ["ssr", "freeform"]
     ssr, ff = m["ssr"], m["freeform"]
 
-    assert ssr["success"]["exact"] == pytest.approx(1 / 3) and ssr["success"]["contains"] == pytest.approx(2 / 3)
-    assert ff["success"]["exact"] == pytest.approx(2 / 3) and ff["success"]["contains"] == pytest.approx(2 / 3)
+    assert (ssr["success"]["exact"] == pytest.approx(1 / 3)
+            and ssr["success"]["contains"] == pytest.approx(2 / 3))
+    assert (ff["success"]["exact"] == pytest.approx(2 / 3)
+            and ff["success"]["contains"] == pytest.approx(2 / 3))
     assert ssr["turns_per_question"]["mean"] == 2 and ff["turns_per_question"]["mean"] == pytest.approx(5 / 3)
     assert ssr["tool_calls"] == {"image_zoom_in_tool": 2, "text_search": 1}
     assert ff["tool_calls"] == {"image_zoom_in_tool": 1, "text_search": 1}
@@ -219,7 +237,8 @@ def test_metrics_on_a_scripted_run(dataset, tmp_path):
     assert ssr["scored_turns"] == 6
     assert ssr["rationale_mix"] == pytest.approx(
         {"zoom": 1 / 6, "text_search": 1 / 6, "answer_image": 3 / 6, "answer_evidence": 1 / 6})
-    assert ssr["rationale_mix_by_action"] == pytest.approx({"zoom": 1 / 6, "text_search": 1 / 6, "answer": 4 / 6})
+    assert ssr["rationale_mix_by_action"] == pytest.approx({"zoom": 1 / 6, "text_search": 1 / 6,
+                                                            "answer": 4 / 6})
     assert ssr["action_consistency"] == pytest.approx(5 / 6)  # q3 turn 1: answer rationale, zoom action
     assert ff["scored_turns"] == 0 and ff["action_consistency"] is None and ff["rationale_mix"] == {}
 
@@ -228,7 +247,8 @@ def test_metrics_on_a_scripted_run(dataset, tmp_path):
     assert r["n"] == 6 and r["mean"] == pytest.approx(2.1 / 6)
     assert r["p50"] == pytest.approx(0.35) and r["p95"] == pytest.approx(0.575)
     rf = ff["reasoning_seconds_per_turn"]
-    assert rf["mean"] == pytest.approx(3.0) and rf["p50"] == pytest.approx(3.0) and rf["p95"] == pytest.approx(4.8)
+    assert (rf["mean"] == pytest.approx(3.0) and rf["p50"] == pytest.approx(3.0)
+            and rf["p95"] == pytest.approx(4.8))
     # model time per question = reasoning + action: ssr q1 0.1+0.1+0.3+0.2 = 0.7, q2 0.9, q3 1.4
     mt = ssr["model_seconds_per_question"]
     assert mt["mean"] == pytest.approx(3.0 / 3) and mt["p50"] == pytest.approx(0.9)
@@ -267,11 +287,13 @@ def test_resume_after_interrupt_gives_same_metrics(dataset, tmp_path):
     second = E.run_eval(dataset, "ssr,freeform", out, lambda: engines.append(replaying()) or engines[-1])
     assert calls(engines[0]) == [("ssr", "q3"), ("freeform", "q3")]
     assert second.ran == 2
-    keys = [(json.loads(x)["mode"], json.loads(x)["id"]) for x in (out / E.RESULTS_FILE).read_text().splitlines()]
+    keys = [(json.loads(x)["mode"], json.loads(x)["id"])
+            for x in (out / E.RESULTS_FILE).read_text().splitlines()]
     assert len(keys) == 6 and len(set(keys)) == 6
 
     def untimed(metrics):
-        return {k: {kk: vv for kk, vv in v.items() if kk != "wall_seconds_per_question"} for k, v in metrics.items()}
+        return {k: {kk: vv for kk, vv in v.items() if kk != "wall_seconds_per_question"}
+                for k, v in metrics.items()}
 
     assert untimed(second.metrics) == untimed(full.metrics)
 
@@ -320,7 +342,8 @@ def test_engine_error_is_recorded_and_the_run_continues(dataset, tmp_path):
     m = run.metrics["ssr"]
     assert m["errors"] == 1 and m["success"]["exact"] == pytest.approx(0.0)
     oc = m["offline_coverage"]
-    assert oc["questions"] == 0  # the one question that would have searched (q2) failed: nothing ran from the cache
+    # the one question that would have searched (q2) failed: nothing ran from the cache
+    assert oc["questions"] == 0
 
 
 def test_cancel_stops_without_recording_the_cancelled_question(dataset, tmp_path):
@@ -337,7 +360,8 @@ def test_cancel_stops_without_recording_the_cancelled_question(dataset, tmp_path
 
 
 def test_outputs_json_report_and_plot(dataset, tmp_path):
-    """The JSON holds metrics and records; the report has a table per mode and the rationale mix; the plot is a PNG."""
+    """The JSON holds metrics and records; the report has a table per mode and the rationale mix; the plot is
+    a PNG."""
     pytest.importorskip("matplotlib")
     run = E.run_eval(dataset, "freeform,ssr", tmp_path / "out", replaying, fingerprint={"model": "m.gguf"})
     paths = E.write_outputs(run)
@@ -398,12 +422,14 @@ def test_offline_coverage_and_cache_hits_by_status():
     def rec(*statuses):
         events = [ev.ToolFinished(turn=1, name="text_search", ok=True, observation="", seconds=0.0, status=s)
                   for s in statuses]
-        events.append(ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=False, observation="", seconds=0.0, status="error"))
+        events.append(ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=False, observation="",
+                                      seconds=0.0, status="error"))
         events.append(ev.FinalAnswer(answer="x", turns=1, stop_reason="answered"))
         q = E.Question("q", "q?", ("x",), None)
         return E.make_record(q, E.MODES["ssr"], events)
 
-    records = [rec("cached", "unconfigured"), rec("stale"), rec(), rec("offline"), rec("error"), rec("live", "cached"),
+    records = [rec("cached", "unconfigured"), rec("stale"), rec(), rec("offline"), rec("error"),
+               rec("live", "cached"),
                rec("unconfigured")]
     m = E.mode_metrics(records)
     # rec() and rec("unconfigured") never reached a search backend: not evidence of coverage (issue 12)
@@ -422,16 +448,20 @@ def test_cli_runs_resumes_and_reports(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path / "home"))
     made = []
-    monkeypatch.setattr(eval_cmd, "engine_factory", lambda settings, on_status=None: lambda: made.append(settings) or replaying())
+    monkeypatch.setattr(eval_cmd, "engine_factory",
+                        lambda settings, on_status=None: lambda: made.append(settings) or replaying())
     out = tmp_path / "out"
     runner = CliRunner()
-    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--no-plot"])
+    res = runner.invoke(cli,
+                        ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--no-plot"])
     assert res.exit_code == 0, res.output
     assert len(made) == 1 and made[0].prophet == ""
     assert "freeform" in res.output and "66.7%" in res.output and "Report:" in res.output
-    assert (out / "report.md").exists() and (out / "results.json").exists() and not (out / "plot.png").exists()
+    assert ((out / "report.md").exists() and (out / "results.json").exists()
+            and not (out / "plot.png").exists())
 
-    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--json", "--no-plot"])
+    res = runner.invoke(cli, ["eval", str(dataset), "--modes", "freeform,ssr", "--out", str(out), "--json",
+                              "--no-plot"])
     assert res.exit_code == 0, res.output
     assert len(made) == 1  # everything was already done: no engine
     payload = json.loads(res.stdout)
@@ -460,9 +490,11 @@ def test_model_time_prefers_episode_totals():
     """Model time is the episode's total minus tool time when the engine reports totals (prompt prefill
     and observations count), else reasoning + action + observe summed over turns."""
     q = E.Question("q", "q?", ("x",), None)
-    turn = ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.25, action_seconds=0.5, tool_seconds=4.0,
+    turn = ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.25, action_seconds=0.5,
+                           tool_seconds=4.0,
                            observe_seconds=0.125)
-    with_totals = E.make_record(q, E.MODES["ssr"], [turn, ev.FinalAnswer("x", 1, "answered", {"total": 6.0, "tool": 4.0})])
+    with_totals = E.make_record(q, E.MODES["ssr"],
+                                [turn, ev.FinalAnswer("x", 1, "answered", {"total": 6.0, "tool": 4.0})])
     assert with_totals["model_seconds"] == 2.0 and with_totals["turn_model_seconds"] == 0.875
     without = E.make_record(q, E.MODES["ssr"], [turn, ev.FinalAnswer("x", 1, "answered", {})])
     assert without["model_seconds"] == 0.875
@@ -486,6 +518,7 @@ def test_evaluation_imports_no_model_ui_or_plot_library():
     import subprocess
 
     code = ("import sys, edge_agent.evaluation, edge_agent.commands.eval; "
-            "bad = [m for m in ('llama_cpp', 'textual', 'matplotlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+            "bad = [m for m in ('llama_cpp', 'textual', 'matplotlib') if m in sys.modules]; print(bad); "
+            "sys.exit(bool(bad))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -33,20 +33,23 @@ def _synthetic(out: Path, n: int) -> Path:
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}  # no developer settings
     env.update(EDGE_AGENT_HOME=str(home), EDGE_AGENT_N_THREADS="1", EDGE_AGENT_N_THREADS_BATCH="1",
-               EDGE_AGENT_N_CTX="4096", EDGE_AGENT_FREEFORM_MAX_TOKENS="24", EDGE_AGENT_ANSWER_MAX_TOKENS="12")
+               EDGE_AGENT_N_CTX="4096", EDGE_AGENT_FREEFORM_MAX_TOKENS="24",
+               EDGE_AGENT_ANSWER_MAX_TOKENS="12")
     return env
 
 
 def _args(data: Path, out: Path, models: dict[str, Path], modes: str) -> list[str]:
     return ["eval", str(data), "--modes", modes, "--out", str(out), "--offline", "--max-turns", MAX_TURNS,
-            "--model", str(models["text"]), "--mmproj", str(models["mmproj"]), "--prophet", str(models["prophet"]),
+            "--model", str(models["text"]), "--mmproj", str(models["mmproj"]), "--prophet",
+            str(models["prophet"]),
             "--prophet-mmproj", str(models["mmproj"])]
 
 
 def _untimed(rec: dict) -> dict:
     """What must not depend on timing: the answer, the turns and their actions, tools, searches."""
     return {
-        "prediction": rec["prediction"], "exact": rec["exact"], "turns": rec["turns"], "stop_reason": rec["stop_reason"],
+        "prediction": rec["prediction"], "exact": rec["exact"], "turns": rec["turns"],
+        "stop_reason": rec["stop_reason"],
         "tools": rec["tools"], "searches": rec["searches"],
         "turn_log": [(t["action"], t["rationale"]) for t in rec["turn_log"]],
         "accepted": rec["drafts"]["accepted"], "error": rec["error"],
@@ -80,7 +83,8 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkey
 
     monkeypatch.setattr(Engine, "from_settings", classmethod(counting))
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, _args(data, out, tiny_models, "freeform,ssr,ssr+seprod"), catch_exceptions=False)
+    res = CliRunner().invoke(cli, _args(data, out, tiny_models, "freeform,ssr,ssr+seprod"),
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert len(loads) == 1 and loads[0].prophet == str(tiny_models["prophet"])
 
@@ -89,7 +93,8 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkey
         (m, q) for m in ("freeform", "ssr", "ssr+seprod") for q in ("svqa-000", "svqa-001"))
     for r in rows:
         assert r["error"] is None, r["error"]
-        assert 1 <= r["turns"] <= int(MAX_TURNS) + 1 and r["stop_reason"] in ("answered", "length", "turn_limit")
+        assert (1 <= r["turns"] <= int(MAX_TURNS) + 1
+                and r["stop_reason"] in ("answered", "length", "turn_limit"))
         assert r["model_seconds"] > 0 and all(t["reasoning_seconds"] > 0 for t in r["turn_log"])
         for s in r["searches"]:
             assert s["status"] in ("offline", "unconfigured", "cached", "stale")  # never live: --offline
@@ -101,7 +106,8 @@ def test_eval_end_to_end_on_tiny_models(tiny_models, edge_home, tmp_path, monkey
     metrics = json.loads((out / E.JSON_FILE).read_text())["metrics"]
     assert list(metrics) == ["freeform", "ssr", "ssr+seprod"]
     for mode in ("ssr", "ssr+seprod"):
-        assert metrics[mode]["action_consistency"] == 1.0  # the action is generated under the rationale's grammar
+        # the action is generated under the rationale's grammar
+        assert metrics[mode]["action_consistency"] == 1.0
         assert abs(sum(metrics[mode]["rationale_mix"].values()) - 1.0) < 1e-9
     assert metrics["ssr"]["seprod"]["rounds"] == 0 and metrics["freeform"]["scored_turns"] == 0
     for m in metrics.values():
@@ -149,7 +155,8 @@ def test_eval_resumes_after_kill(tiny_models, edge_home, tmp_path):
     n_before = complete_lines()
     assert 2 <= n_before < total
 
-    again = subprocess.run(cmd + _args(data, out, tiny_models, modes) + ["--no-plot", "--json"], env=env, cwd=ROOT,
+    again = subprocess.run(cmd + _args(data, out, tiny_models, modes) + ["--no-plot", "--json"], env=env,
+                           cwd=ROOT,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"Resuming: {n_before} of {total}" in again.stderr

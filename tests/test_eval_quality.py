@@ -54,7 +54,8 @@ def test_the_combined_table_shows_intervals():
 
 def test_ablations_are_shown_beside_ssr_on_their_own_questions():
     qs = [E.Question(f"q{i}", "What is 17*23?", ("391",), None) for i in range(4)]
-    main_recs = [E.make_record(q, E.MODES["ssr"], _episode([], "391" if i < 2 else "no")) for i, q in enumerate(qs)]
+    main_recs = [E.make_record(q, E.MODES["ssr"], _episode([], "391" if i < 2 else "no"))
+                 for i, q in enumerate(qs)]
     main = argparse.Namespace(questions=qs, records=main_recs, metrics={"ssr": E.mode_metrics(main_recs)})
     abl_recs = [E.make_record(q, E.MODES["ssr-index"], _episode([], "no")) for q in qs[:2]]
     ablation = argparse.Namespace(questions=qs[:2], records=abl_recs,

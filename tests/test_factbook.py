@@ -115,14 +115,16 @@ def test_natural_queries_find_the_field(index, query):
 
 def test_a_named_country_wins_over_one_whose_name_contains_it(index):
     """"Sudan" is Sudan, not South Sudan (whose name holds the word); "South Sudan" is South Sudan."""
-    assert index.search("In what year did Sudan become independent?")[0][0].title == "Sudan - Government - Independence"
+    assert index.search("In what year did Sudan become independent?")[0][0].title == ("Sudan - Government - "
+                                                                                      "Independence")
     assert index.search("South Sudan independence")[0][0].title == "South Sudan - Government - Independence"
     assert index.search("highest point in Bolivia")[0][0].country == "bl"
 
 
 def test_queries_are_data_not_syntax(index):
     """FTS5 operators and quotes in a query are searched as words (no error, nothing injected)."""
-    for q in ['capital" OR "peru', "NEAR(capital peru)", "peru* capital", "capital AND NOT peru", 'capital of peru") --']:
+    for q in ['capital" OR "peru', "NEAR(capital peru)", "peru* capital", "capital AND NOT peru",
+              'capital of peru") --']:
         assert index.search(q)[0][0].title == "Peru - Government - Capital", q
     assert index.search("¿?") == [] and index.search("") == []
 
@@ -131,7 +133,8 @@ def test_the_service_is_threaded(service):
     queries = ["capital of Peru", "Bolivia currency", "Sudan anthem", "France highest point"] * 4
     before = threading.active_count()  # what the rest of the suite left running is not the service's
     with ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(lambda q: get_json(f"{service.url}/search?q={q.replace(' ', '+')}&format=json"), queries))
+        got = list(pool.map(lambda q: get_json(f"{service.url}/search?q={q.replace(' ', '+')}&format=json"),
+                            queries))
     assert all(status == 200 and body["results"] for status, body in got)
     assert threading.active_count() - before < 20  # no thread kept per request (16 requests, 8 at a time)
 
@@ -141,7 +144,8 @@ def test_every_question_is_answerable_from_its_countrys_indexed_text(countries, 
     what the service returns first for the question as written; a correct short answer matches."""
     rows = fq.factbook_rows(countries, per_field=0, known=set())
     questions = rows["dev"] + rows["test"]
-    assert len(questions) >= 25 and {r["id"].split("-", 2)[2] for r in questions} == {f.key for f in fq.FIELDS}
+    assert len(questions) >= 25 and {r["id"].split("-", 2)[2]
+                                     for r in questions} == {f.key for f in fq.FIELDS}
     docs = {(d.country, d.label): d for d in index.docs}
     for r in questions:
         code, key = r["id"].split("-", 2)[1:]
@@ -191,7 +195,8 @@ def test_the_split_is_by_country_disjoint_and_deterministic(countries, tmp_path)
     assert f"dev: {len(split['dev'])} questions" in readme
     # the capitals the known set asks are not asked again (here the slice's 5 are its "most populous")
     assert not [q for qs in split.values() for q in qs if q.id.endswith("-capital")]
-    assert {q.id for qs in known.values() for q in qs if "capital" in q.id} == {f"known-capital-{c}" for c in SLICE}
+    assert {q.id for qs in known.values() for q in qs
+            if "capital" in q.id} == {f"known-capital-{c}" for c in SLICE}
 
 
 def test_without_the_data_the_error_names_the_command(tmp_path, monkeypatch, capsys):

@@ -36,7 +36,8 @@ def run_action(m: Model, action: str, *, forced: bool, temperature: float = 0.0)
                      temperature=temperature, seed=7)
     decodes = s.n_decodes - d0
     s.append_text(TAIL_REST[action])  # the loop's fixed rest of the action
-    return {"tokens": gen.tokens, "text": gen.text, "reason": gen.stop_reason, "logprobs": np.array(gen.logprobs),
+    return {"tokens": gen.tokens, "text": gen.text, "reason": gen.stop_reason,
+            "logprobs": np.array(gen.logprobs),
             "history": list(s.history), "cells": s.n_cells, "n_pos": s.n_pos, "logits": s.next_logits(),
             "decodes": decodes}
 
@@ -73,7 +74,8 @@ def qwen05(qwen05_gguf: Path):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_models):
-    m = Model.load(tiny_models["text"], n_ctx=2048, n_threads=1, n_threads_batch=1, n_seq_max=2, kv_type="f32")
+    m = Model.load(tiny_models["text"], n_ctx=2048, n_threads=1, n_threads_batch=1, n_seq_max=2,
+                   kv_type="f32")
     yield m
     m.close()
 
@@ -84,7 +86,8 @@ def test_real_model_action_is_the_same_with_forced_text_in_one_batch(qwen05: Mod
     # Q4_K_M: a batch and token-by-token decoding differ in llama.cpp itself (~0.25 in a logit); the
     # verified batches may differ from plain decoding by as much, never in a token
     gap = batching_gap(qwen05, plain["history"], len(plain["tokens"]))
-    print(f"{action}: gap {gap:.3f}, forced vs plain {np.abs(batched['logits'] - plain['logits']).max():.3f}, "
+    print(f"{action}: gap {gap:.3f}, forced vs plain "
+          f"{np.abs(batched['logits'] - plain['logits']).max():.3f}, "
           f"log-probs {np.abs(batched['logprobs'] - plain['logprobs']).max():.3f}")
     assert_same(plain, batched, atol=2 * gap)
     # the real model writes the forced text as its tokenizer does: it is verified and kept, fewer decodes
@@ -137,7 +140,8 @@ def test_tiny_model_drafts_are_kept_cut_and_refused(tiny: Model, monkeypatch: py
     calls: list[tuple[int, int]] = []
     real = forced.verify
 
-    def spy(h: Any, sampler: Any, run: Any, tok: Any, pending: int, guess: list[int], p0: int, **kw: Any) -> Any:
+    def spy(h: Any, sampler: Any, run: Any, tok: Any, pending: int, guess: list[int], p0: int,
+            **kw: Any) -> Any:
         got = real(h, sampler, run, tok, pending, guess, p0, **kw)
         kept = got.n_kv - 1  # draft tokens kept (the pending token's cell is the first)
         calls.append((len(guess), kept))

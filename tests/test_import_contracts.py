@@ -149,16 +149,20 @@ def runtime_cycles(srcs: dict[str, Path]) -> list[list[str]]:
 
 
 def test_the_checker_reads_every_kind_of_import(tmp_path):
-    """Relative, nested and TYPE_CHECKING imports are all found; a broken contract of each kind is reported."""
+    """Relative, nested and TYPE_CHECKING imports are all found; a broken contract of each kind is
+    reported."""
     pkg = tmp_path / "edge_agent"
     for folder in ("agent", "runtime", "engine"):
         (pkg / folder).mkdir(parents=True)
     (tmp_path / "tools").mkdir()
     files = {
-        pkg / "agent" / "loop.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import engine\n",
-        pkg / "agent" / "seprod.py": "def f():\n    import llama_cpp\n    from edge_agent.runtime import _lib\n",
+        pkg / "agent" / "loop.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine "
+                                   "import engine\n",
+        pkg / "agent" / "seprod.py": "def f():\n    import llama_cpp\n    from edge_agent.runtime import "
+                                     "_lib\n",
         pkg / "runtime" / "a.py": "from edge_agent.runtime import b\n",
-        pkg / "runtime" / "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from edge_agent.runtime.a import X\n",
+        pkg / "runtime" / "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from "
+                                  "edge_agent.runtime.a import X\n",
         pkg / "engine" / "engine.py": "from edge_agent.agent.loop import run_agent\n",
         pkg / "helpers.py": "import os\n",
         tmp_path / "tools" / "zoom.py": "from edge_agent.ui import app\n",
@@ -169,7 +173,8 @@ def test_the_checker_reads_every_kind_of_import(tmp_path):
     assert "edge_agent.tools.zoom" in srcs
     layers = {"ui": 4, "engine": 3, "agent": 2, "runtime": 1, "tools": 0}
     bad = "\n".join(violations(srcs, layers))
-    assert "loop.py:3 (agent/) imports edge_agent.engine.engine (engine/): a lower layer imports a higher one" in bad
+    assert ("loop.py:3 (agent/) imports edge_agent.engine.engine (engine/): a lower layer imports a higher "
+            "one") in bad
     assert "seprod.py:2 imports llama_cpp: only runtime/ may" in bad
     assert "seprod.py:3 imports the private edge_agent.runtime._lib" in bad
     assert "zoom.py:1 (tools/) imports edge_agent.ui.app (ui/)" in bad

@@ -86,7 +86,8 @@ def test_generalise_removes_chat_markup_and_rejects_garbage():
     assert generalise("") is None
     assert generalise("%% 12 ## <|im_end|> $$ 7 ~~") is None
     assert generalise("ok then") is None  # under three words
-    assert generalise("You have no tool calls left. Give your final answer now.") is None  # the prompt's words
+    # the prompt's words
+    assert generalise("You have no tool calls left. Give your final answer now.") is None
     assert generalise("You can't search for something new.") is None  # a tool's note to the model
 
 
@@ -110,7 +111,8 @@ def test_a_text_under_two_actions_is_kept_once_for_answering():
 
 def test_generalise_cuts_long_text_at_a_word_boundary():
     m = generalise("I should " + "zoom in very carefully and " * 20 + "read the sign", max_chars=60)
-    assert m is not None and len(m.text) <= 60 and not m.text.endswith(" ") and m.text.startswith("I should zoom")
+    assert (m is not None and len(m.text) <= 60 and not m.text.endswith(" ")
+            and m.text.startswith("I should zoom"))
 
 
 # --- clustering ---------------------------------------------------------------------------------
@@ -147,8 +149,10 @@ def test_build_finds_the_recurring_moves_per_action():
     exactly those, generic, each with its cluster's provenance; the stray turn is left out."""
     b = build_library(_read(_turns()))
     got = {(e.action, e.size) for e in b.entries}
-    assert got == {("zoom", 3), ("text_search", 4), ("answer", 3)} or sorted(e.size for e in b.entries) == [3, 3, 3, 3, 4]
-    assert [e.action for e in b.entries].count("zoom") == 2 and [e.action for e in b.entries].count("answer") == 2
+    assert got == {("zoom", 3), ("text_search", 4),
+                   ("answer", 3)} or sorted(e.size for e in b.entries) == [3, 3, 3, 3, 4]
+    assert [e.action for e in b.entries].count("zoom") == 2 and [e.action
+                                                                 for e in b.entries].count("answer") == 2
     assert len(b.entries) == 5 and b.used == 17
     texts = " ".join(e.text for e in b.entries)
     for specific in NAMES + WORDS + ["Tower", '"', "[", "]"]:
@@ -158,7 +162,8 @@ def test_build_finds_the_recurring_moves_per_action():
     assert sum(e.size for e in b.entries) == 16  # everything but the stray turn
     assert any("min-support" in d for d in b.dropped)
     ids = [e.id for e in b.entries]
-    assert ids == sorted(ids, key=lambda i: ("image_search", "text_search", "zoom", "answer").index(i.rsplit("_", 1)[0]))
+    assert ids == sorted(ids, key=lambda i: ("image_search", "text_search", "zoom",
+                                             "answer").index(i.rsplit("_", 1)[0]))
     # the representative with no placeholder and the shortest text wins
     assert "I can answer from the image now" in [e.text for e in b.entries]
     assert next(e for e in b.entries if e.text == "I can answer from the image now").needs_image
@@ -174,10 +179,12 @@ def test_build_caps_per_action_and_in_all(tmp_path):
     b = build_library(_read(_turns()), max_total=1)
     assert [e.action for e in b.entries] == ["answer"]
     many = [Turn(f"s:q{i}-{j}", 1, f"I should zoom in on the {w} part of it", "zoom", True)
-            for i, w in enumerate(["left", "right", "upper", "lower", "middle", "far", "near", "inner", "outer",
+            for i, w in enumerate(["left", "right", "upper", "lower", "middle", "far", "near", "inner",
+                                   "outer",
                                    "red", "blue", "green", "dark", "bright", "small", "large", "odd", "top"])
             for j in range(2)]
-    many += [Turn("s:a", 1, "I can answer now", "answer", True), Turn("s:b", 1, "I can answer now", "answer", True)]
+    many += [Turn("s:a", 1, "I can answer now", "answer", True),
+             Turn("s:b", 1, "I can answer now", "answer", True)]
     b = build_library(_read(many), per_action=20, max_total=99, similarity=1.01)
     assert len(b.entries) == 15 and sum(e.action == "answer" for e in b.entries) == 1
     out = write_library(b, tmp_path / "lib.json")
@@ -226,7 +233,8 @@ def _events(turns: list[tuple[str, str]], *, stop: str = "answered") -> list[ev.
     out: list[ev.Event] = [ev.RunStarted(question="q?", image=None, mode="freeform", seprod=False, model="m")]
     for n, (text, action) in enumerate(turns, 1):
         out += [ev.TurnStarted(turn=n), ev.ReasoningDone(turn=n, text=text, n_tokens=5, seconds=0.1),
-                ev.TurnFinished(turn=n, action=action, reasoning_seconds=0.1, action_seconds=0.1, tool_seconds=0.0)]
+                ev.TurnFinished(turn=n, action=action, reasoning_seconds=0.1, action_seconds=0.1,
+                                tool_seconds=0.0)]
     out.append(ev.FinalAnswer(answer="x", turns=len(turns), stop_reason=stop))
     return out
 
@@ -250,18 +258,21 @@ def test_reads_eval_results_folder_json_and_jsonl(tmp_path):
         r = read_sources([src])
         assert r.traces == 3 and r.scored_turns == 2
         assert [(t.trace.split(":")[1], t.turn, t.action, t.correct) for t in r.turns] == [
-            ("q1", 1, "zoom", True), ("q1", 2, "answer", True), ("q2", 1, "zoom", False), ("q2", 2, "answer", False)]
+            ("q1", 1, "zoom", True), ("q1", 2, "answer", True), ("q2", 1, "zoom", False),
+            ("q2", 2, "answer", False)]
 
 
 def test_records_in_any_order_read_the_same(tmp_path):
     """A cluster run's results.jsonl holds its records in the order they arrived: the turns read (and so the
     library built) do not depend on the lines' order."""
-    recs = [_record(f"q{i}", [(f"I should zoom in on part {i}", "zoom"), TRACE[1]], correct=True) for i in range(4)]
+    recs = [_record(f"q{i}", [(f"I should zoom in on part {i}", "zoom"), TRACE[1]], correct=True)
+            for i in range(4)]
     reads = []
     for k, order in enumerate((recs, recs[::-1], recs[2:] + recs[:2])):
         (tmp_path / f"r{k}").mkdir()
         (tmp_path / f"r{k}" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
-        reads.append([(t.trace.split(":")[1], t.turn, t.text) for t in read_sources([tmp_path / f"r{k}"]).turns])
+        reads.append([(t.trace.split(":")[1], t.turn, t.text)
+                      for t in read_sources([tmp_path / f"r{k}"]).turns])
     assert reads[0] == reads[1] == reads[2] and len(reads[0]) == 8
 
 
@@ -273,7 +284,8 @@ def test_reads_eval_records_made_by_the_eval_itself(tmp_path):
     rec = E.make_record(q, E.MODES["freeform"], _events(TRACE))
     (tmp_path / "results.jsonl").write_text(json.dumps(rec) + "\n")
     r = read_sources([tmp_path])
-    assert [(t.text, t.action, t.correct) for t in r.turns] == [(TRACE[0][0], "zoom", True), (TRACE[1][0], "answer", True)]
+    assert [(t.text, t.action, t.correct) for t in r.turns] == [(TRACE[0][0], "zoom", True),
+                                                                (TRACE[1][0], "answer", True)]
 
 
 def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
@@ -297,7 +309,8 @@ def test_reads_an_exported_chat_and_an_ask_json_log(tmp_path):
     lines = [json.dumps(e.to_json()) for e in _events(TRACE) + _events(TRACE[1:])]
     log.write_text("\n".join(lines) + "\n")
     r = read_sources([log])
-    assert r.traces == 2 and [(t.trace, t.turn) for t in r.turns] == [("ask:run1", 1), ("ask:run1", 2), ("ask:run2", 1)]
+    assert r.traces == 2 and [(t.trace, t.turn) for t in r.turns] == [("ask:run1", 1), ("ask:run1", 2),
+                                                                      ("ask:run2", 1)]
     assert all(t.correct is None for t in r.turns)
 
 
@@ -327,7 +340,8 @@ def test_missing_source_and_folder_without_results(tmp_path):
 def _eval_file(tmp_path: Path, correct: bool = True) -> Path:
     recs = []
     for i, t in enumerate(_turns()):
-        recs.append(_record(f"q{i}", [(t.text, t.action)] + ([] if t.action == "answer" else [TRACE[1]]), correct=correct))
+        recs.append(_record(f"q{i}", [(t.text, t.action)] + ([] if t.action == "answer" else [TRACE[1]]),
+                            correct=correct))
     p = tmp_path / "results.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return p
@@ -387,7 +401,8 @@ def test_with_libraries_gives_one_column_per_library_for_each_ssr_mode():
     from edge_agent import evaluation as E
 
     specs = E.with_libraries(E.parse_modes("freeform,ssr,ssr+seprod"), ["builtin", "mine"])
-    assert [s.name for s in specs] == ["freeform", "ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]", "ssr+seprod[mine]"]
+    assert [s.name for s in specs] == ["freeform", "ssr[builtin]", "ssr[mine]", "ssr+seprod[builtin]",
+                                       "ssr+seprod[mine]"]
     assert (specs[2].library, specs[2].engine_mode, specs[2].seprod) == ("mine", "ssr", False)
     assert specs[4].seprod and specs[0].library == ""
     assert E.with_libraries(E.parse_modes("ssr"), []) == E.parse_modes("ssr")
@@ -438,7 +453,8 @@ def test_building_without_a_model_imports_no_llama_cpp():
     import subprocess
     import sys
 
-    code = ("import sys, edge_agent.library.build, edge_agent.library.write, edge_agent.commands.library, edge_agent.evaluation; "
+    code = ("import sys, edge_agent.library.build, edge_agent.library.write, edge_agent.commands.library, "
+            "edge_agent.evaluation; "
             "print([m for m in ('llama_cpp', 'textual') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -54,7 +54,8 @@ def test_library_from_a_real_smollm2_freeform_eval(smollm2_gguf, env, tmp_path):
     # The synthetic set's images: a text-only model fails every question -> a clear message.
     res = _run("eval", str(data), "--modes", "freeform", "--out", str(tmp_path / "img"), "--offline",
                "--max-turns", "2", "--model", model, "--no-plot")
-    assert (tmp_path / "img" / "results.jsonl").is_file(), res.output  # the eval itself may exit 2: all failed
+    # the eval itself may exit 2: all failed
+    assert (tmp_path / "img" / "results.jsonl").is_file(), res.output
     res = CliRunner().invoke(cli, ["library", "build", str(tmp_path / "img"), "-o", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "no free-form turns" in res.output and "cannot look at images" in res.output
 
@@ -66,7 +67,8 @@ def test_library_from_a_real_smollm2_freeform_eval(smollm2_gguf, env, tmp_path):
     assert res.exit_code == 0, res.output
     records = [json.loads(x) for x in (ff / "results.jsonl").read_text().splitlines()]
     turns = [t for r in records for t in r["turn_log"]]
-    assert turns and all(isinstance(t["reasoning"], str) for t in turns)  # the eval keeps what the model wrote
+    # the eval keeps what the model wrote
+    assert turns and all(isinstance(t["reasoning"], str) for t in turns)
 
     lib_path = tmp_path / "built.json"
     res = _run("library", "build", str(ff), "-o", str(lib_path), "--all", "--min-support", "1")
@@ -94,7 +96,8 @@ def test_library_from_a_real_smollm2_freeform_eval(smollm2_gguf, env, tmp_path):
 
     # Both libraries side by side, one column each, on the same questions.
     cmp_dir = tmp_path / "cmp"
-    res = _run("eval", str(text), "--modes", "ssr", "--rationales", f"builtin,{lib_path}", "--out", str(cmp_dir),
+    res = _run("eval", str(text), "--modes", "ssr", "--rationales", f"builtin,{lib_path}", "--out",
+               str(cmp_dir),
                "--offline", "--max-turns", "2", "--model", model, "--limit", "2", "--no-plot")
     assert res.exit_code == 0, res.output
     metrics = json.loads((cmp_dir / "results.json").read_text())["metrics"]

@@ -26,7 +26,8 @@ def test_reasoning_view_names_the_library():
     """The header names the file of a custom library, 'built-in' for the shipped one, nothing for
     events stored before the field existed."""
     base = dict(turn=1, candidates=candidates([0.2, 0.2, 0.2, 0.2, 0.1, 0.1], 0), chosen=0, seconds=0.05)
-    assert "6 rationales from mine.json scored" in _head(ev.RationaleScored(**base, library="/home/u/libs/mine.json"))
+    assert "6 rationales from mine.json scored" in _head(
+        ev.RationaleScored(**base, library="/home/u/libs/mine.json"))
     assert "6 rationales from built-in scored" in _head(ev.RationaleScored(**base, library="built-in"))
     assert "6 rationales scored in one pass" in _head(ev.RationaleScored(**base))
 

@@ -27,7 +27,8 @@ def test_costs_round_trip_and_a_damaged_or_foreign_file_is_ignored(tmp_path):
     assert (back.agent_token, back.verify_token, back.lead) == (0.02, 0.004, {"answering": 0.3})
     other = Costs()
     assert MeasuredCosts.open(tmp_path, "k2", other).loaded == 0 and other.agent_token is None
-    (tmp_path / FILE_NAME).write_text('{"k1": {"agent_token": "fast", "prophet_token": -1, "verify_token": true}}')
+    (tmp_path / FILE_NAME).write_text('{"k1": {"agent_token": "fast", "prophet_token": -1, "verify_token": '
+                                      'true}}')
     assert MeasuredCosts.open(tmp_path, "k1", Costs()).loaded == 0
     (tmp_path / FILE_NAME).write_bytes(b"\x00\xffnot json")
     fresh = Costs(agent_token=0.5)
@@ -41,7 +42,8 @@ def test_the_key_names_both_model_files_and_the_threads():
     a, b = {"model": "aaa", "kv_type": "f16"}, {"model": "bbb", "kv_type": "f16"}
     k = costs_key(a, b, (1, 1, 0))
     assert k == costs_key(dict(a), dict(b), (1, 1, 0))
-    assert len({k, costs_key(b, a, (1, 1, 0)), costs_key(a, b, (2, 1, 0)), costs_key({**a, "model": "x"}, b, (1, 1, 0))}) == 4
+    assert len({k, costs_key(b, a, (1, 1, 0)), costs_key(a, b, (2, 1, 0)),
+                costs_key({**a, "model": "x"}, b, (1, 1, 0))}) == 4
 
 
 def test_a_new_process_prices_its_first_draft(tiny_models, edge_home, tmp_path):
@@ -51,7 +53,8 @@ def test_a_new_process_prices_its_first_draft(tiny_models, edge_home, tmp_path):
     from edge_agent.engine.engine import Engine
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
-                              "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
+                              "prophet": str(tiny_models["prophet"]),
+                              "prophet_mmproj": str(tiny_models["mmproj"]),
                               "n_threads": 1, "n_threads_batch": 1, "n_ctx": 4096, "offline": True,
                               "max_turns": 1, "answer_max_tokens": 6})
     photo = tmp_path / "p.png"

@@ -43,10 +43,12 @@ def test_auto_kv_type_follows_the_cache_size(tiny_models) -> None:
 
     tiny = modelfile.inspect(tiny_models["text"])
     assert auto_kv_type(tiny, 8192) == ("f16", 8192)
-    big = modelfile.ModelInfo(path=Path("x.gguf"), kind="text", architecture="qwen3vl", name="2b", file_type="Q4_K_M",
+    big = modelfile.ModelInfo(path=Path("x.gguf"), kind="text", architecture="qwen3vl", name="2b",
+                              file_type="Q4_K_M",
                               quantization="Q4_K", size_bytes=1 << 30, n_tensors=0, n_embd=2048, n_layer=28,
                               metadata={"qwen3vl.block_count": 28, "qwen3vl.attention.head_count": 16,
-                                        "qwen3vl.attention.head_count_kv": 8, "qwen3vl.attention.key_length": 128,
+                                        "qwen3vl.attention.head_count_kv": 8,
+                                        "qwen3vl.attention.key_length": 128,
                                         "qwen3vl.attention.value_length": 128})
     assert auto_kv_type(big, 8192) == ("f16", 4096) and auto_kv_type(big, 4096) == ("f16", 4096)
     shape = footprint.kv_shape_of_entry("qwen3-vl", "2B")

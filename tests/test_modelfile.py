@@ -1,5 +1,5 @@
-"""GGUF inspection and validation (edge_agent/modelfiles/checks.py): every bad file is a ModelFileError that says
-how to fix it, the process lives, and the checks guard against real llama.cpp aborts (shown in a child).
+"""GGUF inspection and validation (edge_agent/modelfiles/checks.py): every bad file is a ModelFileError that
+says how to fix it, the process lives, and the checks guard against real llama.cpp aborts (shown in a child).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def raises_fix(fn, *args, match: str, **kw) -> ModelFileError:
     with pytest.raises(ModelFileError, match=match) as ei:
         fn(*args, **kw)
     msg = ei.value.message.lower()
-    assert any(w in msg for w in ("use ", "pass ", "download", "check ", "delete", "run ", "decompress", "unpack",
+    assert any(w in msg
+               for w in ("use ", "pass ", "download", "check ", "delete", "run ", "decompress", "unpack",
                                   "fix ", "turn ")), ei.value.message
     return ei.value
 
@@ -47,14 +48,16 @@ def raises_fix(fn, *args, match: str, **kw) -> ModelFileError:
 def test_inspect_tiny_text_and_mmproj(tiny_models):
     """inspect() reports kind, architecture, sizes and the widths check_pair compares."""
     t = modelfile.inspect(tiny_models["text"])
-    assert (t.kind, t.architecture, t.name, t.file_type, t.quantization) == ("text", "qwen3vl", "tiny-qwen3vl", "F32", "F32")
+    assert (t.kind, t.architecture, t.name, t.file_type,
+            t.quantization) == ("text", "qwen3vl", "tiny-qwen3vl", "F32", "F32")
     assert (t.n_embd, t.n_layer, t.n_vocab, t.n_deepstack, t.n_embd_inp) == (64, 2, 636, 1, 128)
     assert t.uses_mrope and t.supports_vision and t.has_chat_template
     assert t.size_bytes == tiny_models["text"].stat().st_size and t.n_tensors == 2 + 11 * 2
     assert len(t.vocab_hash) == 64 and t.eos_token_id == 612
     assert "qwen3vl" in t.summary() and "n_embd 64" in t.summary()
     m = modelfile.inspect(str(tiny_models["mmproj"]))
-    assert (m.kind, m.architecture, m.projector_type, m.has_vision) == ("mmproj", "clip", "qwen3vl_merger", True)
+    assert (m.kind, m.architecture, m.projector_type, m.has_vision) == ("mmproj", "clip", "qwen3vl_merger",
+                                                                        True)
     assert (m.projection_dim, m.vision_deepstack, m.n_embd_out) == (64, 1, 128)
     assert (m.image_size, m.patch_size, m.spatial_merge_size, m.n_embd, m.n_layer) == (64, 16, 2, 32, 2)
     assert not m.supports_vision and "mmproj qwen3vl_merger" in m.summary()
@@ -86,7 +89,8 @@ def test_parser_agrees_with_gguf_reader(tiny_models):
 
 
 def test_token_lists_match_llama_cpp(tiny_models, smollm2_gguf):
-    """read_tokens() returns exactly the vocabulary llama.cpp loads (vocab-only load, in-process: valid files)."""
+    """read_tokens() returns exactly the vocabulary llama.cpp loads (vocab-only load, in-process: valid
+    files)."""
 
     import llama_cpp
 
@@ -110,7 +114,8 @@ def test_inspect_smollm2(smollm2_gguf):
     t0 = time.perf_counter()
     info = modelfile.inspect(smollm2_gguf)
     dt = time.perf_counter() - t0
-    assert (info.kind, info.architecture, info.file_type, info.quantization) == ("text", "llama", "Q4_1", "Q4_1")
+    assert (info.kind, info.architecture, info.file_type,
+            info.quantization) == ("text", "llama", "Q4_1", "Q4_1")
     assert (info.n_embd, info.n_layer, info.n_vocab, info.n_ctx_train) == (576, 30, 49152, 8192)
     assert info.has_chat_template and info.tokenizer_model == "gpt2" and info.n_deepstack == 0
     assert not info.uses_mrope and not info.supports_vision
@@ -141,7 +146,8 @@ def test_directory_lists_its_gguf_files(tmp_path):
         (b"PK\x03\x04" + b"\x00" * 64, "zip"),
         (b"\x1f\x8b\x08\x00" + b"\x00" * 64, "gzip"),
         (b"GGUF" + (99).to_bytes(4, "little") + b"\x00" * 64, "version 99"),
-        (b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2 + b"\x00" * 64, "truncated or corrupt"),
+        (b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2 + b"\x00" * 64,
+         "truncated or corrupt"),
     ],
     ids=["empty", "tiny", "text", "html", "zip", "gzip", "version", "huge-counts"],
 )
@@ -184,7 +190,8 @@ def test_truncated_at_many_offsets(tiny_models, tmp_path):
 
 
 def test_truncated_file_is_caught_before_llama_cpp(tiny_models, tmp_path):
-    """Validation names the problem; llama.cpp on the same file only returns NULL (its reason goes to the log)."""
+    """Validation names the problem; llama.cpp on the same file only returns NULL (its reason goes to the
+    log)."""
     p = tmp_path / "cut.gguf"
     p.write_bytes(tiny_models["text"].read_bytes()[:200_000])
     raises_fix(modelfile.validate_text_model, p, match="truncated")
@@ -332,8 +339,10 @@ def test_mmproj_without_vision_encoder(tmp_path):
 
 # --- tokenizers (SeProD: agent and prophet must share token ids) ----------------------------------
 def test_same_tokenizer(tiny_models):
-    modelfile.check_same_tokenizer(modelfile.inspect(tiny_models["text"]), modelfile.inspect(tiny_models["prophet"]))
-    modelfile.check_same_tokenizer(modelfile.inspect(tiny_models["text"]), modelfile.inspect(tiny_models["text_q8_0"]))
+    modelfile.check_same_tokenizer(modelfile.inspect(tiny_models["text"]),
+                                   modelfile.inspect(tiny_models["prophet"]))
+    modelfile.check_same_tokenizer(modelfile.inspect(tiny_models["text"]),
+                                   modelfile.inspect(tiny_models["text_q8_0"]))
 
 
 def test_one_changed_token_is_named(tmp_path, tiny_models):
@@ -341,7 +350,8 @@ def test_one_changed_token_is_named(tmp_path, tiny_models):
     tokens = list(tokens)
     tokens[300] = "Ġchanged"
     p = write_text(tmp_path / "other.gguf", vocab=(tokens, types, merges))
-    e = raises_fix(modelfile.check_same_tokenizer, modelfile.inspect(tiny_models["text"]), modelfile.inspect(p),
+    e = raises_fix(modelfile.check_same_tokenizer, modelfile.inspect(tiny_models["text"]),
+                   modelfile.inspect(p),
                    match="differ")
     assert "1 differing ids" in e.message and "id 300" in e.message and "Ġchanged" in e.message
     assert e.title == "Tokenizers differ"
@@ -371,7 +381,8 @@ def test_tokenizer_check_needs_text_models(tiny_models):
      (10, 10, 3, 3), (32, 2000, 1, 63)],
 )
 def test_estimate_image_tokens(tiny_models, w, h, nx, ny):
-    """Qwen smart resize: multiples of 32 px, 8..4096 tokens, aspect kept (checked against mtmd in test_tiny_models)."""
+    """Qwen smart resize: multiples of 32 px, 8..4096 tokens, aspect kept (checked against mtmd in
+    test_tiny_models)."""
     est = modelfile.estimate_image_tokens(modelfile.inspect(tiny_models["mmproj"]), w, h)
     assert (est.nx, est.ny) == (nx, ny)
     assert 8 <= est.n_tokens <= 4096 and est.n_pos == max(nx, ny)
@@ -386,7 +397,8 @@ def test_estimate_image_tokens_limits(tiny_models):
 
 
 def test_check_context():
-    assert modelfile.check_context(4096, prompt_tokens=600, image_tokens=713, reserve_tokens=256) == 4096 - 1569
+    assert modelfile.check_context(4096, prompt_tokens=600, image_tokens=713,
+                                   reserve_tokens=256) == 4096 - 1569
     with pytest.raises(ConfigError, match="at least 2048") as ei:
         modelfile.check_context(1024, prompt_tokens=600, image_tokens=713, reserve_tokens=256)
     assert ei.value.title == "Context too small" and "EDGE_AGENT_N_CTX" in ei.value.message

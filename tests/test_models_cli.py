@@ -1,4 +1,5 @@
-"""`edge-agent models ...` end to end: tiny Qwen3-VL GGUFs, the SmolLM2 demo, and pulls from a local fake hub."""
+"""`edge-agent models ...` end to end: tiny Qwen3-VL GGUFs, the SmolLM2 demo, and pulls from a local fake
+hub."""
 
 from __future__ import annotations
 
@@ -70,12 +71,14 @@ def rows(output: str) -> dict[str, list[str]]:
 
 
 # --- list ---------------------------------------------------------------------------------------
-def test_list_on_a_fresh_machine_offers_the_demo_and_the_catalog(edge_home, smollm2_gguf, tmp_path, monkeypatch):
+def test_list_on_a_fresh_machine_offers_the_demo_and_the_catalog(edge_home, smollm2_gguf, tmp_path,
+                                                                 monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_MODEL_CACHE", str(tmp_path / "no-wheel-models"))
     r = run("list")
     assert r.exit_code == 0, r.output
     t = rows(r.output)
-    assert t["smollm2-135m-demo"][1:3] == ["demo (offline)", "98.4 MB"] and t["smollm2-135m-demo"][-1] == "default"
+    assert t["smollm2-135m-demo"][1:3] == ["demo (offline)",
+                                           "98.4 MB"] and t["smollm2-135m-demo"][-1] == "default"
     assert "text only" in t["smollm2-135m-demo"]
     two_b = t["qwen3-vl-2b-instruct"]
     assert two_b[1:6] == ["available", "1.6 GB", "Q4_K_M", "qwen3vl", "mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf"]
@@ -98,7 +101,8 @@ def test_add_with_mmproj_then_info_verify_remove(edge_home, files, no_demo):
     s = Settings.load()
     assert resolve(s).name == "tiny" and resolve(s).mmproj_path == files["mmproj"]
     t = rows(run("list", "--installed").output)
-    assert t["tiny"][1:6] == ["added", "615 kB", "Q8_0", "qwen3vl", files["mmproj"].name] and t["tiny"][-1] == "default"
+    assert t["tiny"][1:6] == ["added", "615 kB", "Q8_0", "qwen3vl",
+                              files["mmproj"].name] and t["tiny"][-1] == "default"
 
     r = run("info", "tiny")
     assert r.exit_code == 0 and "added (registered by path)" in r.output
@@ -106,7 +110,8 @@ def test_add_with_mmproj_then_info_verify_remove(edge_home, files, no_demo):
 
     r = run("verify", "tiny", "--prophet", str(files["prophet"]))
     assert r.exit_code == 0, r.output
-    assert "✓ pairing" in r.output and "shares the tokenizer (636 tokens)" in r.output and r.output.endswith("OK\n")
+    assert ("✓ pairing" in r.output and "shares the tokenizer (636 tokens)" in r.output
+            and r.output.endswith("OK\n"))
 
     r = run("remove", "tiny")
     assert r.exit_code == 0 and "left where they are" in r.output
@@ -164,7 +169,8 @@ def test_demo_info_and_verify(edge_home, smollm2_gguf):
 
 
 def test_unknown_names_suggest_close_ones(edge_home):
-    for args in (("pull", "qwen3-vl-2b-instruc"), ("info", "qwen3vl-2b-instruct"), ("verify", "qwen3-vl-4b-thinkin")):
+    for args in (("pull", "qwen3-vl-2b-instruc"), ("info", "qwen3vl-2b-instruct"),
+                 ("verify", "qwen3-vl-4b-thinkin")):
         r = run(*args)
         assert r.exit_code == 2 and "Did you mean: qwen3-vl-" in r.output, r.output
     r = run("remove", "nothing-like-it")
@@ -182,7 +188,8 @@ def test_pull_makes_the_default_model_then_verify_checksum_and_remove(edge_home,
     folder = s.models_dir / repo_dirname(REPO)
     m = resolve(s)
     assert (m.name, m.model_path, m.mmproj_path) == (
-        "qwen3-vl-2b-instruct", folder / "Qwen3VL-2B-Instruct-Q4_K_M.gguf", folder / "mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf")
+        "qwen3-vl-2b-instruct", folder / "Qwen3VL-2B-Instruct-Q4_K_M.gguf",
+        folder / "mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf")
     t = rows(run("list").output)
     assert t["qwen3-vl-2b-instruct"][1] == "installed" and t["qwen3-vl-2b-instruct"][-1] == "default"
 
@@ -214,7 +221,8 @@ def test_pull_of_a_corrupted_file_fails_and_nothing_is_installed(edge_home, hub,
 
 
 def test_interrupted_pull_is_listed_as_partial_and_resumes(edge_home, hub, no_demo, monkeypatch):
-    """A pull that gives up leaves a .part: `list` says partial (never installed); the next pull resumes it."""
+    """A pull that gives up leaves a .part: `list` says partial (never installed); the next pull resumes
+    it."""
     import edge_agent.modelfiles.hub as hubmod
 
     real_init = hubmod.HubClient.__init__

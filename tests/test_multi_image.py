@@ -27,7 +27,8 @@ from tests.test_read_ahead import assert_same, load, opened, type_slowly
 
 
 def edge(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True,
+                          text=True,
                           timeout=timeout, env=dict(os.environ))
 
 

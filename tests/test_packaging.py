@@ -1,4 +1,5 @@
-"""The distribution installs one top-level name, ``edge_agent``: the tools/ folder ships as ``edge_agent.tools``."""
+"""The distribution installs one top-level name, ``edge_agent``: the tools/ folder ships as
+``edge_agent.tools``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_installed_distribution_provides_no_top_level_tools(tmp_path):
-    """Outside the checkout (isolated mode: no cwd, no PYTHONPATH), `tools` is not importable, `edge_agent.tools` is."""
+    """Outside the checkout (isolated mode: no cwd, no PYTHONPATH), `tools` is not importable,
+    `edge_agent.tools` is."""
     code = (
         "import importlib.util, edge_agent.tools.search as s; "
         "print(importlib.util.find_spec('tools'), s.__file__)"

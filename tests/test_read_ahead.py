@@ -42,7 +42,8 @@ def green(tmp_path: Path) -> Path:
 
 def load(kind: str, tiny_models, smollm2_gguf=None) -> Model:
     if kind == "tiny":
-        return Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=8192, n_threads=1, n_threads_batch=1,
+        return Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=8192, n_threads=1,
+                          n_threads_batch=1,
                           kv_type="f32")
     return Model.load(smollm2_gguf, n_ctx=4096, n_threads=1, n_threads_batch=1, flash_attn="on")
 
@@ -89,9 +90,11 @@ SCENARIOS = ["typed", "typed_on", "edited", "reattached", "rolled_back_then_text
 
 @pytest.mark.parametrize("kind,scenario", [("tiny", s) for s in SCENARIOS] + [
     ("smol", s) for s in ("typed", "typed_on", "edited", "rolled_back_then_text")])
-def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_models, smollm2_gguf, settings,
+def test_read_ahead_answers_as_reading_everything_at_enter(kind, scenario, tiny_models, smollm2_gguf,
+                                                           settings,
                                                            photo, tmp_path):
-    """Two questions of one chat (the first about a photo on the vision model): read ahead vs read at Enter."""
+    """Two questions of one chat (the first about a photo on the vision model): read ahead vs read at
+    Enter."""
     a, b = load(kind, tiny_models, smollm2_gguf), load(kind, tiny_models, smollm2_gguf)
     ea, eb = Engine(a, settings), Engine(b, settings)
     opts = AgentOptions.from_settings(settings)
@@ -166,7 +169,8 @@ def test_a_rolled_back_read_ahead_leaves_the_context_as_before(tiny_models, sett
 
         before, logits = snapshot(), s.next_logits()
         type_slowly(e, "What colour is the door under the sign", green(tmp_path), first[-1].context)
-        assert e.ahead is not None and e.ahead.image is not None and s.n_cells > before[0] + e.ahead.image.n_tokens
+        assert (e.ahead is not None and e.ahead.image is not None
+                and s.n_cells > before[0] + e.ahead.image.n_tokens)
         e.drop_read_ahead()
         assert snapshot() == before and np.array_equal(s.next_logits(), logits)
         assert e.ahead is None
@@ -212,7 +216,8 @@ def test_a_question_sent_while_the_photo_is_read_takes_it_over(tiny_models, sett
     try:
         e.read_ahead("What is", photo)
         assert started.wait(20)
-        answer = AgentOptions.from_settings(settings, policy=lambda turn, allowed: {"answer"})  # no crop decoded
+        # no crop decoded
+        answer = AgentOptions.from_settings(settings, policy=lambda turn, allowed: {"answer"})
         events = list(e.ask(AskRequest("What is it?", photo, options=answer)))
         assert events[-1].kind == "final_answer"
         assert decodes == ["read-ahead"] and m.vision_encodes == 1
@@ -255,7 +260,8 @@ def test_the_system_prompt_counts_where_it_was_evaluated(tiny_models, edge_home)
             if ahead:
                 type_slowly(e, "What is it?", None, "")
             o = opened(list(e.ask(AskRequest("What is it?", None, options=opts))))
-            counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored, o.tokens_read_ahead,
+            counts.append((o.source, o.tokens_reused, o.tokens_evaluated, o.system_restored,
+                           o.tokens_read_ahead,
                            e.contexts.boundaries[0].cp.n_cells))
         finally:
             e.close()

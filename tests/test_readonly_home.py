@@ -33,7 +33,8 @@ def _can_confine() -> bool:
     if shutil.which("unshare") is None:
         return False
     r = subprocess.run([*_unshare(), "sh", "-c", "mount -t tmpfs tmpfs /mnt 2>/dev/null || "
-                        "mount -t tmpfs tmpfs \"$TMPDIR\""], capture_output=True, env={**os.environ, "TMPDIR": "/tmp"})
+                        "mount -t tmpfs tmpfs \"$TMPDIR\""], capture_output=True,
+                       env={**os.environ, "TMPDIR": "/tmp"})
     return r.returncode == 0
 
 
@@ -50,7 +51,8 @@ def confined(home: Path, args: list[str], *, mount: str, timeout: float = 180,
     else:  # the home copied onto a small tmpfs, which is then filled to the last byte
         setup = (f"cp -a {h} {h}.src && mount -t tmpfs -o size=2m tmpfs {h} && cp -a {h}.src/. {h} && "
                  f"rm -rf {h}.src && (dd if=/dev/zero of={h}/.filler bs=4k 2>/dev/null; true)")
-    cmd = [sys.executable, "-c", python] if python else [sys.executable, "-m", "edge_agent.commands.cli", *args]
+    cmd = [sys.executable, "-c", python] if python else [sys.executable, "-m", "edge_agent.commands.cli",
+                                                         *args]
     script = f"{setup} && exec {' '.join(shlex.quote(c) for c in cmd)}"
     return subprocess.run([*_unshare(), "sh", "-c", script], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**os.environ, **SMALL, "EDGE_AGENT_HOME": str(home)})
@@ -62,7 +64,8 @@ def home(edge_home: Path, tiny_models, tmp_path: Path) -> Path:
     env = {**os.environ, **SMALL}
     tiny = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"])]
     for args in (["config", "set", "max_turns", "1"], ["ask", "What is red?", *tiny]):
-        r = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True, text=True, env=env,
+        r = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", *args], capture_output=True,
+                           text=True, env=env,
                            timeout=180)
         assert r.returncode in (0, 1), r.stderr
     return edge_home
@@ -73,7 +76,8 @@ def clean(r: subprocess.CompletedProcess) -> None:
 
 
 @needs_namespace
-@pytest.mark.parametrize("args", [["chats"], ["chats", "show", "1"], ["models", "list"], ["config", "explain"],
+@pytest.mark.parametrize("args",
+                         [["chats"], ["chats", "show", "1"], ["models", "list"], ["config", "explain"],
                                   ["config", "show"], ["cache", "stats"]])
 def test_reading_commands_work_on_a_read_only_home(home: Path, args: list[str]):
     r = confined(home, args, mount="readonly")
@@ -166,8 +170,10 @@ def test_the_app_opens_read_only_with_a_banner(home: Path, tmp_path: Path):
         """)
     r = confined(home, [], mount="readonly", python=script)
     clean(r)
-    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("BANNER", "ANSWER")))
-    assert lines["BANNER"].startswith("True") and "read-only file system" in lines["BANNER"], r.stdout + r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines()
+                 if line.startswith(("BANNER", "ANSWER")))
+    assert (lines["BANNER"].startswith("True")
+            and "read-only file system" in lines["BANNER"]), r.stdout + r.stderr
     assert "EDGE_AGENT_HOME" in lines["BANNER"]
     assert lines["ANSWER"].startswith("answered") and "OPEN" in lines["ANSWER"]
     with sqlite3.connect(home / "chats.sqlite3") as db:  # nothing was written to the read-only home

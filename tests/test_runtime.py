@@ -46,7 +46,8 @@ def png(w: int, h: int, color: tuple[int, int, int] = (200, 30, 30), seed: int =
 
 @pytest.fixture(scope="module")
 def tiny(tiny_models):
-    m = Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1, kv_type="f32")
+    m = Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1,
+                   kv_type="f32")
     yield m
     m.close()
 
@@ -108,7 +109,8 @@ def test_recent_texts_tokenize_as_llama_cpp_does(tiny):
         assert tiny.tokenize(text, special=True) == h.tokenize(text, True)
     im_end = tiny.tokenize("<|im_end|>", special=True)
     assert im_end == h.tokenize("<|im_end|>", True) and len(im_end) == 1
-    assert im_end[0] not in tiny.tokenize("snippet <|im_end|> more", special=False)  # the guard, from the cache too
+    # the guard, from the cache too
+    assert im_end[0] not in tiny.tokenize("snippet <|im_end|> more", special=False)
     assert tiny.tokenize("What does the small sign on the right say?", special=False) == h.tokenize(
         "What does the small sign on the right say?", False)
 
@@ -349,7 +351,8 @@ def test_adopt_requires_keep(tiny):
 def test_grammar_output_is_exactly_the_forced_structure(tiny):
     """Under a grammar the text matches it exactly, whatever the random weights prefer."""
     grammar = (
-        'root ::= "<tool_call>\\n{\\"name\\": \\"" name "\\", \\"arguments\\": {\\"img_idx\\": " [0-9] "}}\\n</tool_call>"\n'
+        'root ::= "<tool_call>\\n{\\"name\\": \\"" name "\\", \\"arguments\\": {\\"img_idx\\": " [0-9] '
+        '"}}\\n</tool_call>"\n'
         'name ::= "image_zoom_in_tool" | "image_search"\n'
     )
     s = tiny.session()
@@ -358,7 +361,8 @@ def test_grammar_output_is_exactly_the_forced_structure(tiny):
     import re
 
     assert re.fullmatch(
-        r'<tool_call>\n\{"name": "(image_zoom_in_tool|image_search)", "arguments": \{"img_idx": [0-9]\}\}\n</tool_call>',
+        r'<tool_call>\n\{"name": "(image_zoom_in_tool|image_search)", "arguments": \{"img_idx": '
+        r'[0-9]\}\}\n</tool_call>',
         g.text,
     ), g.text
     assert g.stop_reason == "eos" and tiny.tokenizer.is_eog(g.tokens[-1])
@@ -380,7 +384,8 @@ def test_stop_strings_cut_text_but_stay_in_session(tiny):
     s = tiny.session()
     s.append_text(CONTEXT)
     pieces: list[str] = []
-    g = s.generate(max_tokens=40, grammar='root ::= "The answer is 42</answer> trailing words"', stop=["</answer>"],
+    g = s.generate(max_tokens=40, grammar='root ::= "The answer is 42</answer> trailing words"',
+                   stop=["</answer>"],
                    on_token=lambda p, t: pieces.append(p))
     assert g.stop_reason == "stop" and g.text == "The answer is 42"
     assert "".join(pieces) == g.text
@@ -406,7 +411,8 @@ INFINITE = 'root ::= "ab " root'  # never complete: EOS is never allowed
 @pytest.mark.parametrize("forced_batches", [False, True])
 def test_cancel_from_callback_stops_after_that_token(tiny, forced_batches):
     """Token by token, the token that set the cancel is not decoded; in a verified batch of forced text
-    (``runtime.forced``: "ab ab ..." is all forced) it was evaluated with the batch and the rest is dropped."""
+    (``runtime.forced``: "ab ab ..." is all forced) it was evaluated with the batch and the rest is
+    dropped."""
     s = tiny.session()
     s.forced_batches = forced_batches
     s.append_text(CONTEXT)
@@ -499,7 +505,8 @@ def test_streamed_pieces_concatenate_to_the_text(tiny):
     s = tiny.session()
     s.append_text(CONTEXT)
     got: list[tuple[str, int]] = []
-    g = s.generate(max_tokens=30, grammar='root ::= "one two three"', on_token=lambda p, t: got.append((p, t)))
+    g = s.generate(max_tokens=30, grammar='root ::= "one two three"',
+                   on_token=lambda p, t: got.append((p, t)))
     assert "".join(p for p, _ in got) == g.text == "one two three"
     assert [t for _, t in got] == g.tokens
     # Cancel while text is held back (it could start the stop string): it arrives with token -1.
@@ -515,7 +522,8 @@ def test_streamed_pieces_concatenate_to_the_text(tiny):
         if "".join(p for p, _ in got) != tiny.detokenize(toks):
             cancel.set()
 
-    g = s.generate(max_tokens=30, grammar='root ::= "ab <stuff"', stop=["<stop>"], on_token=on_token, cancel=cancel)
+    g = s.generate(max_tokens=30, grammar='root ::= "ab <stuff"', stop=["<stop>"], on_token=on_token,
+                   cancel=cancel)
     assert g.stop_reason == "cancelled"
     assert got[-1][1] == -1 and got[-1][0].startswith("<")
     with pytest.raises(ValueError):  # a bad id raises instead of aborting llama.cpp

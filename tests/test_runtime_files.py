@@ -84,7 +84,8 @@ def test_bad_files_raise_clear_errors_and_the_process_lives(tiny_models, tmp_pat
     assert proc.returncode == 0, f"child died (rc={proc.returncode}): {proc.stderr[-2000:]}"
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
-    for name in ("missing", "truncated", "not_gguf", "mmproj_as_model", "model_as_mmproj", "mismatched_mmproj",
+    for name in ("missing", "truncated", "not_gguf", "mmproj_as_model", "model_as_mmproj",
+                 "mismatched_mmproj",
                  "image_without_mmproj", "mismatched_mmproj_unvalidated"):
         kind, title, message = res[name]
         assert kind == "ModelFileError", (name, res[name])
@@ -110,7 +111,8 @@ def test_extra_buffers_mapping(monkeypatch, setting, amx, expected):
 def test_amx_detection_reads_system_info(monkeypatch):
     from edge_agent.runtime import _lib
 
-    monkeypatch.setattr(_lib, "system_info", lambda: "CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 |")
+    monkeypatch.setattr(_lib, "system_info",
+                        lambda: "CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 |")
     assert _lib.built_with_amx()
     monkeypatch.setattr(_lib, "system_info", lambda: "CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 0 |")
     assert not _lib.built_with_amx()

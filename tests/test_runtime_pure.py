@@ -122,5 +122,6 @@ def test_image_digests_are_sha256_of_the_bytes_whichever_object_holds_them():
     pngs = [bytes([i]) * 5000 for i in range(7)]
     for p in pngs + pngs[::-1]:
         assert image_digest(p) == hashlib.sha256(p).hexdigest()
-        assert image_digest(bytes(bytearray(p))) == image_digest(bytearray(p)) == hashlib.sha256(p).hexdigest()
+        assert image_digest(
+            bytes(bytearray(p))) == image_digest(bytearray(p)) == hashlib.sha256(p).hexdigest()
     assert len({image_digest(p) for p in pngs}) == len(pngs)

@@ -61,7 +61,8 @@ def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) 
         for _ in range(12):
             logits = rng.standard_normal(m.n_vocab).astype(np.float32)
             with Sampler(m.handle, grammar=tail_grammar("zoom"), temperature=0.0, seed=0) as smp:
-                for prefix in ([], m.tokenize("12", special=False), m.tokenize(', 5, 6, 7], "label": "', special=False)):
+                for prefix in ([], m.tokenize("12", special=False),
+                               m.tokenize(', 5, 6, 7], "label": "', special=False)):
                     for t in prefix:
                         smp.accept(t)
                     want = int(np.argmax(smp._mask(logits)))

@@ -258,7 +258,8 @@ def test_a_failing_prophet_is_an_observation_not_a_crash(drafter):
     agent = FakeSession(FakeModel())
     gen = drafter.answer(agent, turn=1, image=b"I", question="q")
     events, v = run_hook(gen)
-    assert [type(e) for e in events] == [AgentError] and not events[0].fatal and "prophet" in events[0].message
+    assert [type(e)
+            for e in events] == [AgentError] and not events[0].fatal and "prophet" in events[0].message
     assert v.accepted == 0 and v.accepted_text == "" and agent.log == []
 
 
@@ -332,7 +333,8 @@ def test_answer_budget_caps_lead_and_accepted_tokens():
         agent.prefer = [ord("\n")]
         events, v = run_hook(d.answer(agent, turn=1, image=None, question="q", max_tokens=3))
         assert v.lead == (10,) and v.accepted == 2 and agent.log == [("tokens", [10, 97, 98])]
-        assert v.accepted_text == "ab" and next(e for e in events if isinstance(e, DraftVerified)).drafted == 2
+        assert v.accepted_text == "ab" and next(e for e in events
+                                                if isinstance(e, DraftVerified)).drafted == 2
         agent = FakeSession(FakeModel())
         agent.prefer = [ord("\n")]
         events, v = run_hook(d.answer(agent, turn=1, image=None, question="q2", max_tokens=1))
@@ -351,7 +353,8 @@ def test_drafter_default_tau_is_the_settings_default():
 
 
 def test_prophet_threads_leave_the_agent_its_cores():
-    assert seprod_policy.prophet_threads(1, 2) == 1  # 2 cores: the agent decodes on 1, the prophet on the other
+    # 2 cores: the agent decodes on 1, the prophet on the other
+    assert seprod_policy.prophet_threads(1, 2) == 1
     assert seprod_policy.prophet_threads(3, 4) == 1
     assert seprod_policy.prophet_threads(4, 8) == 4
     assert seprod_policy.prophet_threads(8, 8) == 1  # never 0
@@ -363,7 +366,8 @@ def test_shared_threads_fit_the_cores_together():
     assert seprod_policy.shared_threads(8, 8) == (7, 1)  # the agent's decoding gives up the prophet's core
     assert seprod_policy.shared_threads(4, 8) == (4, 4)
     assert seprod_policy.shared_threads(3, 4) == (3, 1)
-    assert seprod_policy.shared_threads(1, 1) == (1, 1)  # one core: the prophet only drafts while the agent is idle
+    # one core: the prophet only drafts while the agent is idle
+    assert seprod_policy.shared_threads(1, 1) == (1, 1)
     # a 2B agent decoding on both of 2 cores keeps them (2 threads: 79 ms/token, 1: 147): the prophet
     # computes only while it fits beside the agent (runtime.cores)
     assert seprod_policy.shared_threads(2, 2) == (2, 1)
@@ -539,7 +543,8 @@ def test_low_acceptance_mode_is_not_drafted_and_says_so():
         d.start(image=None, question="q3")
         events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q3"))
         assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "low_acceptance"
-        assert sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log) == gens_before  # not drafted
+        # not drafted
+        assert sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log) == gens_before
         d.reset(new_chat=True)  # a new chat starts from the prior again
         assert d.adaptive.plan(seprod_math.ANSWERING, d.costs).use
     finally:
@@ -553,18 +558,23 @@ def test_the_app_shows_verdicts_waits_and_skipped_drafts():
 
     prop = DraftProposed(turn=2, mode="grounding", text="No, it is gone", tokens=(1, 2, 3), seconds=0.1,
                          waited=0.02, note="L_d 8 of 16 (recent acceptance 0.30)")
-    ver = DraftVerified(turn=2, mode="grounding", accepted=1, drafted=3, accepted_text="No", scores=(1.0, 0.0, 0.0),
+    ver = DraftVerified(turn=2, mode="grounding", accepted=1, drafted=3, accepted_text="No",
+                        scores=(1.0, 0.0, 0.0),
                         seconds=0.01, verdict="no", verdict_accepted=True)
     line = draft_text(ver, prop).plain
-    assert "verdict NO" in line and "look elsewhere" in line and "waited 20 ms" in line and "L_d 8 of 16" in line
+    assert ("verdict NO" in line and "look elsewhere" in line and "waited 20 ms" in line
+            and "L_d 8 of 16" in line)
     assert "1/3 tokens accepted" in line
-    unclear = DraftVerified(turn=2, mode="grounding", accepted=0, drafted=3, accepted_text="", scores=(0.0,) * 3,
+    unclear = DraftVerified(turn=2, mode="grounding", accepted=0, drafted=3, accepted_text="",
+                            scores=(0.0,) * 3,
                             seconds=0.01)
     assert "verdict unclear" in draft_text(unclear, None).plain
-    skip = DraftSkipped(turn=1, mode="answering", reason="not_ready", detail="expected wait 300 ms > expected saving 20 ms",
+    skip = DraftSkipped(turn=1, mode="answering", reason="not_ready",
+                        detail="expected wait 300 ms > expected saving 20 ms",
                         waited=0.0)
     line = skipped_text(skip).plain
-    assert "draft skipped: not ready in time" in line and "expected wait 300 ms" in line and "waited" not in line
+    assert ("draft skipped: not ready in time" in line and "expected wait 300 ms" in line
+            and "waited" not in line)
     skip = DraftSkipped(turn=1, mode="grounding", reason="low_acceptance", detail="grounding drafts off")
     assert "recent drafts were not accepted" in skipped_text(skip).plain
 
@@ -593,10 +603,12 @@ async def test_the_app_shows_the_verdict_and_skipped_drafts_of_a_stored_chat(edg
     for e in (ev.TurnStarted(turn=1), ev.DraftSkipped(turn=1, mode="answering", reason="not_ready",
                                                        detail="expected wait 300 ms > expected saving 20 ms"),
               ev.TurnStarted(turn=2),
-              ev.DraftProposed(turn=2, mode="grounding", text="No, it is not here", tokens=(1, 2, 3), seconds=0.2),
+              ev.DraftProposed(turn=2, mode="grounding", text="No, it is not here", tokens=(1, 2, 3),
+                               seconds=0.2),
               ev.DraftVerified(turn=2, mode="grounding", accepted=2, drafted=3, accepted_text="No,",
                                scores=(0.9, 0.8, 0.01), seconds=0.05, verdict="no", verdict_accepted=True),
-              ev.DraftSkipped(turn=2, mode="answering", reason="low_acceptance", detail="answering drafts off"),
+              ev.DraftSkipped(turn=2, mode="answering", reason="low_acceptance",
+                              detail="answering drafts off"),
               ev.AnswerToken(turn=2, text="Stop"),
               ev.FinalAnswer(answer="Stop", turns=2, stop_reason="answered")):
         store.add_event(mid, e)
@@ -663,7 +675,8 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
             assert [type(e) for e in events] == [DraftSkipped] and v.skipped == "not_ready"
             details.append(events[0].detail)
             d.wait_idle(timeout=5)  # the cancelled draft has ended
-        assert details[0].startswith(("the draft is not ready", "the draft was not ready"))  # drafted, cancelled
+        # drafted, cancelled
+        assert details[0].startswith(("the draft is not ready", "the draft was not ready"))
         assert "would not be ready in time" in details[-1]  # not drafted at all
         assert d.costs.prefill_same_image is not None and d.costs.lead[seprod_math.ANSWERING] < 0.05
     finally:
@@ -675,14 +688,17 @@ def test_probes_of_drafts_that_never_fit_back_off():
     many, and so on: little prophet work is spent on checking whether the machine got faster."""
     d = seprod.Drafter(FakeModel("abc"), agent_vocab=V, draft_len=16, background=True)
     try:
-        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod_math.ANSWERING] = 0.05, 0.05, 0.01
+        d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[
+            seprod_math.ANSWERING] = (0.05, 0.05, 0.01)
         mode = seprod_math.ANSWERING
-        plans = [d.fitter.fit(mode, seprod_policy.Plan(True, 16), d.costs, d.adaptive.acceptance(mode), ahead=0.0,
+        plans = [d.fitter.fit(mode, seprod_policy.Plan(True, 16), d.costs, d.adaptive.acceptance(mode),
+                              ahead=0.0,
                               new_image=False)[0] for _ in range(24)]
         probes = [i for i, p in enumerate(plans) if p.use]
         g = seprod_policy.PROBE_EVERY
         assert probes == [g - 1, g - 1 + 2 * g, g - 1 + 2 * g + 4 * g][: len(probes)] and len(probes) >= 2
-        assert all(plans[i].draft_len == seprod_policy.MIN_DRAFT_LEN and "probing" in plans[i].note for i in probes)
+        assert all(plans[i].draft_len == seprod_policy.MIN_DRAFT_LEN and "probing" in plans[i].note
+                   for i in probes)
         assert all(p.reason == "not_ready" for p in plans if not p.use)
     finally:
         d.close()
@@ -696,7 +712,8 @@ def test_a_probe_that_is_ready_but_accepts_nothing_still_backs_off():
     for text, tau, gap in (("abc", 0.99, 2 * g), ("abc", 0.0, None)):
         d = seprod.Drafter(FakeModel(text), agent_vocab=V, draft_len=16, tau=tau, background=True)
         try:
-            d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[seprod_math.ANSWERING] = 0.05, 0.05, 0.01
+            d.costs.prophet_token, d.costs.prefill_same_image, d.costs.lead[
+                seprod_math.ANSWERING] = (0.05, 0.05, 0.01)
             for _ in range(g):  # g - 1 skips, then the probe, prepared as Drafter.start does
                 d.start(image=None, question="q")
                 run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q"))

@@ -43,7 +43,8 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
     CountingShare.made.clear()
     monkeypatch.setattr(cores, "CoreShare", CountingShare)  # the engine takes it from here when it loads
     assert bench_seprod.main(["--pairs", "tiny", "--reps", "1", "--questions", "1", "--answer-tokens", "6",
-                              "--sections", "questions,search", "--search-latency", "1.0", "--min-seconds", "0",
+                              "--sections", "questions,search", "--search-latency", "1.0", "--min-seconds",
+                              "0",
                               "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     (pair,) = res["pairs"]
@@ -51,7 +52,8 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
     assert q["reps"] == 1  # --min-seconds 0: exactly --reps
     assert res["latency_ratio_on_off"] == q["latency_ratio_on_off"] > 0
     assert pair["shared_mmproj"] and q["images"] == 2  # the question's image and the zoomed crop
-    assert res["vision_encodes_per_image"] == q["vision_encodes_per_image"] == q["vision_encodes"] / q["images"]
+    assert res[
+        "vision_encodes_per_image"] == q["vision_encodes_per_image"] == q["vision_encodes"] / q["images"]
     # one encode per image: the agent's embedding reaches the prophet (for the question's image, read
     # by both models at the same moment, the second waits for the first one's encode)
     assert q["vision_encodes"] == q["images"]
@@ -68,7 +70,8 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
     share = CountingShare.made[0]
     n_on = 2
     assert q["prophet_preemptions_per_question"] * n_on == share.seen_preempts == share.preemptions
-    assert abs(q["prophet_paused_seconds_per_question"] * n_on - share.seen_wait) < 0.01 + 1e-4 * share.seen_preempts
+    assert abs(
+        q["prophet_paused_seconds_per_question"] * n_on - share.seen_wait) < 0.01 + 1e-4 * share.seen_preempts
     # a search first: the prophet drafts during the agent's call and the network wait; the draft is
     # ready at the answer and used (the tiny pair's random weights accept nothing: used, not accepted)
     srch = pair["search"]

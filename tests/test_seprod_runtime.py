@@ -26,7 +26,8 @@ from tests.test_seprod import run_hook
 
 KW = dict(n_ctx=2048, n_threads=1, n_threads_batch=1)
 SMOL_Q = "Describe the Eiffel Tower."  # a draft SmolLM2's two contexts partly disagree on
-AGENT_PROMPT = "<|im_start|>system\nYou answer briefly.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+AGENT_PROMPT = ("<|im_start|>system\nYou answer "
+                "briefly.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
 
 
 def png(color=(200, 30, 30), size=(64, 64)) -> bytes:
@@ -251,7 +252,8 @@ def test_background_drafting_gives_the_same_draft(tiny_pair):
         d.close()
 
 
-def test_tokenizer_mismatch_is_refused_before_any_model_loads(tiny_models, smollm2_gguf, edge_home, monkeypatch):
+def test_tokenizer_mismatch_is_refused_before_any_model_loads(tiny_models, smollm2_gguf, edge_home,
+                                                              monkeypatch):
     """Qwen3-VL agent + SmolLM2 prophet: ModelFileError naming both files, and Model.load never ran."""
     from edge_agent.core.config import Settings
     from edge_agent.engine.engine import Engine
@@ -287,7 +289,8 @@ def run_episode(agent, prophet, *, mode, image, tmp_path, tau=0.0, question="Wha
     from edge_agent.tools.search import SearchTools
 
     settings = Settings.load({"offline": True, "n_threads": 1, "n_threads_batch": 1, "answer_max_tokens": 8,
-                              "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path), **(settings_extra or {})},
+                              "freeform_max_tokens": 8, "max_turns": 2, "home": str(tmp_path),
+                              **(settings_extra or {})},
                              env={"EDGE_AGENT_HOME": str(tmp_path)})
     path = None
     if image:
@@ -319,7 +322,8 @@ def test_episode_with_zoom_grounds_then_answers(tiny_pair, tmp_path, mode):
     props = [e for e in events if isinstance(e, DraftProposed)]
     vers = [e for e in events if isinstance(e, DraftVerified)]
     assert [p.mode for p in props] == ["grounding", "answering"] and all(v.turn == 2 for v in vers)
-    assert all(0 < v.accepted == v.drafted for v in vers)  # tau = 0: the whole draft, and a draft is not empty
+    # tau = 0: the whole draft, and a draft is not empty
+    assert all(0 < v.accepted == v.drafted for v in vers)
     grounding, answering = vers
     assert grounding.accepted_text.strip() and answering.accepted_text.strip()
     final = events[-1]
@@ -412,8 +416,10 @@ def test_ask_with_prophet_flags_streams_draft_events(tiny_models, edge_home, mon
     photo = tmp_path / "p.png"
     Image.new("RGB", (80, 60), (120, 40, 40)).save(photo)
     r = CliRunner().invoke(cli, ["ask", str(photo), "What colour is it?", "--model", str(tiny_models["text"]),
-                                 "--mmproj", str(tiny_models["mmproj"]), "--prophet", str(tiny_models["prophet"]),
-                                 "--prophet-mmproj", str(tiny_models["mmproj"]), "--offline", "--max-turns", "1",
+                                 "--mmproj", str(tiny_models["mmproj"]), "--prophet",
+                                 str(tiny_models["prophet"]),
+                                 "--prophet-mmproj", str(tiny_models["mmproj"]), "--offline", "--max-turns",
+                                 "1",
                                  "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -430,7 +436,8 @@ def test_engine_loads_the_prophet_and_reports_both_models_memory(tiny_models, ed
     from edge_agent.engine.engine import Engine
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
-                              "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
+                              "prophet": str(tiny_models["prophet"]),
+                              "prophet_mmproj": str(tiny_models["mmproj"]),
                               "n_threads": 1, "n_threads_batch": 1, "n_ctx": 2048, "offline": True})
     said = []
     engine = Engine.from_settings(settings, progress=lambda msg, frac: said.append(msg))
@@ -526,7 +533,8 @@ def test_a_mode_whose_drafts_are_rejected_stops_drafting_in_the_chat(tiny_pair, 
     try:
         context = None
         for q in ("What colour is it?", "Is it square?"):  # one chat: each question continues the last
-            events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d, question=q,
+            events, _ = run_episode(agent, prophet, mode="ssr", image=False, tmp_path=tmp_path, drafter=d,
+                                    question=q,
                                     context=context)
             assert any(isinstance(e, DraftVerified) and e.accepted == 0 for e in events)
             context = events[-1].context
@@ -557,7 +565,8 @@ class ScriptedDrafter(seprod.Drafter):
     def _draft_now(self, job):
         self.queries.append((job.mode, job.query))
         toks = tuple(self.prophet.tokenize(self.script[job.mode], special=False))
-        return seprod_math.Draft(job.mode, job.query, toks, np.zeros(len(toks)), self.prophet.detokenize(toks), 0.0,
+        return seprod_math.Draft(job.mode, job.query, toks, np.zeros(len(toks)),
+                                 self.prophet.detokenize(toks), 0.0,
                             draft_len=job.plan.draft_len)
 
 
@@ -566,7 +575,8 @@ def test_an_accepted_no_verdict_steers_the_next_turn_elsewhere(tiny_pair, tmp_pa
     verdict is parsed and shown, and the agent's think block holds the accepted text and then the
     steer to look elsewhere, before the SSR rationales are scored."""
     agent, _ = tiny_pair
-    d = ScriptedDrafter(agent, {seprod_math.GROUNDING: "No, there is no sign here.", seprod_math.ANSWERING: "Red"},
+    d = ScriptedDrafter(agent,
+                        {seprod_math.GROUNDING: "No, there is no sign here.", seprod_math.ANSWERING: "Red"},
                         tau=0.0, draft_len=16)
     try:
         events, s = run_episode(agent, None, mode="ssr", image=True, tmp_path=tmp_path, drafter=d)
@@ -592,7 +602,8 @@ def test_engine_gives_the_prophet_the_cores_the_agent_leaves(tiny_models, edge_h
     from edge_agent.runtime.cores import physical_cores
 
     settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
-                              "prophet": str(tiny_models["prophet"]), "prophet_mmproj": str(tiny_models["mmproj"]),
+                              "prophet": str(tiny_models["prophet"]),
+                              "prophet_mmproj": str(tiny_models["mmproj"]),
                               "n_ctx": 2048, "offline": True})
     engine = Engine.from_settings(settings)
     try:

@@ -20,7 +20,8 @@ def cmake_args(tmp_path: Path, flags: str) -> str:
 
 
 def test_amx_cpu_builds_without_amx_but_with_its_vector_units(tmp_path):
-    args = cmake_args(tmp_path, "fpu sse avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16")
+    args = cmake_args(tmp_path, "fpu sse avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16 amx_tile "
+                                "amx_int8 amx_bf16")
     assert "-DGGML_NATIVE=OFF" in args
     for off in ("AMX_TILE", "AMX_INT8", "AMX_BF16"):
         assert f"-DGGML_{off}=OFF" in args

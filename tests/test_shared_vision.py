@@ -132,7 +132,8 @@ def test_two_models_encoding_at_once_through_one_tower(agent, tiny_models):
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
-        threads = [threading.Thread(target=encode, args=(m, img)) for m, img in zip(models, imgs, strict=True)]
+        threads = [threading.Thread(target=encode, args=(m, img))
+                   for m, img in zip(models, imgs, strict=True)]
         for t in threads:
             t.start()
         for t in threads:

@@ -1,5 +1,5 @@
-"""The chat screen's slash commands are one table (edge_agent/ui/screens/slash_commands.py): which row a command
-and its argument reach, which are refused while an answer runs, and what each row does on a screen."""
+"""The chat screen's slash commands are one table (edge_agent/ui/screens/slash_commands.py): which row a
+command and its argument reach, which are refused while an answer runs, and what each row does on a screen."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from scripts.make_standin_models import SHAPES, expected_sizes, make_standin_mod
 CONFIG_2B = {
     "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
     "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936, "mrope_section": [24, 20, 20],
-    "vision_depth": 24, "vision_hidden": 1024, "vision_heads": 16, "vision_ffn": 4096, "out_hidden_size": 2048,
+    "vision_depth": 24, "vision_hidden": 1024, "vision_heads": 16, "vision_ffn": 4096,
+    "out_hidden_size": 2048,
     "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
 }
 
@@ -41,7 +42,8 @@ def test_shape_table_is_the_cited_config() -> None:
         "hidden_size": s.hidden, "num_hidden_layers": s.layers, "num_attention_heads": s.heads,
         "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "intermediate_size": s.ffn,
         "vocab_size": s.vocab, "mrope_section": list(s.mrope), "vision_depth": s.v_depth,
-        "vision_hidden": s.v_hidden, "vision_heads": s.v_heads, "vision_ffn": s.v_ffn, "out_hidden_size": s.v_out,
+        "vision_hidden": s.v_hidden, "vision_heads": s.v_heads, "vision_ffn": s.v_ffn,
+        "out_hidden_size": s.v_out,
         "num_position_embeddings": s.v_positions, "deepstack_visual_indexes": list(s.deepstack),
     }
     assert got == CONFIG_2B
@@ -55,7 +57,8 @@ def reduced(tmp_path_factory: pytest.TempPathFactory, qwen05_gguf: Path) -> dict
     """The 2B stand-in at 4 text / 4 vision blocks, full widths and vocabulary (~0.9 GB written, seconds),
     with Qwen3-VL's tokenizer taken from the real Qwen 0.5B GGUF."""
     out = tmp_path_factory.mktemp("standin")
-    return make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None,
+    return make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False,
+                               progress=lambda m: None,
                                tokenizer=qwen05_gguf)
 
 
@@ -110,10 +113,12 @@ def test_reduced_depth_model_decodes_text_and_image_with_finite_logits(reduced: 
     assert 0.5 < info["logit_std"] < 10
 
 
-def test_cached_files_are_reused_and_a_damaged_one_is_rewritten(reduced: dict[str, Path], qwen05_gguf: Path) -> None:
+def test_cached_files_are_reused_and_a_damaged_one_is_rewritten(reduced: dict[str, Path],
+                                                                qwen05_gguf: Path) -> None:
     out, tok = reduced["text"].parent, qwen05_gguf
     before = {k: p.stat().st_mtime_ns for k, p in reduced.items()}
-    again = make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False, progress=lambda m: None,
+    again = make_standin_models(out, "2b", shape=SHAPES["2b"].reduced(4, 4), check=False,
+                                progress=lambda m: None,
                                 tokenizer=tok)
     assert {k: p.stat().st_mtime_ns for k, p in again.items()} == before
     size, head = reduced["mmproj"].stat().st_size, reduced["mmproj"].read_bytes()[-4096:]
@@ -153,8 +158,10 @@ def _agent_texts() -> list[tuple[str, bool]]:
             self.title, self.url, self.snippet = title, url, snippet
 
     found = [R("Lima - Wikipedia", "https://en.wikipedia.org/wiki/Lima",
-               "Lima is the capital and largest city of Peru, with 10,151,200 inhabitants (2024); \"Ciudad de los Reyes\"."),
-             R("Peru | Facts & History", "https://www.britannica.com/place/Peru", "Peru's capital: Lima. Area 1,285,216 km2.")]
+               "Lima is the capital and largest city of Peru, with 10,151,200 inhabitants (2024); \"Ciudad "
+               "de los Reyes\"."),
+             R("Peru | Facts & History", "https://www.britannica.com/place/Peru",
+               "Peru's capital: Lima. Area 1,285,216 km2.")]
     obs = results("text_search", '"capital of Peru"', "searxng", found)
     texts = [(system_prompt(("image_search", "text_search", "zoom"), has_image=True), True)]
     texts += [(seg.text, seg.special) for seg in question_segments("What does the small sign say?", None)
@@ -179,7 +186,8 @@ def _qwen3_ids(real: object, text: str, special: bool) -> list[int]:
     return out
 
 
-def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, Path], qwen05_gguf: Path) -> None:
+def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, Path],
+                                                             qwen05_gguf: Path) -> None:
     """The system prompt, the question turn, the rationales, each action head and a search observation
     take the same ids with the stand-in as with the real Qwen GGUF (Qwen2.5's, but for Qwen3's four added
     tokens, which the stand-in has at 151665-151668)."""
@@ -189,14 +197,17 @@ def test_standin_tokenizes_every_agent_text_as_the_real_qwen(reduced: dict[str, 
     tokens = modelfile.read_tokens(reduced["text"])
     assert {t: tokens.index(t) for t in QWEN3_ADDED} == QWEN3_ADDED
     texts = _agent_texts()
-    with Model.load(qwen05_gguf, n_ctx=256, n_seq_max=1) as real, Model.load(reduced["text"], n_ctx=256, n_seq_max=1) as stand:
+    with Model.load(qwen05_gguf, n_ctx=256,
+                    n_seq_max=1) as real, Model.load(reduced["text"], n_ctx=256, n_seq_max=1) as stand:
         for text, special in texts:
             assert stand.tokenize(text, special=special) == _qwen3_ids(real, text, special), text[:80]
         system = stand.tokenize(texts[0][0], special=True)
-        # Qwen's merges: the system prompt takes ~3.5 characters a token (the tiny model's merges took 629 tokens)
+        # Qwen's merges: the system prompt takes ~3.5 characters a token (the tiny model's merges took 629
+        # tokens)
         assert len(texts[0][0]) / len(system) > 3.2
         used = {t for text, special in texts for t in stand.tokenize(text, special=special)}
-        assert {151667, 151668, 151665, 151666} <= used  # the four added tokens are where the agent writes them
+        # the four added tokens are where the agent writes them
+        assert {151667, 151668, 151665, 151666} <= used
 
 
 def test_missing_real_tokenizer_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -67,7 +67,8 @@ def test_headers_describe_a_matching_qwen3vl_pair(tiny_models):
     q8 = modelfile.inspect(tiny_models["text_q8_0"])
     assert (q8.file_type, q8.quantization, q8.vocab_hash) == ("Q8_0", "Q8_0", text.vocab_hash)
     mm = modelfile.inspect(tiny_models["mmproj"])
-    assert (mm.kind, mm.projector_type, mm.projection_dim, mm.vision_deepstack) == ("mmproj", "qwen3vl_merger", 64, 1)
+    assert (mm.kind, mm.projector_type, mm.projection_dim,
+            mm.vision_deepstack) == ("mmproj", "qwen3vl_merger", 64, 1)
     assert mm.n_embd_out == text.n_embd_inp == 128
     pos = mm.tensor("v.position_embd.weight")
     assert pos is not None and pos.type == "F32" and pos.shape == (32, 16)
@@ -92,7 +93,8 @@ def test_prophet_shares_the_tokenizer_but_not_the_weights(tiny_models):
 
 
 def test_vocabulary_holds_qwen_special_tokens_with_qwen_types(tiny_models):
-    """Control tokens are CONTROL, the tool/think tags USER_DEFINED, in Qwen's order; <answer> is not one token."""
+    """Control tokens are CONTROL, the tool/think tags USER_DEFINED, in Qwen's order; <answer> is not one
+    token."""
     import gguf
 
     r = gguf.GGUFReader(tiny_models["text"])
@@ -100,7 +102,8 @@ def test_vocabulary_holds_qwen_special_tokens_with_qwen_types(tiny_models):
     types = list(r.fields["tokenizer.ggml.token_type"].contents())
     index = {t: i for i, t in enumerate(tokens)}
     names = [name for name, _ in mtm.QWEN_ADDED_TOKENS]
-    assert [index[n] for n in names] == list(range(index["<|endoftext|>"], index["<|endoftext|>"] + len(names)))
+    assert [index[n]
+            for n in names] == list(range(index["<|endoftext|>"], index["<|endoftext|>"] + len(names)))
     for name, control in mtm.QWEN_ADDED_TOKENS:
         want = gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED
         assert types[index[name]] == want, name
@@ -163,7 +166,8 @@ def test_chat_template_renders_qwen3vl_prompt(f32_probe):
 
 
 def test_chat_template_renders_tools_and_tool_responses():
-    """Tools go into <tools> in the system turn, tool calls are JSON in <tool_call>, results are user turns."""
+    """Tools go into <tools> in the system turn, tool calls are JSON in <tool_call>, results are user
+    turns."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template=mtm.CHAT_TEMPLATE, eos_token="<|im_end|>", bos_token="<|endoftext|>")
@@ -180,9 +184,11 @@ def test_chat_template_renders_tools_and_tool_responses():
     ).prompt
     assert rendered.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert '<tools>\n{"type": "function"' in rendered
-    assert '<tool_call>\n{"name": "text_search", "arguments": {"query": "museum"}}\n</tool_call><|im_end|>' in rendered
+    assert ('<tool_call>\n{"name": "text_search", "arguments": {"query": '
+            '"museum"}}\n</tool_call><|im_end|>') in rendered
     assert rendered.endswith(
-        "<|im_start|>user\n<tool_response>\nResult: a museum.\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\n<tool_response>\nResult: a "
+        "museum.\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_images_evaluate_through_mtmd_with_mrope_positions(f32_probe, tiny_models):
@@ -225,7 +231,8 @@ def test_prophet_loads_and_predicts_differently(f32_probe, tiny_models):
 
 
 def test_mismatched_mmproj_is_refused_by_mtmd(tiny_models):
-    """llama.cpp itself refuses the mismatched mmproj (mtmd_init_from_file returns NULL); the text model is fine."""
+    """llama.cpp itself refuses the mismatched mmproj (mtmd_init_from_file returns NULL); the text model is
+    fine."""
     rc, out = probe(tiny_models["text"], "--mmproj", str(tiny_models["mmproj_mismatch"]), "--image", "64x64")
     assert rc == 0 and out["loaded"], out
     assert out["mtmd_init"] is False

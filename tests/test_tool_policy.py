@@ -212,7 +212,8 @@ def test_unconfigured_image_search_never_reaches_the_model(edge_home, tiny_model
         return seen_prompts[-1]
 
     monkeypatch.setattr(loop, "system_prompt", spy)
-    with Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1) as m:
+    with Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1,
+                    n_threads_batch=1) as m:
         engine = Engine(m, settings, tools=tools)
         for mode in ("ssr", "freeform"):
             opts = AgentOptions.from_settings(settings, mode=mode, max_turns=2, action_max_tokens=96)

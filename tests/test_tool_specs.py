@@ -76,7 +76,8 @@ def test_every_module_of_the_package_defines_one_move():
 
 
 def test_a_fifth_tool_is_one_module(fifth_tool):
-    assert fifth_tool.head in HEADS.values() and TAIL_STOP["weather"] == '"' and TAIL_REST["weather"] == "}}\n</tool_call>"
+    assert (fifth_tool.head in HEADS.values() and TAIL_STOP["weather"] == '"'
+            and TAIL_REST["weather"] == "}}\n</tool_call>")
     prompt = system_prompt(["zoom", "text_search", "weather", "answer"])
     assert prompt.index('"name": "text_search"') < prompt.index('"name": "weather_forecast"')
     assert '"weather_forecast"' in name_grammar(["text_search", "weather"])
@@ -85,7 +86,8 @@ def test_a_fifth_tool_is_one_module(fifth_tool):
     assert call.type == "weather" and call.call is not None and call.call.arguments == {"city": "Oslo"}
     assert call.call.action == "weather"
     assert stated_action("Let me check the weather in Oslo.") == "weather"
-    assert parse_library({"rationales": [{"id": "w", "action": "weather", "text": "I should check the weather"},
+    assert parse_library({"rationales": [{"id": "w", "action": "weather",
+                                          "text": "I should check the weather"},
                                          {"id": "a", "action": "answer", "text": "I know"}]}, source="x")
     box = Toolbox(None, FakeSearch())
     assert "weather" in box.offered_actions() and "weather" in box.available_actions()

@@ -5,7 +5,8 @@ tools (with and without an image, the user's instructions, the index-only plans)
 makes of each kind of call and each mistake, and the toolbox's "what is still possible" sentence. The prompt
 and grammars must make the same tokens as before: any change here changes what the model sees.
 
-To re-capture after a deliberate change of these texts: ``EDGE_AGENT_PIN=write pytest tests/test_tool_texts.py``.
+To re-capture after a deliberate change of these texts: ``EDGE_AGENT_PIN=write pytest
+tests/test_tool_texts.py``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from tests.fakes.tools import FakeSearch
 PIN = Path(__file__).parent / "snapshots" / "tool_texts.json"
 TOOLS = ("zoom", "text_search", "image_search")
 CALLS = [
-    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 300, 400], "label": "a sign", '
+    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 300, 400], "label": "a '
+    'sign", '
     '"img_idx": 0}}\n</tool_call>',
-    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1.5, 2, 3, 4], "label": 7}}\n</tool_call>',
+    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1.5, 2, 3, 4], "label": '
+    '7}}\n</tool_call>',
     '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 3]}}\n</tool_call>',
-    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 3, 4], "img_idx": "1"}}\n</tool_call>',
+    '<tool_call>\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 3, 4], "img_idx": '
+    '"1"}}\n</tool_call>',
     '<tool_call>\n{"name": "text_search", "arguments": {"query": "  eiffel tower height "}}\n</tool_call>',
     '<tool_call>\n{"name": "text_search", "arguments": {"query": ""}}\n</tool_call>',
     '<tool_call>\n{"name": "image_search", "arguments": {"img_idx": 2}}\n</tool_call>',
@@ -71,8 +75,10 @@ def _still_possible() -> dict[str, str]:
 
 
 REASONINGS = [
-    "I'll search the web for the tower's height.", "Let me zoom in on the sign.", "I should do a reverse image search.",
-    "I don't need to search: the answer is Paris.", "Searching for the opening hours.", "Zoom in on the label.",
+    "I'll search the web for the tower's height.", "Let me zoom in on the sign.",
+    "I should do a reverse image search.",
+    "I don't need to search: the answer is Paris.", "Searching for the opening hours.",
+    "Zoom in on the label.",
     "The search results show the answer.", "I will look it up, then answer.", "First, I crop the corner.",
     "Let me search with the image.", "I know this.", "Nothing to say here.",
 ]
@@ -82,7 +88,8 @@ def _offers() -> dict[str, Any]:
     out = {}
     for vision in (True, False):
         for unconfigured in ((), ("image_search",), ("text_search", "image_search")):
-            box = Toolbox(None, FakeSearch(unconfigured_tools={t: "no key" for t in unconfigured}), vision=vision)
+            box = Toolbox(None, FakeSearch(unconfigured_tools={t: "no key" for t in unconfigured}),
+                          vision=vision)
             out[f"vision={vision}|unconfigured={'+'.join(unconfigured)}"] = sorted(box.offered_actions())
     return out
 
@@ -98,7 +105,8 @@ def rendered() -> dict[str, Any]:
     prompts["all|extra"] = system_prompt(TOOLS, extra="  Be brief.\n Say <|im_end|> never. ")
     prompts["all|index-only"] = system_prompt(TOOLS + ("answer",), library=builtin_library())
     prompts["answer|text|index-only"] = system_prompt(("answer",), has_image=False, library=builtin_library())
-    grammars = {f"{a}|{n}": actions.tail_grammar(a, n_images=n) for a in (*TOOLS, "answer") for n in (1, 3, 150)}
+    grammars = {f"{a}|{n}": actions.tail_grammar(a, n_images=n) for a in (*TOOLS, "answer")
+                for n in (1, 3, 150)}
     names = {"+".join(tools): actions.name_grammar(tools) for tools in _subsets(TOOLS) if tools}
     return {
         "system_prompt": prompts,
@@ -112,10 +120,12 @@ def rendered() -> dict[str, Any]:
         "parsed": {text: _parsed(text) for text in CALLS},
         "still_possible": _still_possible(),
         "offered": _offers(),
-        "stated": {text: [stated_action(text), stated_action(text, {"text_search", "answer"})] for text in REASONINGS},
+        "stated": {text: [stated_action(text), stated_action(text, {"text_search", "answer"})]
+                   for text in REASONINGS},
         "library": [[r.id, r.action, r.needs_image, r.needs_evidence] for r in builtin_library()],
         "needs_image_by_default": [r.needs_image for r in parse_library(
-            {"rationales": [{"id": a, "action": a, "text": "t"} for a in (*TOOLS, "answer", "any")]}, source="x")],
+            {"rationales": [{"id": a, "action": a, "text": "t"} for a in (*TOOLS, "answer", "any")]},
+            source="x")],
     }
 
 

@@ -53,7 +53,8 @@ def test_half_blocks_size_and_colors(image):
     cells = [[seg for seg in line if seg.text] for line in lines if any(seg.text for seg in line)]
     assert len(cells) == 8 and {sum(len(seg.text) for seg in row) for row in cells} == {24}
     first = cells[0][0]
-    assert first.text == "▀" and first.style.color == first.style.bgcolor == Color.from_rgb(200, 60, 40)  # its red
+    # its red
+    assert first.text == "▀" and first.style.color == first.style.bgcolor == Color.from_rgb(200, 60, 40)
     boxed = with_box(img, [0, 0, 500, 500])
     assert boxed.getpixel((0, 0)) == (255, 220, 0) and img.getpixel((0, 0)) == (200, 60, 40)
 
@@ -189,7 +190,8 @@ async def test_escape_cancels_and_chat_stays_usable(settings, tmp_path, image):
         await type_and_enter(pilot, str(image))  # a pasted path attaches
         await type_and_enter(pilot, "first question")
         answers = app.chat_screen.transcript.answers
-        await pilot_wait_until(pilot, lambda: answers() and answers()[0].status == "running", what="the answer to run")
+        await pilot_wait_until(pilot, lambda: answers() and answers()[0].status == "running",
+                               what="the answer to run")
         view = answers()[0]
         assert app.chat_screen.running is not None
         await pilot_wait_until(pilot, lambda: "writing the zoom action" in str(view._footer.render()))
@@ -327,7 +329,8 @@ async def test_chat_list_resume_rename_delete(settings, tmp_path, image):
         assert sorted(view.turns) == [1, 2, 3]
         await pilot.press("ctrl+o")
         await pilot.pause()
-        await pilot.press("d", "d")  # delete the other chat (newest first: highlighted); d asks, d again deletes
+        # delete the other chat (newest first: highlighted); d asks, d again deletes
+        await pilot.press("d", "d")
         await pilot.pause()
         assert [c.id for c in app.screen.chats] == [first]
         await pilot.press("escape")
@@ -367,7 +370,8 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
     def factory(s, *, progress=None):
         calls.append(s.model)
         if not s.model:
-            raise ModelFileError("No model is installed. Download one: `edge-agent models pull qwen3-vl-2b-instruct`",
+            raise ModelFileError("No model is installed. Download one: `edge-agent models pull "
+                                 "qwen3-vl-2b-instruct`",
                                  title="No model")
         return ScriptedEngine(s, tmp_path)
 
@@ -403,7 +407,8 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
         screen = app.chat_screen
-        await pilot_wait_until(pilot, lambda: "Loading tiny-model" in str(screen.query_one("#loading-label", Static).render()),
+        await pilot_wait_until(pilot, lambda: "Loading tiny-model" in str(
+            screen.query_one("#loading-label", Static).render()),
                                what="the loading progress")
         assert screen.query_one("#loading").has_class("-visible")
         assert screen.query_one("#loading-bar").progress == pytest.approx(0.4)
@@ -707,18 +712,23 @@ async def test_at_80x24_the_status_bar_keeps_the_mode_and_seprod_and_hints_are_w
 @pytest.mark.asyncio
 async def test_a_move_taken_back_is_shown_in_its_turn(settings):
     """The turn shows the search that was taken back (nothing new) and the second choice's scores."""
-    cand = [ev.RationaleCandidate("text_search", "I should search the web for facts", "text_search", -1.0, -8.0, 8, 0.7),
-            ev.RationaleCandidate("answer_evidence", "I should answer from the evidence", "answer", -2.0, -12.0, 6, 0.3)]
+    cand = [ev.RationaleCandidate("text_search", "I should search the web for facts", "text_search", -1.0,
+                                  -8.0, 8, 0.7),
+            ev.RationaleCandidate("answer_evidence", "I should answer from the evidence", "answer", -2.0,
+                                  -12.0, 6, 0.3)]
 
     def script(asked):
         yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
         yield ev.TurnStarted(turn=1)
         yield ev.RationaleScored(turn=1, candidates=tuple(cand), chosen=0, seconds=0.01, score_kind="pmi")
         yield ev.MoveWithdrawn(turn=1, action="text_search", arguments={"query": "capital of Peru"},
-                               reason='this question already searched for "capital of peru" (its results are above)')
-        yield ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0, score_kind="pmi", rechosen=True)
+                               reason='this question already searched for "capital of peru" (its results are '
+                                      'above)')
+        yield ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0, score_kind="pmi",
+                                 rechosen=True)
         yield ev.AnswerToken(turn=1, text="Lima")
-        yield ev.TurnFinished(turn=1, action="answer", reasoning_seconds=0.01, action_seconds=0.1, tool_seconds=0.0)
+        yield ev.TurnFinished(turn=1, action="answer", reasoning_seconds=0.01, action_seconds=0.1,
+                              tool_seconds=0.0)
         yield ev.FinalAnswer(answer="Lima", turns=1, stop_reason="answered")
 
     app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=script))

@@ -74,12 +74,14 @@ def test_heic_loads_crops_and_exports_as_jpeg(edge_home, tmp_path):
     assert {".heic", ".heif"} <= set(SUFFIXES)
     store = ImageStore(loaded.image, crops_dir=tmp_path / "crops")
     crop = store.zoom([0, 0, 500, 500])  # the photo's top-left quarter
-    assert len(store.images) == 2 and crop.image.image.size == (48, 32) and crop.image.image.getpixel((10, 10))[0] > 150
+    assert (len(store.images) == 2 and crop.image.image.size == (48, 32)
+            and crop.image.image.getpixel((10, 10))[0] > 150)
     chats = ChatStore(edge_home / "chats.sqlite3")
     try:
         cid = chats.new_chat()
         chats.add_user_message(cid, "What colour?", str(heic))
-        chats.add_event(chats.start_answer(cid), ev.FinalAnswer(answer="Red.", turns=1, stop_reason="answered"))
+        chats.add_event(chats.start_answer(cid),
+                        ev.FinalAnswer(answer="Red.", turns=1, stop_reason="answered"))
         md_path, _ = chat_export.export(chats, cid, tmp_path / "out")
     finally:
         chats.close()
@@ -153,7 +155,8 @@ async def test_the_app_starts_on_a_recovered_history_and_says_so_once(edge_home,
         said = [n.message for n in app._notifications if n.title == "Recovered a damaged file"]
         assert len(said) == 3
         chats = next(m for m in said if "chat history" in m)
-        assert "Recovered 12 chats" in chats and f"kept as {next(edge_home.glob('chats.sqlite3.damaged-*'))}" in chats
+        assert ("Recovered 12 chats" in chats
+                and f"kept as {next(edge_home.glob('chats.sqlite3.damaged-*'))}" in chats)
         assert len(app.store.list_chats()) == 12
         await pilot.pause(0.2)
         assert len([n for n in app._notifications if n.title == "Recovered a damaged file"]) == 3  # once each

@@ -69,10 +69,12 @@ async def test_real_engine_attach_ask_reasoning_and_export(real_settings, photo,
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
         assert view.status in ("answered", "length", "turn_limit"), view.status
-        image_read = [e for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "image"]
+        image_read = [e for e in stored_events(app) if isinstance(e, ev.ImageEvaluated)
+                      and e.source == "image"]
         assert image_read and image_read[0].read_ahead  # read into the context on attach, not at Enter
         assert app.host.engine.model.vision_encodes == encodes + 1 + sum(
-            1 for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "crop" and not e.reused)
+            1 for e in stored_events(app) if isinstance(e, ev.ImageEvaluated) and e.source == "crop"
+            and not e.reused)
         assert view.turns and all(isinstance(t, TurnView) for t in view.turns.values())
         events = stored_events(app)
         started = next(e for e in events if isinstance(e, ev.RunStarted))
@@ -116,20 +118,23 @@ async def test_attaching_and_typing_slowly_reads_the_photo_and_the_words_ahead(r
         opened = next(e for e in events if isinstance(e, ev.ContextOpened))
         assert opened.question_tokens_read_ahead > 0 and opened.tokens_read_ahead > 0
         lines = str(app.chat_screen.transcript.answers()[0].query_one(".context-note", Static).render())
-        assert "read on attach" in lines and f"{opened.question_tokens_read_ahead} question tokens read ahead" in lines
+        assert ("read on attach" in lines
+                and f"{opened.question_tokens_read_ahead} question tokens read ahead" in lines)
 
 
 async def test_real_engine_escape_cancels_then_next_question_runs(real_settings, photo):
     """Free-form mode with a long reasoning budget: Esc while tokens stream stops the model (the worker
     ends soon after), the answer reads 'cancelled', and a second question is answered."""
-    settings = real_settings.updated({"mode": "freeform", "freeform_max_tokens": 4000, "answer_max_tokens": 4000})
+    settings = real_settings.updated({"mode": "freeform", "freeform_max_tokens": 4000,
+                                      "answer_max_tokens": 4000})
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {photo}")
         await type_and_enter(pilot, "Describe every detail.")
         view = app.chat_screen.transcript.answers()[0]
-        await pilot_wait_until(pilot, lambda: any(t.query(".freeform") for t in view.turns.values()), timeout=60)
+        await pilot_wait_until(pilot, lambda: any(t.query(".freeform") for t in view.turns.values()),
+                               timeout=60)
         await pilot.press("escape")
         await pilot.pause()
         assert view.status == "cancelled" and app.chat_screen.running is None
@@ -140,7 +145,8 @@ async def test_real_engine_escape_cancels_then_next_question_runs(real_settings,
         await settle(pilot)
         second = app.chat_screen.transcript.answers()[1]
         assert second.status in ("answered", "length", "turn_limit")
-        statuses = [m.status for m in app.store.load(app.chat_screen.chat_id).messages if m.role == "assistant"]
+        statuses = [m.status for m in app.store.load(app.chat_screen.chat_id).messages
+                    if m.role == "assistant"]
         assert statuses == ["cancelled", second.status]
         # free-form mode was used: the generated reasoning is in the block
         assert any(isinstance(e, ev.ReasoningDone) for e in stored_events(app))
@@ -176,7 +182,8 @@ async def test_real_engine_with_prophet_shows_drafts(real_settings, tiny_models,
     (seprod_adaptive false waits for every draft: the first question's are not ready in time)."""
     settings = real_settings.updated({"prophet": str(tiny_models["prophet"]),
                                       "prophet_mmproj": str(tiny_models["mmproj"]), "seprod": True,
-                                      "answer_max_tokens": 12, "seprod_draft_len": 4, "seprod_adaptive": False})
+                                      "answer_max_tokens": 12, "seprod_draft_len": 4,
+                                      "seprod_adaptive": False})
     app = EdgeAgentApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -225,7 +232,8 @@ async def test_a_reopened_chat_reads_its_photo_ahead_for_the_prophet(real_settin
         assert any(isinstance(e, ev.DraftVerified) for e in stored_events(app)[-40:])
 
 
-async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_home, tiny_models, photo, tmp_path):
+async def test_real_text_only_model_refuses_an_image_with_a_titled_error(
+    edge_home, tiny_models, photo, tmp_path):
     import shutil
 
     alone = tmp_path / "text-only"  # no mmproj beside it: loaded as a text-only model
@@ -237,7 +245,8 @@ async def test_real_text_only_model_refuses_an_image_with_a_titled_error(edge_ho
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert "(text only)" in str(app.chat_screen.status.render())
-        await type_and_enter(pilot, f"/image {photo}")  # refused at once (issue 23 item 15), not at the question
+        # refused at once (issue 23 item 15), not at the question
+        await type_and_enter(pilot, f"/image {photo}")
         assert any(n.title == "Model cannot see images" for n in app._notifications)
         assert app.chat_screen.image is None and app.store.list_chats() == []
         await type_and_enter(pilot, "Hello?")  # no image: the model answers
@@ -294,13 +303,15 @@ async def test_a_cut_answer_says_so_in_the_app(real_settings):
 
 
 async def test_a_photo_deleted_after_attaching_is_asked_about_as_it_was_read(real_settings, tmp_path):
-    """The photo was read on attach: deleting the file before the question does not lose it (issue 30 item 9)."""
+    """The photo was read on attach: deleting the file before the question does not lose it (issue 30 item
+    9)."""
     photo = make_image(tmp_path / "gone.png", (96, 64))
     app = EdgeAgentApp(real_settings.updated({"max_turns": 1}))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await type_and_enter(pilot, f"/image {photo}")
-        await pilot_wait_until(pilot, lambda: app.host.engine.read_ahead_idle(0.01), what="the photo read ahead")
+        await pilot_wait_until(pilot, lambda: app.host.engine.read_ahead_idle(0.01),
+                               what="the photo read ahead")
         photo.unlink()
         await type_and_enter(pilot, "What colour is it?")
         await settle(pilot)

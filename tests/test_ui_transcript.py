@@ -121,7 +121,8 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
     for q, a, key in (("one", "A1", "k1"), ("two", "A2", "k2"), ("two!", "A2!", "k3")):
         store.add_user_message(cid, q, None, replace_last=q == "two!")
         mid = store.start_answer(cid)
-        store.add_event(mid, ev.FinalAnswer(answer=a, turns=1, stop_reason="answered", totals={}, context=key))
+        store.add_event(mid,
+                        ev.FinalAnswer(answer=a, turns=1, stop_reason="answered", totals={}, context=key))
     cont = store.continuation(cid)
     assert [(q, c) for q, _, c in cont.exchanges] == [("one", "k1"), ("two!", "k3")] and cont.context == "k3"
     assert [h["question"] for h in store.history(cid)] == ["one", "two!"]
@@ -134,7 +135,8 @@ def test_replaced_exchanges_are_not_the_chats_continuation(edge_home, tmp_path):
                      "PRAGMA user_version=3;")
     db.close()
     store = ChatStore(tmp_path / "chats.sqlite3")
-    assert [q for q, _, _ in store.continuation(cid).exchanges] == ["one", "two", "two!"]  # nothing was marked
+    # nothing was marked
+    assert [q for q, _, _ in store.continuation(cid).exchanges] == ["one", "two", "two!"]
     store.add_user_message(cid, "two?", None, replace_last=True)
     assert [q for q, _, _ in store.continuation(cid).exchanges] == ["one", "two"]
     store.close()
@@ -186,7 +188,8 @@ async def test_a_long_chat_opens_at_its_end_home_loads_more_and_resizing_keeps_t
 
         def last_answer_in_view() -> bool:
             last = tr.query(AnswerView).last()
-            return tr.is_vertical_scroll_end and tr.max_scroll_y > 0 and last.region.bottom <= tr.region.bottom
+            return (tr.is_vertical_scroll_end and tr.max_scroll_y > 0
+                    and last.region.bottom <= tr.region.bottom)
 
         await pilot_wait_until(pilot, last_answer_in_view, what="the last answer in view")
         for size in ((80, 24), (60, 20), (130, 40)):
@@ -225,7 +228,8 @@ def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
     assert readable_markdown("Title\n=====") == "Title\n\\====="
     kept = "**bold**, `code`, [a link](https://x.org)\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |"
     assert readable_markdown(kept) == kept
-    assert readable_markdown("```\n> quoted in code\n# too\n```\n> after") == "```\n> quoted in code\n# too\n```\n\\> after"
+    assert readable_markdown("```\n> quoted in code\n# too\n```\n> after") == ("```\n> quoted in code\n# "
+                                                                               "too\n```\n\\> after")
     assert readable_markdown("bell\x07 and \x1b[2J clear\x9b") == "bell and [2J clear"
 
 
@@ -332,13 +336,15 @@ def _tool_turn_script(asked: Asked) -> list[ev.Event]:
     """A search turn whose result took 13.16 s to read into the context, then the answer."""
     return [
         ev.RunStarted(question=asked.question, image=None, mode="ssr", seprod=False, model="m"),
-        ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=400, system_restored=False,
+        ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=400,
+                         system_restored=False,
                          n_ctx_used=400, seconds=2.5),
         ev.TurnStarted(turn=1),
         ev.ToolCalled(turn=1, name="text_search", arguments={"query": "bicycle"}, action_seconds=1.5),
         ev.ToolFinished(turn=1, name="text_search", ok=True, observation="1. Bicycle ...", seconds=1.0,
                         status="cached"),
-        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.5, action_seconds=1.5, tool_seconds=1.0,
+        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.5, action_seconds=1.5,
+                        tool_seconds=1.0,
                         observe_seconds=13.16),
         ev.TurnStarted(turn=2),
         ev.AnswerToken(turn=2, text="Pedals."),

@@ -70,7 +70,8 @@ def test_untrusted_text_has_no_special_token_and_round_trips(model):
 
 def test_plain_text_tokenizes_as_before(model):
     text = "A plain sentence with <angle> brackets, JSON {\"a\": 1} and no tags."
-    assert model.tokenize(text, special=False) == model.handle.tokenize(text, False)  # llama.cpp's own, unguarded
+    # llama.cpp's own, unguarded
+    assert model.tokenize(text, special=False) == model.handle.tokenize(text, False)
 
 
 def test_session_keeps_untrusted_observation_as_data(model):

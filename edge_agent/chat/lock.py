@@ -1,4 +1,5 @@
-"""One writer per chat: a question to a chat holds the chat's lock from reading its context to saving its answer.
+"""One writer per chat: a question to a chat holds the chat's lock from reading its context to saving its
+answer.
 
 Knows: an advisory lock per chat (``fcntl.flock`` on ``home/locks/chat-<id>.lock``; the kernel drops it
 when its process dies, so a killed ``ask`` never leaves a chat locked), who holds it (the holder writes
@@ -71,7 +72,8 @@ class ChatLock:
             return True
 
     def holder(self) -> str:
-        """Who holds the lock now, as it wrote itself ("edge-agent ask (pid 1234)"); "another question" if unknown."""
+        """Who holds the lock now, as it wrote itself ("edge-agent ask (pid 1234)"); "another question" if
+        unknown."""
         try:
             text = self.path.read_text(encoding="utf-8", errors="replace").strip()
         except OSError:
@@ -80,8 +82,8 @@ class ChatLock:
 
     def acquire(self, *, on_wait: Callable[[str], None] | None = None, poll: float = 0.1,
                 timeout: float | None = None) -> None:
-        """Take the lock, waiting for the holder to finish; ``on_wait(holder)`` is called once if it must wait.
-        Raises :class:`ChatBusy` after ``timeout`` seconds (None: wait as long as it takes)."""
+        """Take the lock, waiting for the holder to finish; ``on_wait(holder)`` is called once if it must
+        wait. Raises :class:`ChatBusy` after ``timeout`` seconds (None: wait as long as it takes)."""
         if self.try_acquire():
             return
         if on_wait is not None:

@@ -94,7 +94,7 @@ class ExchangeRecorder:
         if self.store is None:
             return
         if self.message_id is None and (isinstance(e, ev.RunStarted) or (isinstance(e,
-                                                                                    ev.AgentError) and e.fatal)):
+                ev.AgentError) and e.fatal)):
             self._held.append(e)  # not yet: the run may stop here without the model reading anything
             return
         self.store.add_event(self.open(), e)

@@ -1,7 +1,7 @@
 """The chat store's SQLite schema: its tables, the full-text search index, and the migrations of older files.
 
-Knows: ``chats``, ``messages`` and ``events`` (see ``edge_agent.chat.store`` for what each holds), the messages'
-external-content FTS5 index kept in step by triggers (when this Python's SQLite has FTS5), and the
+Knows: ``chats``, ``messages`` and ``events`` (see ``edge_agent.chat.store`` for what each holds), the
+messages' external-content FTS5 index kept in step by triggers (when this Python's SQLite has FTS5), and the
 statements that take a file of each earlier version to the next. Does not know: how the store reads or
 writes them.
 """
@@ -49,7 +49,8 @@ TABLES = ("chats", "messages", "events")
 
 
 def _fts5() -> bool:
-    """This Python's SQLite has FTS5 (the usual builds do; without it the search reads titles and texts with LIKE)."""
+    """This Python's SQLite has FTS5 (the usual builds do; without it the search reads titles and texts with
+    LIKE)."""
     try:
         sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(x)")
     except sqlite3.Error:
@@ -60,7 +61,8 @@ def _fts5() -> bool:
 HAS_FTS5 = _fts5()
 # The messages' texts indexed for search, kept in step by triggers (an external-content FTS5 table).
 FTS = (
-    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(text, content='messages', content_rowid='id')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(text, content='messages', "
+    "content_rowid='id')",
     "CREATE TRIGGER IF NOT EXISTS messages_fts_ai AFTER INSERT ON messages BEGIN "
     "INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END",
     "CREATE TRIGGER IF NOT EXISTS messages_fts_ad AFTER DELETE ON messages BEGIN "

@@ -170,7 +170,8 @@ class ChatStore:
 
     def _in_memory(self, why: int) -> sqlite3.Connection:
         """A read-only view: the file copied into memory (read without locks: nothing else can write to a
-        read-only folder), or an empty store when there is no file. Raises ChatStoreError when even reading fails."""
+        read-only folder), or an empty store when there is no file. Raises ChatStoreError when even reading
+        fails."""
         from edge_agent.core.files import write_error
 
         err = OSError(why, os.strerror(why))
@@ -197,7 +198,8 @@ class ChatStore:
 
     def _open(self) -> sqlite3.Connection:
         """The file opened, created or migrated to this schema, and checked (``PRAGMA quick_check``).
-        Raises sqlite3.DatabaseError (``recovery.is_damage``: a damaged file), ChatStoreError for a newer one."""
+        Raises sqlite3.DatabaseError (``recovery.is_damage``: a damaged file), ChatStoreError for a newer
+        one."""
         db = sqlitedb.connect(self.path, check_same_thread=False)
         try:
             db.row_factory = sqlite3.Row
@@ -267,7 +269,7 @@ class ChatStore:
     def recent_questions(self, limit: int = 200) -> list[str]:
         """The last ``limit`` questions over all chats, oldest first (the prompt's Up-arrow history)."""
         rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,
-                                                                                                   )).fetchall()
+                )).fetchall()
         return [r[0] for r in reversed(rows)]
 
     def list_chats(self) -> list[ChatSummary]:
@@ -285,7 +287,8 @@ class ChatStore:
         if not words:
             return {}
         if not HAS_FTS5:
-            rows = self._exec("SELECT chat_id, text FROM messages WHERE " + " AND ".join(["text LIKE ?"] * len(words))
+            rows = self._exec("SELECT chat_id, text FROM messages WHERE " + " AND ".join(["text LIKE "
+                                                                                          "?"] * len(words))
                               + " ORDER BY id DESC LIMIT ?", (*[f"%{w}%" for w in words], limit)).fetchall()
             return {r[0]: r[1][:80] for r in reversed(rows)}
         query = " ".join(f'"{w}"*' for w in words)
@@ -311,7 +314,8 @@ class ChatStore:
         self._exec("DELETE FROM chats WHERE id=?", (chat_id,))
 
     def set_models(self, chat_id: int, files: dict[str, str]) -> None:
-        """Record the model files a chat's answer is made with (``Engine.files``); ``continuation`` reads them."""
+        """Record the model files a chat's answer is made with (``Engine.files``); ``continuation`` reads
+        them."""
         self._exec("UPDATE chats SET models=? WHERE id=?", (json.dumps(files, sort_keys=True), chat_id))
 
     def _touch(self, chat_id: int) -> None:
@@ -360,7 +364,7 @@ class ChatStore:
         data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
             seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,
-                                                                                                  )).fetchone()[0]
+                    )).fetchone()[0]
             self._exec(
                 "INSERT INTO events(message_id, seq, kind, data) VALUES (?, ?, ?, ?)",
                 (message_id, seq, event.kind, json.dumps(data, ensure_ascii=False)),

@@ -46,18 +46,22 @@ def _is_file(arg: str) -> bool:
 @click.option("--mode", type=click.Choice(["ssr", "freeform", "direct"]), default=None,
               help="ssr: score pre-written rationales (fast); freeform: the model writes its reasoning; "
                    "direct: the model alone in a plain chat (no tools, no agent).")
-@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Most tool calls per question; then one more turn must answer.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None,
+              help="Most tool calls per question; then one more turn must answer.")
 @click.option("--seed", type=int, default=None, help="Random seed (sampling, SSR sampling).")
 @click.option("--offline", is_flag=True, default=None, help="Serve searches from the cache only.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event per line.")
-@click.option("--prophet", default=None, help="SeProD prophet (base) model: catalog name or GGUF path (same tokenizer).")
+@click.option("--prophet", default=None,
+              help="SeProD prophet (base) model: catalog name or GGUF path (same tokenizer).")
 @click.option("--prophet-mmproj", default=None, help="Vision projector (mmproj) GGUF for the prophet.")
 @click.option("-c", "--continue", "continue_", is_flag=True,
               help="Continue the most recent chat (the app's chats too): its images and answers stay in the "
                    "model's context.")
-@click.option("--chat", "chat_id", type=int, default=None, help="Continue the chat with this id (see `edge-agent chats`).")
+@click.option("--chat", "chat_id", type=int, default=None,
+              help="Continue the chat with this id (see `edge-agent chats`).")
 @click.option("--no-save", is_flag=True,
-              help="Do not save this question and answer as a chat (a follow-up still reads the chat it continues).")
+              help="Do not save this question and answer as a chat (a follow-up still reads the chat it "
+                   "continues).")
 def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: str | None,
             max_turns: int | None, seed: int | None, offline: bool | None, as_json: bool,
             prophet: str | None = None, prophet_mmproj: str | None = None, continue_: bool = False,
@@ -82,8 +86,10 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
     images, question = _images_and_question(args, image_flags)
 
     if not question.strip():  # before any model loads
-        raise EdgeAgentError('The question is empty. Give one in quotes: edge-agent ask "What is the capital of '
-                             'Peru?" (about a photo: edge-agent ask photo.jpg "What is this?")', title="Empty question")
+        raise EdgeAgentError('The question is empty. Give one in quotes: edge-agent ask "What is the capital '
+                             'of '
+                             'Peru?" (about a photo: edge-agent ask photo.jpg "What is this?")',
+                             title="Empty question")
     flags = {"model": model, "mmproj": mmproj, "prophet": prophet, "prophet_mmproj": prophet_mmproj}
     settings = Settings.load({**flags, "mode": mode, "max_turns": max_turns, "seed": seed,
                               "offline": True if offline else None})
@@ -160,7 +166,8 @@ def _chat_for(store: Any, follow_up: bool, chat_id: int | None, images: list[str
     if chat_id is None:
         chat_id = store.latest_chat()
         if chat_id is None:
-            raise click.UsageError("There is no chat to continue yet: ask a first question without --continue.")
+            raise click.UsageError("There is no chat to continue yet: ask a first question without "
+                                   "--continue.")
     cont = store.continuation(chat_id)
     if not images and cont.last_images:
         for gone in (p for p in cont.last_images if not Path(p).is_file()):
@@ -184,11 +191,14 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
         return settings  # a new chat, or one saved before chats recorded their models
     use: dict[str, str] = {}
     if flags["model"] is None and flags["mmproj"] is None:
-        if not Path(files["model"]).is_file() or (files.get("mmproj") and not Path(files["mmproj"]).is_file()):
+        if not Path(files["model"]).is_file() or (files.get("mmproj")
+                                                  and not Path(files["mmproj"]).is_file()):
             gone = files["model"] if not Path(files["model"]).is_file() else files["mmproj"]
             raise EdgeAgentError(
-                f"Chat {chat.chat_id} was made with {files['model']}, but {gone} is gone. Continue it with another "
-                f'model: edge-agent ask --chat {chat.chat_id} --model NAME_OR_PATH "question" (see `edge-agent '
+                f"Chat {chat.chat_id} was made with {files['model']}, but {gone} is gone. Continue it with "
+                "another "
+                f'model: edge-agent ask --chat {chat.chat_id} --model NAME_OR_PATH "question" (see '
+                '`edge-agent '
                 "models list`).", title="Chat's model not found")
         use |= {"model": files["model"], "mmproj": files.get("mmproj", "")}
     if flags["prophet"] is None and flags["prophet_mmproj"] is None and files.get("prophet") \
@@ -243,7 +253,8 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
             if as_json:
                 click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
             elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
-                click.echo(f"  chat {chat.chat_id}: context restored ({e.tokens_reused:,} tokens not read again)",
+                click.echo(f"  chat {chat.chat_id}: context restored ({e.tokens_reused:,} tokens not read "
+                           "again)",
                            err=True)
             elif live and isinstance(e, ev.TurnFinished):
                 click.echo(f"  turn {e.turn}: {e.action}", err=True)
@@ -271,21 +282,24 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
         # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
         if last.answer:
             click.echo(last.answer)
-        if last.stop_reason == "length":  # right under the answer: it does not look finished because it is not
+        # right under the answer: it does not look finished because it is not
+        if last.stop_reason == "length":
             n = int(last.totals.get("answer_tokens", settings.answer_max_tokens))
             click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
                        f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
                        err=True)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
-            click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`", err=True)
+            click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`",
+                       err=True)
         else:
             click.echo(unsaved, err=True)
     if last.stop_reason == "cancelled":
         sys.exit(130)
     if last.stop_reason == "no_answer" or not last.answer:
         if not as_json:
-            why = next((e.message for e in events if isinstance(e, ev.AgentError) and e.title == "No answer found"), "")
+            why = next((e.message for e in events if isinstance(e, ev.AgentError)
+                        and e.title == "No answer found"), "")
             click.echo(f"No answer found. {why}".strip(), err=True)
         sys.exit(1)
 
@@ -308,11 +322,13 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
     for e in events:
         if isinstance(e, ev.RationaleScored):
             c = e.candidates[e.chosen]
-            per_turn.setdefault(e.turn, []).append(f'rationale "{_short(c.text)}" p={c.prob:.2f} ({e.seconds * 1000:.0f} ms)')
+            per_turn.setdefault(e.turn, []).append(f'rationale "{_short(c.text)}" p={c.prob:.2f} '
+                                                   f'({e.seconds * 1000:.0f} ms)')
         elif isinstance(e, ev.ReasoningDone):
             per_turn.setdefault(e.turn, []).append(f'reasoning {e.n_tokens} tokens "{_short(e.text, 50)}"')
         elif isinstance(e, ev.DraftVerified):
-            per_turn.setdefault(e.turn, []).append(f"prophet {e.mode}: {e.accepted}/{e.drafted} tokens accepted")
+            per_turn.setdefault(e.turn,
+                                []).append(f"prophet {e.mode}: {e.accepted}/{e.drafted} tokens accepted")
         elif isinstance(e, ev.ToolCalled):
             per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
         elif isinstance(e, ev.MoveWithdrawn):
@@ -320,7 +336,8 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
             per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")
         elif isinstance(e, ev.ToolFinished):
             where = f" -> image {e.image_index}" if e.image_index is not None else ""
-            per_turn.setdefault(e.turn, []).append(f"  {'ok' if e.ok else 'failed'} ({e.status}){where}: {_short(e.observation, 70)}")
+            per_turn.setdefault(e.turn, []).append(f"  {'ok' if e.ok else 'failed'} ({e.status}){where}: "
+                                                   f"{_short(e.observation, 70)}")
         elif isinstance(e, ev.AgentError) and not e.fatal:
             per_turn.setdefault(e.turn, []).append(f"  {e.title}: {_short(e.message, 70)}")
         elif isinstance(e, ev.TurnFinished):
@@ -343,5 +360,6 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
         lines.append(
             f"{final.stop_reason} in {final.turns} turn(s), {t.get('total', 0):.2f}s "
             f"(prompt {t.get('prompt', 0):.2f}s, reasoning {t.get('reasoning', 0):.2f}s, "
-            f"action {t.get('action', 0):.2f}s, tool {t.get('tool', 0):.2f}s, observe {t.get('observe', 0):.2f}s), mode {mode}")
+            f"action {t.get('action', 0):.2f}s, tool {t.get('tool', 0):.2f}s, observe "
+            f"{t.get('observe', 0):.2f}s), mode {mode}")
     return "\n".join(lines)

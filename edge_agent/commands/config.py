@@ -109,10 +109,11 @@ def explain() -> None:
         elif f.name in RANGES:
             lo, hi, lo_open = RANGES[f.name]
             lo = min_n_ctx(Settings()) if f.name == "n_ctx" else lo  # what the default system prompt needs
-            click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None else ""))
+            click.echo(f"    valid: {'>' if lo_open else '>='} {lo}" + (f", <= {hi}" if hi is not None
+                                                                        else ""))
         elif f.name in URL_FIELDS:
             click.echo("    valid: an http:// or https:// URL" + (", or empty" if f.name in ("searxng_url",
-                                                                                             "public_image_url_prefix") else ""))
+                    "public_image_url_prefix") else ""))
 
 
 @command.command("path")

@@ -184,8 +184,9 @@ def _run(data: Path, specs: list[E.ModeSpec], libs: dict[str, Any], settings: Se
 
 def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple[list[E.ModeSpec], dict[str,
                                                                                                         Any],
-                                                                                                        Settings]:
-    """The modes to run (one column per compared library), the libraries, and the settings the models load with."""
+        Settings]:
+    """The modes to run (one column per compared library), the libraries, and the settings the models load
+    with."""
     if modes is None:
         modes = "freeform,ssr" + (",ssr+seprod" if settings.prophet else "")
     libs = compared_libraries(libraries) if libraries else {}
@@ -201,7 +202,8 @@ def _plan(settings: Settings, modes: str | None, libraries: str | None) -> tuple
                                                                                  "seprod": False})
     if libs:  # the model is loaded with a scoring sequence per rationale of the largest library
         largest = max(libs.values(), key=len)
-        run_settings = run_settings.updated({"rationales": "" if largest.source == "built-in" else largest.source})
+        run_settings = run_settings.updated({"rationales": "" if largest.source == "built-in"
+                                             else largest.source})
     return specs, libs, run_settings
 
 
@@ -241,7 +243,8 @@ def plot_skipped_reason(failed: str | None) -> str:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed: install the plot extra (pip install 'edge-agent[plot]') for plot.png."
+        return ("matplotlib is not installed: install the plot extra (pip install 'edge-agent[plot]') for "
+                "plot.png.")
     if failed:
         return "no question got an answer, so there are no timed turns to plot."
     return "no timed turns to plot yet."

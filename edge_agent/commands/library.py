@@ -131,7 +131,8 @@ def build(sources: tuple[Path, ...], out: Path, take_all: bool, per_action: int,
     for e in result.entries:
         click.echo(f"{e.id:<16} {e.size:>5} {100 * e.share:>5.1f}%  {e.text}")
     if result.dropped:
-        click.echo("\nLeft out: " + "; ".join(result.dropped[:8]) + (" ..." if len(result.dropped) > 8 else ""))
+        click.echo("\nLeft out: " + "; ".join(result.dropped[:8]) + (" ..." if len(result.dropped) > 8
+                                                                     else ""))
     answers = [e for e in result.entries if e.action == "answer"]
     if answers and all(e.needs_image for e in answers):
         click.echo("\nNote: every answer rationale mentions the image, so text-only questions fall back to "
@@ -228,9 +229,11 @@ def show(file: str, model: str | None, reps: int, no_measure: bool, as_json: boo
     click.echo(f"{lib.source}: {len(lib)} rationales, token counts for {name}")
     click.echo("")
     has_prov = any("turns" in r for r in rows)
-    click.echo(f"{'id':<18} {'action':<13} {'tokens':>6}" + (f" {'turns':>5} {'share':>6}" if has_prov else "") + "  text")
+    click.echo(f"{'id':<18} {'action':<13} {'tokens':>6}" + (f" {'turns':>5} {'share':>6}" if has_prov
+                                                             else "") + "  text")
     for r in rows:
-        prov = (f" {r.get('turns', ''):>5} " + (f"{100 * r['share']:>5.1f}%" if r.get("share") is not None else f"{'':>6}")
+        prov = (f" {r.get('turns', ''):>5} " + (f"{100 * r['share']:>5.1f}%" if r.get("share") is not None
+                                                else f"{'':>6}")
                 if has_prov else "")
         click.echo(f"{r['id']:<18} {r['action']:<13} {r['tokens']:>6}{prov}  {r['text']}")
     click.echo("")

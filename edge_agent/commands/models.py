@@ -1,8 +1,8 @@
 """`edge-agent models`: list, pull, add, info, remove and verify models.
 
-The catalog and registry live in ``edge_agent.modelfiles.catalog``, downloads in ``edge_agent.modelfiles.hub``, GGUF header
-checks in ``edge_agent.modelfiles.checks``; this module only turns them into commands and text. Nothing here
-loads a model into llama.cpp.
+The catalog and registry live in ``edge_agent.modelfiles.catalog``, downloads in
+``edge_agent.modelfiles.hub``, GGUF header checks in ``edge_agent.modelfiles.checks``; this module only turns
+them into commands and text. Nothing here loads a model into llama.cpp.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _memory_cell(r: ModelStatus) -> str:
     """'2.3 GB (3.9)' from the row's footprint estimate; '-' when unknown."""
     if r.memory is None:
         return "-"
-    return f"{r.memory / 2**30:.1f} GB" + (f" ({r.memory_with_prophet / 2**30:.1f})" if r.memory_with_prophet else "")
+    return f"{r.memory / 2**30:.1f} GB" + (f" ({r.memory_with_prophet / 2**30:.1f})" if r.memory_with_prophet
+                                           else "")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,7 +180,8 @@ def pull(name: str, force: bool) -> None:
     except KeyboardInterrupt:
         click.echo("\nInterrupted. The partial download is kept: run the same command to resume.", err=True)
         sys.exit(130)
-    click.echo(f"Installed {m.name}: {m.path}" + (f" + {Path(m.mmproj).name}" if m.mmproj else " (text only)"))
+    click.echo(f"Installed {m.name}: {m.path}" + (f" + {Path(m.mmproj).name}" if m.mmproj
+                                                  else " (text only)"))
     say_default(settings, m.name)
 
 
@@ -234,7 +236,8 @@ def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...
         modelfile.check_pair(info, mm_info)
     registry = Registry(settings.models_dir)
     name = name or _derive_name(path)
-    if load_catalog().get(name) is not None and (registry.get(name) is None or registry.get(name).source != "pull"):
+    if load_catalog().get(name) is not None and (registry.get(name) is None
+                                                 or registry.get(name).source != "pull"):
         raise ModelFileError(f"{name!r} is the name of a catalog model. Choose another with --name.")
     existing = registry.get(name)
     if existing is not None and os.path.abspath(existing.path) != str(path):
@@ -259,7 +262,8 @@ def add(path: Path, mmproj: Path | None, name: str | None, roles: tuple[str, ...
 
 
 def _tokenizer_family(info) -> str | None:
-    """The catalog's tokenizer family when the vocabulary size says so; verify compares the real token lists."""
+    """The catalog's tokenizer family when the vocabulary size says so; verify compares the real token
+    lists."""
     if info.architecture.startswith("qwen3vl") and info.n_vocab == 151936:
         return "qwen3"
     if info.n_vocab == 49152 and info.architecture == "llama":
@@ -301,7 +305,8 @@ def info(name: str) -> None:
             lines.append(("hub repo", f"{entry.repo} @ {entry.revision}"))
             if entry.download_size:  # the one size every screen shows: model + mmproj
                 lines.append(("download size",
-                              human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj else "")))
+                              human_size(entry.download_size) + (" (model + mmproj)" if entry.mmproj
+                                                                 else "")))
             for label, f in (("model file", entry.file), ("mmproj file", entry.mmproj)):
                 if f is not None:
                     approx = " (about)" if f.size_approx else ""

@@ -16,7 +16,8 @@ from typing import Any, TextIO
 
 def _duration(seconds: float) -> str:
     s = int(round(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60
+                                                                   else f"{s}s")
 
 
 class EvalProgress:

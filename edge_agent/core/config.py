@@ -203,7 +203,8 @@ class Settings:
     # --- search and cache ---------------------------------------------------------------------
     offline: bool = _doc("Serve searches from the cache only; never touch the network.", default=False)
     text_search: str = _doc("Text search backend: wikipedia, searxng or brave.", default="wikipedia")
-    image_search: str = _doc("Image search backend: none, gcv (Google Cloud Vision) or serpapi (Google Lens).", default="none")
+    image_search: str = _doc("Image search backend: none, gcv (Google Cloud Vision) or serpapi (Google "
+                             "Lens).", default="none")
     search_top_k: int = _doc("Results per search.", default=5)
     search_timeout: float = _doc("Seconds before a search request gives up.", default=10.0)
     search_cache_days: float = _doc(
@@ -290,9 +291,9 @@ class Settings:
     def validate(self, *, check: Callable[[Settings], None] | None = None) -> None:
         """Raise ConfigError for the first setting whose value cannot work, naming it and its valid range.
 
-        ``check``: a further check by a layer that knows more than the settings (``agent.prompts.check_n_ctx``:
-        n_ctx against the system prompt these settings make), run before the ranges: a too small n_ctx is
-        best named by the number the prompt needs."""
+        ``check``: a further check by a layer that knows more than the settings
+        (``agent.prompts.check_n_ctx``: n_ctx against the system prompt these settings make), run before the
+        ranges: a too small n_ctx is best named by the number the prompt needs."""
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"Setting {name} must be one of {', '.join(allowed)}, not "
@@ -407,4 +408,5 @@ def _convert(key: str, raw: Any, typ: Any, source: str) -> Any:
 def _dump_toml(values: dict[str, Any]) -> str:
     """The config file: a comment, then one ``key = value`` per setting (tomli-w quotes and escapes)."""
     plain = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in values.items()}
-    return "# edge-agent settings. Every key, its meaning and its valid values: `edge-agent config explain`.\n" + tomli_w.dumps(plain)
+    return ("# edge-agent settings. Every key, its meaning and its valid values: `edge-agent config "
+            "explain`.\n") + tomli_w.dumps(plain)

@@ -35,7 +35,8 @@ class ModelFileError(EdgeAgentError):
 
 
 class DownloadError(EdgeAgentError):
-    """A model download failed (network, hub refused, checksum mismatch, disk full); the message says what to do."""
+    """A model download failed (network, hub refused, checksum mismatch, disk full); the message says what to
+    do."""
 
     title = "Download failed"
 

@@ -45,8 +45,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Iterable[byte
     """Write ``data`` to ``path`` atomically: readers see the old file or the whole new one, never a part.
 
     ``private``: the file is created 0600 (it holds secrets), whatever the umask. ``str`` is written
-    as UTF-8; an iterable of byte pieces is written piece by piece (no joined copy of a large file). The folder is created if missing. A temp file left by a crash (``.<name>.*.tmp``) is
-    never read as the file itself.
+    as UTF-8; an iterable of byte pieces is written piece by piece (no joined copy of a large file). The
+    folder is created if missing. A temp file left by a crash (``.<name>.*.tmp``) is never read as the file
+    itself.
     """
     path = Path(path)
     try:

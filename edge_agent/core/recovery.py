@@ -150,7 +150,8 @@ def _header(page_size: int, n_pages: int, wal: bool) -> bytes:
                                   32, 32)
             + struct.pack(">IIIIIIIIIIII", 1, n_pages, 0, 0, 1, 4, 0, 0, 1, 0, 0, 0)
             + bytes(20) + struct.pack(">II", 1, sqlite3.sqlite_version_info[0] * 1_000_000
-                                      + sqlite3.sqlite_version_info[1] * 1000 + sqlite3.sqlite_version_info[2]))
+                                      + sqlite3.sqlite_version_info[
+                                          1] * 1000 + sqlite3.sqlite_version_info[2]))
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:

@@ -23,7 +23,8 @@ class ForeignDatabase(sqlite3.DatabaseError):
 
 def connect(path: Path | str, *, busy_timeout: float = 15.0,
             check_same_thread: bool = True) -> sqlite3.Connection:
-    """An open connection to ``path`` (created if missing) with the pragmas above. Raises ``sqlite3.Error``."""
+    """An open connection to ``path`` (created if missing) with the pragmas above. Raises
+    ``sqlite3.Error``."""
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                            check_same_thread=check_same_thread)
     try:
@@ -54,7 +55,8 @@ def _wal(conn: sqlite3.Connection) -> None:
 
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` (the write lock, taken up front) ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
+    """``BEGIN IMMEDIATE`` (the write lock, taken up front) ... ``COMMIT``, or ``ROLLBACK`` on any
+    exception."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn

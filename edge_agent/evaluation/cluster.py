@@ -236,7 +236,8 @@ class RayWorkers:
     def __init__(self, settings: Settings, *, address: str | None = None, workers: int | None = None,
                  threads: int = 1, gpus: float = 0.0, ask: AskFn = default_ask) -> None:
         self.ray = import_ray()
-        self.settings, self.address, self.want, self.threads, self.gpus = settings, address, workers, threads, gpus
+        self.settings, self.address, self.want, self.threads, self.gpus = (
+            settings, address, workers, threads, gpus)
         self.ask = ask
         self.model_files: dict[str, str] = {}
         self.stats: list[dict[str, Any]] = []  # per worker: node, pid, done, restarts, busy
@@ -305,7 +306,8 @@ class RayWorkers:
             raise ConfigError(f"The cluster has {cpus} CPUs; {n} workers x {self.threads} threads need "
                               f"{n * self.threads}. "
                               "Pass fewer --workers or --threads-per-worker, or join more nodes.")
-        cache = list(SearchCache(self.settings.cache_path).entries()) if self.settings.cache_path.exists() else []
+        cache = (list(SearchCache(self.settings.cache_path).entries()) if self.settings.cache_path.exists()
+                 else [])
         remote = ray.remote(EvalWorker).options(num_cpus=self.threads, num_gpus=self.gpus or None,
                                                 max_restarts=-1,
                                                 max_task_retries=TASK_RETRIES)

@@ -55,7 +55,8 @@ def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DatasetError(f"{where} is not valid JSON ({e.msg}). Each line must be one JSON object.") from None
+            raise DatasetError(f"{where} is not valid JSON ({e.msg}). Each line must be one JSON "
+                               "object.") from None
         if not isinstance(row, dict):
             raise DatasetError(f"{where} must be a JSON object with id, image, question, answers.")
         qid = row.get("id")

@@ -70,14 +70,15 @@ def repeated_searches(record: dict[str, Any]) -> int:
 
 
 def intent_agreement(turn_logs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Free-form turns whose reasoning states a next step (``agent.intent``) and whether the action took it."""
+    """Free-form turns whose reasoning states a next step (``agent.intent``) and whether the action took
+    it."""
     from edge_agent.agent.intent import stated_action
 
     stated = [(stated_action(t["reasoning"]), t["action"]) for t in turn_logs if t.get("reasoning")]
     with_plan = [(s, a) for s, a in stated if s is not None and a is not None]
     agree = sum(1 for s, a in with_plan if s == a)
     return {"turns": len(stated), "with_plan": len(with_plan), "agree": agree, "share": _share(agree,
-                                                                                               len(with_plan))}
+            len(with_plan))}
 
 
 def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -129,7 +130,8 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "action_consistency": _share(len(consistent), len(typed)),
         "reasoning_seconds_per_turn": distribution(reasoning),
         "model_seconds_per_question": distribution([r["model_seconds"] for r in records]),
-        "wall_seconds_per_question": distribution([r["wall_seconds"] for r in records if r.get("wall_seconds") is not None]),
+        "wall_seconds_per_question": distribution([r["wall_seconds"] for r in records
+                                                   if r.get("wall_seconds") is not None]),
         # total = searches that could have hit the cache (an unconfigured backend never touches it)
         "searches": {"total": n_search, **{s: status[s] for s in sorted(SEARCH_STATUSES | set(status))}},
         "cache_hits": hits,
@@ -152,7 +154,8 @@ TIMING_KEYS = ("reasoning_seconds_per_turn", "model_seconds_per_question", "wall
 
 
 def compute_metrics(records: Iterable[dict[str, Any]], modes: Sequence[ModeSpec] | None = None) -> dict[str,
-                                                                                                        dict[str, Any]]:
+                                                                                                        dict[
+        str, Any]]:
     """Metrics per mode name, in the order of ``modes`` (or first appearance)."""
     by_mode: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes or ()}
     for r in records:

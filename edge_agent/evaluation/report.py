@@ -130,18 +130,20 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def cluster_line(c: dict[str, Any]) -> str:
-    """``Ran on Ray (local): 2 workers x 1 thread on 1 node (host (ip)); per worker: w1 5, w2 3 (1 restart).``"""
+    """``Ran on Ray (local): 2 workers x 1 thread on 1 node (host (ip)); per worker: w1 5, w2 3 (1
+    restart).``"""
     nodes = c.get("nodes") or []
     per = ", ".join(f"w{k} {w['done']}" + (f" ({w['restarts']} restarted)" if w["restarts"] else "")
                     for k, w in enumerate(c.get("per_worker") or [], 1))
     gpus = f" + {c['gpus_per_worker']:g} GPU" if c.get("gpus_per_worker") else ""
     return (f"Ran on Ray ({c.get('address')}): {c.get('workers')} workers x {c.get('threads_per_worker')} "
             f"thread(s){gpus} on {len(nodes)} node(s) ({', '.join(nodes)})" + (f"; results per worker this "
-                                                                               f"run: {per}." if per else "."))
+            f"run: {per}." if per else "."))
 
 
 def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str = "") -> str:
-    """The Markdown report: a side-by-side summary, one table per mode, rationale mix, plot, per-question answers."""
+    """The Markdown report: a side-by-side summary, one table per mode, rationale mix, plot, per-question
+    answers."""
     modes = [m.name for m in run.modes]
     M = run.metrics
     name = dataset_name(run.dataset)
@@ -192,7 +194,8 @@ def render_report(run: EvalRun, *, plot_path: Path | None = None, plot_note: str
         lines.append("|---|" + "---|" * len(ssr_modes))
         for k in ids:
             lines.append(f"| {k} | " + " | ".join(_pct(M[n]["rationale_mix"].get(k,
-                                                                                 0.0)) for n in ssr_modes) + " |")
+                                                                                 0.0))
+                                                  for n in ssr_modes) + " |")
 
     lines += ["", "## Plot", ""]
     if plot_path is not None:
@@ -250,6 +253,7 @@ def _answers(run: EvalRun, modes: list[str]) -> list[str]:
             mark = "✓" if r["exact"] else ("≈" if r["contains"] else "✗")
             text = r["prediction"] if not r["error"] else f"error: {r['error']}"
             cells.append(f"{mark} {_cell(text, 40)}")
-        lines.append(f"| {_cell(q.id, 30)} | {_cell(q.question, 50)} | {_cell(' / '.join(q.answers), 30)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_cell(q.id, 30)} | {_cell(q.question, 50)} | {_cell(' / '.join(q.answers), 30)} "
+                     "| " + " | ".join(cells) + " |")
     return lines
 

@@ -4,9 +4,9 @@ Knows: which turns count (those of questions answered correctly or of unknown ou
 ``take_all``), how a cluster's representative is chosen, the caps (per action, in all, the
 runtime's 15) and that a library needs an answering move. Does not know trace formats
 (``readers``), how a text is generalised (``generalise``) or clustered (``cluster``), or files
-(``write``); ``Build.library_json`` is the file's content. Clustering takes vectors from an ``embed(texts) -> (n, d)`` callable
-(``edge_agent.runtime.embed``: the agent model's mean-pooled hidden states); without one, TF-IDF
-word vectors. Pure: no llama_cpp, no network, no files.
+(``write``); ``Build.library_json`` is the file's content. Clustering takes vectors from an ``embed(texts) ->
+(n, d)`` callable (``edge_agent.runtime.embed``: the agent model's mean-pooled hidden states); without one,
+TF-IDF word vectors. Pure: no llama_cpp, no network, no files.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def build_library(
         if n:
             n_clusters[action] = n
     if not any(e.action == "answer" for e in candidates):
-        more = "Pass --min-support 1 or more sources." if take_all else "Pass --min-support 1, --all, or more sources."
+        more = ("Pass --min-support 1 or more sources." if take_all
+                else "Pass --min-support 1, --all, or more sources.")
         raise LibraryBuildError(
             f"No answering move recurs in the {used} usable turns (--min-support {min_support}): the agent "
             f"could never answer with this library. {more}")
@@ -189,7 +190,8 @@ def _moves(turns: list[Turn], max_chars: int) -> tuple[list[tuple[Turn, Move]], 
     if not moves:
         raise LibraryBuildError(
             f"None of the {len(turns)} turns' reasoning has a generic move left after removing specifics "
-            "(it was empty, too short or not text). Use traces of a model that writes its reasoning in words.")
+            "(it was empty, too short or not text). Use traces of a model that writes its reasoning in "
+            "words.")
     return moves, len(turns) - len(moves)
 
 

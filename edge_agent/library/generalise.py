@@ -15,10 +15,12 @@ from edge_agent.agent.rationales import FORBIDDEN
 
 DEFAULT_MAX_CHARS = 120  # a rationale is scored on every turn: short ones cost less (see `library show`)
 PLACEHOLDER = "it"
-_MARKUP = re.compile(r"<\|im_start\|>\s*(?:system|user|assistant|tool)?|<\|[^|>]{0,40}\|>|</?(?:think|tool_call|tool_response|answer|image|img)[^>]{0,20}>|<\|", re.I)
+_MARKUP = re.compile(
+    r"<\|im_start\|>\s*(?:system|user|assistant|tool)?|<\|[^|>]{0,40}\|>|</?(?:think|tool_call|tool_response|answer|image|img)[^>]{0,20}>|<\|", re.I)
 _JSONISH = re.compile(r"\{[^{}]{0,300}\}")
 _BOX = re.compile(r"[\[(]\s*[-+]?\d[\d\s,.;:-]*[\])]")  # [x1, y1, x2, y2], (12, 34)
-_QUOTED = re.compile(r"\"[^\"\n]{1,120}\"|“[^”\n]{1,120}”|«[^»\n]{1,120}»|(?<![\w])'[^'\n]{1,80}'(?![\w])|`[^`\n]{1,80}`")
+_QUOTED = re.compile(
+    r"\"[^\"\n]{1,120}\"|“[^”\n]{1,120}”|«[^»\n]{1,120}»|(?<![\w])'[^'\n]{1,80}'(?![\w])|`[^`\n]{1,80}`")
 _NUMBER = re.compile(r"(?<![\w])[-+]?\d[\d,.:/]*(?:%|st|nd|rd|th|px|x\d+)?(?![\w])")
 WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"“'(])|\n+")
@@ -42,7 +44,8 @@ def decision_sentence(text: str) -> str:
     ("I should ...", "Let me ..."), else the last sentence; a last fragment of under four words
     without final punctuation (cut off by the token limit) is left out."""
     parts = [p.strip() for p in _SENTENCE_END.split(" ".join(text.replace("\n",
-                                                                          " \n ").split(" "))) if p and p.strip()]
+                                                                          " \n ").split(" "))) if p
+             and p.strip()]
     if len(parts) > 1 and not parts[-1].endswith((".", "!", "?", ":", '"',
                                                   ")")) and len(parts[-1].split()) < 4:
         parts.pop()  # a few words cut off by the token limit decide nothing
@@ -104,7 +107,8 @@ def _names(s: str) -> tuple[str, int]:
         if not tok:
             continue
         core = tok.strip(".,;:!?()\"'“”")
-        is_cap = bool(core) and core[0].isupper() and core not in _NOT_NAMES and WORD.fullmatch(core) is not None
+        is_cap = (bool(core) and core[0].isupper() and core not in _NOT_NAMES
+                  and WORD.fullmatch(core) is not None)
         caps = len(core) >= 2 and core.isupper() and core not in _NOT_NAMES and core.isalpha()
         if (is_cap and not start) or caps:
             tail = tok[len(tok.rstrip(".,;:!?)\"'”")):]

@@ -110,7 +110,8 @@ def _read_records(records: list[Any], name: str, path: Path, out: Read) -> None:
     # In (question id, mode) order, not the file's: a cluster run appends records as they arrive, and the
     # same records must build the same library (the clustering depends on the order it sees turns in).
     for rec in sorted(records, key=lambda r: (str(r.get("id")), str(r.get("mode"))) if isinstance(r,
-                                                                                                  dict) else ("", "")):
+                                                                                                  dict)
+                      else ("", "")):
         if not isinstance(rec, dict) or not isinstance(rec.get("turn_log"), list):
             raise LibraryBuildError(f"{path} holds a record without a turn log: not an edge-agent eval "
                                     f"result. {HELP}")

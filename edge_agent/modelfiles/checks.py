@@ -157,7 +157,8 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
         size_bytes=size,
         n_tensors=len(tensors),
         metadata={k: v for k, v in meta.items() if not isinstance(v,
-                                                                  ArrayRef) and k != "tokenizer.chat_template"},
+                                                                  ArrayRef)
+                  and k != "tokenizer.chat_template"},
         tensors=tuple(tensors),
     )
     if kind == "mmproj":
@@ -170,7 +171,8 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
         n_vocab = tokens.count
     elif isinstance(tokens, list):  # tiny vocabularies are decoded already
         vocab_hash = hashlib.sha256(b"".join(struct.pack("<Q",
-                                                         len(t.encode())) + t.encode() for t in tokens)).hexdigest()
+                                                         len(t.encode())) + t.encode()
+                                             for t in tokens)).hexdigest()
         n_vocab = len(tokens)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return ModelInfo(
@@ -194,7 +196,8 @@ def _inspect_mmproj(meta: dict[str, Any], tensors: list[TensorInfo], common: dic
     proj_dim = _int(meta.get("clip.vision.projection_dim"))
     if ptype in ("qwen3vl_merger", "qwen2vl_merger", "qwen2.5vl_merger") and "mm.2.bias" in names:
         proj_dim = names["mm.2.bias"].shape[0]  # what clip_n_mmproj_embd really uses
-    ds_blocks = {t.name.split(".")[2] for t in tensors if t.name.startswith("v.deepstack.") and ".fc1." in t.name}
+    ds_blocks = {t.name.split(".")[2] for t in tensors if t.name.startswith("v.deepstack.")
+                 and ".fc1." in t.name}
     return ModelInfo(
         **common,
         projector_type=str(ptype),
@@ -369,7 +372,8 @@ def _check_qwen_vision(info: ModelInfo) -> None:
                              f"needs; "
                              "llama.cpp would abort. Use the mmproj that belongs to the model.")
     if info.tensor("v.class_embd") is not None and info.projector_type == "qwen3vl_merger":
-        raise ModelFileError(f"{p} has a class embedding, which a qwen3vl_merger mmproj must not have." + _BROKEN_MMPROJ)
+        raise ModelFileError(f"{p} has a class embedding, which a qwen3vl_merger mmproj must not "
+                             "have." + _BROKEN_MMPROJ)
     pos = info.tensor("v.position_embd.weight")
     if pos is not None and info.projector_type == "qwen3vl_merger":
         if pos.type != "F32":
@@ -465,7 +469,8 @@ def check_same_tokenizer(a: ModelInfo, b: ModelInfo, *, max_listed: int = 5) -> 
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ImageTokens:
-    """How an image of a given size enters the context: nx*ny tokens; M-RoPE advances positions by max(nx, ny)."""
+    """How an image of a given size enters the context: nx*ny tokens; M-RoPE advances positions by max(nx,
+    ny)."""
 
     nx: int
     ny: int
@@ -485,8 +490,8 @@ def estimate_image_tokens(
     """Image tokens for a ``width`` x ``height`` image, following clip's Qwen resize rule ("smart resize").
 
     Qwen mergers: the image is scaled (aspect kept) to multiples of patch*merge px (32 for Qwen3-VL) holding
-    between 8 and 4096 tokens (mtmd's image_min_tokens / image_max_tokens override those). Gemma3: always 16x16.
-    Exact for clip in llama.cpp 0.3.36 up to float rounding at exact .5 boundaries.
+    between 8 and 4096 tokens (mtmd's image_min_tokens / image_max_tokens override those). Gemma3: always
+    16x16. Exact for clip in llama.cpp 0.3.36 up to float rounding at exact .5 boundaries.
     """
     if width <= 0 or height <= 0:
         raise ConfigError(f"Image size {width}x{height} is not valid.", title="Image problem")
@@ -553,7 +558,8 @@ def iter_arrays(path: str | os.PathLike[str]) -> Iterator[tuple[str, ArrayRef]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m edge_agent.modelfiles.checks FILE...``: print what each header says and how long reading it took."""
+    """``python -m edge_agent.modelfiles.checks FILE...``: print what each header says and how long reading it
+    took."""
     import time
 
     for arg in argv if argv is not None else sys.argv[1:]:

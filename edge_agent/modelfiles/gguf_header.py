@@ -237,5 +237,6 @@ def _not_gguf_hint(path: Path, head: bytes) -> str:
         return ("It looks like a web page or JSON, not a model: the download probably saved an error page. "
                 "Download the .gguf file itself.")
     if path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
-        return "It looks like a PyTorch/safetensors checkpoint: use a GGUF conversion (e.g. from a -GGUF repo)."
+        return ("It looks like a PyTorch/safetensors checkpoint: use a GGUF conversion (e.g. from a -GGUF "
+                "repo).")
     return "Pass a .gguf model file (e.g. Qwen3-VL-2B-Instruct-Q4_K_M.gguf)."

@@ -4,9 +4,9 @@ What it knows: the hub's HTTP API (``GET /api/models/{repo}/revision/{rev}?blobs
 LFS sha256; ``GET /{repo}/resolve/{rev}/{file}`` with HTTP Range for the bytes), the environment variables
 the hub's own client honours (``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_TOKEN``), and how one file arrives
 (:class:`HubClient`). Pulling a catalog model (the plan, the disk check, the header checks, the registry
-entry) is ``edge_agent.modelfiles.pull``'s. What it does not know: GGUF contents (``edge_agent.modelfiles.checks``) or
-the UI: progress is reported through the small :class:`Progress` protocol (the CLI draws a click progress
-bar; the TUI can post messages).
+entry) is ``edge_agent.modelfiles.pull``'s. What it does not know: GGUF contents
+(``edge_agent.modelfiles.checks``) or the UI: progress is reported through the small :class:`Progress`
+protocol (the CLI draws a click progress bar; the TUI can post messages).
 
 Why requests and not huggingface_hub: the pull must verify the sha256 the hub publishes for each file,
 resume into a ``.part`` file we control, check free disk space first and rename atomically into our

@@ -1,7 +1,7 @@
 """What `models list`, the settings screen and the first-run screen show of the models: one row each.
 
-Knows: the catalog, the registry, the demo and the wheel models (``edge_agent.modelfiles.catalog``), and the memory
-estimate of each (``edge_agent.modelfiles.footprint``). Does not know: downloads, llama.cpp.
+Knows: the catalog, the registry, the demo and the wheel models (``edge_agent.modelfiles.catalog``), and the
+memory estimate of each (``edge_agent.modelfiles.footprint``). Does not know: downloads, llama.cpp.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from edge_agent.modelfiles.wheels import installed
 
 @dataclass(frozen=True)
 class ModelStatus:
-    """One row of the model overview. status: installed | added | available | demo | demo-missing | partial | broken."""
+    """One row of the model overview. status: installed | added | available | demo | demo-missing | partial |
+    broken."""
 
     name: str
     status: str
@@ -34,7 +35,8 @@ class ModelStatus:
     description: str = ""
     is_default: bool = False
     path: str | None = None
-    # expected peak resident bytes answering a photo question at the current settings (edge_agent.modelfiles.footprint)
+    # expected peak resident bytes answering a photo question at the current settings
+    # (edge_agent.modelfiles.footprint)
     memory: int | None = None
     memory_with_prophet: int | None = None
 
@@ -108,7 +110,8 @@ def _wheel_row(settings: Settings, e: CatalogEntry, default_name: str | None) ->
 
 
 def _entry_footprint(settings: Settings, e: CatalogEntry) -> Any:
-    """edge_agent.modelfiles.footprint's estimate for a catalog model not on disk (sizes and shape from the catalog)."""
+    """edge_agent.modelfiles.footprint's estimate for a catalog model not on disk (sizes and shape from the
+    catalog)."""
     from edge_agent.modelfiles import footprint
 
     size = e.wheels.bytes if e.wheels is not None else e.file.size if e.file is not None else None

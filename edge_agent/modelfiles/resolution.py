@@ -73,7 +73,8 @@ def mmproj_next_to(model_path: Path, flag: str = "--mmproj") -> Path | None:
 
     Several candidates: keep those whose name holds the model's name without its quantization suffix
     (``mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf`` for ``Qwen3VL-2B-Instruct-Q4_K_M.gguf``); still ambiguous ->
-    ModelFileError asking for ``flag`` (--mmproj, or --prophet-mmproj for the prophet) rather than a silent guess.
+    ModelFileError asking for ``flag`` (--mmproj, or --prophet-mmproj for the prophet) rather than a silent
+    guess.
     """
     folder = model_path.parent
     cands = sorted(p for p in folder.glob("*.gguf") if "mmproj" in p.name.lower() and p != model_path)

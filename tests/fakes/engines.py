@@ -53,7 +53,8 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
                       action_seconds=0.12),
         ev.ToolFinished(turn=1, name="image_zoom_in_tool", ok=True, observation="<image 1>", seconds=0.01,
                         status="local", image_index=1, image_path=crop_path),
-        ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.061, action_seconds=0.12, tool_seconds=0.01),
+        ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.061, action_seconds=0.12,
+                        tool_seconds=0.01),
         ev.TurnStarted(turn=2),
         ev.DraftProposed(turn=2, mode="grounding", text="true, the sign says OPEN", tokens=(1, 2, 3, 4, 5, 6),
                          seconds=0.05),
@@ -66,7 +67,8 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
         ev.ToolFinished(turn=2, name="text_search", ok=True, observation="1. Open sign ...", seconds=0.2,
                         status="cached", results=(
                             {"title": "Open sign", "url": "https://en.wikipedia.org/wiki/Open_sign",
-                             "snippet": "An open sign tells passers-by a shop is open.", "source": "wikipedia"},
+                             "snippet": "An open sign tells passers-by a shop is open.",
+                             "source": "wikipedia"},
                             {"title": "Shop", "url": "https://en.wikipedia.org/wiki/Shop",
                              "snippet": "A shop sells goods.", "source": "wikipedia"},
                         )),
@@ -82,7 +84,8 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
         ev.AnswerToken(turn=3, text="The sign says", from_prophet=True),
         ev.AnswerToken(turn=3, text=" **OPEN**"),
         ev.AnswerToken(turn=3, text=": the shop is open."),
-        ev.TurnFinished(turn=3, action="answer", reasoning_seconds=0.06, action_seconds=0.3, tool_seconds=0.0),
+        ev.TurnFinished(turn=3, action="answer", reasoning_seconds=0.06, action_seconds=0.3,
+                        tool_seconds=0.0),
         ev.FinalAnswer(answer="The sign says **OPEN**: the shop is open.", turns=3, stop_reason="answered",
                        context=f"ctx:{question}",
                        totals={"reasoning": 0.179, "action": 0.52, "tool": 0.21, "total": 1.0,
@@ -92,7 +95,8 @@ def script(question: str, image: str | None, crop_path: str | None) -> list[ev.E
 
 @dataclass(frozen=True)
 class Asked:
-    """One question as the scripted engine got it (``crop``: where the default script's zoom crop was written)."""
+    """One question as the scripted engine got it (``crop``: where the default script's zoom crop was
+    written)."""
 
     question: str
     image: str | tuple[str, ...] | None  # several: a tuple
@@ -154,7 +158,8 @@ class ScriptedEngine:
         seprod, history, seed = bool(request.seprod), request.history, request.seed
         crop = None
         if self.crop_dir is not None:
-            crop = str(make_image(self.crop_dir / f"crop{len(self.asked) + 1}.png", (32, 24), (250, 250, 250)))
+            crop = str(make_image(self.crop_dir / f"crop{len(self.asked) + 1}.png", (32, 24),
+                                  (250, 250, 250)))
         asked = Asked(question, image, mode, seprod, list(history or []), context, seed, crop)
         self.requests.append(asked)
         self.asked.append((question, image, mode))
@@ -179,10 +184,12 @@ class ScriptedEngine:
             yield e
             if i == 0 and self.with_contexts:
                 yield ev.ContextOpened(source="live" if context else "new", reason="",
-                                       tokens_reused=1600 if context else 0, tokens_evaluated=24 if context else 1135,
+                                       tokens_reused=1600 if context else 0, tokens_evaluated=24 if context
+                                       else 1135,
                                        system_restored=not context, n_ctx_used=1700, seconds=0.2)
                 if not context:
-                    yield ev.ImageEvaluated(turn=0, source="image", tokens=576, positions=24, width=768, height=768,
+                    yield ev.ImageEvaluated(turn=0, source="image", tokens=576, positions=24, width=768,
+                                            height=768,
                                             encode_seconds=0.8, decode_seconds=1.2, reused=False)
 
     def update_settings(self, new: Settings, changed: Collection[str]) -> bool:

@@ -5,7 +5,8 @@ Serves the shapes edge_agent.modelfiles.hub relies on (and that huggingface_hub 
   "size", "blobId", "lfs": {"sha256", "size", "pointerSize"}}]}``
 - ``GET|HEAD /{owner}/{repo}/resolve/{rev}/{file}`` -> LFS files: 302 to ``/cdn/{sha256}`` with the hub's
   ``X-Repo-Commit``, ``X-Linked-Etag``, ``X-Linked-Size`` headers; small files: the bytes, ETag = git oid
-- ``GET /cdn/{sha256}`` -> the bytes, honouring ``Range: bytes=N-`` with 206 / Content-Range (416 past the end)
+- ``GET /cdn/{sha256}`` -> the bytes, honouring ``Range: bytes=N-`` with 206 / Content-Range (416 past the
+end)
 - errors with the hub's ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo)
 
 Faults for tests: ``cut_after[name] = n`` sends the full Content-Length but only n bytes, then drops the
@@ -71,7 +72,8 @@ class FakeHub:
         out = []
         for method, path, rng, _auth in self.requests:
             if method == "GET" and (path.startswith("/cdn/") and path.endswith("/" + name) or
-                                    "/resolve/" in path and path.endswith("/" + name) and not self._is_lfs(name)):
+                                    "/resolve/" in path and path.endswith("/" + name)
+                                    and not self._is_lfs(name)):
                 out.append(rng)
         return out
 
@@ -95,7 +97,8 @@ class FakeHub:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         server = self._server
-        self._thread = threading.Thread(target=lambda: server.serve_forever(poll_interval=0.02), name="fakehub",
+        self._thread = threading.Thread(target=lambda: server.serve_forever(poll_interval=0.02),
+                                        name="fakehub",
                                         daemon=True)
         self._thread.start()
         return self
@@ -133,7 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = unquote(parts.path)
         with fake.lock:
-            fake.requests.append((self.command, path, self.headers.get("Range"), self.headers.get("Authorization")))
+            fake.requests.append((self.command, path, self.headers.get("Range"),
+                                  self.headers.get("Authorization")))
         segs = [s for s in path.split("/") if s]
         if segs[:2] == ["api", "models"] and len(segs) >= 4:
             repo = "/".join(segs[2:4])
@@ -173,7 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
             if f.lfs:
                 s["lfs"] = {"sha256": f.sha256, "size": len(f.data), "pointerSize": 134}
             siblings.append(s)
-        body = json.dumps({"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}).encode()
+        body = json.dumps({"id": repo, "modelId": repo, "sha": COMMIT, "private": False,
+                           "siblings": siblings}).encode()
         self._send(200, body, {"Content-Type": "application/json"})
 
     def _resolve(self, repo: str, rev: str, name: str, head: bool) -> None:
@@ -186,7 +191,8 @@ class _Handler(BaseHTTPRequestHandler):
         common = {"X-Repo-Commit": COMMIT}
         if f.lfs:
             common.update({"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data)),
-                           "ETag": f'"{f.git_oid}"', "Location": f"/cdn/{f.sha256}/{name}", "Content-Length": "0"})
+                           "ETag": f'"{f.git_oid}"', "Location": f"/cdn/{f.sha256}/{name}",
+                           "Content-Length": "0"})
             self.send_response(302)
             for k, v in common.items():
                 self.send_header(k, v)

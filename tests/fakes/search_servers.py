@@ -81,7 +81,8 @@ class FakeBackend:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
         self.thread.start()
         return self
 
@@ -138,7 +139,8 @@ class FakeBackend:
         if mode in ("huge", "huge_stream"):
             blob = json.dumps({"padding": "x" * self.huge_bytes}).encode()
             return self._send(h, 200, blob, length=mode == "huge")
-        if mode == "drip":  # valid start, then a few bytes every 0.05 s: never idle long enough for a read timeout
+        # valid start, then a few bytes every 0.05 s: never idle long enough for a read timeout
+        if mode == "drip":
             try:
                 h.send_response(200)
                 h.send_header("Content-Type", "application/json")
@@ -179,7 +181,8 @@ class FakeBackend:
             echo = f"{method} {h.path} {json.dumps(dict(h.headers))}"
         return self._send(h, 200, json.dumps(self._answer(rec, echo)).encode())
 
-    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict | None = None, length: bool = True) -> None:
+    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict | None = None,
+              length: bool = True) -> None:
         try:
             h.send_response(status)
             h.send_header("Content-Type", "application/json")
@@ -238,10 +241,12 @@ class FakeBackend:
             term = q.get("q", "")
             k = int(q.get("count", 5))
             results = [
-                {"title": f"{term} - Brave {i}", "url": f"https://brave.example/{i}", "description": echo or f"<strong>{term}</strong> described {i}"}
+                {"title": f"{term} - Brave {i}", "url": f"https://brave.example/{i}", "description": echo
+                 or f"<strong>{term}</strong> described {i}"}
                 for i in range(k)
             ]
-            return {"type": "search", "query": {"original": term}, "web": {"type": "search", "results": results}}
+            return {"type": "search", "query": {"original": term},
+                    "web": {"type": "search", "results": results}}
         if self.shape == "gcv":
             req = json.loads(rec.body)["requests"][0]
             digest = hashlib.sha256(base64.b64decode(req["image"]["content"])).hexdigest()[:8]
@@ -256,7 +261,8 @@ class FakeBackend:
                             ],
                             "fullMatchingImages": [{"url": f"https://img.example/{digest}.jpg"}],
                             "pagesWithMatchingImages": [
-                                {"url": f"https://pages.example/{digest}", "pageTitle": f"About <b>{digest}</b>",
+                                {"url": f"https://pages.example/{digest}",
+                                 "pageTitle": f"About <b>{digest}</b>",
                                  "fullMatchingImages": [{"url": f"https://img.example/{digest}.jpg"}]},
                                 {"url": "https://pages.example/other", "pageTitle": "Another page",
                                  "partialMatchingImages": [{"url": "https://img.example/p.jpg"}]},
@@ -270,13 +276,16 @@ class FakeBackend:
         if self.shape == "serpapi":
             image_url = q.get("url", "")
             name = image_url.rsplit("/", 1)[-1]
-            meta = {"id": "abc", "status": "Success", "json_endpoint": echo or "https://serpapi.com/searches/abc.json"}
+            meta = {"id": "abc", "status": "Success", "json_endpoint": echo
+                    or "https://serpapi.com/searches/abc.json"}
             return {
                 "search_metadata": meta,
                 "search_parameters": {"engine": "google_lens", "url": image_url},
-                "knowledge_graph": [{"title": f"Knowledge {name}", "link": "https://kg.example/x", "subtitle": "Building"}],
+                "knowledge_graph": [{"title": f"Knowledge {name}", "link": "https://kg.example/x",
+                                     "subtitle": "Building"}],
                 "visual_matches": [
-                    {"position": i + 1, "title": echo or f"Match {i} of {name}", "link": f"https://vm.example/{i}", "source": "Example"}
+                    {"position": i + 1, "title": echo or f"Match {i} of {name}",
+                     "link": f"https://vm.example/{i}", "source": "Example"}
                     for i in range(6)
                 ],
             }

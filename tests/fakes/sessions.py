@@ -123,16 +123,20 @@ class LoopSession:
 
     def key(self) -> str:
         """The content's key: the text and its images (as the runtime's: same content, same key)."""
-        return hashlib.sha256(self.text.encode() + b"".join(i.digest.encode() for i in self.images)).hexdigest()
+        return hashlib.sha256(self.text.encode() + b"".join(i.digest.encode()
+                                                            for i in self.images)).hexdigest()
 
     def save_state(self, label: str = "") -> SessionState:
         """A state with the counters and the text as code points (no KV: nothing to restore it into)."""
         history = [ord(c) for c in self.text]
-        return SessionState(identity={}, key=self.key(), history=history, images=list(self.images), n_pos=self.n_pos,
-                            n_cells=self.n_cells, logits=np.zeros(1, np.float32), kv=np.zeros(0, np.uint8), label=label)
+        return SessionState(identity={}, key=self.key(), history=history, images=list(self.images),
+                            n_pos=self.n_pos,
+                            n_cells=self.n_cells, logits=np.zeros(1, np.float32), kv=np.zeros(0, np.uint8),
+                            label=label)
 
     def checkpoint(self) -> Checkpoint:
-        return Checkpoint(self.n_cells, self.n_pos, len(self.text), n_pending=self.pending, n_images=len(self.images))
+        return Checkpoint(self.n_cells, self.n_pos, len(self.text), n_pending=self.pending,
+                          n_images=len(self.images))
 
     def rollback(self, cp: Checkpoint) -> None:
         drop = len(self.text) - cp.n_history
@@ -185,7 +189,8 @@ class LoopSession:
         self.append_text(kept, special=True)
         self.pending = 1
         lp = self.logprob.pop(0) if self.logprob else 0.0  # what the model "thought" of each token, per call
-        return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason, logprobs=[lp] * len(kept))
+        return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason,
+                          logprobs=[lp] * len(kept))
 
 
 class LoopModel:
@@ -362,7 +367,8 @@ class SlowSession(PairSession):
         for c in self.model.script[:max_tokens]:
             if cancel is not None and cancel.is_set():
                 self.log.append(("cancelled", len(toks)))
-                return Generation("".join(map(chr, toks)), toks, "cancelled", [self.model.logprob] * len(toks))
+                return Generation("".join(map(chr, toks)), toks, "cancelled",
+                                  [self.model.logprob] * len(toks))
             time.sleep(self.model.per_token)
             toks.append(ord(c))
             if on_token is not None:

@@ -129,7 +129,8 @@ class SpyModel:
         self.sessions: list[SpySession] = []
         self.appended: list[Appended] = []
         # fixed for the model's life: copied
-        self.n_ctx, self.n_vocab, self.has_vision, self.path = inner.n_ctx, inner.n_vocab, inner.has_vision, inner.path
+        self.n_ctx, self.n_vocab, self.has_vision, self.path = (inner.n_ctx, inner.n_vocab, inner.has_vision,
+                                                                inner.path)
         self.mmproj_path = inner.mmproj_path
         self.identity, self.memory_bytes = inner.identity, inner.memory_bytes
         self.image_px_per_token = inner.image_px_per_token

@@ -1,6 +1,7 @@
-"""A fake of the search tools for pure agent logic: :class:`FakeSearch` implements ``agent.toolbox.SearchLike``
-fully (checked by mypy: pyproject's [tool.mypy] files) and answers with real ``SearchOutcome`` values.
-The search tools themselves are tested against real HTTP servers (``tests/fakes/search_servers.py``)."""
+"""A fake of the search tools for pure agent logic: :class:`FakeSearch` implements
+``agent.toolbox.SearchLike`` fully (checked by mypy: pyproject's [tool.mypy] files) and answers with real
+``SearchOutcome`` values. The search tools themselves are tested against real HTTP servers
+(``tests/fakes/search_servers.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from edge_agent.tools.search import SearchOutcome
 
 
 def outcome(tool: str = "text_search", status: str = "live", observation: str = "", *,
-            results: Sequence[SearchResult] = (), query: str = "", unreachable: bool = False) -> SearchOutcome:
+            results: Sequence[SearchResult] = (), query: str = "",
+            unreachable: bool = False) -> SearchOutcome:
     """A SearchOutcome as ``SearchTools`` makes one (backend "fake")."""
-    return SearchOutcome(tool, query, tuple(results), status, observation, "fake", 0.0, unreachable=unreachable)
+    return SearchOutcome(tool, query, tuple(results), status, observation, "fake", 0.0,
+                         unreachable=unreachable)
 
 
 def result(title: str = "Result", url: str = "http://x", snippet: str = "s") -> SearchResult:

@@ -439,7 +439,8 @@ class ChatScreen(ImageActions):
             if self.chat_id is not None:
                 self.sub_title = self.store.load_title(self.chat_id) or "new chat"  # it may have been renamed
             if choice is None:
-                if self.chat_id is not None and not any(c.id == self.chat_id for c in self.store.list_chats()):
+                if self.chat_id is not None and not any(c.id == self.chat_id
+                                                        for c in self.store.list_chats()):
                     await self.new_chat()  # the open chat was deleted
                 return
             if choice.action == "new":

@@ -1,8 +1,8 @@
 """The download screen: pick a catalog model, watch it download, cancel, resume.
 
 Lists the catalog's agent models with their download size (the catalog's, the one number used
-everywhere) and whether they are installed or partly downloaded. Enter starts ``modelfiles.pull.pull`` in a thread
-worker; its progress (bytes of the file being fetched, total, rate) is posted back to the screen. Esc
+everywhere) and whether they are installed or partly downloaded. Enter starts ``modelfiles.pull.pull`` in a
+thread worker; its progress (bytes of the file being fetched, total, rate) is posted back to the screen. Esc
 cancels a running download at the next chunk: the ``.part`` file stays, so choosing the model again
 resumes where it stopped (``hub`` verifies the whole file at the end). Dismisses with the installed
 model's name (None when closed without one). Does not know how downloads work inside: that is ``hub``.
@@ -40,7 +40,8 @@ class _Progress:
         self.label, self.total, self.start_done, self.t0, self.last = "", 0, 0, 0.0, 0.0
 
     def start(self, label: str, total: int, done: int) -> None:
-        self.label, self.total, self.start_done, self.t0, self.last = label, total, done, time.monotonic(), 0.0
+        self.label, self.total, self.start_done, self.t0, self.last = (label, total, done, time.monotonic(),
+                                                                       0.0)
         self.screen.app.call_from_thread(self.screen.show_progress, label, total, done, 0.0, done > 0)
 
     def advance(self, done: int) -> None:
@@ -102,7 +103,8 @@ class DownloadScreen(ModalScreen[str | None]):
         except EdgeAgentError as e:
             self.query_one("#dl-status", Static).update(Text(f"{e.title}: {e.message}", style="red"))
             return
-        self.entries = [e for e in catalog.entries if "agent" in e.roles and not e.is_demo and e.wheels is None]
+        self.entries = [e for e in catalog.entries if "agent" in e.roles and not e.is_demo
+                        and e.wheels is None]
         ol = self.query_one(OptionList)
         highlighted = ol.highlighted
         ol.clear_options()

@@ -37,7 +37,8 @@ def recommended_size() -> str:
 
 def recommended_memory() -> str:
     """The memory the recommended model needs while it answers a photo question at the default settings
-    (``edge_agent.modelfiles.footprint``, the estimate `models list` shows; measured: README "What a question costs")."""
+    (``edge_agent.modelfiles.footprint``, the estimate `models list` shows; measured: README "What a question
+    costs")."""
     from edge_agent.core.config import Settings
     from edge_agent.modelfiles import footprint
     from edge_agent.modelfiles.catalog import load_catalog

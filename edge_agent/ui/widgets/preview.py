@@ -61,7 +61,8 @@ def enable_graphics() -> str:
 
 
 def open_image(path: str | Path) -> Image.Image:
-    """Open and fully decode an image file as RGB, as the agent will (a clear ImageError for anything else)."""
+    """Open and fully decode an image file as RGB, as the agent will (a clear ImageError for anything
+    else)."""
     return load_image(path).image
 
 

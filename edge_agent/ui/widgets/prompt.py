@@ -70,7 +70,8 @@ def path_like(text: str) -> str | None:
     bare = s.replace("\\ ", "")
     one_word = quoted or not any(c.isspace() for c in bare)
     starts = s.startswith(("/", "~/", "./", "../")) or (len(s) > 2 and s[1:3] in (":\\", ":/"))
-    if one_word and (starts or s.lower().endswith(IMAGE_SUFFIXES) or ("/" in s and "." in s.rpartition("/")[2][1:])):
+    if one_word and (starts or s.lower().endswith(IMAGE_SUFFIXES)
+                     or ("/" in s and "." in s.rpartition("/")[2][1:])):
         if s.endswith("?"):
             return None
         return s.replace("\\ ", " ")

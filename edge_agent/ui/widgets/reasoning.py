@@ -191,5 +191,6 @@ class TurnView(Collapsible):
         if done is not None:
             parts.append(f"reasoning {ms(done.reasoning_seconds)}, action {ms(done.action_seconds)}"
                          + (f", tool {ms(done.tool_seconds)}" if done.tool_seconds else "")
-                         + (f", reading the result {ms(done.observe_seconds)}" if done.observe_seconds else ""))
+                         + (f", reading the result {ms(done.observe_seconds)}" if done.observe_seconds
+                            else ""))
         self.title = " · ".join(parts)

@@ -374,7 +374,8 @@ def context_line(e: ev.ContextOpened | ev.ImageEvaluated, several: dict[int, str
                     style="dim")
     line = Text("context: ", style="dim")
     line.append(CONTEXT_WORDS.get(e.source, e.source), style="green" if e.source in ("live",
-                                                                                     "restored") else "yellow")
+                                                                                     "restored")
+                else "yellow")
     if e.reason:
         line.append(f" ({e.reason})", style="dim")
     parts = []
