@@ -105,7 +105,8 @@ def make_photo(path: Path, size: int = 768) -> Path:
     return path
 
 
-def resolve_files(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[str, dict[str, Path | None]]:
+def resolve_files(args: argparse.Namespace,
+                  ap: argparse.ArgumentParser) -> tuple[str, dict[str, Path | None]]:
     """(shape label, {"text", "mmproj", "prophet"}) from --standin or --model/--mmproj/--prophet."""
     if args.model:
         if not args.mmproj:
@@ -204,7 +205,8 @@ class RawDecode:
     cell, so a token costs more after 1,800 cells than after 64 (2B stand-in, q8_0 KV: ~110 vs ~78
     ms). ``decode_overhead`` compares the app's answer tokens with the raw decode at that length."""
 
-    def __init__(self, model: Any, cores: int, contexts: Any = None, baseline: Baseline | None = None) -> None:
+    def __init__(self, model: Any, cores: int, contexts: Any = None,
+                 baseline: Baseline | None = None) -> None:
         self.model, self.counts, self.contexts, self.baseline = model, sorted({1, cores}), contexts, baseline
         self.samples: dict[str, list[float]] = {str(n): [] for n in self.counts}
         self.deep: dict[str, list[float]] = {str(n): [] for n in self.counts}
@@ -251,7 +253,8 @@ class RawDecode:
         finally:
             self._forget()
 
-    def _sample(self, s: Any, toks: list[int], into: dict[str, list[float]], gen_into: list[float], n_tokens: int) -> None:
+    def _sample(self, s: Any, toks: list[int], into: dict[str, list[float]], gen_into: list[float],
+                n_tokens: int) -> None:
         from edge_agent.agent.actions import tail_grammar
         from edge_agent.runtime.cores import FOREGROUND
 
@@ -291,7 +294,8 @@ class RawDecode:
                 "depth_cells": self.depth, "decode_ms_at_depth": deep,
                 "best_decode_ms_at_depth": best_deep[1] if best_deep else None,
                 "generate_ms": gen,
-                "generate_ms_at_depth": round(1000 * statistics.median(self.generate_deep), 2) if self.generate_deep else None,
+                "generate_ms_at_depth": round(1000 * statistics.median(self.generate_deep), 2)
+                if self.generate_deep else None,
                 "app_threads": {"decode": self.model.n_threads, "batch": self.model.n_threads_batch},
                 "sampling_overhead": round(gen / shallow[app], 3) if gen and app in shallow else None,
                 "samples": {n: len(v) for n, v in self.samples.items()}, "logprobs_finite": self.finite}
@@ -329,16 +333,21 @@ class Baseline:
         """The one-shot question, in the phases' terms."""
         r = self.w.call(cmd="ask", image=str(photo), question=QUESTION, answer_tokens=answer_tokens)
         return {"question_s": r["oneshot_s"], "image_read_s": r["image_s"], "oneshot_image_s": r["image_s"],
-                "question_open_s": r["text_s"], "answer_s": r["answer_s"], "answer_tokens": r["answer_tokens"],
-                "tokens_evaluated": r["prompt_tokens"] + r["answer_tokens"], "logits_finite": r["logits_finite"],
+                "question_open_s": r["text_s"], "answer_s": r["answer_s"],
+                "answer_tokens": r["answer_tokens"],
+                "tokens_evaluated": r["prompt_tokens"] + r["answer_tokens"],
+                "logits_finite": r["logits_finite"],
                 "answer_ms_per_token": 1000 * r["answer_s"] / max(1, r["answer_tokens"])}
 
     def result(self) -> dict[str, Any]:
         med = statistics.median
         return {"threads": self.w.ready.get("threads"), "kv": "f16, flash attention off", "n_batch": 512,
-                "prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.prefill), 2) if self.prefill else None,
-                "app_prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.app_prefill), 2) if self.app_prefill else None,
-                "depth_cells": self.depth, "decode_ms_at_depth": round(med(self.deep), 2) if self.deep else None,
+                "prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.prefill), 2) if self.prefill
+                else None,
+                "app_prefill_tokens_per_s": round(PREFILL_TOKENS / med(self.app_prefill), 2)
+                if self.app_prefill else None,
+                "depth_cells": self.depth, "decode_ms_at_depth": round(med(self.deep), 2) if self.deep
+                else None,
                 "samples": len(self.prefill)}
 
 
@@ -355,7 +364,8 @@ def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, free
         return {"zoom"} if turn == 1 and "zoom" in allowed else {"answer"}
 
     mode = "freeform" if variant == "freeform" else "ssr"
-    opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy, answer_max_tokens=answer_tokens,
+    opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy,
+                                      answer_max_tokens=answer_tokens,
                                       freeform_max_tokens=freeform_tokens, library=engine.library)
     vision.clear_cache()
     if variant == "ssr_read_ahead":  # as the app does while the question is typed: not timed
@@ -394,7 +404,8 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
                       f"{key}_tokens": e.tokens, f"{key}_reused": e.reused})
         elif isinstance(e, ev.RationaleScored):
             p["scoring_s"] += e.seconds
-            p["scores_finite"] = p.get("scores_finite", True) and all(math.isfinite(c.score) for c in e.candidates)
+            p["scores_finite"] = p.get("scores_finite", True) and all(math.isfinite(c.score)
+                                                                      for c in e.candidates)
         elif isinstance(e, ev.ReasoningDone):
             p["reasoning_s"] += e.seconds
             p["reasoning_tokens"] += e.n_tokens
@@ -413,8 +424,10 @@ def phases(stamped: list[tuple[float, Any]], wall: float) -> dict[str, Any]:
             p.setdefault("errors", []).append(f"{e.title}: {e.message}"[:200])
         elif isinstance(e, ev.FinalAnswer):
             tot = e.totals
-            p.update(stop_reason=e.stop_reason, turns=e.turns, tokens_evaluated=tot.get("tokens_evaluated", 0),
-                     generated_tokens=tot.get("generated_tokens", 0), answer_tokens=tot.get("answer_tokens", 0),
+            p.update(stop_reason=e.stop_reason, turns=e.turns,
+                     tokens_evaluated=tot.get("tokens_evaluated", 0),
+                     generated_tokens=tot.get("generated_tokens", 0),
+                     answer_tokens=tot.get("answer_tokens", 0),
                      seprod={k: v for k, v in tot.items() if k.startswith(("draft", "seprod", "prophet"))})
     if len(answer_times) > 2:  # steady state: the first streamed token carries the answer's set-up
         p["answer_ms_per_token"] = 1000 * (answer_times[-1] - answer_times[1]) / (len(answer_times) - 2)
@@ -477,10 +490,12 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     ap.add_argument("--standin", default="2b", choices=["2b", "4b"], help="stand-in size (default 2b)")
-    ap.add_argument("--standin-dir", type=Path, default=ROOT / "models" / "standin", help="where stand-ins are cached")
+    ap.add_argument("--standin-dir", type=Path, default=ROOT / "models" / "standin",
+                    help="where stand-ins are cached")
     ap.add_argument("--model", default="", help="your own agent GGUF (instead of a stand-in)")
     ap.add_argument("--mmproj", default="", help="its mmproj")
-    ap.add_argument("--prophet", default="", help="a prophet GGUF (same tokenizer) for the memory/SeProD part")
+    ap.add_argument("--prophet", default="",
+                    help="a prophet GGUF (same tokenizer) for the memory/SeProD part")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each variant (default 2)")
     ap.add_argument("--quick", action="store_true", help="one repetition, fewer decode samples")
     ap.add_argument("--no-prophet", action="store_true", help="skip loading the prophet")
@@ -543,8 +558,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sp = ask_once(engine, photo, "ssr", answer_tokens=args.answer_tokens,
                               freeform_tokens=args.freeform_tokens, seprod=True)
-                mem.update(peak_rss_mb_with_prophet=both.stop(), with_prophet=engine.memory(), seprod_question=sp)
-                say(f"  SeProD question: {sp['question_s']:.1f} s, peak RSS {mem['peak_rss_mb_with_prophet']:.0f} MB")
+                mem.update(peak_rss_mb_with_prophet=both.stop(), with_prophet=engine.memory(),
+                           seprod_question=sp)
+                say(f"  SeProD question: {sp['question_s']:.1f} s, peak RSS "
+                    f"{mem['peak_rss_mb_with_prophet']:.0f} MB")
             finally:
                 engine.close()
     res = summarise(shape, raw, q, mem)

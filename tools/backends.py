@@ -119,7 +119,8 @@ class WikipediaBackend(Backend):
 
     name = "wikipedia"
     needs = "url"
-    unconfigured = "text search is not configured: wikipedia_url is empty (default https://en.wikipedia.org/w/api.php)."
+    unconfigured = ("text search is not configured: wikipedia_url is empty (default "
+                    "https://en.wikipedia.org/w/api.php).")
 
     def request(self, query: str) -> Request:
         k = min(self.top_k, 20)  # exlimit is at most 20 for intro extracts
@@ -201,7 +202,8 @@ class SearxngBackend(Backend):
 
     def hint(self, e: FetchError) -> str:
         if e.status in (401, 403):
-            return "The SearXNG instance refused JSON output: enable `json` under search.formats in its settings.yml."
+            return ("The SearXNG instance refused JSON output: enable `json` under search.formats in its "
+                    "settings.yml.")
         return ""
 
     def parse(self, data: Any) -> list[SearchResult]:
@@ -304,11 +306,13 @@ class GcvBackend(ImageBackend):
         def entity(x: dict) -> SearchResult | None:
             score = x.get("score")
             note = f"web entity, score {score:.2f}" if isinstance(score,
-                                                                  int | float) and math.isfinite(score) else "web entity"
+                                                                  int | float) and math.isfinite(
+                                                                      score) else "web entity"
             return make_result(x.get("description"), "", note, "gcv/entity")
 
         def page(x: dict) -> SearchResult | None:
-            kind = "full" if x.get("fullMatchingImages") else "partial" if x.get("partialMatchingImages") else "similar"
+            kind = ("full" if x.get("fullMatchingImages") else "partial" if x.get("partialMatchingImages")
+                    else "similar")
             return make_result(x.get("pageTitle") or x.get("url"), x.get("url"),
                                f"page with a {kind} matching image",
                                "gcv/page", html_text=True)
@@ -356,7 +360,8 @@ class SerpApiLensBackend(ImageBackend):
         if e.status in (401, 403):
             return super().hint(e)
         if e.kind in ("api", "http"):
-            return f"SerpApi must be able to download the image from public_image_url_prefix ({self.public_prefix})."
+            return ("SerpApi must be able to download the image from public_image_url_prefix "
+                    f"({self.public_prefix}).")
         return ""
 
     def parse(self, data: Any) -> list[SearchResult]:

@@ -62,11 +62,13 @@ MAX_FIELD_CHARS = {"title": 300, "url": 2048, "snippet": 2000, "source": 100}
 MAX_RAW_CHARS = 2_000_000
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
 
-REBUILD_HINT = "Run `edge-agent cache clear` to delete it and start an empty cache (cached searches are lost)."
+REBUILD_HINT = ("Run `edge-agent cache clear` to delete it and start an empty cache (cached searches are "
+                "lost).")
 
 
 def make_key(tool: str, backend: str, query: str, image_sha256: str, params: dict[str, Any]) -> str:
-    """SHA-256 over canonical JSON of what determines the results. Callers must leave keys out of ``params``."""
+    """SHA-256 over canonical JSON of what determines the results. Callers must leave keys out of
+    ``params``."""
     blob = json.dumps(
         {"tool": tool, "backend": backend, "query": query, "image_sha256": image_sha256, "params": params},
         sort_keys=True,
@@ -110,7 +112,8 @@ class CacheEntry:
 
 
 def _unwritable(folder: Path) -> bool:
-    """Nothing can be created in ``folder`` (a read-only mount denies it even to root, whatever the mode bits)."""
+    """Nothing can be created in ``folder`` (a read-only mount denies it even to root, whatever the mode
+    bits)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".edge-agent-probe-", dir=folder)
     except OSError as e:
@@ -217,7 +220,8 @@ class SearchCache:
             # "meta": the table where caches written before the user_version convention kept their version (1)
             version = sqlitedb.ensure_schema(conn, SCHEMA_VERSION, [_SCHEMA], tables=("entries", "meta"))
         except sqlitedb.ForeignDatabase:
-            raise _damaged(f"{self.path} is an SQLite file but not an edge-agent search cache. {REBUILD_HINT}") from None
+            raise _damaged(f"{self.path} is an SQLite file but not an edge-agent search cache. "
+                           f"{REBUILD_HINT}") from None
         if version not in (0, SCHEMA_VERSION):
             raise _damaged(
                 f"The search cache {self.path} has schema version {version}, this edge-agent reads version "
@@ -256,7 +260,8 @@ class SearchCache:
             entry = CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), row[6],
                                row[7])
         except (ValueError, TypeError) as e:
-            raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+            raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). "
+                           f"{REBUILD_HINT}") from None
         return entry
 
     def put(self, entry: CacheEntry) -> str:
@@ -306,7 +311,8 @@ class SearchCache:
                 yield CacheEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]),
                                  row[6], row[7])
             except (ValueError, TypeError) as e:
-                raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). {REBUILD_HINT}") from None
+                raise _damaged(f"The search cache {self.path} holds an unreadable entry ({e}). "
+                               f"{REBUILD_HINT}") from None
 
     def stats(self) -> dict[str, Any]:
         """Counts per tool and backend, time range and file size. Does not create a missing file."""

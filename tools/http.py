@@ -328,7 +328,8 @@ def _body_chunks(resp: requests.Response) -> Iterator[bytes]:
 def _short_reason(e: BaseException) -> str:
     """The innermost, most specific words of a requests/urllib3 error, one line, at most 200 chars."""
     text = str(e)
-    # urllib3 wraps the cause as "...: Failed to establish a new connection: [Errno 111] Connection refused'))"
+    # urllib3 wraps the cause as "...: Failed to establish a new connection: [Errno 111] Connection
+    # refused'))"
     m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
     if m:
         text = m.group(1)

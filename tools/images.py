@@ -135,7 +135,8 @@ def load_image_bytes(data: bytes, *, source: str = "<bytes>") -> LoadedImage:
             "file."
         ) from e
     except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated or corrupt data
-        raise ImageError(f"{source} looks damaged and cannot be decoded ({e}). Re-export or re-download it.") from e
+        raise ImageError(f"{source} looks damaged and cannot be decoded ({e}). Re-export or re-download "
+                         "it.") from e
     return LoadedImage(image=rgb, source=source, format=fmt, original_size=(w, h))
 
 

@@ -78,7 +78,8 @@ EMPTY_IMAGE = "image_search got an empty image."
 
 
 def image_too_large(size: int, limit: int) -> str:
-    return f"the image is too large to search ({size} bytes; at most {limit}). Zoom into a part and search that."
+    return (f"the image is too large to search ({size} bytes; at most {limit}). Zoom into a part and search "
+            "that.")
 
 
 def image_type_refused(mime: str) -> str:

@@ -90,7 +90,8 @@ def _grow(lo: float, hi: float, want: float, limit: float) -> tuple[float, float
 
 def box_to_pixels(box: Box, width: int, height: int) -> tuple[tuple[float, float, float, float], list[str]]:
     """0-1000 box -> pixel box (floats) on a width x height image, grown if tiny or too thin."""
-    x1, y1, x2, y2 = box[0] * width / 1000, box[1] * height / 1000, box[2] * width / 1000, box[3] * height / 1000
+    x1, y1, x2, y2 = (box[0] * width / 1000, box[1] * height / 1000, box[2] * width / 1000,
+                      box[3] * height / 1000)
     notes: list[str] = []
     w, h = x2 - x1, y2 - y1
     if w < MIN_CROP_SIDE or h < MIN_CROP_SIDE:

@@ -2,8 +2,9 @@
 grammars, the turn loop, SeProD.
 
 No llama_cpp, no textual, no network here: the loop talks to a ``runtime.types.SessionLike`` (SeProD's
-prophet: a ``runtime.types.DraftModelLike``) and a ``toolbox.ToolExecutor`` and yields the typed events of ``events``. Offline tooling that is not part
-of answering (building a rationale library from traces) lives in ``edge_agent.library``.
+prophet: a ``runtime.types.DraftModelLike``) and a ``toolbox.ToolExecutor`` and yields the typed events of
+``events``. Offline tooling that is not part of answering (building a rationale library from traces) lives in
+``edge_agent.library``.
 
 - ``prompts``        Qwen3-VL chat format (system + tools, user turn, tool responses)
 - ``rationales``     the rationale library (built-in ``edge_agent/data/rationales.json`` or a user file),

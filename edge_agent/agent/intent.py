@@ -17,7 +17,8 @@ from edge_agent.tools import specs
 
 # "I'll", "I will", "I should", "I need to", "let me", "I'm going to", "I must", "I can", "we should",
 # "let's", "first, ...": a plan in the first person (a few words may sit between it and the verb).
-_PLAN = (r"(?:\bi(?:'ll| will| shall| should| need to| must| have to| can| could| would| am going to|'m going to|"
+_PLAN = (r"(?:\bi(?:'ll| will| shall| should| need to| must| have to| can| could| would| am going to|'m "
+         r"going to|"
          r" want to| ought to)|\blet me|\blet's|\bwe (?:should|need to|will|can)|\bnext,? i|\bfirst,? i)")
 _GAP = r"(?:\s+[\w'-]+){0,4}?\s+"
 _NEGATION = re.compile(r"\b(?:not|n't|no need|never|without|instead of)\b[\w\s']{0,20}$")

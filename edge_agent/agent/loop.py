@@ -373,7 +373,8 @@ class _Run:
         if echoes_instructions(answer,
                                self.ours):  # "You have no tool calls left", a tool's message: not an answer
             yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message=f"The model repeated our instructions instead of answering ({answer!r}).")
+                             message="The model repeated our instructions instead of answering "
+                                     f"({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
         cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
@@ -408,8 +409,9 @@ class _Run:
 
     # ---- reasoning ------------------------------------------------------------------------------
     def _ssr_reason(self, turn: int, allowed: frozenset[str]) -> tuple[str | None, RationaleScored, bool]:
-        """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet (:meth:`_ssr_paste`,
-        the next call on the session). The point before is this turn's base: a move taken back returns there."""
+        """Score the rationales and choose one (:class:`SsrChooser`); nothing is pasted yet
+        (:meth:`_ssr_paste`, the next call on the session). The point before is this turn's base: a move taken
+        back returns there."""
         self._base = self.session.checkpoint()
         return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
                                has_evidence=self.evidence,

@@ -26,7 +26,8 @@ Policy = Callable[[int, frozenset[str]], Iterable[str]]
 
 
 class DraftOutcome(Protocol):
-    """What a SeProD hook returns (``edge_agent.agent.seprod_math.Verification``): what it put in the session."""
+    """What a SeProD hook returns (``edge_agent.agent.seprod_math.Verification``): what it put in the
+    session."""
 
     accepted: int  # draft tokens now in the agent's session
     accepted_text: str

@@ -48,7 +48,8 @@ class Rationale:
     text: str
     action: str  # one of library_actions()
     needs_image: bool = False  # e.g. "answer from the image": offered only when there is an image
-    # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the context
+    # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the
+    # context
     needs_evidence: bool = False
 
 

@@ -110,7 +110,8 @@ class _Job:
         left = max(0, self.plan.draft_len - self.n_tokens) * per_tok
         if self.first_token is not None:
             return left
-        prefill = costs.prefill_new_image if self.new_image or self.started is None else costs.prefill_same_image
+        prefill = (costs.prefill_new_image if self.new_image or self.started is None
+                   else costs.prefill_same_image)
         if prefill is None:
             return None
         since = now - self.started if self.started is not None else 0.0
@@ -127,8 +128,8 @@ class Drafter:
     pins L_d and tau and waits for every draft (experiments: each question gets its drafts whatever
     the timing, so acceptance and answers do not depend on how busy the machine is).
     ``background``: run the prophet in a worker thread so :meth:`start` can prepare drafts while the
-    agent works (writes its action, waits for a tool). With ``False`` the work still happens in that one thread (the
-    prophet model is only ever touched by it) but callers only submit and wait.
+    agent works (writes its action, waits for a tool). With ``False`` the work still happens in that one
+    thread (the prophet model is only ever touched by it) but callers only submit and wait.
     ``block``: at a hook, wait for a draft that is not ready whatever it costs (default: when not
     ``background``, or not ``adaptive``); else wait only while the expected saving exceeds the
     expected wait, and fit prepared drafts to the time before their hook (:meth:`_fit`).
@@ -174,7 +175,8 @@ class Drafter:
         if not 0.0 <= a0 <= 1.0:
             raise ConfigError(f"Setting seprod_a0 must be between 0 and 1, not {a0}.")
         if tau < 0 or tau > 1:
-            raise ConfigError(f"Setting seprod_tau must be between 0 and 1 (s_j is a probability), not {tau}.")
+            raise ConfigError("Setting seprod_tau must be between 0 and 1 (s_j is a probability), not "
+                              f"{tau}.")
         self.prophet = prophet
         self.agent_vocab = agent_vocab
         self.tau = tau
@@ -304,8 +306,9 @@ class Drafter:
             return job
 
     def _fit(self, mode: str, plan: Plan, ahead: list[float], new_image: list[bool]) -> Plan:
-        """A prepared draft fitted to the time before its hook (:class:`~edge_agent.agent.seprod_policy.Fitter`).
-        Updates ``ahead`` (the worker runs one draft at a time) and ``new_image`` (only the first reads it)."""
+        """A prepared draft fitted to the time before its hook
+        (:class:`~edge_agent.agent.seprod_policy.Fitter`). Updates ``ahead`` (the worker runs one draft at a
+        time) and ``new_image`` (only the first reads it)."""
         if not plan.use or self.block or not self.adaptive.enabled:
             return plan
         plan, queued = self.fitter.fit(mode, plan, self.costs, self.adaptive.acceptance(mode), ahead=ahead[0],
@@ -337,7 +340,8 @@ class Drafter:
             job.future.set_exception(e)
 
     def _draft_now(self, job: _Job) -> Draft:
-        """Worker thread only. Prompt: ``<|im_start|>user\\n[image]query<|im_end|>\\n<|im_start|>assistant\\n``."""
+        """Worker thread only. Prompt:
+        ``<|im_start|>user\\n[image]query<|im_end|>\\n<|im_start|>assistant\\n``."""
         t0 = job.started = time.perf_counter()
         mode, query, image = job.mode, job.query, job.image
         key = job.key[2]
@@ -482,8 +486,9 @@ class Drafter:
         self, session: SessionLike, *, turn: int, image: bytes | None, target: str
     ) -> Generator[Event, None, Verification]:
         """Grounding round after a zoom: call right after the think block opens. ``target``: the zoom
-        label the agent wrote (or the question), cleaned by :func:`seprod_math.clean_label`. The returned value
-        carries the prophet's verdict; after an accepted "no", ``steer`` is text for the loop to append."""
+        label the agent wrote (or the question), cleaned by :func:`seprod_math.clean_label`. The returned
+        value carries the prophet's verdict; after an accepted "no", ``steer`` is text for the loop to
+        append."""
         return (yield from self._round(session, turn=turn, mode=GROUNDING, query=grounding_query(target),
                                        image=image))
 

@@ -1,6 +1,6 @@
-"""SeProD's pure parts: what the prophet is asked (queries, the cleaned zoom label, the verdict), the acceptance maths (s_j = p_s^a_j p_p^(1-a_j), a_j from the token's rank in
-the search model's logits, the accepted prefix) and the values a round produces (Draft, Verification,
-the per-question statistics).
+"""SeProD's pure parts: what the prophet is asked (queries, the cleaned zoom label, the verdict), the
+acceptance maths (s_j = p_s^a_j p_p^(1-a_j), a_j from the token's rank in the search model's logits, the
+accepted prefix) and the values a round produces (Draft, Verification, the per-question statistics).
 
 Knows numbers and token ids only. Does not know models, sessions, threads or prompts: the drafter in
 ``edge_agent.agent.seprod`` feeds it.

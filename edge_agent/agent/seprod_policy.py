@@ -205,7 +205,8 @@ class Adaptive:
             n = max(MIN_DRAFT_LEN, min(self.draft_len, math.ceil(2 * mean_acc) + 2))
         note = f"probing {mode} drafts again (acceptance {acc:.2f})" if probe else ""
         if n < self.draft_len:
-            note = (note + "; " if note else "") + f"L_d {n} of {self.draft_len} (recent acceptance {acc:.2f})"
+            note = (note + "; " if note
+                    else "") + f"L_d {n} of {self.draft_len} (recent acceptance {acc:.2f})"
         return Plan(True, n, note)
 
     def skipped(self, mode: str) -> None:

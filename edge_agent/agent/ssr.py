@@ -49,9 +49,11 @@ class SsrChooser:
         kept). Nothing is pasted (the caller pastes, next on the session)."""
         lib = self.options.library
         idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
-            or lib.for_actions({"answer"}, has_image=has_image, has_evidence=has_evidence) or lib.for_actions({"answer"})
+            or lib.for_actions({"answer"}, has_image=has_image,
+                               has_evidence=has_evidence) or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
-        cands = [index_label(k) if self.options.index_only else r.text for k, r in zip(idx, rats, strict=True)]
+        cands = [index_label(k) if self.options.index_only else r.text
+                 for k, r in zip(idx, rats, strict=True)]
         t0 = time.perf_counter()
         # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
         # place so the chosen one can be adopted into the conversation without re-evaluating it
@@ -74,7 +76,8 @@ class SsrChooser:
         assert last is not None, "rechoose() follows choose()"
         keep = [k for k, r in enumerate(last.rationales) if r.action in left or r.action == ANY_ACTION]
         if not keep:
-            return self.choose(session, turn, left, has_image=has_image, has_evidence=has_evidence, cancel=cancel)[1]
+            return self.choose(session, turn, left, has_image=has_image, has_evidence=has_evidence,
+                               cancel=cancel)[1]
         self._last = _Scored([last.rationales[k] for k in keep], [last.candidates[k] for k in keep],
                              [last.scores[k] for k in keep], [last.values[k] for k in keep])
         choice, probs = self._select(self._last.values)
@@ -92,18 +95,21 @@ class SsrChooser:
         table = self.options.neutral
         missing = [c for c in cands if table is None or c not in table]
         if table is None or missing:
-            raise ValueError(f"ssr_score 'pmi' needs each candidate's neutral score (AgentOptions.neutral): {missing}")
+            raise ValueError("ssr_score 'pmi' needs each candidate's neutral score (AgentOptions.neutral): "
+                             f"{missing}")
         return [table[c] for c in cands]
 
     def _event(self, turn: int, choice: int, probs: Sequence[float] | np.ndarray, seconds: float, *,
                rechosen: bool = False) -> RationaleScored:
         assert self._last is not None
         last, pmi = self._last, self.options.ssr_score == "pmi"
-        neutral: list[float | None] = list(self._neutral(last.candidates)) if pmi else [None] * len(last.candidates)
+        neutral: list[float | None] = (list(self._neutral(last.candidates)) if pmi
+                                       else [None] * len(last.candidates))
         return RationaleScored(
             turn=turn,
             candidates=tuple(
-                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean), sum=float(sc.sum),
+                RationaleCandidate(id=r.id, text=r.text, action=r.action, score=float(sc.mean),
+                                   sum=float(sc.sum),
                                    count=int(sc.count), prob=float(p), neutral=n)
                 for r, sc, p, n in zip(last.rationales, last.scores, probs, neutral, strict=True)
             ),

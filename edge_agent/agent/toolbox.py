@@ -6,10 +6,10 @@ a refused box, an unconfigured backend, an offline cache miss) becomes a :class:
 
 Which moves need an image, which are searches (and which of those are keyed by image), and the words
 of "what is still possible" are the tools' specs (``edge_agent.tools.specs``); a tool whose spec has its
-own ``run`` runs by it. The tool-availability policy of one question lives here (the loop asks :meth:`Toolbox.available_actions`
-at the start of every turn, so the prompt's schemas, the SSR candidates and the free-form grammar
-follow it): a search whose backend is unconfigured is never offered; a search found unreachable
-(connection refused, DNS failure, timeout) is withdrawn for the rest of the question; offline with
+own ``run`` runs by it. The tool-availability policy of one question lives here (the loop asks
+:meth:`Toolbox.available_actions` at the start of every turn, so the prompt's schemas, the SSR candidates and
+the free-form grammar follow it): a search whose backend is unconfigured is never offered; a search found
+unreachable (connection refused, DNS failure, timeout) is withdrawn for the rest of the question; offline with
 nothing cached for a search, it is not offered; image search is withdrawn once every image has been
 searched. A move that cannot bring anything new (:meth:`Toolbox.nothing_new`: a search whose normalised
 query, or image, this question already ran; offline, a query that is not cached) is not run: the loop
@@ -103,7 +103,8 @@ class Toolbox:
         self.images = images
         self.search = search
         self.vision = images is not None if vision is None else vision  # the model reads images
-        self._searched: dict[tuple[str, str], str] = {}  # (tool, normalised query or image index) -> what it gave
+        # (tool, normalised query or image index) -> what it gave
+        self._searched: dict[tuple[str, str], str] = {}
         self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
         # the tools that need this question's images or search tools (any other runs by its spec's ``run``)
         self._runners = {"zoom": self._zoom, "text_search": self._search, "image_search": self._image_search}
@@ -174,7 +175,8 @@ class Toolbox:
 
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome:
         t0 = time.perf_counter()
-        if (why := self.nothing_new(call)) is not None:  # the loop takes such moves back; a caller that does not
+        # the loop takes such moves back; a caller that does not
+        if (why := self.nothing_new(call)) is not None:
             return ToolOutcome(False, f"{call.name} was not run: {why}. {self.still_possible()}",
                                time.perf_counter() - t0, "refused")
         try:
@@ -186,12 +188,14 @@ class Toolbox:
                     return out
                 return ToolOutcome(True, spec.run(call.arguments), time.perf_counter() - t0, "local")
         except ZoomError as e:  # a refused box or image index: the message is written for the model
-            return ToolOutcome(False, f"{call.name} failed: {e} {self.still_possible()}", time.perf_counter() - t0,
+            return ToolOutcome(False, f"{call.name} failed: {e} {self.still_possible()}",
+                               time.perf_counter() - t0,
                                "error")
         except EdgeAgentError as e:  # e.g. a corrupt cache: the model hears it, the run goes on
             return ToolOutcome(False, f"{call.name} failed: {e.message} {self.still_possible()}",
                                time.perf_counter() - t0, "error")
-        return ToolOutcome(False, f"Unknown tool {call.name!r}. {self.still_possible()}", time.perf_counter() - t0,
+        return ToolOutcome(False, f"Unknown tool {call.name!r}. {self.still_possible()}",
+                           time.perf_counter() - t0,
                            "error")
 
     def _zoom(self, call: ToolCall, t0: float) -> ToolOutcome:
@@ -201,8 +205,10 @@ class Toolbox:
         a = call.arguments
         r = self.images.zoom(a.get("bbox_2d"), a.get("img_idx", 0), a.get("label", ""))
         img = r.image
-        return ToolOutcome(True, r.observation, time.perf_counter() - t0, "local", image=self.images.model_png(img.index),
-                           image_index=img.index, image_path=str(img.path) if img.path else None, label=img.label)
+        return ToolOutcome(True, r.observation, time.perf_counter() - t0, "local",
+                           image=self.images.model_png(img.index),
+                           image_index=img.index, image_path=str(img.path) if img.path else None,
+                           label=img.label)
 
     def _search(self, call: ToolCall, t0: float) -> ToolOutcome:
         if (out := self._refused("text_search", t0)) is not None:
@@ -218,7 +224,8 @@ class Toolbox:
             return None
         why = self.withdrawn.get(action, "it is not available")
         status = "unconfigured" if self._unconfigured(action) else "error"
-        return ToolOutcome(False, f"{action} was not run: {why}. {self.still_possible()}", time.perf_counter() - t0,
+        return ToolOutcome(False, f"{action} was not run: {why}. {self.still_possible()}",
+                           time.perf_counter() - t0,
                            status)
 
     def _image_search(self, call: ToolCall, t0: float) -> ToolOutcome:
@@ -242,12 +249,15 @@ class Toolbox:
             status = "unreachable"
             self.withdrawn[tool] = "the search service cannot be reached (no network?)"
             self._searched[(tool, key)] = "that search failed"
-            observation = f"{observation}\n{tool} is withdrawn for the rest of this question. {self.still_possible()}"
+            observation = (f"{observation}\n{tool} is withdrawn for the rest of this question. "
+                           f"{self.still_possible()}")
         else:
-            self._searched[(tool, key)] = "that search failed" if o.status != "offline" else "it is not in the cache"
+            self._searched[(tool, key)] = ("that search failed" if o.status != "offline"
+                                           else "it is not in the cache")
             if o.status == "unconfigured":
                 self.withdrawn[tool] = "it is not configured"
-                observation = f"{observation}\n{tool} is withdrawn for the rest of this question. {self.still_possible()}"
+                observation = (f"{observation}\n{tool} is withdrawn for the rest of this question. "
+                               f"{self.still_possible()}")
             else:
                 observation = f"{observation}\n{self.still_possible()}"
         return ToolOutcome(ok, observation, time.perf_counter() - t0, status, results=results)

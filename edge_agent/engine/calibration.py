@@ -28,7 +28,8 @@ from edge_agent.agent.prompts import question_segments
 from edge_agent.core.files import atomic_write
 from edge_agent.runtime.types import SessionLike
 
-NEUTRAL_QUESTION = ""  # the user turn of the neutral context: "<|im_start|>user\n<|im_end|>\n" then "<think>\n"
+# the user turn of the neutral context: "<|im_start|>user\n<|im_end|>\n" then "<think>\n"
+NEUTRAL_QUESTION = ""
 FILE_NAME = "neutral-scores.json"
 MAX_ENTRIES = 64  # (model, system prompt) pairs kept; the oldest go first
 

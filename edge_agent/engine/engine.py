@@ -200,7 +200,8 @@ class Engine:
         # n_seq_max=2: the prophet only drafts (seq 0); one spare seq keeps score() usable. Its context
         # holds one image, the query and a draft, never the chat: prophet_n_ctx cells, not n_ctx (a
         # Qwen3-VL-2B prophet's KV cache: 224 MiB in f16 at 2048 instead of 476 MiB in q8_0 at 8192).
-        # The same mmproj file as the agent's: one vision tower in memory for both (runtime.tower.VisionTower).
+        # The same mmproj file as the agent's: one vision tower in memory for both
+        # (runtime.tower.VisionTower).
         prophet = Model.from_settings(settings, prophet_files.model_path, prophet_files.mmproj_path,
                                       n_seq_max=2,
                                       n_threads=settings.n_threads or n,
@@ -260,7 +261,8 @@ class Engine:
         return True
 
     def memory(self) -> dict[str, dict[str, int]]:
-        """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet": {...}}."""
+        """Bytes per loaded model (weights, KV cache, mmproj file), e.g. {"agent": {...}, "prophet":
+        {...}}."""
         out = {"agent": dict(self.model.memory_bytes)}
         if self.prophet is not None:
             out["prophet"] = dict(self.prophet.memory_bytes)

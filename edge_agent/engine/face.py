@@ -2,9 +2,9 @@
 
 Knows: :class:`AskRequest` (a question, its image, how to answer it and which chat context it continues)
 and :class:`EngineFace`, the one protocol the app (``ui.host``), ``edge-agent ask``, the evaluation's
-runner and the cluster's workers use of an engine. ``edge_agent.engine.engine.Engine`` implements it (mypy checks
-that there) and so do the tests' scripted engines. Imports nothing heavy (no llama.cpp, numpy or network),
-so a front end can name the face without loading an engine.
+runner and the cluster's workers use of an engine. ``edge_agent.engine.engine.Engine`` implements it (mypy
+checks that there) and so do the tests' scripted engines. Imports nothing heavy (no llama.cpp, numpy or
+network), so a front end can name the face without loading an engine.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class EngineFace(Protocol):
 
     @property
     def files(self) -> dict[str, str]:
-        """The model files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat records."""
+        """The model files loaded (model, mmproj, prophet, prophet_mmproj: paths, "" for none), which a chat
+        records."""
 
     @property
     def drafter(self) -> object | None:

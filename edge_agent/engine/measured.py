@@ -40,7 +40,8 @@ def machine() -> str:
 
 
 def costs_key(agent: dict[str, Any], prophet: dict[str, Any], threads: tuple[int, ...]) -> str:
-    """The key of a pair of loaded models (``Model.identity`` dicts) with these thread counts on this machine."""
+    """The key of a pair of loaded models (``Model.identity`` dicts) with these thread counts on this
+    machine."""
     what = {"agent": agent, "prophet": prophet, "threads": list(threads), "machine": machine()}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

@@ -7,8 +7,8 @@ to act on it (an image and a finished-looking question at once; other words afte
 work: the question is the foreground. Nothing is read while a question runs; when one is sent,
 :meth:`Reader.paused` lets a step in flight finish (it is the question's own images or words: an image
 is never decoded twice, and words read are words the question need not read), takes the context and
-holds it until the answer is done; targets taken before it are dropped. Does not know models, chats or prompts: the
-engine hands it the step to run (``Engine._read_ahead_step`` -> ``ChatContexts.read_ahead``).
+holds it until the answer is done; targets taken before it are dropped. Does not know models, chats or
+prompts: the engine hands it the step to run (``Engine._read_ahead_step`` -> ``ChatContexts.read_ahead``).
 """
 
 from __future__ import annotations

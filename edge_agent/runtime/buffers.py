@@ -15,7 +15,8 @@ from edge_agent.runtime._lib import C
 
 
 class BatchBuffers:
-    """A llama_batch whose arrays are numpy buffers we own (filled with vectorised numpy, no per-token ctypes).
+    """A llama_batch whose arrays are numpy buffers we own (filled with vectorised numpy, no per-token
+    ctypes).
 
     Shapes: tok/pos/nseq (cap,) int32, seq (cap, n_seq_max) int32, out (cap,) int8.
     """

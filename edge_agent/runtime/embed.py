@@ -53,7 +53,8 @@ class Embedder:
         if not self._ctx:
             raise ModelRuntimeError(
                 f"llama.cpp could not create an embedding context for {model.path.name} "
-                f"({_lib.recent_errors() or 'no details'}). Free memory or build the library without --model.")
+                f"({_lib.recent_errors() or 'no details'}). Free memory or build the library without "
+                "--model.")
         self.n_ctx = int(C.llama_n_ctx(self._ctx))
         self.n_embd = int(C.llama_model_n_embd(model.handle.llama_model))
         self._batch = C.llama_batch_init(self.n_ctx, 0, 1)

@@ -50,7 +50,8 @@ _probes: weakref.WeakKeyDictionary[Tokenizer, Probe] = weakref.WeakKeyDictionary
 
 
 def probe_of(tok: Tokenizer) -> Probe:
-    """The probe of a vocabulary (made once per tokenizer): each probe character that is one token of its own."""
+    """The probe of a vocabulary (made once per tokenizer): each probe character that is one token of its
+    own."""
     got = _probes.get(tok)
     if got is not None:
         return got

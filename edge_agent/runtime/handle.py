@@ -333,7 +333,8 @@ class Handle:
         return 0 <= token < self.n_vocab and bool(C.llama_vocab_is_eog(self._vocab, token))
 
     def token_data(self) -> np.ndarray:
-        """A (V,) llama_token_data record array with ids filled (reused: one per model, one user at a time)."""
+        """A (V,) llama_token_data record array with ids filled (reused: one per model, one user at a
+        time)."""
         if self._tdata is None:
             self._tdata = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
             self._tdata["id"] = np.arange(self.n_vocab, dtype=np.int32)

@@ -47,8 +47,8 @@ class Model:
 
     def __init__(self, handle: Handle, info: Any, mmproj: Path | None = None, mmproj_info: Any = None,
                  mmproj_identity: str = "") -> None:
-        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfiles.checks`` records of the files;
-        ``mmproj_identity``: ``file_identity(mmproj)`` when the caller has it already."""
+        """Use :meth:`load`. ``info`` / ``mmproj_info``: ``edge_agent.modelfiles.checks`` records of the
+        files; ``mmproj_identity``: ``file_identity(mmproj)`` when the caller has it already."""
         from edge_agent.runtime.session import ModelFacts
         from edge_agent.runtime.tokenizer import Tokenizer
 
@@ -61,7 +61,8 @@ class Model:
         self.arch: str = info.architecture
         # the context as created (fixed for the model's life)
         # n_ctx: the most cells a context may hold (it may start smaller and grow: Handle.grow)
-        self.n_ctx, self.n_vocab, self.n_batch, self.n_seq_max = handle.n_ctx_max, handle.n_vocab, handle.n_batch, handle.n_seq_max
+        self.n_ctx, self.n_vocab, self.n_batch, self.n_seq_max = (handle.n_ctx_max, handle.n_vocab,
+                                                                  handle.n_batch, handle.n_seq_max)
         self.n_threads_batch = handle.n_threads_batch
         self.has_vision = handle.has_vision
         self.flash_attn = handle.flash_attn  # as applied: on, off, or auto (llama.cpp decides)
@@ -127,13 +128,13 @@ class Model:
 
         ``n_seq_max``: 1 (conversation) + the most candidates scored in one decode (more are scored in
         groups). ``n_batch``: the most tokens per llama_decode (also the physical ubatch). ``kv_type``:
-        f16 (default), f32 (exact comparisons in tests), q8_0, auto (:func:`auto_kv_type`). ``flash_attn``: auto|on|off (auto: off
-        on CPU-only builds, where it measured slower, and with an f32 KV cache; else llama.cpp's choice).
-        ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image becomes (0: the
-        projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper on a CPU.
-        Sampling seeds are per ``generate`` call (``Session.generate(seed=...)``). ``n_ctx`` is the most
-        cells a context holds: it starts with ``n_ctx_start`` (0: kv_type auto's rule, else ``n_ctx``) and
-        grows when a session needs more (``Handle.grow``: the same numbers).
+        f16 (default), f32 (exact comparisons in tests), q8_0, auto (:func:`auto_kv_type`). ``flash_attn``:
+        auto|on|off (auto: off on CPU-only builds, where it measured slower, and with an f32 KV cache; else
+        llama.cpp's choice). ``image_min_tokens`` / ``image_max_tokens``: bounds on the tokens one image
+        becomes (0: the projector's defaults, 8..4096 for Qwen3-VL); a lower maximum makes big images cheaper
+        on a CPU. Sampling seeds are per ``generate`` call (``Session.generate(seed=...)``). ``n_ctx`` is the
+        most cells a context holds: it starts with ``n_ctx_start`` (0: kv_type auto's rule, else ``n_ctx``)
+        and grows when a session needs more (``Handle.grow``: the same numbers).
         ``share_vision_with``: a loaded model whose vision projector this one uses instead of loading
         its own copy when it is the same file with the same image-token limits and this model has the
         same embedding width and vocabulary (SeProD's prophet beside the agent: 0.42 GB less at the 2B
@@ -213,7 +214,8 @@ class Model:
         return self.tokenizer.tokenize(text, special=special)
 
     def first_tokens(self, text: str) -> list[int]:
-        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS when the model wants one)."""
+        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS when the model wants
+        one)."""
         return self.tokenizer.first_tokens(text)
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
@@ -349,8 +351,9 @@ def file_identity(path: Path, sample: int = 1 << 20) -> str:
 
 
 def _validate_files(path: Path, mmproj: Path | None) -> tuple[Any, Any]:
-    """Check the files in Python with ``edge_agent.modelfiles.checks`` (llama.cpp aborts the process on several
-    bad inputs: a wrong-width mmproj, too many deepstack layers, ...). Returns (text info, mmproj info)."""
+    """Check the files in Python with ``edge_agent.modelfiles.checks`` (llama.cpp aborts the process on
+    several bad inputs: a wrong-width mmproj, too many deepstack layers, ...). Returns (text info, mmproj
+    info)."""
     from edge_agent.modelfiles import checks as modelfile
 
     text = modelfile.validate_text_model(path, need_vision=mmproj is not None)

@@ -41,5 +41,6 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], file_type
     params.allow_requantize = True
     rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0 or not dst.is_file():
-        raise ModelRuntimeError(f"Quantizing {src.name} to {file_type} failed ({_lib.recent_errors() or rc}).")
+        raise ModelRuntimeError(f"Quantizing {src.name} to {file_type} failed "
+                                f"({_lib.recent_errors() or rc}).")
     return dst

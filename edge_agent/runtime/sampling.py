@@ -3,8 +3,8 @@
 Knows: llama.cpp's grammar sampler (init, apply to a token-data array, accept, free), how to draw
 from a logits row with numpy, and what one generate call produced so far (:class:`Run`: tokens,
 log-probs, the text streamed through ``textstream.StopStream``, why it ended). Does not know sessions,
-the KV cache or what the tokens mean: ``Session.generate`` feeds it one logits row per step. Reaches llama.cpp through the
-:class:`~edge_agent.runtime.handle.Handle` (its vocabulary pointer and token-data buffer).
+the KV cache or what the tokens mean: ``Session.generate`` feeds it one logits row per step. Reaches llama.cpp
+through the :class:`~edge_agent.runtime.handle.Handle` (its vocabulary pointer and token-data buffer).
 
 Cost: the fast path checks only the drawn token against the grammar (one-entry array); only a
 rejected draw pays for masking the whole vocabulary (~V entries through llama.cpp's grammar).

@@ -248,7 +248,8 @@ class Session:
             return self._append(toks, bos=False)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
-        """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in ``<|vision_start|>...<|vision_end|>``.
+        """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in
+        ``<|vision_start|>...<|vision_end|>``.
 
         The wrapper tokens come from mtmd (it knows each projector's markers). Positions: the image
         takes max(nx, ny) positions and nx*ny KV cells (M-RoPE); the text after it continues there.
@@ -368,7 +369,8 @@ class Session:
         rng = self._h.seq_range(0)
         if not took or (rng[1] if rng else -1) != st.n_pos - 1:
             self._h.seq_rm(0, -1, -1)
-            raise state_mod.StateError(f"llama.cpp did not take the state ({recent_errors() or 'no details'})")
+            raise state_mod.StateError("llama.cpp did not take the state "
+                                       f"({recent_errors() or 'no details'})")
         self.history = list(st.history)
         self.images = list(st.images)
         self._pending = []
@@ -396,7 +398,8 @@ class Session:
         lse = row_logsumexp(logits[None, :])[0]
         return (logits.astype(np.float64) - lse).astype(np.float32)
 
-    # ------------------------------------------------------------------------------ scoring (runtime/batch.py)
+    # ------------------------------------------------------------------------------ scoring
+    # (runtime/batch.py)
     def score(
         self,
         candidates: Sequence[str | Sequence[int]],
@@ -407,7 +410,8 @@ class Session:
     ) -> list[ContinuationScore]:
         """Teacher-forced log-probs of each candidate after the current context, in ONE llama_decode
         (shared prefixes once, leaves never evaluated; more than ``n_seq_max - 1`` candidates in groups,
-        more trie nodes than ``n_batch`` in several decodes): see :func:`edge_agent.runtime.batch.score_group`.
+        more trie nodes than ``n_batch`` in several decodes): see
+        :func:`edge_agent.runtime.batch.score_group`.
 
         Strings are tokenized with ``special`` (default False: candidate text is plain text); token
         lists are used as given. ``keep=True`` leaves the candidates' cells for :meth:`adopt` (until the
@@ -504,7 +508,8 @@ class Session:
                         break
                     self._sample_next(run, sampler, last=i == n - 1)
                     i += 1
-                    if run.reason == "length" and probe is not None and i < n and not (cancel and cancel.is_set()):
+                    if run.reason == "length" and probe is not None and i < n and not (
+                        cancel and cancel.is_set()):
                         i += self._jump(run, sampler, probe, n - i, cancel)
                     if run.reason in ("eos", "stop", "cancelled"):
                         break
@@ -549,7 +554,8 @@ class Session:
 
     def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int,
               cancel: threading.Event | None) -> int:
-        """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0: none)."""
+        """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0:
+        none)."""
         assert len(self._pending) == 1
         got = forced.jump(self._h, sampler, run, self._tok, probe, self._pending[0], self.n_pos - 1,
                           room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(),
@@ -560,7 +566,8 @@ class Session:
         return len(got.tokens) if got is not None else 0
 
     def _took(self, tokens: list[int], n_kv: int, logits: np.ndarray | None) -> None:
-        """``tokens`` join the history, ``n_kv`` cells seq 0; with ``logits`` nothing is pending, else the last token."""
+        """``tokens`` join the history, ``n_kv`` cells seq 0; with ``logits`` nothing is pending, else the
+        last token."""
         self.history.extend(tokens)
         self.n_pos += len(tokens)
         self.n_cells += n_kv

@@ -1,8 +1,10 @@
-"""Text <-> token ids of one loaded model, with the rule that keeps untrusted text from becoming special tokens.
+"""Text <-> token ids of one loaded model, with the rule that keeps untrusted text from becoming special
+tokens.
 
 Knows: tokenizing (no BOS added), the guard for untrusted text, token pieces (cached), detokenizing,
 the first tokens of a fresh context (BOS when the model wants one), end-of-generation tokens. Does
-not know sessions, positions or chat formats. Reaches llama.cpp only through :class:`~edge_agent.runtime.handle.Handle`.
+not know sessions, positions or chat formats. Reaches llama.cpp only through
+:class:`~edge_agent.runtime.handle.Handle`.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ class Tokenizer:
         self._recent_lock = threading.Lock()
         self._guard_built = False
         self._guard: re.Pattern[str] | None = None
-        self.n_vocab, self.add_bos, self.bos, self.eos = handle.n_vocab, handle.add_bos, handle.bos, handle.eos
+        self.n_vocab, self.add_bos, self.bos, self.eos = (handle.n_vocab, handle.add_bos, handle.bos,
+                                                          handle.eos)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
-        """Token ids of ``text`` (no BOS added). ``special=False``: ``<|im_end|>``, ``<tool_call>`` etc. stay plain text.
+        """Token ids of ``text`` (no BOS added). ``special=False``: ``<|im_end|>``, ``<tool_call>`` etc. stay
+        plain text.
 
         llama.cpp's ``parse_special=False`` only protects CONTROL tokens: USER_DEFINED ones such as
         ``</tool_response>`` or ``<tool_call>`` are still matched, so a search snippet could close the
@@ -69,7 +73,8 @@ class Tokenizer:
         return self._h.tokenize(text, special)
 
     def special_texts(self) -> re.Pattern[str] | None:
-        """A pattern matching the text of every control / user-defined token (built once: ~0.1 s at V=151k)."""
+        """A pattern matching the text of every control / user-defined token (built once: ~0.1 s at
+        V=151k)."""
         if not self._guard_built:
             texts = {self._h.token_text(t) for t in range(self.n_vocab) if self._h.is_special(t)}
             texts.discard("")
@@ -87,7 +92,8 @@ class Tokenizer:
         return piece
 
     def first_tokens(self, text: str) -> list[int]:
-        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS when the model wants one)."""
+        """The tokens a fresh session's first ``append_text(text)`` evaluates (BOS when the model wants
+        one)."""
         toks = self.tokenize(text, special=True)
         return self.with_bos(toks)
 

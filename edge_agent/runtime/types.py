@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ImageChunk:
-    """An image evaluated into the context: ``n_tokens`` KV cells, ``n_pos`` positions (max(nx, ny) for M-RoPE)."""
+    """An image evaluated into the context: ``n_tokens`` KV cells, ``n_pos`` positions (max(nx, ny) for
+    M-RoPE)."""
 
     n_tokens: int
     n_pos: int
@@ -33,7 +34,8 @@ class ImageChunk:
     encode_seconds: float = 0.0  # vision encoder (0 when the embedding was reused)
     decode_seconds: float = 0.0  # evaluating the embeddings into the context
     reused: bool = False  # the embedding came from the cache (same image, same mmproj bytes)
-    # the projector's marker tokens around it in the session's history (Qwen3-VL: <|vision_start|>, <|vision_end|>)
+    # the projector's marker tokens around it in the session's history (Qwen3-VL: <|vision_start|>,
+    # <|vision_end|>)
     wrap_before: int = 0
     wrap_after: int = 0
 
@@ -279,7 +281,8 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
 
     @property
     def memory_bytes(self) -> dict[str, int]:
-        """{"model": weights, "kv_cache": as the context is now (it may grow), "mmproj": file size (0: tower shared)}"""
+        """{"model": weights, "kv_cache": as the context is now (it may grow), "mmproj": file size (0: tower
+        shared)}"""
         ...
 
     @property
@@ -295,7 +298,8 @@ class ModelLike(ChatModelLike, DraftModelLike, Protocol):
         ...
 
     def share_cores(self, cores: CoreShare | None, role: str = ..., *, n_threads: int = 0) -> None:
-        """Compute within ``cores`` beside another model, as "foreground" or "background" (``runtime.cores``)."""
+        """Compute within ``cores`` beside another model, as "foreground" or "background"
+        (``runtime.cores``)."""
         ...
 
     def close(self) -> None: ...

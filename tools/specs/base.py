@@ -47,7 +47,8 @@ def is_int(v: Any) -> bool:
 
 
 def call_head(name: str, first_argument: str) -> str:
-    """The fixed start of a call, up to its first free value: ``<tool_call>\\n{"name": "NAME", "arguments": {...``."""
+    """The fixed start of a call, up to its first free value: ``<tool_call>\\n{"name": "NAME", "arguments":
+    {...``."""
     return f'{TOOL_OPEN}\n{{"name": "{name}", "arguments": {{{first_argument}'
 
 

@@ -1,4 +1,5 @@
-"""image_search: a reverse image search with the image or a crop (``tools.search``; results cached by image)."""
+"""image_search: a reverse image search with the image or a crop (``tools.search``; results cached by
+image)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,8 @@ SPEC = ToolSpec(
                                 "description": "[x1, y1, x2, y2] in relative coordinates 0-1000."},
                     "label": {"type": "string", "description": "What the region shows."},
                     "img_idx": {"type": "integer",
-                                "description": "Image to zoom into: 0 is the original, 1.. are earlier crops."},
+                                "description": "Image to zoom into: 0 is the original, 1.. are earlier "
+                                               "crops."},
                 },
                 "required": ["bbox_2d", "label", "img_idx"],
             },
