@@ -428,8 +428,9 @@ def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> di
                                  source="wikipedia") for i in range(5)]
             obs = observations.results("text_search", "lima", "wikipedia", long)
             out["observation_top5_tokens"] = len(sm.tokenize(obs, special=False))
-            out["observation_top3_tokens"] = len(sm.tokenize(observations.results("text_search", "lima", "wikipedia",
-                                                                                   long[:3]), special=False))
+            top3 = observations.results("text_search", "lima", "wikipedia",
+                                        long[:3])
+            out["observation_top3_tokens"] = len(sm.tokenize(top3, special=False))
         finally:
             sm.close()
     return out

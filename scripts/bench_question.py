@@ -532,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not args.no_oneshot:
                 say("starting the one-shot baseline (llama.cpp alone, its own process)")
-                worker = OneShot(files["text"], files["mmproj"], n_ctx=ONESHOT_N_CTX, threads=cores)  # type: ignore[arg-type]
+                worker = OneShot(files["text"], files["mmproj"],  # type: ignore[arg-type]
+                                 n_ctx=ONESHOT_N_CTX, threads=cores)
             say("raw llama.cpp speed")
             prefill = raw_prefill(engine.model, cores)
             base = Baseline(worker, engine.model) if worker is not None else None

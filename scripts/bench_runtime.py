@@ -51,7 +51,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from edge_agent.agent.actions import HEADS, TAIL_REST  # noqa: E402
-from edge_agent.agent.prompts import THINK_CLOSE, Text, observation_segments, question_segments, system_prompt  # noqa: E402
+from edge_agent.agent.prompts import (  # noqa: E402
+    THINK_CLOSE,
+    Text,
+    observation_segments,
+    question_segments,
+    system_prompt,
+)
 from edge_agent.agent.rationales import builtin_library  # noqa: E402
 from edge_agent.runtime import Model  # noqa: E402
 from edge_agent.runtime.scoring import build_trie, row_logsumexp  # noqa: E402

@@ -34,8 +34,8 @@ Sections (medians over interleaved repetitions; a shared machine: read the ratio
    ``prophet_preemptions_per_question`` / ``prophet_paused_seconds_per_question``: how the prophet
    yielded the cores to the agent's batched passes (``edge_agent.runtime.cores``).
 2. ``search``: the same with a text search in turn 1 (a Wikipedia-shaped server on 127.0.0.1, from
-   ``tests/fakes/search_servers.py``, answering after ``--search-latency`` s; nothing cached), then the answer:
-   the prophet drafts while the agent writes its call and waits for the network, so drafts are ready.
+   ``tests/fakes/search_servers.py``, answering after ``--search-latency`` s; nothing cached), then the
+   answer: the prophet drafts while the agent writes its call and waits for the network, so drafts are ready.
    Top-level ``search_latency_ratio_on_off`` (worst pair).
 3. ``verify``: after the agent's real answer context, one prophet draft scored and adopted in ONE
    decode (``Drafter.verify`` at tau 0) vs the same tokens decoded one by one; acceptance by tau.

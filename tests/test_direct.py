@@ -97,8 +97,8 @@ def same_context(a, b) -> None:
     assert np.max(np.abs(la - lb)) < 1e-4
 
 
-def test_a_plain_chat_continues_live_and_restored_exactly_as_evaluated_from_scratch(tiny_models, direct_settings,
-                                                                                    photo):
+def test_a_plain_chat_continues_live_and_restored_exactly_as_evaluated_from_scratch(
+        tiny_models, direct_settings, photo):
     engine = Engine(load(tiny_models["text"], tiny_models["mmproj"]), direct_settings)
     try:
         first = ask(engine, "What does the sign say?", str(photo))

@@ -48,8 +48,9 @@ def test_the_combined_table_shows_intervals():
     line = next(x for x in md.splitlines() if x.startswith("| known | ssr |"))
     lo = round(100 * E.wilson(3, 3)[0])
     assert f"| 100% [{lo}-100] |" in line and "| 3 |" in line
-    assert md.splitlines()[md.splitlines().index(next(x for x in md.splitlines() if x.startswith("| set |"))) + 1] \
-        .count("---") == 11
+    lines = md.splitlines()
+    header = lines.index(next(x for x in lines if x.startswith("| set |")))
+    assert lines[header + 1].count("---") == 11
 
 
 def test_ablations_are_shown_beside_ssr_on_their_own_questions():

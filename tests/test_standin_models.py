@@ -182,7 +182,8 @@ def _qwen3_ids(real: object, text: str, special: bool) -> list[int]:
         return real.tokenize(text, special=False)  # type: ignore[attr-defined]
     out: list[int] = []
     for part in re.split("(" + "|".join(map(re.escape, QWEN3_ADDED)) + ")", text):
-        out += [QWEN3_ADDED[part]] if part in QWEN3_ADDED else real.tokenize(part, special=True)  # type: ignore[attr-defined]
+        out += ([QWEN3_ADDED[part]] if part in QWEN3_ADDED
+                else real.tokenize(part, special=True))  # type: ignore[attr-defined]
     return out
 
 

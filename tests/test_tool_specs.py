@@ -38,8 +38,9 @@ def _check(args):
 SPEC = ToolSpec(
     action="weather",
     name="weather_forecast",
-    schema={"type": "function", "function": {"name": "weather_forecast", "description": "The forecast for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    schema={"type": "function", "function": {
+        "name": "weather_forecast", "description": "The forecast for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
     head=call_head("weather_forecast", '"city": "'),
     tail_stop='"',
     tail_rest="}}\\n</tool_call>",

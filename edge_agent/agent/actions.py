@@ -2,7 +2,8 @@
 
 Knows: the four action types (zoom, text_search, image_search, answer) and how each is written::
 
-    <tool_call>\\n{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [x1, y1, x2, y2], "label": "...", "img_idx": N}}\\n</tool_call>
+    <tool_call>\\n{"name": "image_zoom_in_tool",
+                   "arguments": {"bbox_2d": [x1, y1, x2, y2], "label": "...", "img_idx": N}}\\n</tool_call>
     <tool_call>\\n{"name": "text_search", "arguments": {"query": "..."}}\\n</tool_call>
     <tool_call>\\n{"name": "image_search", "arguments": {"img_idx": N}}\\n</tool_call>
     <answer>...</answer>

@@ -6,7 +6,8 @@ snippet holding ``<|im_end|>`` stays plain text) and ``Img(png)``. The layout::
 
     <|im_start|>system\\n{instructions}\\n\\n# Tools ... <tools>{schemas}</tools> ...<|im_end|>\\n
     <|im_start|>user\\n<|vision_start|>{image}<|vision_end|>{question}<|im_end|>\\n
-    <|im_start|>assistant\\n<think>\\n{rationale}\\n</think>\\n\\n<tool_call>\\n{json}\\n</tool_call><|im_end|>\\n
+    <|im_start|>assistant\\n<think>\\n{rationale}\\n</think>\\n\\n
+        <tool_call>\\n{json}\\n</tool_call><|im_end|>\\n          (one line with the one above)
     <|im_start|>user\\n<tool_response>\\n{crop image}{observation}\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n<think>\\n ... <answer>{answer}</answer>
 

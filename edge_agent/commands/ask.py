@@ -75,7 +75,8 @@ def command(args: tuple[str, ...], model: str | None, mmproj: str | None, mode: 
       edge-agent ask photo.jpg "Where is this?" --mode freeform --max-turns 3
       edge-agent ask photo.jpg "Who made this?" --offline --json
       edge-agent ask "What is the capital of Peru?" --model smollm2-135m-demo
-      edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf --prophet base.gguf --prophet-mmproj mm.gguf
+      edge-agent ask photo.jpg "What is this?" --model agent.gguf --mmproj mm.gguf \\
+          --prophet base.gguf --prophet-mmproj mm.gguf
       edge-agent ask --continue "And what colour is the door?"     a follow-up about the same photo
       edge-agent ask --chat 12 other.jpg "Is this the same shop?"   a new photo in chat 12
       edge-agent ask photo.jpg "What is this?" --no-save           not added to the chats

@@ -38,7 +38,8 @@ def command() -> None:
     Examples:
       edge-agent models list
       edge-agent models pull qwen3-vl-2b-instruct
-      edge-agent models add ~/models/Qwen3VL-2B-Instruct-Q4_K_M.gguf --mmproj ~/models/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf
+      edge-agent models add ~/models/Qwen3VL-2B-Instruct-Q4_K_M.gguf \\
+          --mmproj ~/models/mmproj-Qwen3VL-2B-Instruct-Q8_0.gguf
       edge-agent models verify qwen3-vl-4b-thinking --prophet qwen3-vl-4b-instruct
     """
 

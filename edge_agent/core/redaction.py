@@ -15,7 +15,8 @@ from urllib.parse import quote, quote_plus
 MIN_SECRET_CHARS = 4  # shorter "secrets" are not keys; replacing them would mangle ordinary text
 
 _KEY_PARAM = re.compile(
-    r"(?<![A-Za-z0-9])((?:api[_-]?key|apikey|key|token|access[_-]?token|subscription[_-]?token)=)[^&\s\"'<>#]+",
+    r"(?<![A-Za-z0-9])((?:api[_-]?key|apikey|key|token|access[_-]?token|subscription[_-]?token)=)"
+    r"[^&\s\"'<>#]+",
     re.IGNORECASE,
 )
 

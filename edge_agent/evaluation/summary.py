@@ -34,8 +34,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             n,
             {"turn": n, "action": None, "rationale": None, "rationale_action": None, "rationale_prob": None,
              "reasoning": None, "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None,
-             "tool_seconds": None,
-             "observe_seconds": None},
+             "tool_seconds": None, "observe_seconds": None},
         )
 
     tools: Counter[str] = Counter()
@@ -57,8 +56,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         elif isinstance(e, ev.ToolCalled):
             tools[e.name] += 1
             args = e.arguments
-            called[e.turn] = str(args.get("query",
-                                          "")) if "query" in args else f"image {args.get('img_idx', 0)}"
+            called[e.turn] = (str(args.get("query", "")) if "query" in args
+                              else f"image {args.get('img_idx', 0)}")
         elif isinstance(e, ev.ToolFinished):
             if specs.is_search(e.name):  # text_search, image_search (zoom is local)
                 searches.append({"name": e.name, "status": e.status, "query": called.get(e.turn, "")})
@@ -80,9 +79,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             final = e
     turn_log = [turns[k] for k in sorted(turns)]
     turn_model, totals = _turn_model_seconds(turn_log), dict(final.totals) if final else {}
-    model_seconds = (max(0.0, float(totals["total"]) - float(totals["tool"])) if "total" in totals
-                     and "tool" in totals
-                     else turn_model)
+    model_seconds = (max(0.0, float(totals["total"]) - float(totals["tool"]))
+                     if "total" in totals and "tool" in totals else turn_model)
     return {
         "prediction": final.answer if final else "",
         "turns": final.turns if final else len(turn_log),

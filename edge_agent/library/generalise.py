@@ -16,7 +16,8 @@ from edge_agent.agent.rationales import FORBIDDEN
 DEFAULT_MAX_CHARS = 120  # a rationale is scored on every turn: short ones cost less (see `library show`)
 PLACEHOLDER = "it"
 _MARKUP = re.compile(
-    r"<\|im_start\|>\s*(?:system|user|assistant|tool)?|<\|[^|>]{0,40}\|>|</?(?:think|tool_call|tool_response|answer|image|img)[^>]{0,20}>|<\|", re.I)
+    r"<\|im_start\|>\s*(?:system|user|assistant|tool)?|<\|[^|>]{0,40}\|>"
+    r"|</?(?:think|tool_call|tool_response|answer|image|img)[^>]{0,20}>|<\|", re.I)
 _JSONISH = re.compile(r"\{[^{}]{0,300}\}")
 _BOX = re.compile(r"[\[(]\s*[-+]?\d[\d\s,.;:-]*[\])]")  # [x1, y1, x2, y2], (12, 34)
 _QUOTED = re.compile(

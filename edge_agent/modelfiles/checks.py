@@ -36,7 +36,7 @@ from typing import Any, Literal
 import gguf
 
 from edge_agent.core.errors import ConfigError, ModelFileError
-from edge_agent.modelfiles.gguf_header import (  # noqa: F401  (GGUF_MAGIC, ArrayRef, TensorInfo: part of this module's API)
+from edge_agent.modelfiles.gguf_header import (  # noqa: F401  (GGUF_MAGIC, ArrayRef, TensorInfo: its API)
     GGUF_MAGIC,
     ArrayRef,
     TensorInfo,

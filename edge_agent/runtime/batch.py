@@ -146,10 +146,8 @@ def score_group(h: Handle, cands: list[list[int]], *, logits: np.ndarray, n_pos:
     for k, path in enumerate(trie.paths):
         lps = lp[path]
         total = float(lps.sum())
-        results.append(
-            ContinuationScore(tokens=cands[k], logprobs=lps, ranks=rk[path], sum=total,
-                              mean=total / len(path), count=len(path))
-        )
+        results.append(ContinuationScore(tokens=cands[k], logprobs=lps, ranks=rk[path], sum=total,
+                                         mean=total / len(path), count=len(path)))
     kept = Kept(trie=trie, tokens=cands, decodes=h.decodes, row_base=row_base) if keep else None
     return Scored(results=results, kept=kept, n_rows=n, timing={"decode": t_decode, "post": t_post})
 
@@ -193,8 +191,8 @@ def check_group(h: Handle, n_candidates: int, keep: bool) -> int:
     """Candidates one group takes (n_seq_max - 1); ModelRuntimeError when scoring cannot run."""
     group = h.n_seq_max - 1
     if group < 1:
-        raise ModelRuntimeError("Scoring needs a context with n_seq_max >= 2. Load the model with n_seq_max "
-                                "> 1.")
+        raise ModelRuntimeError("Scoring needs a context with n_seq_max >= 2. "
+                                "Load the model with n_seq_max > 1.")
     if keep and n_candidates > group:
         raise ModelRuntimeError(f"score(keep=True) takes at most {group} candidates (n_seq_max - 1).")
     return group

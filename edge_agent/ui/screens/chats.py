@@ -38,7 +38,8 @@ class RenameScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
     RenameScreen { align: center middle; }
-    RenameScreen Vertical { width: 60; height: auto; border: thick $accent; background: $surface; padding: 1; }
+    RenameScreen Vertical { width: 60; height: auto; border: thick $accent; background: $surface;
+                            padding: 1; }
     """
 
     def __init__(self, title: str) -> None:
@@ -67,7 +68,8 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
     ]
     DEFAULT_CSS = """
     ChatsScreen { align: center middle; }
-    ChatsScreen #chats { width: 90; max-width: 100%; height: 80%; border: thick $accent; background: $surface; }
+    ChatsScreen #chats { width: 90; max-width: 100%; height: 80%; border: thick $accent;
+                         background: $surface; }
     ChatsScreen OptionList { height: 1fr; border: none; }
     ChatsScreen #chats-help { color: $text-muted; padding: 0 1; }
     ChatsScreen #chat-search { border: none; height: 1; margin: 0 1; }

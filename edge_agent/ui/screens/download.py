@@ -65,7 +65,8 @@ class DownloadScreen(ModalScreen[str | None]):
     ]
     DEFAULT_CSS = """
     DownloadScreen { align: center middle; }
-    DownloadScreen #download { width: 100; max-width: 100%; height: 80%; border: thick $accent; background: $surface;
+    DownloadScreen #download { width: 100; max-width: 100%; height: 80%; border: thick $accent;
+                               background: $surface;
                                padding: 0 1; }
     DownloadScreen OptionList { height: 1fr; border: none; }
     DownloadScreen #dl-status { height: auto; color: $text-muted; }

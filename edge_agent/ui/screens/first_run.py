@@ -68,7 +68,8 @@ def how_to() -> str:
 **1. Download one**: choose *Download a model* (or **D** outside the path fields) to pick one from the
 catalog; Qwen3-VL 2B (GGUF + vision projector, {recommended_size()}; memory {recommended_memory()}) is
 recommended.{recommended_speed()} Or, in another terminal,
-`{PULL}`, then choose *Retry* (**R**). `edge-agent models list` shows the other models (4B, Thinking variants, prophets).
+`{PULL}`, then choose *Retry* (**R**). `edge-agent models list` shows the other models (4B, Thinking variants,
+prophets).
 
 **2. Use files you already have**: the model GGUF and its `mmproj` GGUF (the vision projector):
 """
@@ -99,7 +100,8 @@ class FirstRunScreen(Screen):
     FirstRunScreen #problem { border: round $error; padding: 0 1; height: auto; margin: 0 0 1 0; }
     FirstRunScreen Markdown { margin: 0; padding: 0; }
     FirstRunScreen .paths { height: auto; margin: 0 0 1 3; }
-    FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0; background: $boost; }
+    FirstRunScreen .paths Input { width: 1fr; height: 1; border: none; padding: 0 1; margin: 0 0 1 0;
+                                  background: $boost; }
     FirstRunScreen .paths Label { width: 8; }
     FirstRunScreen .row { height: auto; }
     FirstRunScreen #actions { height: auto; width: 100; max-width: 100%; padding: 0 2; }

@@ -104,7 +104,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     DEFAULT_CSS = """
     SettingsScreen { align: center middle; }
-    SettingsScreen #settings { width: 90; max-width: 100%; height: 90%; border: thick $accent; background: $surface;
+    SettingsScreen #settings { width: 90; max-width: 100%; height: 90%; border: thick $accent;
+                               background: $surface;
                                padding: 0 1; }
     SettingsScreen VerticalScroll { height: 1fr; }
     SettingsScreen .field { height: auto; margin: 0 0 1 0; }
