@@ -251,14 +251,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
             events.append(e)
             writer.add(e)
             status.see(e)
-            if as_json:
-                click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
-            elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
-                click.echo(f"  chat {chat.chat_id}: context restored ({e.tokens_reused:,} tokens not read "
-                           "again)",
-                           err=True)
-            elif live and isinstance(e, ev.TurnFinished):
-                click.echo(f"  turn {e.turn}: {e.action}", err=True)
+            _show(e, as_json=as_json, live=live, chat_id=chat.chat_id)
         status.end(cancelled=cancel.is_set())
     except KeyboardInterrupt as e:
         cancel.set()
@@ -303,6 +296,17 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
                         and e.title == "No answer found"), "")
             click.echo(f"No answer found. {why}".strip(), err=True)
         sys.exit(1)
+
+
+def _show(e: ev.Event, *, as_json: bool, live: bool, chat_id: int | None) -> None:
+    """One event as it comes: a JSON line with --json, else a progress line on a terminal's stderr."""
+    if as_json:
+        click.echo(json.dumps(e.to_json(), ensure_ascii=False, default=_jsonable))
+    elif live and isinstance(e, ev.ContextOpened) and e.source in ("live", "restored"):
+        click.echo(f"  chat {chat_id}: context restored ({e.tokens_reused:,} tokens not read again)",
+                   err=True)
+    elif live and isinstance(e, ev.TurnFinished):
+        click.echo(f"  turn {e.turn}: {e.action}", err=True)
 
 
 def _jsonable(v: Any) -> Any:

@@ -26,29 +26,27 @@ Layers: a session reaches llama.cpp only through its :class:`~edge_agent.runtime
 through the model's :class:`~edge_agent.runtime.tokenizer.Tokenizer`; it does not import ``model``
 (``Model.session()`` / ``Model.restore()`` call :meth:`Session.open` with what the model knows).
 Batched scoring (``batch``), sampling (``sampling``) and verified forced text (``forced``) return
-values that the session applies.
+values that the session applies; sampling a generation token by token is in ``generation``.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from edge_agent.core.errors import Cancelled, ImageError, ModelFileError, ModelRuntimeError
-from edge_agent.runtime import batch, forced, vision
+from edge_agent.core.errors import ImageError, ModelFileError, ModelRuntimeError
+from edge_agent.runtime import batch, vision
 from edge_agent.runtime import state as state_mod
 from edge_agent.runtime._lib import recent_errors
+from edge_agent.runtime.generation import Generating
 from edge_agent.runtime.handle import ContextFull, Handle
-from edge_agent.runtime.sampling import Run, Sampler
 from edge_agent.runtime.scoring import row_logsumexp
-from edge_agent.runtime.textstream import StopStream
 from edge_agent.runtime.tokenizer import Tokenizer
-from edge_agent.runtime.types import Checkpoint, ContinuationScore, Generation, ImageChunk, TokenCallback
+from edge_agent.runtime.types import Checkpoint, ContinuationScore, ImageChunk
 
 IMAGE = state_mod.IMAGE  # history placeholder for one image
 
@@ -63,10 +61,9 @@ class ModelFacts:
     image_px_per_token: int = 0  # pixels per image-token side (32 for Qwen3-VL), 0 unknown
 
 
-class Session:
-    """Seq 0 of a model's KV cache. Get one from ``Model.session()`` or ``Model.restore()``."""
-
-    forced_batches = True  # generate(): forced text in one verified batch (False: token by token)
+class Session(Generating):
+    """Seq 0 of a model's KV cache. Get one from ``Model.session()`` or ``Model.restore()``.
+    ``generate`` and its steps are in :class:`~edge_agent.runtime.generation.Generating`."""
 
     def __init__(self, handle: Handle, tokenizer: Tokenizer, facts: ModelFacts) -> None:  # use open()
         self._h = handle
@@ -462,137 +459,6 @@ class Session:
                 return len(got.tokens)
             finally:
                 self._drop_kept()
-
-    # ------------------------------------------------------------------------------ generation
-    def generate(
-        self,
-        *,
-        max_tokens: int,
-        stop: Sequence[str] = (),
-        temperature: float = 0.0,
-        seed: int = 0,
-        grammar: str | None = None,
-        on_token: TokenCallback | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Generation:
-        """Sample up to ``max_tokens`` tokens and append them to the conversation.
-
-        - ``temperature`` 0: greedy; else softmax(logits / T) sampled with numpy's ``default_rng(seed)``.
-        - ``grammar``: GBNF text with a ``root`` rule; a bad grammar raises ModelRuntimeError. Every
-          token is checked against it (the fast path checks only the drawn token).
-        - ``stop``: strings; generation ends when the text contains one. ``Generation.text`` is cut
-          before it, but the tokens that produced it stay in the session (KV + history), as does an
-          end-of-generation token: the session holds exactly ``Generation.tokens``. Roll back with a
-          checkpoint to drop them.
-        - ``on_token(piece, token_id)``: once per sampled token with the text that became final (may be
-          '', text that could start a stop string is held back); after a cancel, held-back text comes
-          in one last call with token id -1. The pieces concatenate to ``Generation.text``.
-        - ``cancel``: checked before each token and after each callback, and it aborts a running
-          decode (through the model's abort flag); stop_reason "cancelled".
-        - Under a grammar, forced text (``], "label": "``) is evaluated in one batch and verified: only
-          tokens decoding would sample are kept (``runtime.forced``; ``forced_batches = False``: not).
-        The last sampled token is left pending (not decoded) until the session needs it.
-        ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
-        """
-        with self._h.lock, self._h.cancellable(cancel, raise_if_set=False):  # a set cancel -> "cancelled"
-            self._check()
-            self._drop_kept()
-            t0, ev0 = time.perf_counter(), self.n_evaluated
-            run = Run(StopStream(stop), on_token)
-            with Sampler(self._h, grammar=grammar, temperature=temperature, seed=seed) as sampler:
-                n = self._start_generation(max_tokens, run)
-                probe = forced.probe_of(self._tok) if grammar is not None and self.forced_batches else None
-                i = 0
-                while i < n:
-                    if self._stops_before(i, run, cancel):
-                        break
-                    self._sample_next(run, sampler, last=i == n - 1)
-                    i += 1
-                    if run.reason == "length" and probe is not None and i < n and not (
-                        cancel and cancel.is_set()):
-                        i += self._jump(run, sampler, probe, n - i, cancel)
-                    if run.reason in ("eos", "stop", "cancelled"):
-                        break
-                    if cancel is not None and cancel.is_set():
-                        run.reason = "cancelled"
-                        break
-                if run.reason == "cancelled":
-                    run.release_held()
-            return Generation(text=run.stream.text, tokens=run.tokens, stop_reason=run.reason,
-                              logprobs=run.lps,
-                              n_eval=self.n_evaluated - ev0, seconds=time.perf_counter() - t0)
-
-    def _start_generation(self, max_tokens: int, run: Run) -> int:
-        """Evaluate what is pending before the first token; returns how many tokens may be sampled."""
-        if max_tokens <= 0:
-            return 0
-        try:
-            self._flush()
-        except Cancelled:
-            run.reason = "cancelled"
-            return 0
-        if self._logits is None:
-            raise ModelRuntimeError("Generation needs a context: append text first.")
-        return max_tokens
-
-    def _stops_before(self, i: int, run: Run, cancel: threading.Event | None) -> bool:
-        """Before token ``i``: a set cancel, a full context, or a cancelled decode of the previous token
-        (it stays pending) ends the generation (``run.reason`` says why)."""
-        if cancel is not None and cancel.is_set():
-            run.reason = "cancelled"
-            return True
-        if i > 0:
-            if self._free_cells(1) < 1:
-                run.reason = "length"
-                return True
-            try:
-                self._flush()
-            except Cancelled:  # the abort flag stopped this token's decode; it stays pending
-                run.reason = "cancelled"
-                return True
-        return False
-
-    def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int,
-              cancel: threading.Event | None) -> int:
-        """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0:
-        none)."""
-        assert len(self._pending) == 1
-        got = forced.jump(self._h, sampler, run, self._tok, probe, self._pending[0], self.n_pos - 1,
-                          room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(),
-                          cancel=cancel)
-        if got is not None:
-            self.n_evaluated += got.n_eval
-            self._took(got.tokens, got.n_kv, got.logits)
-        return len(got.tokens) if got is not None else 0
-
-    def _took(self, tokens: list[int], n_kv: int, logits: np.ndarray | None) -> None:
-        """``tokens`` join the history, ``n_kv`` cells seq 0; with ``logits`` nothing is pending, else the
-        last token."""
-        self.history.extend(tokens)
-        self.n_pos += len(tokens)
-        self.n_cells += n_kv
-        self._pending = [] if logits is not None else [tokens[-1]]
-        self._logits = logits
-
-    def _sample_next(self, run: Run, sampler: Sampler, *, last: bool) -> None:
-        """Sample one token from the current logits, append it (pending), stream its text."""
-        logits = self._logits
-        assert logits is not None
-        tok = sampler.sample(logits)
-        sampler.accept(tok)
-        lse = row_logsumexp(logits[None, :], self._scratch_for())[0]
-        self.history.append(tok)
-        self._pending.append(tok)
-        self.n_pos += 1
-        self._logits = None
-        run.add(tok, float(logits[tok]) - float(lse),
-                None if self._tok.is_eog(tok) else self._tok.token_bytes(tok),
-                last=last)
-
-    def _scratch_for(self) -> np.ndarray:
-        if self._scratch is None:
-            self._scratch = np.empty((8, self._tok.n_vocab), dtype=np.float32)
-        return self._scratch
 
     # ------------------------------------------------------------------------------ introspection
     def kv_seq_ranges(self) -> dict[int, tuple[int, int]]:
