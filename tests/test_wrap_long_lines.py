@@ -1,4 +1,5 @@
-"""scripts/wrap_long_lines.py: long lines of every kind come back within 110 characters, the program the same."""
+"""scripts/wrap_long_lines.py: long lines of every kind come back within 110 characters, the program the
+same."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_every_kind_of_long_line_is_wrapped_to_the_same_program():
     new, left = wrap(SOURCE)
     assert left == [] and too_long(new) == [] and all(len(line) <= LIMIT for line in new.splitlines())
     f_old, f_new = (ast.parse(s).body[1] for s in (SOURCE, new))
-    assert [ast.dump(n) for n in f_old.body[1:]] == [ast.dump(n) for n in f_new.body[1:]]  # after the docstring
+    # after the docstring
+    assert [ast.dump(n) for n in f_old.body[1:]] == [ast.dump(n) for n in f_new.body[1:]]
     assert ast.get_docstring(f_new).split() == ast.get_docstring(f_old).split()
     assert wrap(new) == (new, [])  # a second run changes nothing
 
