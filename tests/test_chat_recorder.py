@@ -3,12 +3,21 @@ written, and the one derivation of an answer's status."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from edge_agent.agent import events as ev
 from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.chat.store import ChatStore
+from edge_agent.core.config import Settings
 from edge_agent.core.errors import Cancelled, EdgeAgentError
+from edge_agent.ui.app import EdgeAgentApp
+from tests.fakes.engines import Asked, ScriptedEngine
+from tests.pilot import settle, type_and_enter
 
 START = ev.RunStarted(question="Q?", image=None, mode="ssr", seprod=False, model="m")
 OPENED = ev.ContextOpened(source="new", reason="", tokens_reused=0, tokens_evaluated=10,
@@ -47,19 +56,34 @@ def test_an_answer_is_written_from_the_first_event_the_model_read(store):
     assert store.continuation(rec.chat_id).models == {"model": "/m.gguf"}
 
 
-def test_the_app_opens_the_exchange_when_it_sends_and_reads_the_continuation_between(store):
+def test_a_retry_reads_what_it_continues_before_anything_is_written(store):
     first = ExchangeRecorder(store, None, "Q1?", [], {})
-    mid = first.open()
-    store.add_event(mid,
-                    ev.FinalAnswer(answer="A1", turns=1, stop_reason="answered", totals={}, context="k1"))
+    for e in (START, ev.FinalAnswer(answer="A1", turns=1, stop_reason="answered", totals={}, context="k1")):
+        first.add(e)
     first.finish("answered")
-    again = ExchangeRecorder(store, first.chat_id, "Q1 again?", [], {}, replace_last=True)
-    again.open()  # a retry: continues from before the exchange it replaces
-    assert again.continuation is not None and again.continuation.context == ""
-    follow = ExchangeRecorder.opened(store, again.open())
-    follow.add(FINAL)
-    follow.finish("answered")
-    assert [m.text for m in store.load(first.chat_id).messages] == ["Q1?", "A1", "Q1 again?", "Paris"]
+    assert first.chat_id is not None
+    cid = first.chat_id
+    assert store.continuation(cid).context == "k1"
+    before = store.load(cid).messages
+    cont = store.continuation(cid, replace_last=True)  # a retry continues from before what it replaces
+    assert (cont.context, cont.turns) == ("", []) and store.load(cid).messages == before  # read only
+    again = ExchangeRecorder(store, cid, "Q1 again?", [], {}, replace_last=True)
+    for e in (START, FINAL):
+        again.add(e)
+    again.finish("answered")
+    chat = store.load(cid)
+    assert [(m.text, m.replaced) for m in chat.messages] == [
+        ("Q1?", True), ("A1", True), ("Q1 again?", False), ("Paris", False)]
+    assert store.continuation(cid).turns == [("Q1 again?", "Paris", None)]
+
+
+def test_a_new_chat_is_handed_over_as_it_is_made(store):
+    made: list[int] = []
+    rec = ExchangeRecorder(store, None, "Q?", [], {}, on_new_chat=made.append)
+    rec.add(START)
+    assert made == []
+    rec.add(OPENED)
+    assert made == [rec.chat_id] and [c.id for c in store.list_chats()] == made
 
 
 def test_one_derivation_of_an_answer_s_status():
@@ -81,3 +105,84 @@ def test_one_derivation_of_an_answer_s_status():
     assert busy.failed(EdgeAgentError("The engine is busy.",
                                       title="Busy")) == "error" and busy.title == "Busy"
     assert AnswerStatus().failed(RuntimeError("a bug")) == "error"
+
+
+# --- the app and `ask` write an exchange by one rule --------------------------------------------------
+
+ANSWERED = [START, OPENED, ev.AnswerToken(turn=1, text="Paris"),
+            ev.FinalAnswer(answer="Paris", turns=1, stop_reason="answered", totals={}, context="k")]
+IMAGE_REFUSED = [START, ev.AgentError(turn=0, title="Model cannot see images",
+                                      message="This model reads text only.", fatal=True)]
+
+
+def rows(path: Path) -> tuple[int, list[tuple[str, str, str]], int]:
+    """What the chat store holds: (chats, the messages' role, text and status, events)."""
+    if not path.exists():
+        return 0, [], 0
+    db = sqlite3.connect(path)
+    try:
+        return (db.execute("SELECT COUNT(*) FROM chats").fetchone()[0],
+                [tuple(r) for r in db.execute("SELECT role, text, status FROM messages ORDER BY id")],
+                db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+    finally:
+        db.close()
+
+
+def watching(events: list[ev.Event], path: Path, seen: list[Any]):
+    """A script that yields ``events`` and notes the store's rows when the engine got the question and
+    after each event was taken (the generator resumes once its caller has recorded it)."""
+    def script(asked: Asked) -> Iterator[ev.Event]:
+        seen.append(rows(path))
+        for e in events:
+            yield e
+            seen.append(rows(path))
+    return script
+
+
+async def _app_rows(settings: Settings, events: list[ev.Event], image: Path) -> tuple[list[Any], Any]:
+    seen: list[Any] = []
+    script = watching(events, settings.chats_path, seen)
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=script))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, f"/image {image}")
+        await type_and_enter(pilot, "What city is this?")
+        await settle(pilot)
+        shown = [v.status for v in app.chat_screen.transcript.answers()]
+        assert shown == ["error" if events is IMAGE_REFUSED else "answered"]  # shown either way
+        chat_id = app.chat_screen.chat_id
+    return seen, chat_id
+
+
+def _ask_rows(home: Path, events: list[ev.Event], image: Path, monkeypatch) -> list[Any]:
+    from click.testing import CliRunner
+
+    from edge_agent.commands.cli import cli
+    from edge_agent.engine.engine import Engine
+
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(home))
+    seen: list[Any] = []
+    script = watching(events, Settings.load().chats_path, seen)
+    monkeypatch.setattr(Engine, "from_settings",
+                        classmethod(lambda cls, s, **kw: ScriptedEngine(s, script=script)))
+    CliRunner().invoke(cli, ["ask", str(image), "What city is this?", "--json"])
+    return seen
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("events", [ANSWERED, IMAGE_REFUSED], ids=["answered", "image refused"])
+async def test_the_app_and_ask_write_the_same_rows_at_the_same_moments(settings, tmp_path, image, events,
+                                                                       monkeypatch):
+    """The same question and events, asked in the app and with `edge-agent ask`: the store holds the same
+    rows when the engine gets the question and after each event; nothing before the model read the
+    question (RunStarted alone), and nothing at all, not even an empty chat, when it is refused."""
+    app, app_chat = await _app_rows(settings, events, image)
+    home = tmp_path / "ask-home"
+    home.mkdir()
+    assert _ask_rows(home, events, image, monkeypatch) == app
+    assert app[0] == app[1] == (0, [], 0)  # the question, then RunStarted: nothing written yet
+    if events is IMAGE_REFUSED:
+        assert app[-1] == (0, [], 0) and app_chat is None
+    else:
+        assert app[2] == (1, [("user", "What city is this?", "done"), ("assistant", "", "running")], 2)
+        assert app[-1][1][-1] == ("assistant", "Paris", "answered") and app_chat is not None

@@ -6,24 +6,26 @@ the answer, each event of the answer as it comes, the answer's status at the end
 AgentError: ``error`` (with its title and message); a run that ends without either: ``cancelled`` when it
 was cancelled, else ``answered``; an EdgeAgentError or a bug: ``error``; ``Cancelled``: ``cancelled``.
 
-When the exchange is written (:meth:`ExchangeRecorder.open`): once the question reached the model, the
-first event after ``RunStarted`` that is not a fatal error; a question refused before that (a bad image, an
-image for a text-only model, a busy engine) adds nothing, not even an empty chat. The app opens the
-exchange itself when it sends the question, because it shows the question at once and continues the chat
-from what is stored (``store.continuation`` is read between the question and the answer, see ``open``).
+When the exchange is written (:meth:`ExchangeRecorder.open`), for the app and `ask` alike: once the
+question reached the model, the first event after ``RunStarted`` that is not a fatal error; a question
+refused before that (a bad image, an image for a text-only model, a busy engine) adds nothing, not even an
+empty chat. What the question continues from is read before, without writing
+(``ChatStore.continuation(chat_id, replace_last=...)``); the app shows the question at once, keys its
+running answer by its own id until the exchange is written, and claims a new chat's lock when the chat
+is made (``on_new_chat``).
 Does not know: the engine, widgets, the command line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from edge_agent.agent import events as ev
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 
 if TYPE_CHECKING:
-    from edge_agent.chat.store import ChatStore, Continuation
+    from edge_agent.chat.store import ChatStore
 
 
 class AnswerStatus:
@@ -56,33 +58,29 @@ class AnswerStatus:
 
 
 class ExchangeRecorder:
-    """Writes one question and its answer into chat ``chat_id`` (None or 0: a new chat, made on open)."""
+    """Writes one question and its answer into chat ``chat_id`` (None or 0: a new chat, made on open, then
+    handed to ``on_new_chat``)."""
 
     def __init__(self, store: ChatStore | None, chat_id: int | None, question: str, images: Sequence[str],
-                 files: dict[str, str], *, replace_last: bool = False) -> None:
+                 files: dict[str, str], *, replace_last: bool = False,
+                 on_new_chat: Callable[[int], object] | None = None) -> None:
         self.store, self.chat_id, self.question = store, chat_id or None, question
         self.images, self.files, self.replace_last = list(images), files, replace_last
-        self.message_id: int | None = None
-        self.continuation: Continuation | None = None  # the chat's, read between the question and the answer
+        self.on_new_chat = on_new_chat
+        self.message_id: int | None = None  # the answer's, once written
         self._held: list[ev.Event] = []
 
-    @classmethod
-    def opened(cls, store: ChatStore, message_id: int) -> ExchangeRecorder:
-        """The recorder of an answer already opened (by the app, before its worker runs)."""
-        rec = cls(store, None, "", (), {})
-        rec.message_id = message_id
-        return rec
-
     def open(self) -> int:
-        """Write the exchange: a new chat if needed, the question, then (after reading the chat's
-        continuation, which the question may replace the last exchange of) the running answer."""
+        """Write the exchange: a new chat if needed, the question (taking the place of the last exchange
+        when ``replace_last``), the running answer and the events held until now."""
         assert self.store is not None
         if self.message_id is None:
             if self.chat_id is None:
                 self.chat_id = self.store.new_chat()
+                if self.on_new_chat is not None:
+                    self.on_new_chat(self.chat_id)
             self.store.add_user_message(self.chat_id, self.question, self.images,
                                         replace_last=self.replace_last)
-            self.continuation = self.store.continuation(self.chat_id)
             self.message_id = self.store.start_answer(self.chat_id, models=self.files)
             for held in self._held:
                 self.store.add_event(self.message_id, held)

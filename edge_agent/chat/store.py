@@ -432,10 +432,15 @@ class ChatStore:
                 pending = None
         return out
 
-    def continuation(self, chat_id: int) -> Continuation:
-        """What a follow-up question in this chat needs (messages only, no events: cheap for long chats)."""
+    def continuation(self, chat_id: int, *, replace_last: bool = False) -> Continuation:
+        """What a follow-up question in this chat needs (messages only, no events: cheap for long chats).
+        ``replace_last``: for a question that will replace the last exchange (a /retry, an edited question),
+        the chat without it; read only, nothing is marked (``add_user_message`` does that)."""
         rows = self._exec("SELECT role, text, image, images, context FROM messages WHERE chat_id=? "
                           "AND replaced=0 ORDER BY id", (chat_id,)).fetchall()
+        if replace_last:
+            starts = [i for i, r in enumerate(rows) if r["role"] == "user"]
+            rows = rows[:starts[-1]] if starts else rows
         if not rows and self._exec("SELECT 1 FROM chats WHERE id=?", (chat_id,)).fetchone() is None:
             raise _no_chat(chat_id)
         row = self._exec("SELECT models FROM chats WHERE id=?", (chat_id,)).fetchone()

@@ -1,8 +1,9 @@
 """The engine's host: the one object of the app that owns the engine, its lock and its workers.
 
 Not a widget. It loads the engine in a thread worker (progress, ready and failure are posted to the
-app as messages), runs each question in a thread worker that stores every event in the chat store and
-posts it to the screen that asked, reads attached images ahead, applies settings (live through
+app as messages), runs each question in a thread worker that records it in the chat store by
+``chat.recorder``'s rule (as ``ask`` does: from the first event the model read) and posts each event to
+the screen that asked, reads attached images ahead, applies settings (live through
 ``Engine.update_settings`` or by loading a new engine) and saves them. Screens receive the host and
 ask it questions; they never see the engine's parts. The engine is used by one thread at a time: the
 one that holds ``lock``.
@@ -28,7 +29,14 @@ from edge_agent.chat.store import ChatStore
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.engine.face import AskRequest, EngineFace
-from edge_agent.ui.messages import AgentEvent, AskFinished, EngineFailed, EngineProgress, EngineReady
+from edge_agent.ui.messages import (
+    AgentEvent,
+    AskFinished,
+    EngineFailed,
+    EngineProgress,
+    EngineReady,
+    ExchangeOpened,
+)
 from edge_agent.ui.widgets.preview import looks_like_image_path
 from edge_agent.ui.widgets.statusbar import model_label
 
@@ -59,18 +67,25 @@ def reload_fields() -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Question:
-    """One question of a chat as the engine gets it: its answer is stored as message ``message_id``;
-    ``context``: the key the chat's last kept answer was saved under; ``history``: the chat's
-    (question, answer, image) exchanges, for a rebuild (and a plain chat's prompt). An image is a file, a
-    tuple of several, or None."""
+    """One question of a chat as the engine gets it: ``ask_id``, the screen's id for it (its events, its
+    cancel and its end are keyed by it: the chat store has it only once the model read it);
+    ``images``: its files (the engine gets one, or a tuple of several); ``context``: the key the chat's
+    last kept answer was saved under; ``history``: the chat's (question, answer, image) exchanges, for a
+    rebuild (and a plain chat's prompt), both read before the question (``ChatStore.continuation``)."""
 
-    message_id: int
+    ask_id: int
     text: str
-    image: str | tuple[str, ...] | None
+    images: tuple[str, ...]
     history: list[tuple[str, str, str | tuple[str, ...] | None]]
     context: str
-    # the chat whose lock (edge_agent.chat.lock) the answer holds until it is saved
+    # the chat it is asked in (None: a new chat, made when the model has read the question), whose lock
+    # (edge_agent.chat.lock) the answer holds until it is saved
     chat_id: int | None = None
+    replace_last: bool = False  # a /retry or an edited question: it takes the last exchange's place
+
+    @property
+    def image(self) -> str | tuple[str, ...] | None:
+        return (self.images[0] if len(self.images) == 1 else self.images) or None
 
 
 class EngineHost:
@@ -90,7 +105,7 @@ class EngineHost:
         self._gen = 0  # bumps per load: an engine from an older load is closed, not used
         self._loading_with = settings  # the settings the newest load started with
         self._unsaved: dict[str, Any] = {}  # model files waiting for a load to succeed before saving
-        self._cancels: dict[int, threading.Event] = {}  # message id -> its ask's cancel event
+        self._cancels: dict[int, threading.Event] = {}  # ask id -> its cancel event
         self._locks: dict[int, tuple[ChatLock, int]] = {}  # chat id -> its lock and the answers holding it
         self._locks_guard = threading.Lock()
 
@@ -264,32 +279,45 @@ class EngineHost:
         self.engine.read_ahead(text, image, context=context)
 
     def ask(self, q: Question, reply_to: MessagePump) -> None:
-        """Answer ``q`` in a worker that stores each event and posts it to ``reply_to`` (AgentEvent, then
-        AskFinished). The caller checked that an engine is loaded."""
+        """Answer ``q`` in a worker that records each event and posts it to ``reply_to`` (ExchangeOpened
+        once it is written, AgentEvent, then AskFinished). The caller checked that an engine is loaded and
+        holds ``q.chat_id``'s claim."""
         engine, cancel = self.engine, threading.Event()
         assert engine is not None
-        self._cancels[q.message_id] = cancel
+        self._cancels[q.ask_id] = cancel
         mode = self.settings.mode
         self.app.run_worker(lambda: self._ask(engine, q, mode, cancel, reply_to), thread=True, group="ask",
                             exit_on_error=False)
 
-    def cancel(self, message_id: int | None = None) -> None:
-        """Stop the answer stored as ``message_id`` (None: every running answer)."""
-        for mid, event in list(self._cancels.items()):
-            if message_id is None or mid == message_id:
+    def cancel(self, ask_id: int | None = None) -> None:
+        """Stop the answer to question ``ask_id`` (None: every running answer)."""
+        for aid, event in list(self._cancels.items()):
+            if ask_id is None or aid == ask_id:
                 event.set()
+
+    def _claim_new(self, chat_id: int) -> None:
+        """A question's new chat was just made: its lock is held until the answer is saved (nobody else
+        can be answering in it; another process that took it meanwhile keeps it, and nothing is held)."""
+        if self.claim(chat_id) is not None:
+            log.warning("chat %s was taken by another process as it was made", chat_id)
 
     def _ask(self, engine: EngineFace, q: Question, mode: str, cancel: threading.Event,
              reply_to: MessagePump) -> None:
-        """Worker thread: runs the engine, records and posts each event. Never touches widgets."""
-        record, status = ExchangeRecorder.opened(self.store, q.message_id), AnswerStatus()
+        """Worker thread: runs the engine, records (chat.recorder: from the first event the model read)
+        and posts each event. Never touches widgets."""
+        record = ExchangeRecorder(self.store, q.chat_id, q.text, q.images, engine.files,
+                                  replace_last=q.replace_last, on_new_chat=self._claim_new)
+        status = AnswerStatus()
         with self.lock:
             try:
                 if not cancel.is_set():
                     for event in engine.ask(AskRequest(q.text, q.image, mode=mode, history=q.history,
                                                        context=q.context), cancel=cancel):
+                        written = record.message_id is not None
                         record.add(event)
-                        reply_to.post_message(AgentEvent(q.message_id, event))
+                        if not written and record.chat_id is not None and record.message_id is not None:
+                            reply_to.post_message(ExchangeOpened(q.ask_id, record.chat_id, record.message_id))
+                        reply_to.post_message(AgentEvent(q.ask_id, event))
                         status.see(event)
                 status.end(cancelled=cancel.is_set())
             except (Cancelled, EdgeAgentError) as e:
@@ -301,7 +329,6 @@ class EngineHost:
                 status.message = f"{type(e).__name__}: {e}. This is a bug in edge-agent; the chat is kept."
             finally:
                 record.finish(status.status or "error")
-                self._cancels.pop(q.message_id, None)
-                self.release(q.chat_id)
-        reply_to.post_message(AskFinished(q.message_id, status.status, status.title, status.message))
-
+                self._cancels.pop(q.ask_id, None)
+                self.release(record.chat_id)
+        reply_to.post_message(AskFinished(q.ask_id, status.status, status.title, status.message))

@@ -40,19 +40,30 @@ class EngineFailed(Message):
 
 
 class AgentEvent(Message):
-    """One agent event of the answer stored as message ``message_id``."""
+    """One agent event of the answer to question ``ask_id`` (the screen's id for it: the answer is in the
+    chat store only once the model read the question, see ``chat.recorder``)."""
 
-    def __init__(self, message_id: int, event: Event) -> None:
+    def __init__(self, ask_id: int, event: Event) -> None:
         super().__init__()
-        self.message_id, self.event = message_id, event
+        self.ask_id, self.event = ask_id, event
+
+
+class ExchangeOpened(Message):
+    """Question ``ask_id`` reached the model and is written: in chat ``chat_id`` (made now for a question
+    in a new chat), its answer as message ``message_id``. Posted before the event that opened it."""
+
+    def __init__(self, ask_id: int, chat_id: int, message_id: int) -> None:
+        super().__init__()
+        self.ask_id, self.chat_id, self.message_id = ask_id, chat_id, message_id
 
 
 class AskFinished(Message):
-    """The ask worker is done. ``status``: answered | turn_limit | cancelled | error."""
+    """The ask worker of question ``ask_id`` is done. ``status``: answered | turn_limit | cancelled |
+    error."""
 
-    def __init__(self, message_id: int, status: str, title: str = "", message: str = "") -> None:
+    def __init__(self, ask_id: int, status: str, title: str = "", message: str = "") -> None:
         super().__init__()
-        self.message_id, self.status, self.title, self.message = message_id, status, title, message
+        self.ask_id, self.status, self.title, self.message = ask_id, status, title, message
 
 
 class HostChanged(Message):

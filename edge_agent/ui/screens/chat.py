@@ -1,7 +1,8 @@
 """The main screen: transcript, image panel, prompt, status bar.
 
-Questions go to the engine host (``host.EngineHost.ask``), whose thread worker stores every event in
-the chat store as it arrives and posts it to this screen as a message; the screen only renders. Escape
+Questions go to the engine host (``host.EngineHost.ask``), whose thread worker records the exchange in
+the chat store (by ``chat.recorder``'s rule: once the model read the question) and posts each event to
+this screen as a message; the screen shows the question at once and only renders. Escape
 cancels the run and frees the prompt at once; a new question waits for the engine lock, so the model
 is never used by two threads. Nothing here calls the model on the UI thread. The screen talks to the
 app through messages (``SettingsRequested``) and hears from it through ``HostChanged``.
@@ -23,12 +24,11 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chat import export as chat_export
-from edge_agent.chat.recorder import ExchangeRecorder
-from edge_agent.chat.store import Chat, Message
+from edge_agent.chat.store import Chat, Continuation, Message
 from edge_agent.core.errors import EdgeAgentError
 from edge_agent.tools import specs
 from edge_agent.ui.host import EngineHost, Question
-from edge_agent.ui.messages import AgentEvent, AskFinished, HostChanged, SettingsRequested
+from edge_agent.ui.messages import AgentEvent, AskFinished, ExchangeOpened, HostChanged, SettingsRequested
 from edge_agent.ui.screens import slash_commands
 from edge_agent.ui.screens.images import TEXT_ONLY_IMAGE, ImageActions, ImagePanel, names, one_or_all
 from edge_agent.ui.widgets.preview import looks_like_image_path
@@ -116,7 +116,9 @@ class ChatScreen(ImageActions):
         self.attached: list[str] = []  # the next question's images (ImageActions)
         self.sent = False
         self.images: list[str] = []
-        self.running: int | None = None  # message id of the answer being computed
+        self.running: int | None = None  # the ask id of the answer being computed (Question.ask_id)
+        self._asks = 0  # the last ask id given
+        self._replacing: set[int] = set()  # asks that take the last exchange's place once written
         self._prompt_history = history
         self._t0 = 0.0
         self._tokens = 0
@@ -325,40 +327,46 @@ class ChatScreen(ImageActions):
         images = [images] if isinstance(images, str) else list(images or ())
         if not self._can_ask():
             return
-        engine = self.host.engine
-        assert engine is not None
         replace_last = (replace_last or self._replace_last) and self.chat_id is not None
         self._replace_last = False
-        if self.chat_id is None:
-            self.chat_id = self.store.new_chat()
-        if self.host.claim(self.chat_id) is not None:  # taken between the check and now
+        if self.chat_id is not None and self.host.claim(self.chat_id) is not None:  # taken since the check
             self.notify(f"Chat {self.chat_id} is busy: ask again in a moment.", title="Chat busy",
                         severity="warning")
             return
         # The chat continues from the model's kept context of its last answer that was not replaced (or,
         # failing that, its exchanges as text): a retry or an edited question continues from the one before.
-        record = ExchangeRecorder(self.store, self.chat_id, question, images, engine.files,
-                                  replace_last=replace_last)
-        message_id = record.open()  # shown at once, so written now (chat.recorder)
-        cont = record.continuation
-        assert cont is not None
-        self.sub_title = self.store.load_title(self.chat_id)
+        # Read now; the exchange is written once the model has read the question (chat.recorder).
+        cont = (self.store.continuation(self.chat_id, replace_last=replace_last) if self.chat_id is not None
+                else Continuation(0))
+        self._asks += 1
+        ask_id = self._asks
+        if replace_last:
+            self._replacing.add(ask_id)
         for hint in self.query(".empty-hint"):
             await hint.remove()
-        if replace_last:
-            self.transcript.mark_last_replaced()
-        view = AnswerView(message_id, images, collapse_when_done=not self.reasoning_open)
-        await self.transcript.mount_all([UserMessage(question, images), view])
+        view = AnswerView(None, images, collapse_when_done=not self.reasoning_open, ask_id=ask_id)
+        await self.transcript.mount_all([UserMessage(question, images), view])  # shown at once
         self.transcript.scroll_end(animate=False)
-        self.running = message_id
+        self.running = ask_id
         self._t0 = time.monotonic()
         self._tokens = 0
         self.status.state = "busy"
-        q = Question(message_id, question, one_or_all(images), cont.turns, cont.context, self.chat_id)
-        self.host.ask(q, self)
+        self.host.ask(Question(ask_id, question, tuple(images), cont.turns, cont.context, self.chat_id,
+                               replace_last), self)
+
+    def on_exchange_opened(self, m: ExchangeOpened) -> None:
+        """The question reached the model and is written (in a new chat: made now); ignored when another
+        chat is shown by now."""
+        view = self.transcript.asked(m.ask_id)
+        if view is None:
+            return
+        view.message_id, self.chat_id = m.message_id, m.chat_id
+        self.sub_title = self.store.load_title(m.chat_id)
+        if m.ask_id in self._replacing:  # the transcript marks what the store marked
+            self.transcript.mark_last_replaced(upto=view)
 
     async def on_agent_event(self, m: AgentEvent) -> None:
-        view = self.transcript.answer(m.message_id)
+        view = self.transcript.asked(m.ask_id)
         if view is None or view.status != "running":
             return  # cancelled from the UI already: late events are stored, not shown
         await view.apply(m.event)  # the transcript is anchored: it follows the end unless scrolled up
@@ -382,12 +390,13 @@ class ChatScreen(ImageActions):
                 self.status.tokens_per_second = tps
 
     async def on_ask_finished(self, m: AskFinished) -> None:
-        view = self.transcript.answer(m.message_id)
+        self._replacing.discard(m.ask_id)
+        view = self.transcript.asked(m.ask_id)
         if view is not None and view.status == "running":
             await view.finish(m.status, f"{m.title}: {m.message}" if m.title else "")
         if m.status == "error" and m.title:
             self.notify(m.message, title=m.title, severity="error", timeout=10)
-        if self.running == m.message_id:
+        if self.running == m.ask_id:
             self.running = None
             self.status.state = "ready"
             self.read_ahead()  # what was typed meanwhile, after the new answer
@@ -396,7 +405,7 @@ class ChatScreen(ImageActions):
         if self.running is None:
             return
         self.host.cancel(self.running)
-        view = self.transcript.answer(self.running)
+        view = self.transcript.asked(self.running)
         if view is not None:
             await view.finish("cancelled")
         self.running = None

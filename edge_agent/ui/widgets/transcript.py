@@ -75,10 +75,11 @@ class AnswerView(Vertical):
     AnswerView.-replaced { opacity: 60%; }
     """
 
-    def __init__(self, message_id: int, image: str | Sequence[str] | None, *, collapse_when_done: bool = True,
-                 replaced: bool = False) -> None:
+    def __init__(self, message_id: int | None, image: str | Sequence[str] | None, *,
+                 collapse_when_done: bool = True, replaced: bool = False, ask_id: int | None = None) -> None:
         super().__init__(classes="answer-view -replaced" if replaced else "answer-view")
-        self.message_id = message_id
+        self.message_id = message_id  # the stored answer's (None: not written yet, see chat.recorder)
+        self.ask_id = ask_id  # a question asked in this session: the screen's id for it
         attached = [image] if isinstance(image, str) else list(image or ())
         self.images: dict[int, str] = dict(enumerate(attached))  # img_idx -> file (crops join as they come)
         self.n_attached = len(attached)
@@ -331,9 +332,12 @@ class Transcript(VerticalScroll):
     Transcript .help { margin: 1 2; height: auto; }
     """
 
-    def mark_last_replaced(self) -> None:
-        """The last exchange shown (its question and answer) was replaced by a /retry or /edit."""
+    def mark_last_replaced(self, upto: AnswerView | None = None) -> None:
+        """The last exchange shown (its question and answer), or the last before ``upto``'s question and
+        answer, was replaced by a /retry or /edit."""
         kids = list(self.children)
+        if upto is not None:
+            kids = kids[:max(0, kids.index(upto) - 1)]
         starts = [i for i, w in enumerate(kids) if isinstance(w,
                                                               UserMessage) and not w.has_class("-replaced")]
         for w in kids[starts[-1]:] if starts else ():
@@ -346,10 +350,12 @@ class Transcript(VerticalScroll):
         return list(self.query(AnswerView))
 
     def answer(self, message_id: int) -> AnswerView | None:
-        for a in self.query(AnswerView):
-            if a.message_id == message_id:
-                return a
-        return None
+        """The view of stored answer ``message_id``."""
+        return next((a for a in self.query(AnswerView) if a.message_id == message_id), None)
+
+    def asked(self, ask_id: int) -> AnswerView | None:
+        """The view of the answer to question ``ask_id`` (asked in this session), while it is shown."""
+        return next((a for a in self.query(AnswerView) if a.ask_id == ask_id), None)
 
 
 CONTEXT_WORDS = {
