@@ -100,3 +100,29 @@ async def test_the_app_refuses_a_question_to_a_chat_ask_is_answering(edge_home: 
         await pilot.press("enter")
         await settle(pilot)
         assert len(engines[0].asked) == 2  # free again: the same question goes
+
+
+@pytest.mark.asyncio
+async def test_a_new_chat_is_held_from_when_it_is_made_until_its_answer_is_saved(edge_home: Path,
+                                                                                 tmp_path: Path):
+    """A question in a new chat holds no lock before the chat exists (nothing is written until the model
+    read it, see chat.recorder); the chat is claimed as it is made, so an `ask --chat` in another process
+    waits for the answer, and it is free again once the answer is saved."""
+    from tests.pilot import scripted_app, settle, type_and_enter
+    from tests.waits import pilot_wait_until
+
+    settings = Settings.load()
+    app, _ = scripted_app(settings, tmp_path, hold=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "first question")
+        await pilot_wait_until(pilot, lambda: app.chat_screen.chat_id is not None, what="the chat to be made")
+        chat = app.chat_screen.chat_id
+        assert chat is not None
+        other = ChatLock(settings.home, chat, "edge-agent ask")
+        assert not other.try_acquire() and "the edge-agent app" in other.holder()
+        await pilot.press("escape")
+        await settle(pilot)
+        assert other.try_acquire()
+        other.release()
+        assert app.store.load(chat).messages[-1].status == "cancelled"
