@@ -543,12 +543,16 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
     assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
     assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
+    (check,) = [e for e in events if e.kind == "answer_checked"]  # what the model was unsure of, shown
+    assert not check.sure and check.score == -2.0 and check.threshold == -0.3 and "".join(check.pieces) == "Vaiaku"
     sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
     events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
     assert events[-1].answer == "Funafuti" and events[-1].turns == 1
     assert "".join(e.text for e in events if e.kind == "answer_token") == "Funafuti"
     assert not [e for e in events if e.kind == "move_withdrawn"]
     assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
+    (check,) = [e for e in events if e.kind == "answer_checked"]
+    assert check.sure and check.logprobs == (-0.1,) * 4 and "".join(check.pieces) == "Funa" and check.turn == 1
 
 
 @pytest.mark.parametrize("reasoning, action", [
@@ -567,3 +571,18 @@ def test_the_stated_next_step_of_a_reasoning(reasoning, action):
 
     assert stated_action(reasoning) == action
     assert stated_action(reasoning, {"answer"}) == (action if action == "answer" else None)
+
+
+def test_the_answer_checks_score_is_what_the_answer_adds_to_the_question():
+    """The answer check's score leaves out the tokens that restate the question ("Israel's ... prefix is"),
+    so a sure restatement cannot carry an unsure fact past the threshold; with nothing added, all count."""
+    from edge_agent.agent.answer_check import answer_score
+
+    q = "What is the civil aircraft registration prefix of Israel?"
+    pieces = ["Israel", "'s", " civil", " aircraft", " registration", " prefix", " is", " IL", ".</"]
+    lps = [-0.01, -0.02, -0.0, -0.0, -0.0, -0.0, -0.01, -1.5, -0.1]
+    assert sum(lps[:6]) / 6 > -0.2  # the mean of the first six (the earlier check) was sure
+    assert answer_score(pieces, lps, q) == -1.5  # only "IL" adds to the question
+    assert answer_score(["Jerusalem", " is", " it", "."], [-0.3, -0.1, -0.5, -0.9], q) == -0.3
+    assert answer_score(["Israel", " is"], [-0.2, -0.4], q) == pytest.approx(-0.3)  # nothing added: all
+    assert answer_score([], [], q) == 0.0

@@ -198,6 +198,22 @@ class MoveWithdrawn(Event):
 
 
 @dataclass(frozen=True)
+class AnswerChecked(Event):
+    """SSR's answer check (``ssr_answer_check``): before answering from what it knows, the agent decoded the
+    answer's first tokens; ``sure`` when their ``score`` reached ``threshold`` (the tokens start the answer),
+    else the answer is taken back and it searches first. ``pieces``/``logprobs``: each token's text and log
+    p under the model, so a person (and the eval) can see what the model was unsure of."""
+
+    kind: ClassVar[str] = "answer_checked"
+    turn: int
+    pieces: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    score: float
+    threshold: float
+    sure: bool
+
+
+@dataclass(frozen=True)
 class ToolFinished(Event):
     kind: ClassVar[str] = "tool_finished"
     turn: int

@@ -42,9 +42,11 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
+from edge_agent.agent.answer_check import answer_score
 from edge_agent.agent.context import ChatContext, FreshContext, Opened, append_segments
 from edge_agent.agent.events import (
     AgentError,
+    AnswerChecked,
     AnswerToken,
     ContextOpened,
     Event,
@@ -85,7 +87,6 @@ from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, Session
 from edge_agent.tools import specs
 
 THINK_STOP = "</think>"
-ANSWER_CHECK_TOKENS = 6  # the answer's first tokens SSR's answer check reads (kept as the answer's start)
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
 
 
@@ -301,7 +302,11 @@ class _Run:
             try:
                 action = self._head(action, frozenset(left))
                 if action == "answer":
-                    unsure = None if checked or not self._checks_answer(left) else self._unsure()
+                    unsure = None
+                    if not checked and self._checks_answer(left):
+                        check = self._answer_check(turn)
+                        yield check
+                        unsure = None if check.sure else self._unsure_why(check)
                     checked = True
                     if unsure is None:
                         yield from self._answer_turn(turn, final, reasoning_s, t0)
@@ -332,18 +337,26 @@ class _Run:
         return (self.options.mode == "ssr" and self.options.answer_check is not None and not self.evidence
                 and bool(left - {"answer"}))
 
-    def _unsure(self) -> str | None:
-        """Decode the answer's first tokens (greedy, under its grammar): None when their mean log-prob
-        reaches ``answer_check`` (they stay as the answer's start: :meth:`_answer` continues from them), else
-        why the model is not sure of its answer (the caller takes the answer back and searches)."""
-        gen = self._generate(max_tokens=ANSWER_CHECK_TOKENS, grammar=tail_grammar("answer"),
+    def _answer_check(self, turn: int) -> AnswerChecked:
+        """Decode the answer's first tokens (greedy, under its grammar) and score them (``answer_score``: the
+        mean log-prob of those that add to the question): sure when the score reaches ``answer_check`` (the
+        tokens stay as the answer's start: :meth:`_answer` continues from them), else the caller takes the
+        answer back and searches."""
+        gen = self._generate(max_tokens=self.options.answer_check_tokens, grammar=tail_grammar("answer"),
                              stop=[TAIL_STOP["answer"]])
-        mean, threshold = sum(gen.logprobs) / max(1, len(gen.logprobs)), self.options.answer_check or 0.0
-        if mean >= threshold:
+        pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
+        score = answer_score(pieces, gen.logprobs, self.question)
+        threshold = self.options.answer_check or 0.0
+        if score >= threshold:
             self._probe = gen
-            return None
-        return (f"the model is not sure of its answer ({gen.text.strip()!r}...: mean log-prob {mean:.2f} of "
-                f"its first tokens, below answer_check {threshold:g}): it searches first")
+        return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
+                             threshold=threshold, sure=score >= threshold)
+
+    @staticmethod
+    def _unsure_why(check: AnswerChecked) -> str:
+        return (f"the model is not sure of its answer ({''.join(check.pieces).strip()!r}...: mean log-prob "
+                f"{check.score:.2f} of what it adds to the question, below answer_check {check.threshold:g}): it "
+                "searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think

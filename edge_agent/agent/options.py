@@ -82,8 +82,9 @@ class AgentOptions:
     neutral: Mapping[str,
                      float] | None = None  # pmi: candidate text -> its mean log-prob after a neutral question
     # SSR, an answer before any tool result: the least mean log-prob of its first tokens to answer without
-    # searching first (None: no check; loop.ANSWER_CHECK_TOKENS tokens, kept as the answer's start)
+    # searching first (None: no check; answer_check_tokens tokens, kept as the answer's start)
     answer_check: float | None = None
+    answer_check_tokens: int = 10
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
@@ -105,6 +106,7 @@ class AgentOptions:
             sample=settings.ssr_sample,
             index_only=settings.ssr_index_only, ssr_score=settings.ssr_score,
             answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None,
+            answer_check_tokens=settings.ssr_answer_check_tokens,
             seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,

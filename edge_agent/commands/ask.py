@@ -336,6 +336,9 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
                                 []).append(f"prophet {e.mode}: {e.accepted}/{e.drafted} tokens accepted")
         elif isinstance(e, ev.ToolCalled):
             per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
+        elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
+            per_turn.setdefault(e.turn, []).append(
+                f"answer check: sure ({_short(''.join(e.pieces), 40)!r}: {e.score:.2f} >= {e.threshold:g})")
         elif isinstance(e, ev.MoveWithdrawn):
             args = f" {json.dumps(e.arguments, ensure_ascii=False)}" if e.arguments else ""
             per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")

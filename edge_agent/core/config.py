@@ -51,6 +51,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "max_turns": (1, 50, False),
     "ssr_tau": (0, 100, True),
     "ssr_answer_check": (-20, 0, False),
+    "ssr_answer_check_tokens": (1, 64, False),
     "freeform_max_tokens": (1, 8192, False),
     "answer_max_tokens": (1, 8192, False),
     "temperature": (0, 5, False),
@@ -145,8 +146,12 @@ class Settings:
         default="pmi")
     ssr_answer_check: float = _doc(
         "SSR: before answering from what it knows (no tool result read yet, a search still possible), the "
-        "agent decodes the answer's first 6 tokens; when their mean log-prob is below this it is not sure "
-        "and searches first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
+        "agent decodes the answer's first tokens (ssr_answer_check_tokens); when the mean log-prob of those "
+        "that add to the question (not its own words restated) is below this, it is not sure and searches "
+        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
+    ssr_answer_check_tokens: int = _doc(
+        "SSR: how many of the answer's first tokens the answer check (ssr_answer_check) reads: enough to "
+        "reach the fact after a restated question.", default=10)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.",
                                 default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")

@@ -41,6 +41,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
     searches: list[dict[str, str]] = []
     called: dict[int, str] = {}  # turn -> the search's query (image searches: "image N")
     withdrawn = 0
+    checks: list[dict[str, Any]] = []  # SSR's answer checks (AnswerChecked)
     drafts = {"rounds": 0, "accepted": 0, "drafted": 0}
     final: ev.FinalAnswer | None = None
     errors: list[str] = []
@@ -63,6 +64,9 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
                 searches.append({"name": e.name, "status": e.status, "query": called.get(e.turn, "")})
         elif isinstance(e, ev.MoveWithdrawn):
             withdrawn += 1
+        elif isinstance(e, ev.AnswerChecked):
+            checks.append({"turn": e.turn, "pieces": list(e.pieces), "logprobs": list(e.logprobs),
+                           "score": e.score, "sure": e.sure})
         elif isinstance(e, ev.DraftVerified):
             drafts["rounds"] += 1
             drafts["accepted"] += e.accepted
@@ -89,6 +93,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "tools": dict(sorted(tools.items())),
         "searches": searches,
         "withdrawn_moves": withdrawn,
+        "answer_checks": checks,
         "drafts": drafts,
         "turn_log": turn_log,
         "model_seconds": model_seconds,

@@ -1,0 +1,38 @@
+"""SSR's answer check: how sure the model is of an answer it would give from what it knows.
+
+Knows: the score of the answer's first tokens (decoded greedily by the loop before the answer stays in the
+context). Not the mean log-prob of every token: a full-sentence answer starts by restating the question
+("Israel's civil aircraft registration prefix is ..."), tokens the model is sure of whatever it knows, so
+a mean over the first six said little about the fact that follows (on the dev split the wrong "IL", ".ac"
+passed). The score is the mean log-prob of the tokens the answer *adds*: a token whose letters and digits
+are a word of the question, or one of a few function words, or that has no letter or digit at all, does
+not count. With no such token left, every token counts. Does not know: the session, the loop, thresholds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# words that phrase an answer rather than state it ("X is the Y of Z", "X uses the Y")
+_PHRASING = frozenset("a an the is are was were of in on at to by for its it s as and or be has have".split())
+_WORD = re.compile(r"[^\W_]+")
+
+
+def question_words(question: str) -> frozenset[str]:
+    """The question's words, case-folded (letters and digits), with the phrasing words."""
+    return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING
+
+
+def adds(piece: str, known: frozenset[str]) -> bool:
+    """Whether a token's text adds to the question: it has letters or digits that are not one of ``known``."""
+    letters = "".join(_WORD.findall(piece)).casefold()
+    return bool(letters) and letters not in known
+
+
+def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str) -> float:
+    """The mean log-prob of the tokens that add to ``question`` (all tokens when none does; 0 for none)."""
+    known = question_words(question)
+    added = [lp for piece, lp in zip(pieces, logprobs, strict=True) if adds(piece, known)]
+    kept = added or list(logprobs)
+    return sum(kept) / len(kept) if kept else 0.0
