@@ -544,7 +544,8 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
     assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
     (check,) = [e for e in events if e.kind == "answer_checked"]  # what the model was unsure of, shown
-    assert not check.sure and check.score == -2.0 and check.threshold == -0.3 and "".join(check.pieces) == "Vaiaku"
+    assert (not check.sure and check.score == -2.0 and check.threshold == -0.3
+            and "".join(check.pieces) == "Vaiaku")
     sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
     events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
     assert events[-1].answer == "Funafuti" and events[-1].turns == 1
@@ -552,7 +553,8 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert not [e for e in events if e.kind == "move_withdrawn"]
     assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
     (check,) = [e for e in events if e.kind == "answer_checked"]
-    assert check.sure and check.logprobs == (-0.1,) * 4 and "".join(check.pieces) == "Funa" and check.turn == 1
+    assert (check.sure and check.logprobs == (-0.1,) * 4 and "".join(check.pieces) == "Funa"
+            and check.turn == 1)
 
 
 @pytest.mark.parametrize("reasoning, action", [

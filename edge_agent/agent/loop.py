@@ -355,7 +355,8 @@ class _Run:
     @staticmethod
     def _unsure_why(check: AnswerChecked) -> str:
         return (f"the model is not sure of its answer ({''.join(check.pieces).strip()!r}...: mean log-prob "
-                f"{check.score:.2f} of what it adds to the question, below answer_check {check.threshold:g}): it "
+                f"{check.score:.2f} of what it adds to the question, below answer_check "
+                f"{check.threshold:g}): it "
                 "searches first")
 
     def _ground(self, turn: int) -> Generator[Event, None, None]:
