@@ -6,13 +6,16 @@ context). Not the mean log-prob of every token: a full-sentence answer starts by
 a mean over the first six said little about the fact that follows (on the dev split the wrong "IL", ".ac"
 passed). The score is the mean log-prob of the tokens the answer *adds*: a token whose letters and digits
 are a word of the question, or one of a few function words, or that has no letter or digit at all, does
-not count. With no such token left, every token counts. Does not know: the session, the loop, thresholds.
+not count. With no such token left, every token counts; and the words that say why an unsure answer is
+taken back. Does not know: the session, the loop, how the threshold is chosen.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+
+from edge_agent.agent.events import AnswerChecked
 
 # words that phrase an answer rather than state it ("X is the Y of Z", "X uses the Y")
 _PHRASING = frozenset("a an the is are was were of in on at to by for its it s as and or be has have".split())
@@ -36,3 +39,11 @@ def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str
     added = [lp for piece, lp in zip(pieces, logprobs, strict=True) if adds(piece, known)]
     kept = added or list(logprobs)
     return sum(kept) / len(kept) if kept else 0.0
+
+
+def unsure_why(check: AnswerChecked) -> str:
+    """Why an answer the check is not sure of is taken back (``MoveWithdrawn.reason``)."""
+    return (f"the model is not sure of its answer ({''.join(check.pieces).strip()!r}...: mean log-prob "
+            f"{check.score:.2f} of what it adds to the question, below answer_check "
+            f"{check.threshold:g}): it "
+            "searches first")

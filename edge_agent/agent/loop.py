@@ -4,6 +4,8 @@ Knows: the order of one episode (prompt -> turns -> final answer), both reasonin
 and how its result re-enters the context, moves taken back, the turn limit, cancellation, per-turn
 timings, and the two SeProD hook points. Talks to the model only through ``runtime.types.SessionLike``
 and to the tools only through ``toolbox.ToolExecutor``; imports neither llama_cpp, textual, nor network.
+A run's state and shared plumbing are ``run_state.RunState``; the answer action (SSR's answer check,
+the answer streamed and closed) is ``answering.Answering``, which ``_Run`` inherits.
 
 One turn::
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from edge_agent.agent.actions import (
     CHOICE_GRAMMAR,
@@ -42,16 +44,13 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
-from edge_agent.agent.answer_check import answer_score
-from edge_agent.agent.context import ChatContext, FreshContext, Opened, append_segments
+from edge_agent.agent.answer_check import unsure_why
+from edge_agent.agent.answering import Answering
+from edge_agent.agent.context import ChatContext, FreshContext, append_segments
 from edge_agent.agent.events import (
     AgentError,
-    AnswerChecked,
-    AnswerToken,
     ContextOpened,
     Event,
-    FinalAnswer,
-    ImageEvaluated,
     MoveWithdrawn,
     RationaleScored,
     ReasoningDone,
@@ -63,27 +62,19 @@ from edge_agent.agent.events import (
     TurnStarted,
 )
 from edge_agent.agent.intent import stated_action
-from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
+from edge_agent.agent.options import AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
-    ANSWER_CLOSE,
     ANSWER_OPEN,
     THINK_CLOSE,
-    TURN_END,
     TURN_LIMIT_NOTE,
     ImageArg,
-    echoes_instructions,
     observation_segments,
-    question_images,
     system_prompt,
 )
 from edge_agent.agent.rationales import ANY_ACTION
-from edge_agent.agent.ssr import SsrChooser
-from edge_agent.agent.streaming import stream
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
-from edge_agent.agent.totals import RunTotals
 from edge_agent.core.errors import Cancelled, EdgeAgentError
-from edge_agent.runtime.state import image_digest
-from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
+from edge_agent.runtime.types import ImageChunk, SessionLike
 from edge_agent.tools import specs
 
 THINK_STOP = "</think>"
@@ -130,36 +121,8 @@ def system_for(tools: ToolExecutor, options: AgentOptions) -> str:
     return system_prompt(sorted(offered), has_image=has_image, library=lib, extra=options.instructions)
 
 
-class _Run:
-    def __init__(self, context: ChatContext, question: str, tools: ToolExecutor, image: ImageArg,
-                 options: AgentOptions, cancel: threading.Event | None, drafter: DraftHooks | None,
-                 image_label: str | None) -> None:
-        if options.mode not in AGENT_MODES:  # "direct" has no turns: agent.direct.run_direct
-            raise ValueError(f"mode must be one of {AGENT_MODES}, not {options.mode!r}")
-        self.context = context
-        self.session: SessionLike  # the question's session, from context.open()
-        self.opened: Opened | None = None
-        self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
-        self.question = question.strip()
-        self.tools = tools
-        self.image = image
-        self.options = options
-        self.cancel = cancel or threading.Event()
-        self.drafter = drafter
-        self.image_label = image_label
-        self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
-        self.turn = 0
-        self.answer_parts: list[str] = []
-        self.numbers = {image_digest(p): i for i, p in enumerate(question_images(image)) if p is not None}
-        self.current_image = (question_images(image) or [None])[-1]  # the prophet looks at it, then the crops
-        self.ground_target: str | None = None  # set after a successful zoom
-        self.close_pending = ""  # SSR: the think block's close, appended with the action's head
-        # before this turn's reasoning was pasted (SSR) / its action (free-form)
-        self._base: Checkpoint | None = None
-        self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
-        self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
-        self._probe: Generation | None = None  # the answer check's decoded start of the answer
-        self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
+class _Run(Answering):
+    """The turn loop on one question's state (``run_state.RunState``), with the answer's steps."""
 
     # ---- the episode ----------------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
@@ -210,14 +173,6 @@ class _Run:
             if answered:
                 return True
         return False
-
-    def _image_event(self, turn: int, source: str, img: ImageChunk, *,
-                     read_ahead: bool = False) -> ImageEvaluated:
-        return ImageEvaluated(turn=turn, source=source, tokens=img.n_tokens, positions=img.n_pos,
-                              width=img.width,
-                              height=img.height, encode_seconds=img.encode_seconds,
-                              decode_seconds=img.decode_seconds, reused=img.reused, read_ahead=read_ahead,
-                              index=self.numbers.get(img.digest) if source == "image" else None)
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
@@ -306,7 +261,7 @@ class _Run:
                     if not checked and self._checks_answer(left):
                         check = self._answer_check(turn)
                         yield check
-                        unsure = None if check.sure else self._unsure_why(check)
+                        unsure = None if check.sure else unsure_why(check)
                     checked = True
                     if unsure is None:
                         yield from self._answer_turn(turn, final, reasoning_s, t0)
@@ -332,33 +287,6 @@ class _Run:
                 action = scored.candidates[scored.chosen].action
                 action = None if action == ANY_ACTION else action
 
-    def _checks_answer(self, left: set[str]) -> bool:
-        """SSR's answer check applies: an answer before any tool result, with another move still allowed."""
-        return (self.options.mode == "ssr" and self.options.answer_check is not None and not self.evidence
-                and bool(left - {"answer"}))
-
-    def _answer_check(self, turn: int) -> AnswerChecked:
-        """Decode the answer's first tokens (greedy, under its grammar) and score them (``answer_score``: the
-        mean log-prob of those that add to the question): sure when the score reaches ``answer_check`` (the
-        tokens stay as the answer's start: :meth:`_answer` continues from them), else the caller takes the
-        answer back and searches."""
-        gen = self._generate(max_tokens=self.options.answer_check_tokens, grammar=tail_grammar("answer"),
-                             stop=[TAIL_STOP["answer"]])
-        pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
-        score = answer_score(pieces, gen.logprobs, self.question)
-        threshold = self.options.answer_check or 0.0
-        if score >= threshold:
-            self._probe = gen
-        return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
-                             threshold=threshold, sure=score >= threshold)
-
-    @staticmethod
-    def _unsure_why(check: AnswerChecked) -> str:
-        return (f"the model is not sure of its answer ({''.join(check.pieces).strip()!r}...: mean log-prob "
-                f"{check.score:.2f} of what it adds to the question, below answer_check "
-                f"{check.threshold:g}): it "
-                "searches first")
-
     def _ground(self, turn: int) -> Generator[Event, None, None]:
         """SeProD hook 1, in the turn after a zoom: the accepted grounding draft opens the think
         block, so the rationale scoring (SSR) or the model's own reasoning (free-form) conditions
@@ -373,26 +301,6 @@ class _Run:
             if self.options.mode == "ssr" and opened and not opened.endswith("\n"):
                 self.session.append_text("\n")  # the rationale starts on its own line
         self.ground_target = None
-
-    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
-                                                                                               None]:
-        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
-        answer = yield from self._answer(turn)
-        action_s = time.perf_counter() - t0
-        self.totals.add(reasoning_s, action_s, 0.0, 0.0)
-        yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
-                           tool_seconds=0.0)
-        self._close_answer()
-        key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer,
-                               self.ours):  # "You have no tool calls left", a tool's message: not an answer
-            yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message="The model repeated our instructions instead of answering "
-                                     f"({answer!r}).")
-            yield self._final("no_answer", "", context=key)
-            return
-        cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
-        yield self._final("length" if cut else "turn_limit" if final else "answered", answer, context=key)
 
     def _tool_call(self, action: str) -> ToolCall:
         """The rest of a tool call whose head is in the session, under the tool's grammar."""
@@ -430,9 +338,6 @@ class _Run:
         return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
                                has_evidence=self.evidence,
                                cancel=self.cancel)
-
-    def _has_image(self) -> bool:
-        return self.image is not None or self.tools.n_images() > 0
 
     def _ssr_paste(self, scored: RationaleScored, adopt: bool) -> None:
         """Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended."""
@@ -499,106 +404,3 @@ class _Run:
             raise ActionError("The tool call was cut off before its name was complete.")
         self.session.append_text(spec.head_rest())
         return spec.action
-
-    def _answer(self, turn: int) -> Generator[Event, None, str]:
-        budget = self.options.answer_max_tokens
-        self.totals.answer_tokens = 0
-        self.answer_end = "length"
-        if self.drafter is not None:
-            # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
-            # yields it as AnswerToken(from_prophet=True)); generation continues from it. Accepted
-            # tokens (and the agent's own lead token before them) count against the answer's token
-            # budget, and the drafter never puts more than the budget in: the same answer length
-            # with or without SeProD.
-            v = yield from self.drafter.answer(self.session, turn=turn, image=self.current_image,
-                                               question=self.question, max_tokens=budget)
-            if v.accepted_text:
-                self.answer_parts.append(v.accepted_text)
-            self.totals.answer_tokens = len(v.lead) + v.accepted
-            budget -= self.totals.answer_tokens
-        held = {"cut": False}
-        probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
-
-        def piece_event(piece: str) -> Event | None:
-            # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
-            if held["cut"]:
-                return None
-            if "<" in piece:
-                held["cut"] = True
-                piece = piece[: piece.index("<")]
-            if not piece:
-                return None
-            self.answer_parts.append(piece)
-            return AnswerToken(turn=turn, text=piece)
-
-        if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
-            if (first := piece_event(probe.text)) is not None:
-                yield first
-            self.totals.answer_tokens += len(probe.tokens)
-            budget -= len(probe.tokens)
-            if probe.stop_reason in ("stop", "eos"):
-                self.answer_end, budget = probe.stop_reason, 0
-        if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
-            gen = yield from self._stream(
-                lambda on_token, stop: self.session.generate(
-                    # stops at the "<" of "</answer>": nothing follows the answer in this episode
-                    max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                    temperature=self.options.temperature,
-                    seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
-                piece_event,
-            )
-            self.totals.answer_tokens += len(gen.tokens)
-            self.answer_end = gen.stop_reason
-            if self.drafter is not None:  # the agent's decode time per token prices the next drafts
-                self.drafter.observe_decode(gen.seconds, len(gen.tokens))
-        return "".join(self.answer_parts).strip()
-
-    # ---- plumbing -------------------------------------------------------------------------------
-    def _generate(self, *, max_tokens: int, grammar: str, stop: Sequence[str] = ()) -> Generation:
-        gen = self.session.generate(max_tokens=max_tokens, grammar=grammar, stop=stop,
-                                    temperature=self.options.temperature, seed=self.options.seed + self.turn,
-                                    cancel=self.cancel)
-        self.totals.n_generated += len(gen.tokens)
-        if gen.stop_reason == "cancelled":
-            raise Cancelled()
-        return gen
-
-    def _stream(self, call: Callable[[Callable[[str, int], None], threading.Event], Generation],
-                make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
-        """:func:`streaming.stream` of one generation; counts its tokens; a cancelled one raises Cancelled."""
-        gen = yield from stream(call, make_event, self.cancel)
-        self.totals.n_generated += len(gen.tokens)
-        if gen.stop_reason == "cancelled" or self.cancel.is_set():
-            raise Cancelled()
-        return gen
-
-    def _within_budget(self, observation: str) -> str:
-        """The observation cut to ``observation_max_tokens`` tokens (0: no limit), saying so."""
-        n = self.options.observation_max_tokens
-        if n <= 0:
-            return observation
-        toks = self.session.tokenize(observation, special=False)
-        if len(toks) <= n:
-            return observation
-        return self.session.detokenize(toks[:n]).rstrip() + f" [... cut to {n} tokens]"
-
-    def _close_answer(self) -> None:
-        """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
-        (the grammar's "<" is already in the session; an end-of-turn token is taken back first)."""
-        if self.answer_end == "eos":
-            self.session.drop_last_token()
-        rest = TAIL_REST["answer"] if self.answer_end == "stop" else ANSWER_CLOSE
-        self.session.append_text(rest + TURN_END, cancel=self.cancel)
-
-    def _check(self) -> None:
-        if self.cancel.is_set():
-            raise Cancelled()
-
-    def _final(self, stop_reason: str, answer: str | None = None, *, context: str = "") -> FinalAnswer:
-        opened = self.opened is not None
-        totals = self.totals.final(turns=self.turn, opened=self.opened, drafter=self.drafter,
-                                   n_evaluated=self.session.n_evaluated if opened else 0,
-                                   n_pos=self.session.n_pos if opened else 0)
-        text = answer if answer is not None else "".join(self.answer_parts).strip()
-        return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals,
-                           context=context)

@@ -1,0 +1,125 @@
+"""The answer action of the turn loop: SSR's answer check, the answer streamed, the turn closed.
+
+Knows: when SSR checks an answer before it stays (an answer before any tool result, with another move
+allowed), decoding the answer's first tokens greedily and scoring them (``answer_check.answer_score``),
+SeProD's answering draft as the answer's start (hook 2), streaming the rest under the answer grammar within
+the token budget, closing the assistant turn whatever stopped it, and the FinalAnswer of an answered
+question (an answer that echoes our own instructions is none). Does not know: the turn order, reasoning,
+tools (``loop.py``), llama_cpp, textual or the network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+from edge_agent.agent.actions import TAIL_REST, TAIL_STOP, tail_grammar
+from edge_agent.agent.answer_check import answer_score
+from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
+from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
+from edge_agent.agent.run_state import RunState
+
+
+class Answering(RunState):
+    """The answer's steps on a run's state; ``loop._Run`` inherits them."""
+
+    def _checks_answer(self, left: set[str]) -> bool:
+        """SSR's answer check applies: an answer before any tool result, with another move still allowed."""
+        return (self.options.mode == "ssr" and self.options.answer_check is not None and not self.evidence
+                and bool(left - {"answer"}))
+
+    def _answer_check(self, turn: int) -> AnswerChecked:
+        """Decode the answer's first tokens (greedy, under its grammar) and score them (``answer_score``: the
+        mean log-prob of those that add to the question): sure when the score reaches ``answer_check`` (the
+        tokens stay as the answer's start: :meth:`_answer` continues from them), else the caller takes the
+        answer back and searches."""
+        gen = self._generate(max_tokens=self.options.answer_check_tokens, grammar=tail_grammar("answer"),
+                             stop=[TAIL_STOP["answer"]])
+        pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
+        score = answer_score(pieces, gen.logprobs, self.question)
+        threshold = self.options.answer_check or 0.0
+        if score >= threshold:
+            self._probe = gen
+        return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
+                             threshold=threshold, sure=score >= threshold)
+
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
+                                                                                               None]:
+        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
+        answer = yield from self._answer(turn)
+        action_s = time.perf_counter() - t0
+        self.totals.add(reasoning_s, action_s, 0.0, 0.0)
+        yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
+                           tool_seconds=0.0)
+        self._close_answer()
+        key = self.context.answered(self.session)  # a follow-up continues from here
+        if echoes_instructions(answer,
+                               self.ours):  # "You have no tool calls left", a tool's message: not an answer
+            yield AgentError(turn=turn, title="No answer found", fatal=False,
+                             message="The model repeated our instructions instead of answering "
+                                     f"({answer!r}).")
+            yield self._final("no_answer", "", context=key)
+            return
+        cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
+        yield self._final("length" if cut else "turn_limit" if final else "answered", answer, context=key)
+
+    def _answer(self, turn: int) -> Generator[Event, None, str]:
+        budget = self.options.answer_max_tokens
+        self.totals.answer_tokens = 0
+        self.answer_end = "length"
+        if self.drafter is not None:
+            # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
+            # yields it as AnswerToken(from_prophet=True)); generation continues from it. Accepted
+            # tokens (and the agent's own lead token before them) count against the answer's token
+            # budget, and the drafter never puts more than the budget in: the same answer length
+            # with or without SeProD.
+            v = yield from self.drafter.answer(self.session, turn=turn, image=self.current_image,
+                                               question=self.question, max_tokens=budget)
+            if v.accepted_text:
+                self.answer_parts.append(v.accepted_text)
+            self.totals.answer_tokens = len(v.lead) + v.accepted
+            budget -= self.totals.answer_tokens
+        held = {"cut": False}
+        probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
+
+        def piece_event(piece: str) -> Event | None:
+            # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
+            if held["cut"]:
+                return None
+            if "<" in piece:
+                held["cut"] = True
+                piece = piece[: piece.index("<")]
+            if not piece:
+                return None
+            self.answer_parts.append(piece)
+            return AnswerToken(turn=turn, text=piece)
+
+        if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
+            if (first := piece_event(probe.text)) is not None:
+                yield first
+            self.totals.answer_tokens += len(probe.tokens)
+            budget -= len(probe.tokens)
+            if probe.stop_reason in ("stop", "eos"):
+                self.answer_end, budget = probe.stop_reason, 0
+        if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
+            gen = yield from self._stream(
+                lambda on_token, stop: self.session.generate(
+                    # stops at the "<" of "</answer>": nothing follows the answer in this episode
+                    max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
+                    temperature=self.options.temperature,
+                    seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
+                piece_event,
+            )
+            self.totals.answer_tokens += len(gen.tokens)
+            self.answer_end = gen.stop_reason
+            if self.drafter is not None:  # the agent's decode time per token prices the next drafts
+                self.drafter.observe_decode(gen.seconds, len(gen.tokens))
+        return "".join(self.answer_parts).strip()
+
+    def _close_answer(self) -> None:
+        """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
+        (the grammar's "<" is already in the session; an end-of-turn token is taken back first)."""
+        if self.answer_end == "eos":
+            self.session.drop_last_token()
+        rest = TAIL_REST["answer"] if self.answer_end == "stop" else ANSWER_CLOSE
+        self.session.append_text(rest + TURN_END, cancel=self.cancel)
