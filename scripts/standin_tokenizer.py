@@ -53,9 +53,9 @@ def tokenizer_source() -> Path:
 
 
 def _arrays(path: Path) -> dict[str, object]:
-    from edge_agent.modelfiles import checks as modelfile
+    from edge_agent.modelfiles import gguf_info
 
-    return dict(modelfile.iter_arrays(path))
+    return dict(gguf_info.iter_arrays(path))
 
 
 def _strings(mm: mmap.mmap, start: int, count: int) -> list[str]:

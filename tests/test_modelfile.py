@@ -13,6 +13,7 @@ import pytest
 
 from edge_agent.core.errors import ConfigError, ModelFileError
 from edge_agent.modelfiles import checks as modelfile
+from edge_agent.modelfiles import image_tokens
 from scripts import make_tiny_models as mtm
 from tests.llama_probe import run_probe
 
@@ -383,26 +384,26 @@ def test_tokenizer_check_needs_text_models(tiny_models):
 def test_estimate_image_tokens(tiny_models, w, h, nx, ny):
     """Qwen smart resize: multiples of 32 px, 8..4096 tokens, aspect kept (checked against mtmd in
     test_tiny_models)."""
-    est = modelfile.estimate_image_tokens(modelfile.inspect(tiny_models["mmproj"]), w, h)
+    est = image_tokens.estimate_image_tokens(modelfile.inspect(tiny_models["mmproj"]), w, h)
     assert (est.nx, est.ny) == (nx, ny)
     assert 8 <= est.n_tokens <= 4096 and est.n_pos == max(nx, ny)
 
 
 def test_estimate_image_tokens_limits(tiny_models):
     mm = modelfile.inspect(tiny_models["mmproj"])
-    assert modelfile.estimate_image_tokens(mm, 4000, 3000, max_tokens=256).n_tokens <= 256
-    assert modelfile.estimate_image_tokens(mm, 64, 64, min_tokens=64).n_tokens >= 64
+    assert image_tokens.estimate_image_tokens(mm, 4000, 3000, max_tokens=256).n_tokens <= 256
+    assert image_tokens.estimate_image_tokens(mm, 64, 64, min_tokens=64).n_tokens >= 64
     with pytest.raises(ConfigError):
-        modelfile.estimate_image_tokens(mm, 0, 10)
+        image_tokens.estimate_image_tokens(mm, 0, 10)
 
 
 def test_check_context():
-    assert modelfile.check_context(4096, prompt_tokens=600, image_tokens=713,
+    assert image_tokens.check_context(4096, prompt_tokens=600, image_tokens=713,
                                    reserve_tokens=256) == 4096 - 1569
     with pytest.raises(ConfigError, match="at least 2048") as ei:
-        modelfile.check_context(1024, prompt_tokens=600, image_tokens=713, reserve_tokens=256)
+        image_tokens.check_context(1024, prompt_tokens=600, image_tokens=713, reserve_tokens=256)
     assert ei.value.title == "Context too small" and "EDGE_AGENT_N_CTX" in ei.value.message
     with pytest.raises(ConfigError, match="at least 5000"):  # capped at what the model was trained on
-        modelfile.check_context(4096, prompt_tokens=4500, reserve_tokens=400, n_ctx_train=5000)
+        image_tokens.check_context(4096, prompt_tokens=4500, reserve_tokens=400, n_ctx_train=5000)
     with pytest.raises(ConfigError, match="positive"):
-        modelfile.check_context(0)
+        image_tokens.check_context(0)

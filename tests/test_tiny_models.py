@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edge_agent.modelfiles import checks as modelfile
+from edge_agent.modelfiles import image_tokens
 from scripts import make_tiny_models as mtm
 from tests.conftest import TINY_SEED
 from tests.llama_probe import run_probe as probe
@@ -201,7 +202,7 @@ def test_images_evaluate_through_mtmd_with_mrope_positions(f32_probe, tiny_model
         assert im["tokenize_rc"] == 0 and im["eval_rc"] == 0 and im["logits_finite"], (w, h)
         text1, image, text2 = im["chunks"]
         assert (text1["type"], image["type"], text2["type"]) == (0, 1, 0)
-        est = modelfile.estimate_image_tokens(mm, w, h)
+        est = image_tokens.estimate_image_tokens(mm, w, h)
         assert (image["nx"], image["ny"]) == (est.nx, est.ny), (w, h)
         assert image["n_tokens"] == est.n_tokens and image["n_pos"] == est.n_pos == max(est.nx, est.ny)
         assert im["n_past"] == text1["n_tokens"] + est.n_pos + text2["n_tokens"]
