@@ -21,7 +21,7 @@ from edge_agent.agent import events as ev
 from edge_agent.chat import export as chat_export
 from edge_agent.core.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
-from edge_agent.ui.screens.chat import OPEN_PAGE
+from edge_agent.ui.screens.chat_history import OPEN_PAGE
 from edge_agent.ui.screens.chats import ChatsScreen
 from edge_agent.ui.widgets.prompt import PLACEHOLDER_TEXT, PromptInput, path_like
 from edge_agent.ui.widgets.statusbar import StatusBar
