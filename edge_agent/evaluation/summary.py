@@ -30,12 +30,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
     turns: dict[int, dict[str, Any]] = {}
 
     def turn(n: int) -> dict[str, Any]:
-        return turns.setdefault(
-            n,
-            {"turn": n, "action": None, "rationale": None, "rationale_action": None, "rationale_prob": None,
-             "reasoning": None, "scoring_seconds": None, "reasoning_seconds": None, "action_seconds": None,
-             "tool_seconds": None, "observe_seconds": None},
-        )
+        return turns.setdefault(n, {"turn": n, **dict.fromkeys(_TURN_FIELDS)})
 
     tools: Counter[str] = Counter()
     searches: list[dict[str, str]] = []
@@ -83,8 +78,6 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             final = e
     turn_log = [turns[k] for k in sorted(turns)]
     turn_model, totals = _turn_model_seconds(turn_log), dict(final.totals) if final else {}
-    model_seconds = (max(0.0, float(totals["total"]) - float(totals["tool"]))
-                     if "total" in totals and "tool" in totals else turn_model)
     return {
         "prediction": final.answer if final else "",
         "turns": final.turns if final else len(turn_log),
@@ -96,11 +89,23 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
         "answer_checks": checks,
         "drafts": drafts,
         "turn_log": turn_log,
-        "model_seconds": model_seconds,
+        "model_seconds": _model_seconds(totals, turn_model),
         "turn_model_seconds": turn_model,
         "agent_errors": errors,
         "error": fatal if final is None else None,
     }
+
+
+# a turn's fields in a record's turn_log, besides its number (None until an event sets them)
+_TURN_FIELDS = ("action", "rationale", "rationale_action", "rationale_prob", "reasoning", "scoring_seconds",
+                "reasoning_seconds", "action_seconds", "tool_seconds", "observe_seconds")
+
+
+def _model_seconds(totals: dict[str, Any], turn_model: float) -> float:
+    """The episode's total minus tool time when the final answer carries totals, else the turns' sum."""
+    if "total" in totals and "tool" in totals:
+        return max(0.0, float(totals["total"]) - float(totals["tool"]))
+    return turn_model
 
 
 def _turn_model_seconds(turn_log: list[dict[str, Any]]) -> float:
