@@ -316,8 +316,8 @@ def auto_kv_type(info: Any, n_ctx: int) -> tuple[str, int]:
     flash attention, which the CPU kernels make slow as the context grows; and at the size we ship the
     KV cache is the largest thing after the weights (the app's peak must stay under 2.5 GB with 1.05 GB of
     weights): f16 at 2,048 cells takes 224 MiB where q8_0 took 476 at 8,192 (the peak of a photo question
-    with 4,096 cells, 448 MiB, was 2,560 MiB). ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
-    ``footprint.KvShape``'s, which the memory estimates use too."""
+    with 4,096 cells, 448 MiB, was 2,560 MiB). ``info``: the text model's ``modelfile.ModelInfo`` (header
+    only). The rule is ``footprint.KvShape``'s, which the memory estimates use too."""
     from edge_agent.modelfiles import footprint
 
     shape = footprint.kv_shape_of_info(info)
