@@ -64,13 +64,14 @@ def test_a_saved_state_restores_into_a_smaller_start(tiny_models: dict[str, Path
         np.testing.assert_array_equal(r.next_logits(), want)
 
 
-def test_kv_type_auto_is_f16_starting_where_512_mib_end() -> None:
-    """Qwen3-VL-2B at n_ctx 8192: f16 from 4,096 cells (448 MiB, what q8_0 took at 8192: 476), growing to
-    8,192 (896 MiB); 4B: from 3,072; small models at n_ctx from the start."""
+def test_kv_type_auto_is_f16_starting_at_a_photo_question() -> None:
+    """Qwen3-VL-2B at n_ctx 8192: f16 from 2,048 cells (224 MiB; a photo question with a zoom takes ~1,500),
+    growing to 8,192 (896 MiB); 4B: from 2,048 too; small models at n_ctx from the start."""
     two, four = footprint.kv_shape_of_entry("qwen3-vl", "2B"), footprint.kv_shape_of_entry("qwen3-vl", "4B")
     assert two is not None and four is not None
-    assert (two.resolve(8192, "auto"), two.start_cells(8192, "auto")) == ("f16", 4096)
-    assert two.bytes(8192, "auto") == 448 * 2**20 and two.bytes(8192, "auto", grown=True) == 896 * 2**20
+    assert (two.resolve(8192, "auto"), two.start_cells(8192, "auto")) == ("f16", 2048)
+    assert two.bytes(8192, "auto") == 224 * 2**20 and two.bytes(8192, "auto", grown=True) == 896 * 2**20
     assert two.start_cells(8192, "q8_0") == 8192 and two.bytes(8192, "q8_0") == 476 * 2**20
-    assert four.start_cells(8192, "auto") == 3072
-    assert two.start_cells(2048, "auto") == 2048  # 224 MiB: no need to start smaller
+    assert four.start_cells(8192, "auto") == 2048
+    assert two.start_cells(4096, "auto") == 4096  # 448 MiB: no need to start smaller
+    assert two.start_cells(2048, "auto") == 2048

@@ -37,7 +37,7 @@ def test_repacked_weights_are_read_and_not_kept_mapped(tiny_models) -> None:
 
 def test_auto_kv_type_follows_the_cache_size(tiny_models) -> None:
     """f16 always; when an f16 cache of n_ctx would exceed 512 MiB (Qwen3-VL-2B at 8192: 896 MiB) the
-    context starts at the cells 512 MiB hold (4,096) and grows; the runtime's rule and footprint's agree."""
+    context starts at 2,048 cells (a photo question) and grows; the runtime's rule and footprint's agree."""
     from edge_agent.modelfiles import checks as modelfile
     from edge_agent.runtime.model import auto_kv_type
 
@@ -50,11 +50,11 @@ def test_auto_kv_type_follows_the_cache_size(tiny_models) -> None:
                                         "qwen3vl.attention.head_count_kv": 8,
                                         "qwen3vl.attention.key_length": 128,
                                         "qwen3vl.attention.value_length": 128})
-    assert auto_kv_type(big, 8192) == ("f16", 4096) and auto_kv_type(big, 4096) == ("f16", 4096)
+    assert auto_kv_type(big, 8192) == ("f16", 2048) and auto_kv_type(big, 4096) == ("f16", 4096)
     shape = footprint.kv_shape_of_entry("qwen3-vl", "2B")
     assert shape is not None
     assert shape.bytes(8192, "f16") == 896 * 2**20
-    assert shape.bytes(8192, "auto") == shape.bytes(4096, "f16") == 448 * 2**20  # q8_0 at 8192 took 476
+    assert shape.bytes(8192, "auto") == shape.bytes(2048, "f16") == 224 * 2**20  # q8_0 at 8192 took 476
     assert shape.bytes(8192, "q8_0") == 476 * 2**20
 
 

@@ -127,10 +127,10 @@ class Settings:
                               default="auto")
     kv_type: str = _doc(
         "KV cache type: auto (f16 without flash attention on a CPU, what decodes and prefills fastest on the "
-        "2-core machines measured; when an f16 cache of n_ctx would exceed 512 MB the context starts at the "
-        "cells 512 MB hold and grows to n_ctx as a chat needs it: Qwen3-VL-2B starts at 4,096 cells, 448 "
-        "MB), f16 (all of n_ctx from the start) or q8_0 (half the memory, with flash attention: slower on a "
-        "CPU).",
+        "2-core machines measured; when an f16 cache of n_ctx would exceed 512 MB the context starts at "
+        "2,048 cells, a photo question with a zoom, and grows to n_ctx as a chat needs it: Qwen3-VL-2B "
+        "starts at 224 MB), f16 (all of n_ctx from the start) or q8_0 (half the memory, with flash "
+        "attention: slower on a CPU).",
         default="auto")
     theme: str = _doc("The app's colour theme (Ctrl+P, Change theme). Empty: the default.", default="")
 

@@ -32,10 +32,14 @@ VISION_BYTES_PER_IMAGE_TOKEN = MB // 2
 CATALOG_KV_SHAPES = {("qwen3-vl", "2B"): (28, 8, 128, 128), ("qwen3-vl", "4B"): (36, 8, 128, 128),
                      ("qwen2.5-coder", "0.5B"): (24, 2, 64, 64), ("qwen2.5-coder", "1.5B"): (28, 2, 128, 128)}
 KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
-# kv_type auto: an f16 cache (flash attention off on a CPU: the fastest there, scripts/bench_defaults.py)
-# whose context starts at the cells this many bytes hold when n_ctx would take more, and grows to n_ctx
-# as a chat needs it (runtime.handle.Handle.grow): Qwen3-VL-2B starts at 4,096 cells, 448 MiB
+# kv_type auto: an f16 cache (flash attention off on a CPU: the fastest there, scripts/bench_defaults.py).
+# When an f16 cache of n_ctx would take more than AUTO_KV_START_BYTES, the context starts at
+# AUTO_KV_START_CELLS (fewer where those bytes hold fewer) and grows to n_ctx as a chat needs it
+# (runtime.handle.Handle.grow, ~0.1-0.3 s once per doubling): 2,048 cells hold a photo question with a zoom
+# and its answer (the 2B stand-in's: ~1,500 cells) and a text follow-up. Qwen3-VL-2B starts at 224 MiB
+# (was 4,096 cells, 448 MiB: the peak of a photo question 2,560 MiB, over the 2,500 target), 4B at 288.
 AUTO_KV_START_BYTES = 512 * MB
+AUTO_KV_START_CELLS = 2048
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,12 @@ class KvShape:
 
     def start_cells(self, n_ctx: int, kv_type: str) -> int:
         """The cells the context is created with: ``n_ctx``, but with auto, when an f16 cache of ``n_ctx``
-        would exceed ``AUTO_KV_START_BYTES``, the most that fit in it (in steps of 1,024; it grows to
-        ``n_ctx`` when a chat needs more)."""
+        would exceed ``AUTO_KV_START_BYTES``, ``AUTO_KV_START_CELLS`` or the fewer that fit in those bytes
+        (in steps of 1,024; it grows to ``n_ctx`` when a chat needs more)."""
         per = self.n_layer * self.n_head_kv * (self.head_k + self.head_v) * 2
         if kv_type != "auto" or n_ctx * per <= AUTO_KV_START_BYTES:
             return n_ctx
-        return min(n_ctx, max(1024, AUTO_KV_START_BYTES // per // 1024 * 1024))
+        return min(n_ctx, AUTO_KV_START_CELLS, max(1024, AUTO_KV_START_BYTES // per // 1024 * 1024))
 
     def bytes(self, n_ctx: int, kv_type: str, *, grown: bool = False) -> int:
         """The KV cache a context of ``n_ctx`` cells holds when loaded (``kv_type`` auto resolved as the

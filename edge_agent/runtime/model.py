@@ -310,16 +310,16 @@ class Model:
 
 def auto_kv_type(info: Any, n_ctx: int) -> tuple[str, int]:
     """``kv_type="auto"``: (f16, the cells the context starts with): ``n_ctx``, or when an f16 cache of
-    ``n_ctx`` would take more than 512 MiB, the cells 512 MiB hold (Qwen3-VL-2B: 4,096 of 8,192, 448 MiB);
-    the context grows to ``n_ctx`` when a chat needs it (``Handle.grow``).
+    ``n_ctx`` would take more than 512 MiB, 2,048 cells (Qwen3-VL-2B: 224 MiB; a photo question with a zoom
+    and its answer takes ~1,500); the context grows to ``n_ctx`` when a chat needs it (``Handle.grow``).
 
     Why: f16 without flash attention (a CPU build turns it off) decoded and prefilled fastest on both
     2-core machines measured (``scripts/bench_defaults.py``; the README's defaults table), while q8_0 needs
     flash attention, which the CPU kernels make slow as the context grows; and at the size we ship the
     KV cache is the largest thing after the weights (the app's peak must stay under 2.5 GB with 1.05 GB of
-    weights): f16 at 4,096 cells takes the memory q8_0 took at 8,192 (448 vs 476 MiB), and a photo
-    question needs ~1,800. ``info``: the text model's ``modelfile.ModelInfo`` (header only). The rule is
-    ``footprint.KvShape``'s, which the memory estimates use too."""
+    weights): f16 at 2,048 cells takes 224 MiB where q8_0 took 476 at 8,192 (the peak of a photo question
+    with 4,096 cells, 448 MiB, was 2,560 MiB). ``info``: the text model's ``modelfile.ModelInfo`` (header
+    only). The rule is ``footprint.KvShape``'s, which the memory estimates use too."""
     from edge_agent.modelfiles import footprint
 
     shape = footprint.kv_shape_of_info(info)
