@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -546,6 +547,10 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     (check,) = [e for e in events if e.kind == "answer_checked"]  # what the model was unsure of, shown
     assert (not check.sure and check.score == -2.0 and check.threshold == -0.3
             and "".join(check.pieces) == "Vaiaku")
+    from edge_agent.agent.answer_check import said
+
+    assert said(replace(check, pieces=("Vai", "aku", "</"))) == "Vaiaku"  # shown without the grammar's "</"
+    assert "('Vaiaku'...: mean log-prob -2.00 of what it adds" in w.reason
     sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
     events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
     assert events[-1].answer == "Funafuti" and events[-1].turns == 1

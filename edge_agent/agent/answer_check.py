@@ -41,9 +41,13 @@ def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str
     return sum(kept) / len(kept) if kept else 0.0
 
 
+def said(check: AnswerChecked) -> str:
+    """The probe's text as a person reads it: without the answer grammar's closing ``</`` it stopped at."""
+    text = "".join(check.pieces).strip()
+    return text[:-2].rstrip() if text.endswith("</") else text
+
+
 def unsure_why(check: AnswerChecked) -> str:
     """Why an answer the check is not sure of is taken back (``MoveWithdrawn.reason``)."""
-    return (f"the model is not sure of its answer ({''.join(check.pieces).strip()!r}...: mean log-prob "
-            f"{check.score:.2f} of what it adds to the question, below answer_check "
-            f"{check.threshold:g}): it "
-            "searches first")
+    return (f"the model is not sure of its answer ({said(check)!r}...: mean log-prob {check.score:.2f} of "
+            f"what it adds to the question, below answer_check {check.threshold:g}): it searches first")

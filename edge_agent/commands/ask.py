@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from edge_agent.agent import events as ev
+from edge_agent.agent.answer_check import said
 from edge_agent.chat.crops import prune_crops, remove_run_crops
 from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.core.config import Settings
@@ -338,7 +339,7 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
             per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
         elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
             per_turn.setdefault(e.turn, []).append(
-                f"answer check: sure ({_short(''.join(e.pieces), 40)!r}: {e.score:.2f} >= {e.threshold:g})")
+                f"answer check: sure ({_short(said(e), 40)!r}: {e.score:.2f} >= {e.threshold:g})")
         elif isinstance(e, ev.MoveWithdrawn):
             args = f" {json.dumps(e.arguments, ensure_ascii=False)}" if e.arguments else ""
             per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")
