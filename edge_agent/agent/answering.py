@@ -38,10 +38,11 @@ class Answering(RunState):
         pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
         score = answer_score(pieces, gen.logprobs, self.question)
         threshold = self.options.answer_check or 0.0
-        if score >= threshold:
+        sure = score >= threshold
+        if sure:
             self._probe = gen
         return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
-                             threshold=threshold, sure=score >= threshold)
+                             threshold=threshold, sure=sure)
 
     def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
                                                                                                None]:

@@ -257,12 +257,11 @@ class _Run(Answering):
             try:
                 action = self._head(action, frozenset(left))
                 if action == "answer":
-                    unsure = None
-                    if not checked and self._checks_answer(left):
-                        check = self._answer_check(turn)
-                        yield check
-                        unsure = None if check.sure else unsure_why(check)
+                    check = None if checked or not self._checks_answer(left) else self._answer_check(turn)
                     checked = True
+                    if check is not None:
+                        yield check
+                    unsure = None if check is None or check.sure else unsure_why(check)
                     if unsure is None:
                         yield from self._answer_turn(turn, final, reasoning_s, t0)
                         return "answer", None, None
