@@ -268,8 +268,8 @@ class ChatStore:
 
     def recent_questions(self, limit: int = 200) -> list[str]:
         """The last ``limit`` questions over all chats, oldest first (the prompt's Up-arrow history)."""
-        rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,
-                )).fetchall()
+        rows = self._exec("SELECT text FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?",
+                          (limit,)).fetchall()
         return [r[0] for r in reversed(rows)]
 
     def list_chats(self) -> list[ChatSummary]:
@@ -287,8 +287,8 @@ class ChatStore:
         if not words:
             return {}
         if not HAS_FTS5:
-            rows = self._exec("SELECT chat_id, text FROM messages WHERE " + " AND ".join(["text LIKE "
-                                                                                          "?"] * len(words))
+            where = " AND ".join(["text LIKE ?"] * len(words))
+            rows = self._exec("SELECT chat_id, text FROM messages WHERE " + where
                               + " ORDER BY id DESC LIMIT ?", (*[f"%{w}%" for w in words], limit)).fetchall()
             return {r[0]: r[1][:80] for r in reversed(rows)}
         query = " ".join(f'"{w}"*' for w in words)
@@ -363,8 +363,8 @@ class ChatStore:
         event = clean_event(event)
         data = redact_tree(event.to_json(), self._secrets)
         with self._lock:
-            seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?", (message_id,
-                    )).fetchone()[0]
+            seq = self._exec("SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE message_id=?",
+                             (message_id,)).fetchone()[0]
             self._exec(
                 "INSERT INTO events(message_id, seq, kind, data) VALUES (?, ?, ?, ?)",
                 (message_id, seq, event.kind, json.dumps(data, ensure_ascii=False)),
