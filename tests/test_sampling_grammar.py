@@ -73,3 +73,35 @@ def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) 
                         sampling.Sampler._apply = real  # type: ignore[method-assign]
                     assert got == want
     assert used[2048] + used[32768] > 0  # the larger windows were needed, and agreed with the full mask
+
+
+def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
+    """text_search's grammar (real grammar sampler): at most MAX_QUERY_WORDS words, one space between
+    them, no comma (the 1.5B's unbounded queries ran to comma-separated lists), then the closing quote."""
+    from edge_agent.agent.actions import MAX_QUERY_WORDS
+    from edge_agent.runtime import Model, forced
+    from edge_agent.runtime.sampling import Sampler
+
+    with Model.load(tiny_models["text"], n_ctx=256) as m:
+        probe = forced.probe_of(m.tokenizer)
+        ids = dict(zip(probe.chars, probe.ids.tolist(), strict=True))
+
+        def allowed(text: str) -> bool:
+            """Whether the grammar takes ``text`` char by char."""
+            with Sampler(m.handle, grammar=tail_grammar("text_search"), temperature=0.0, seed=0) as smp:
+                for c in text:
+                    if not smp._allows(ids[c]):
+                        return False
+                    smp.accept(ids[c])
+                return True
+
+        assert allowed('highest point of Nepal"')
+        assert allowed("Bosnia-Herzegovina's .ba top-level-domain?")
+        assert not allowed("capital of Peru,")  # a list of queries starts with a comma
+        assert not allowed(" capital")  # a query starts with a word
+        assert not allowed("capital  of")  # one space between words
+        assert not allowed('"')  # not empty
+        words = " ".join(["word"] * MAX_QUERY_WORDS)
+        assert allowed(words + '"')
+        assert not allowed(words + " ")  # no further word
+        assert not allowed("x" * 25)  # a word of at most 24 characters

@@ -34,7 +34,7 @@ from edge_agent.tools.specs.answer import ANSWER_CLOSE, ANSWER_OPEN
 from edge_agent.tools.specs.base import (
     MAX_IMAGES_IN_GRAMMAR,
     MAX_LABEL_CHARS,
-    MAX_QUERY_CHARS,
+    MAX_QUERY_WORDS,
     TOOL_CLOSE,
     TOOL_OPEN,
     ActionError,
@@ -42,7 +42,7 @@ from edge_agent.tools.specs.base import (
 )
 
 __all__ = ["CHOICE_GRAMMAR", "CHOICE_STOP", "HEADS", "MAX_IMAGES_IN_GRAMMAR", "MAX_LABEL_CHARS",
-           "MAX_QUERY_CHARS",
+           "MAX_QUERY_WORDS",
            "NAME_PREFIX", "TAIL_REST", "TAIL_STOP", "TOOL_CLOSE", "Action", "ActionError", "ToolCall",
            "head_rest",
            "name_grammar", "parse_action", "tail_grammar", "validate_arguments"]

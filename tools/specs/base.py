@@ -17,7 +17,7 @@ from typing import Any
 
 # Upper bounds that keep a random or confused model from running on (chars, not tokens).
 MAX_LABEL_CHARS = 40
-MAX_QUERY_CHARS = 80
+MAX_QUERY_WORDS = 8  # a query's words (each at most 24 chars): text_search's grammar
 MAX_IMAGES_IN_GRAMMAR = 100
 
 # GBNF pieces. A JSON string char: no quote, backslash, control char, "<" (which could start a

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_agent.tools.specs.base import MAX_QUERY_CHARS, STR_CHAR, ActionError, ToolSpec, call_head
+from edge_agent.tools.specs.base import MAX_QUERY_WORDS, ActionError, ToolSpec, call_head
 
 NAME = "text_search"
 
 
+# A query word: a JSON string char that is not a space or a comma (a comma starts a list of queries).
+QUERY_WORD = r'[^"\\<{}\x00-\x20,]{1,24}'
+
+
 def _grammar(n_images: int) -> str:
+    """A query of at most MAX_QUERY_WORDS words, one space between them and no commas: on the real 1.5B
+    an unbounded query ran to a comma-separated list ("capital of Vietnam, capital city of Vietnam, ...",
+    "highest point in X, coordinates, elevation, ...") that cost its tokens and steered the answer."""
     return "\n".join([
         'root ::= query "\\""',
-        # the first char is not a space either: a query starts with a word
-        "query ::= " + STR_CHAR[:-1] + " ]" + f" {STR_CHAR}{{0,{MAX_QUERY_CHARS - 1}}}",
+        f'query ::= word (" " word){{0,{MAX_QUERY_WORDS - 1}}}',
+        f"word ::= {QUERY_WORD}",
     ])
 
 
