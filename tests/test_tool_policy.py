@@ -244,3 +244,33 @@ def test_the_system_prompt_does_not_depend_on_what_is_usable_now(edge_home, tmp_
     assert "text_search" not in without.available_actions() and system_for(without, opts) == prompt
     text_model = system_for(Toolbox(None, tools, vision=False), opts)
     assert '"image_zoom_in_tool"' not in text_model and '"text_search"' in text_model
+
+
+def test_a_search_whose_results_were_all_read_brings_nothing_new():
+    """On the real 1.5B a search that found the fact was followed by the same query with a qualifier
+    ("capital of Lebanon in 2023", "... in English"), up to the turn limit: results the question has read
+    are nothing new. The query runs once to see (the backend is asked once); run() uses that outcome."""
+    from tests.fakes.tools import result
+
+    a, b, c = result("A", "http://a", "a"), result("B", "http://b", "b"), result("C", "http://c", "c")
+    found = {"capital of Lebanon": [a, b], "capital of Lebanon in 2023": [b, a],
+             "Lebanon population": [a, c], "Lebanon nothing": []}
+    search = FakeSearch(text=lambda q: outcome(results=found[q], query=q, observation=q))
+    tb = Toolbox(None, search)
+
+    def call(q: str) -> ToolCall:
+        return ToolCall("text_search", {"query": q})
+
+    assert tb.nothing_new(call("capital of Lebanon")) is None
+    assert search.queries == []  # nothing read yet: no look-ahead
+    assert tb.run(call("capital of Lebanon")).ok
+    why = tb.nothing_new(call("capital of Lebanon in 2023"))
+    assert why is not None and "read already" in why and '"capital of lebanon"' in why
+    assert tb.nothing_new(call("capital of Lebanon in 2023")) == why
+    assert search.queries == ["capital of Lebanon", "capital of Lebanon in 2023"]  # looked ahead once
+    assert tb.nothing_new(call("Lebanon population")) is None  # one result is new
+    assert tb.nothing_new(call("Lebanon nothing")) is None  # found nothing: the model should hear it
+    out = tb.run(call("Lebanon population"))
+    assert out.ok and out.observation == "Lebanon population"
+    assert search.queries.count("Lebanon population") == 1  # run() used the look-ahead's outcome
+    assert "read already" in (tb.nothing_new(call("capital of Lebanon in 2023")) or "")

@@ -105,6 +105,10 @@ class Toolbox:
         self.vision = images is not None if vision is None else vision  # the model reads images
         # (tool, normalised query or image index) -> what it gave
         self._searched: dict[tuple[str, str], str] = {}
+        # text results this question read: (title, url, snippet) -> the query that found them; and the
+        # outcome of a query that nothing_new ran to see whether its results are new (run() uses it)
+        self._read: dict[tuple[str, str, str], str] = {}
+        self._looked_ahead: dict[str, SearchOutcome] = {}
         self.withdrawn: dict[str, str] = {}  # action -> why it is no longer offered in this question
         # the tools that need this question's images or search tools (any other runs by its spec's ``run``)
         self._runners = {"zoom": self._zoom, "text_search": self._search, "image_search": self._image_search}
@@ -155,13 +159,17 @@ class Toolbox:
 
     def nothing_new(self, call: ToolCall) -> str | None:
         """Why ``call`` could bring nothing new to this question: the same search again (normalised query,
-        or image), or offline a query or image that is not cached. None: it may (zoom always may)."""
+        or image), offline a query or image that is not cached, or a text search whose results are all
+        ones this question has read (the query runs to see: "capital of Lebanon in 2023" after "capital
+        of Lebanon"; :meth:`run` then uses that outcome). None: it may (zoom always may)."""
         if call.name == "text_search":
             query = str(call.arguments.get("query", ""))
             key = query_key(query)
             if ("text_search", key) in self._searched:
                 return f'this question already searched for "{key}" ({self._searched[("text_search", key)]})'
-            return self.search.offline_miss("text_search", query=query) if self.search is not None else None
+            if self.search is not None and (miss := self.search.offline_miss("text_search", query=query)):
+                return miss
+            return self._read_before(query, key)
         if call.name == "image_search" and self.images is not None:
             try:
                 idx = self.images.check_index(call.arguments.get("img_idx", 0))
@@ -210,13 +218,30 @@ class Toolbox:
                            image_index=img.index, image_path=str(img.path) if img.path else None,
                            label=img.label)
 
+    def _read_before(self, query: str, key: str) -> str | None:
+        """Why a text search after others of this question brings nothing new: every result it gives is one
+        this question read (None: some are new, it found nothing, or it failed: the model should hear)."""
+        if not self._read or self.search is None or "text_search" not in self.available_actions():
+            return None
+        o = self._looked_ahead.get(key)
+        if o is None:
+            o = self._looked_ahead[key] = self.search.text_search(query)
+        seen = [self._read.get((r.title, r.url, r.snippet)) for r in o.results]
+        if not o.ok or not seen or None in seen:
+            return None
+        return f'its results are ones this question read already (the search for "{seen[0]}" found them)'
+
     def _search(self, call: ToolCall, t0: float) -> ToolOutcome:
         if (out := self._refused("text_search", t0)) is not None:
             return out
         query = call.arguments["query"]
         key = query_key(query)  # the search cache's notion of "the same query"
         assert self.search is not None  # without one the tool is withdrawn: _refused answered above
-        return self._from_search("text_search", key, self.search.text_search(query), t0)
+        o = self._looked_ahead.pop(key, None) or self.search.text_search(query)
+        if o.ok:
+            for r in o.results:
+                self._read.setdefault((r.title, r.url, r.snippet), key)
+        return self._from_search("text_search", key, o, t0)
 
     def _refused(self, action: str, t0: float) -> ToolOutcome | None:
         """A call of a withdrawn tool (a policy or a model that ignores the grammar): not run."""
