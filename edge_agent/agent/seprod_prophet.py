@@ -245,6 +245,10 @@ class ProphetDrafts:
         self._measure(job)
         if gen.stop_reason == "eos" and tokens:  # the end-of-turn token is the prophet's, not content
             tokens, logprobs = tokens[:-1], logprobs[:-1]
+        # a draft is text: it ends before a control token (<|fim_middle|> from a confused prophet would
+        # enter the agent's context while the draft's text, where it renders empty, says nothing of it)
+        n = next((i for i, t in enumerate(tokens) if self._is_control(t)), len(tokens))
+        tokens, logprobs = tokens[:n], logprobs[:n]
         n = self._cut_length(tokens, self.answer_cut if mode == ANSWERING else self.cut)
         tokens, logprobs = tokens[:n], logprobs[:n]
         text = self._text(tokens)
@@ -272,6 +276,10 @@ class ProphetDrafts:
         if not tokens:
             return ""
         return self.prophet.detokenize(list(tokens), special=special)
+
+    def _is_control(self, token: int) -> bool:
+        """A control token: it renders only as special text (``<|im_end|>``, ``<|fim_middle|>``)."""
+        return not self._text([token]) and bool(self._text([token], special=True))
 
     def _cut_length(self, tokens: list[int], cut: Sequence[str]) -> int:
         """Tokens whose text ends before the first marker of ``cut``. O(L) detokenizes of <= L tokens."""
