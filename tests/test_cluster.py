@@ -322,15 +322,17 @@ def test_interrupted_cluster_run_resumes(cluster, tiny_models, tiny_set, tiny_lo
                             stdout=log, stderr=log)
     results = out / E.RESULTS_FILE
     try:
-        signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 2, signal.SIGINT,
-                    what="two stored results")
+        # at the first stored result: on a loaded machine the 8 tiny questions can all end within the
+        # moment between a second result and the signal (seen once: exit 0 with every result stored)
+        signal_when(proc, lambda: results.exists() and results.read_bytes().count(b"\n") >= 1, signal.SIGINT,
+                    what="a stored result")
     finally:
         log.close()
     text = (tmp_path / "driver.log").read_text()
     assert proc.returncode == 130, text
     assert "Interrupted." in text
     n_before = results.read_bytes().count(b"\n")
-    assert 2 <= n_before < 8
+    assert 1 <= n_before < 8
 
     env_cli = CliRunner(env=env)
     res = env_cli.invoke(cli, args, catch_exceptions=False)
