@@ -40,8 +40,7 @@ SYSTEM = (
     "You are a visual assistant. Answer the user's question about the image in a few steps. "
     "In each step think briefly inside <think></think>, then either call one tool or give your "
     "final answer in a full sentence as <answer>...</answer>. Zoom in to read small details; search when "
-    "the "
-    "answer needs facts the image does not show. Tool results come back inside <tool_response>."
+    "the answer needs facts the image does not show. Tool results come back inside <tool_response>."
 )
 SYSTEM_TEXT_ONLY = (
     "You are a helpful assistant. Answer the user's question in a few steps. In each step think "
