@@ -27,6 +27,7 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
+from edge_agent.agent.answer_check import ANSWER_FIRST
 from edge_agent.agent.loop import AgentOptions, run_agent
 from edge_agent.agent.prompts import observation_segments, system_prompt
 from edge_agent.agent.rationales import (
@@ -560,6 +561,42 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     (check,) = [e for e in events if e.kind == "answer_checked"]
     assert (check.sure and check.logprobs == (-0.1,) * 4 and "".join(check.pieces) == "Funa"
             and check.turn == 1)
+
+
+def test_a_first_search_waits_for_the_answer_check():
+    """SSR chose to search first (a follow-up in a chat that searched leans that way: "What is 17 times 23?"
+    searched the web): the check decides instead. Sure of its answer, the model answers in one turn with no
+    search, under the answer rationale (adopted from the same scoring, which the context then holds);
+    unsure, the search follows, then the answer from the evidence."""
+    know = builtin_library().rationales[-1].text
+    search = _searching("17 times 23")
+    sure = FakeSession(favour(["the web for facts"]), ["391", " is the product.</answer>"], logprob=[-0.05])
+    events = list(run_agent(sure, "What is 17 times 23?", tools=Toolbox(None, search),
+                            options=AgentOptions(answer_check=-0.3)))
+    scored = [e for e in events if e.kind == "rationale_scored"]
+    assert [e.candidates[e.chosen].action for e in scored] == ["text_search", "answer"]
+    assert scored[1].rechosen and scored[1].why == ANSWER_FIRST and scored[1].candidates[0].text == know
+    assert search.queries == [] and events[-1].answer == "391 is the product." and events[-1].turns == 1
+    assert sure.text.endswith(f"{know}\n</think>\n\n<answer>391 is the product.</answer><|im_end|>\n")
+    assert "the web for facts" not in sure.text
+    (check,) = [e for e in events if e.kind == "answer_checked"]
+    assert check.sure
+    unsure = FakeSession(favour(["the web for facts", "from the evidence"]),
+                         ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"],
+                         logprob=[-2.0, 0.0, 0.0])
+    events = list(run_agent(unsure, "What is 17 times 23?", tools=Toolbox(None, search),
+                            options=AgentOptions(answer_check=-0.3)))
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert search.queries == ["17 times 23"] and events[-1].answer == "391"
+    assert [e.action for e in events if e.kind == "move_withdrawn"] == ["answer"]
+    assert "Mogadishu" not in unsure.text and know not in unsure.text
+    assert "I should search the web for facts\n</think>\n\n<tool_call>" in unsure.text
+    # without the check (answer_check off) SSR's first choice stands
+    plain = FakeSession(favour(["the web for facts", "from the evidence"]),
+                        ['17 times 23"}}\n</tool_call>', "391</answer>"])
+    list(run_agent(plain, "What is 17 times 23?", tools=Toolbox(None, _searching("17 times 23")),
+                   options=AgentOptions(answer_check=None)))
+    assert "<tool_call>" in plain.text
 
 
 @pytest.mark.parametrize("reasoning, action", [

@@ -365,8 +365,8 @@ async def test_turn_timings_include_reading_the_tool_result(settings, tmp_path):
         await settle(pilot)
         view = app.chat_screen.transcript.answers()[0]
         title = str(view.turns[1].title)
-        assert "reading the result 13.2 s" in title, title
-        assert "reading the result" not in str(view.turns[2].title)  # an answer turn reads no result
+        assert "reading 13.2 s" in title, title
+        assert "reading" not in str(view.turns[2].title)  # an answer turn reads no result
 
 
 @pytest.mark.asyncio

@@ -22,6 +22,10 @@ _PHRASING = frozenset("a an the is are was were of in on at to by for its it s a
 _WORD = re.compile(r"[^\W_]+")
 
 
+# why the answer goes before a first text search that SSR chose (RationaleScored.why)
+ANSWER_FIRST = "its answer is checked before a first search"
+
+
 def question_words(question: str) -> frozenset[str]:
     """The question's words, case-folded (letters and digits), with the phrasing words."""
     return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING

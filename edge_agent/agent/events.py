@@ -113,6 +113,7 @@ class RationaleScored(Event):
     # raw (the paper's mean log-prob) | pmi (mean minus its mean after a neutral question)
     score_kind: str = "raw"
     rechosen: bool = False  # the first choice's move was taken back (MoveWithdrawn): the best of the rest
+    why: str = ""  # a rechosen one that goes before the first choice: why (e.g. the answer check first)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
-from edge_agent.agent.answer_check import unsure_why
+from edge_agent.agent.answer_check import ANSWER_FIRST, unsure_why
 from edge_agent.agent.answering import Answering
 from edge_agent.agent.context import ChatContext, FreshContext, append_segments
 from edge_agent.agent.events import (
@@ -193,7 +193,14 @@ class _Run(Answering):
             # as soon as the scores are known (the clock stopped: the consumer's time is not ours)
             yield scored
             t0 = time.perf_counter()
-            self._ssr_paste(scored, adopt)  # the action waits for the chosen rationale, the person does not
+            index = scored.chosen
+            if self._answer_first(action, allowed):
+                first = self.ssr.best_of(turn, frozenset({"answer"}), why=ANSWER_FIRST)
+                if first is not None:
+                    scored, index = first
+                    action = "answer"
+                    yield scored
+            self._ssr_paste(scored, adopt, index)  # the action waits for the rationale, the person does not
             reasoning_s += time.perf_counter() - t0
         else:
             reasoning = yield from self._free_reason(turn)
@@ -338,12 +345,23 @@ class _Run(Answering):
                                has_evidence=self.evidence,
                                cancel=self.cancel)
 
-    def _ssr_paste(self, scored: RationaleScored, adopt: bool) -> None:
-        """Paste the chosen rationale: adopted (no decode at all) or its scored tokens appended."""
+    def _answer_first(self, action: str | None, allowed: frozenset[str]) -> bool:
+        """SSR chose a text search before any tool result, for a question without an image, and the answer
+        check applies: the check decides instead. The best answer rationale of the same scores goes first;
+        when the model is not sure of its answer the search follows (the answer taken back, as after a first
+        choice to answer). On a fresh question SSR's first choice is the answer (every question of the
+        eval's dev and test runs); after earlier searches in a chat the context leans to searching, and
+        "What is 17 times 23?" as a follow-up searched the web, where the model alone answers it."""
+        return (action == "text_search" and "answer" in allowed and not self._has_image()
+                and self._checks_answer(set(allowed)))
+
+    def _ssr_paste(self, scored: RationaleScored, adopt: bool, index: int | None = None) -> None:
+        """Paste the chosen rationale: adopted (no decode at all; ``index``: its place in the scoring, when
+        the event shows a part of it) or its scored tokens appended."""
         if self.options.index_only:
             self.session.append_text(scored.candidates[scored.chosen].text, special=False)
         elif adopt:
-            self.session.adopt(scored.chosen)
+            self.session.adopt(scored.chosen if index is None else index)
         else:
             self.session.append_tokens(self.ssr.tokens)
         # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;

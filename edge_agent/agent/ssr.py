@@ -5,8 +5,8 @@ image), the candidate strings (the text, or "[k]" in the index-only ablation), t
 call, the value a choice is made from (``ssr_score`` raw: the paper's mean token log-prob; pmi: minus
 the candidate's mean after a neutral question, ``edge_agent.engine.calibration``), softmax selection with
 ``tau`` (argmax or one seeded draw), the RationaleScored event, and choosing again from the same
-scores when the chosen move was taken back. Does not know: the chat format, the loop's turns, llama.cpp
-(a ``SessionLike`` is handed in).
+scores when the chosen move was taken back or another kind of move must go first. Does not know: the
+chat format, the loop's turns, llama.cpp (a ``SessionLike`` is handed in).
 """
 
 from __future__ import annotations
@@ -83,6 +83,24 @@ class SsrChooser:
         choice, probs = self._select(self._last.values)
         return self._event(turn, choice, probs, 0.0, rechosen=True)
 
+    def best_of(self, turn: int, actions: frozenset[str], *, why: str) -> tuple[RationaleScored, int] | None:
+        """The best of the last scoring's rationales whose action is in ``actions``, from the same scores:
+        the event (``rechosen``, ``why`` it was chosen over the first choice) and its index in that scoring
+        (to adopt it); None when there is none. The scoring stays whole: a later :meth:`rechoose` still
+        sees every rationale."""
+        last = self._last
+        assert last is not None, "best_of() follows choose()"
+        keep = [k for k, r in enumerate(last.rationales) if r.action in actions]
+        if not keep:
+            return None
+        self._last = _Scored([last.rationales[k] for k in keep], [last.candidates[k] for k in keep],
+                             [last.scores[k] for k in keep], [last.values[k] for k in keep])
+        try:
+            choice, probs = self._select(self._last.values)
+            return self._event(turn, choice, probs, 0.0, rechosen=True, why=why), keep[choice]
+        finally:
+            self._last = last
+
     def _select(self, values: Sequence[float]) -> tuple[int, np.ndarray]:
         if self.options.sample and self._rng is None:
             self._rng = np.random.default_rng(self.options.seed)
@@ -100,7 +118,7 @@ class SsrChooser:
         return [table[c] for c in cands]
 
     def _event(self, turn: int, choice: int, probs: Sequence[float] | np.ndarray, seconds: float, *,
-               rechosen: bool = False) -> RationaleScored:
+               rechosen: bool = False, why: str = "") -> RationaleScored:
         assert self._last is not None
         last, pmi = self._last, self.options.ssr_score == "pmi"
         neutral: list[float | None] = (list(self._neutral(last.candidates)) if pmi
@@ -114,5 +132,5 @@ class SsrChooser:
                 for r, sc, p, n in zip(last.rationales, last.scores, probs, neutral, strict=True)
             ),
             chosen=choice, seconds=seconds, library=self.options.library.source,
-            score_kind="pmi" if pmi else "raw", rechosen=rechosen,
+            score_kind="pmi" if pmi else "raw", rechosen=rechosen, why=why,
         )

@@ -328,8 +328,9 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
     for e in events:
         if isinstance(e, ev.RationaleScored):
             c = e.candidates[e.chosen]
-            per_turn.setdefault(e.turn, []).append(f'rationale "{_short(c.text)}" p={c.prob:.2f} '
-                                                   f'({e.seconds * 1000:.0f} ms)')
+            per_turn.setdefault(e.turn, []).append(
+                f'rationale "{_short(c.text)}" first: {e.why}' if e.why
+                else f'rationale "{_short(c.text)}" p={c.prob:.2f} ({e.seconds * 1000:.0f} ms)')
         elif isinstance(e, ev.ReasoningDone):
             per_turn.setdefault(e.turn, []).append(f'reasoning {e.n_tokens} tokens "{_short(e.text, 50)}"')
         elif isinstance(e, ev.DraftVerified):

@@ -58,7 +58,11 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
     lib = getattr(e, "library", "")
     where = "" if not lib else f" from {lib if lib.startswith('built-in') else Path(lib).name}"
     kind = " (calibrated: minus each one's score after a neutral question)" if e.score_kind == "pmi" else ""
-    if e.rechosen:
+    if e.rechosen and e.why:
+        n = len(e.candidates)
+        head = Text(f"SSR: the best of {n} answer rationale{'s' if n > 1 else ''}, from the same scores: "
+                    f"{e.why}", style="dim")
+    elif e.rechosen:
         head = Text(f"SSR: the best of the other {len(e.candidates)} rationales, from the same scores{kind}",
                     style="dim")
     else:
@@ -191,6 +195,6 @@ class TurnView(Collapsible):
         if done is not None:
             parts.append(f"reasoning {ms(done.reasoning_seconds)}, action {ms(done.action_seconds)}"
                          + (f", tool {ms(done.tool_seconds)}" if done.tool_seconds else "")
-                         + (f", reading the result {ms(done.observe_seconds)}" if done.observe_seconds
+                         + (f", reading {ms(done.observe_seconds)}" if done.observe_seconds
                             else ""))
         self.title = " · ".join(parts)
