@@ -6,9 +6,10 @@ What it does, in one process:
 1. checks that the real models are installed (``scripts/install_qwen_models.py --size all``);
 2. writes the question sets (``scripts/factbook.py questions``) into OUT/data if they are not there;
 3. starts the Factbook search service in-process on a free loopback port;
-4. runs ``edge-agent eval``'s runner on the split's Factbook questions and on its "known" set (questions
-   a model of this size answers without searching): the main modes on every question, the paper's
-   ablations and SeProD (the 0.5B as prophet) on the first ``--ablations`` questions of each set;
+4. runs ``edge-agent eval``'s runner on the split's Factbook questions, on its "known" set (questions
+   a model of this size answers without searching) and on the known set asked as follow-ups in a chat
+   that began with a Factbook question ("followup"): the main modes on every question, the paper's
+   ablations and SeProD (the 0.5B as prophet) on the first ``--ablations`` questions of the first two;
 5. writes OUT/quality.md (one table: success exact and contains with 95% Wilson intervals, turns,
    searches and repeated identical searches per question, model seconds per question, SeProD
    acceptance, reasoning/action agreement), OUT/quality.json, OUT/quality.png, and each run's own
@@ -68,7 +69,8 @@ def check_models(names: list[str]) -> None:
 
 
 def question_sets(out: Path, split: str) -> dict[str, Path]:
-    """The split's Factbook and known sets, written by ``scripts/factbook.py questions`` when missing."""
+    """The split's Factbook and known sets, written by ``scripts/factbook.py questions`` when missing, and
+    its follow-up set (:func:`followups`)."""
     data = out / "data"
     files = {"factbook": data / f"{split}.jsonl", "known": data / f"known-{split}.jsonl"}
     if not all(p.is_file() for p in files.values()):
@@ -76,7 +78,23 @@ def question_sets(out: Path, split: str) -> dict[str, Path]:
 
         if factbook.main(["questions", str(data)]):
             raise SystemExit(f"Could not write the question sets into {data}.")
+    files["followup"] = followups(files["factbook"], files["known"], data / f"followup-{split}.jsonl")
     return files
+
+
+def followups(factbook: Path, known: Path, path: Path) -> Path:
+    """The known set asked as follow-ups: known question i is the second question of a chat whose first is
+    the split's Factbook question i (which the model mostly searches for), so the context already holds a
+    search, its results and an answer (as in the app or ``ask --continue``). Rewritten each time (it is
+    derived: the same files give the same set)."""
+    first = [json.loads(line) for line in factbook.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in known.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = "".join(json.dumps({**row, "id": f"followup-{row['id']}",
+                               "follows": first[i % len(first)]["question"]}, ensure_ascii=False) + "\n"
+                   for i, row in enumerate(rows))
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path
 
 
 def run_group(data: Path, modes: str, out: Path, settings: Any, limit: int | None) -> Any:
@@ -145,7 +163,9 @@ def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
              "Success by normalised exact match and by contains, with 95% Wilson intervals in brackets; "
              "searches, repeated identical searches and moves taken back are per question; model seconds "
              "are per question (the episode minus tool time). Ablations and SeProD ran on the first "
-             f"{args.ablations} questions of each set.", ""]
+             f"{args.ablations} questions of the factbook and known sets. The followup set is the known "
+             "questions asked as the second question of a chat that began with a Factbook question (its "
+             "answer not scored).", ""]
     head = ("| set | mode | n | exact | contains | turns | searches | repeated | model s | SeProD acc. | "
             "reasoning/action |")
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
@@ -173,14 +193,15 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for k, (set_name, rs) in enumerate(rows.items()):
         # a mode's bars side by side, whatever a set lacks
-        xs = [names.index(r["mode"]) + 0.4 * k for r in rs]
+        width = 0.8 / len(rows)
+        xs = [names.index(r["mode"]) + width * k for r in rs]
         ys = [100 * (r["contains"] or 0) for r in rs]
         err = [[100 * ((r["contains"] or 0) - r["contains_ci95"][0]) for r in rs],
                [100 * (r["contains_ci95"][1] - (r["contains"] or 0)) for r in rs]]
-        axes[0].bar(xs, ys, width=0.38, yerr=err, capsize=3, label=set_name)
-        axes[1].bar(xs, [r["model_seconds"] or 0 for r in rs], width=0.38, label=set_name)
+        axes[0].bar(xs, ys, width=width * 0.95, yerr=err, capsize=3, label=set_name)
+        axes[1].bar(xs, [r["model_seconds"] or 0 for r in rs], width=width * 0.95, label=set_name)
     for ax, title in zip(axes, ("success, contains (%, 95% CI)", "model seconds per question"), strict=True):
-        ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=30, ha="right")
+        ax.set_xticks([i + 0.4 - 0.4 / len(rows) for i in range(len(names))], names, rotation=30, ha="right")
         ax.set_title(title)
         ax.legend()
     fig.tight_layout()
@@ -205,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = dict(s.split("=", 1) for s in args.settings)
         base = Settings.load({"model": args.model, "text_search": "searxng", "searxng_url": server.url,
                               **extra}, env={"EDGE_AGENT_HOME": str((out / "home").resolve())})
-        limits = {"factbook": args.limit, "known": args.known_limit}
+        limits = {"factbook": args.limit, "known": args.known_limit, "followup": args.known_limit}
         runs: dict[str, list[Any]] = {name: [] for name in sets}
         # The main modes on every set first (the known set, short, before the Factbook's), then the
         # ablations: an interrupted run has the main table; rerunning resumes where it stopped.
@@ -216,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             # drafts that do not depend on timing: every draft waited for, L_d pinned (seprod_adaptive false)
             with_prophet = base.updated({"prophet": args.prophet, "seprod_adaptive": False})
             for set_name, data in sets.items():
+                if set_name == "followup":  # the main modes only: what a chat changes, not the ablations
+                    continue
                 limit = limits[set_name]
                 n = min(args.ablations, limit) if limit else args.ablations
                 runs[set_name].append(run_group(data, args.ablation_modes, out / f"{set_name}-ablations",

@@ -189,6 +189,7 @@ def test_parse_modes():
         ('{"id": "a", "question": "q", "answers": ["x"]}\n{"id": "a", "question": "q", "answers": ["y"]}',
          "appears twice"),
         ("", "holds no questions"),
+        ('{"id": "a", "question": "q", "answers": ["x"], "follows": ""}', "'follows' must be the text"),
     ],
 )
 def test_load_dataset_errors(tmp_path, line, match):
@@ -261,6 +262,48 @@ def test_metrics_on_a_scripted_run(dataset, tmp_path):
     assert ssr["offline_coverage"] == {"questions": 1, "searched": 1, "share": 1.0, "without_search": 2}
     assert ff["offline_coverage"] == {"questions": 0, "searched": 1, "share": 0.0, "without_search": 2}
     assert ssr["errors"] == 0 and ssr["stop_reasons"] == {"answered": 3}
+
+
+def test_a_follow_up_is_asked_after_its_earlier_question_in_the_same_chat(tmp_path):
+    """A question with ``follows`` is the second of a chat: the earlier question runs first (same mode, no
+    image), the follow-up continues its context with the exchange as history, and only the follow-up is
+    scored and timed (its answer, turns, seconds). A fresh question is asked alone."""
+    rows = [{"id": "f1", "image": None, "question": "What is 12*34?", "answers": ["408"],
+             "follows": "What is the capital of Mongolia?"},
+            {"id": "k1", "image": None, "question": "What is 19*28?", "answers": ["532"]}]
+    path = tmp_path / "followup.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def script(asked: Asked) -> list[ev.Event]:
+        answer = {"What is the capital of Mongolia?": "Ulaanbaatar.", "What is 12*34?": "408.",
+                  "What is 19*28?": "532."}[asked.question]
+        first = asked.question.startswith("What is the capital")
+        turns = [*tool_turn(1, rationale="text_search", action="text_search", reasoning=0.5,
+                            tool="text_search", status="live")] if first else []
+        last = answer_turn(len(turns) and 2 or 1, answer, rationale="answer_knowledge", reasoning=0.25)
+        last[-1] = ev.FinalAnswer(answer=answer, turns=2 if first else 1, stop_reason="answered", totals={},
+                                  context="ctx-1" if first else "ctx-2")
+        return [ev.RunStarted(question=asked.question, image=None, mode=asked.mode, seprod=False,
+                              model="scripted"), *turns, *last]
+
+    engine = ScriptedEngine(script=script)
+    run = E.run_eval(path, "ssr,direct", tmp_path / "out", lambda: engine)
+    assert [(a.question, a.mode, a.context, a.history) for a in engine.requests] == [
+        ("What is the capital of Mongolia?", "ssr", None, []),
+        ("What is 12*34?", "ssr", "ctx-1", [("What is the capital of Mongolia?", "Ulaanbaatar.")]),
+        ("What is the capital of Mongolia?", "direct", None, []),
+        ("What is 12*34?", "direct", "ctx-1", [("What is the capital of Mongolia?", "Ulaanbaatar.")]),
+        ("What is 19*28?", "ssr", None, []), ("What is 19*28?", "direct", None, [])]
+    f1 = next(r for r in run.records if r["id"] == "f1" and r["mode"] == "ssr")
+    assert f1["prediction"] == "408." and f1["contains"] and f1["turns"] == 1 and f1["searches"] == []
+    assert E.load_dataset(path)[0].follows == "What is the capital of Mongolia?"
+    assert E.load_dataset(path)[1].follows is None
+
+    def failing(asked: Asked) -> list[ev.Event]:
+        return [ev.AgentError(turn=1, title="Context full", message="no room", fatal=True)]
+
+    bad = E.run_eval(path, "ssr", tmp_path / "out2", lambda: ScriptedEngine(script=failing), limit=1)
+    assert "The question before follow-up f1 failed: Context full" in bad.records[0]["error"]
 
 
 def test_percentile_matches_numpy():

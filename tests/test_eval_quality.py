@@ -5,10 +5,11 @@ interval. The runs themselves are `scripts/eval_quality.py` on the real 1.5B (RE
 from __future__ import annotations
 
 import argparse
+import json
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import markdown, row, table_rows
+from scripts.eval_quality import followups, markdown, row, table_rows
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -65,3 +66,21 @@ def test_ablations_are_shown_beside_ssr_on_their_own_questions():
     assert [r["mode"] for r in rows] == ["ssr", "ssr, same 2", "ssr-index"]
     # all four questions, then the first two only (both right), then the ablation on those two
     assert [r["contains"] for r in rows] == [0.5, 1.0, 0.0] and [r["questions"] for r in rows] == [4, 2, 2]
+
+
+def test_the_followup_set_is_the_known_set_after_factbook_questions(tmp_path):
+    """Known question i follows Factbook question i (cycling); the file is rewritten only when it differs,
+    and it loads as follow-ups."""
+    fb, known = tmp_path / "dev.jsonl", tmp_path / "known-dev.jsonl"
+    fb.write_text("".join(json.dumps({"id": f"fb{i}", "image": None, "question": f"Factbook {i}?",
+                                      "answers": ["x"]}) + "\n" for i in range(2)), encoding="utf-8")
+    known.write_text("".join(json.dumps({"id": f"k{i}", "image": None, "question": f"Known {i}?",
+                                         "answers": [str(i)]}) + "\n" for i in range(3)), encoding="utf-8")
+    path = followups(fb, known, tmp_path / "followup-dev.jsonl")
+    qs = E.load_dataset(path)
+    assert [(q.id, q.question, q.follows, q.answers) for q in qs] == [
+        ("followup-k0", "Known 0?", "Factbook 0?", ("0",)),
+        ("followup-k1", "Known 1?", "Factbook 1?", ("1",)),
+        ("followup-k2", "Known 2?", "Factbook 0?", ("2",))]
+    mtime = path.stat().st_mtime_ns
+    assert followups(fb, known, path) == path and path.stat().st_mtime_ns == mtime

@@ -1,7 +1,8 @@
 """Question sets: the JSONL format ``{id, image, question, answers: [...]}``, read and validated.
 
 Knows: the file format (image paths relative to the file; an int id is read as a string; one answer
-may be a bare string) and how to say which line is wrong and how to fix it. Does not know: modes,
+may be a bare string; ``follows``, optional: a question asked before this one in the same chat, so this
+one is a follow-up) and how to say which line is wrong and how to fix it. Does not know: modes,
 the engine, matching or results.
 """
 
@@ -22,6 +23,7 @@ class Question:
     question: str
     answers: tuple[str, ...]
     image: Path | None  # absolute; None for a text-only question
+    follows: str | None = None  # asked first in the same chat (not scored): this question is its follow-up
 
 
 class DatasetError(EdgeAgentError):
@@ -91,7 +93,12 @@ def load_dataset(path: Path | str, *, limit: int | None = None) -> list[Question
             if not image.is_file():
                 raise DatasetError(f"{where}: image {image_raw} not found at {image}. Image paths are "
                                    f"relative to the folder of {path.name}.")
-        out.append(Question(qid, question.strip(), tuple(str(a) for a in answers), image))
+        follows = row.get("follows")
+        if follows is not None and (not isinstance(follows, str) or not follows.strip()):
+            raise DatasetError(f"{where}: 'follows' must be the text of the question asked before this one "
+                               "in the same chat (a non-empty string), or left out.")
+        out.append(Question(qid, question.strip(), tuple(str(a) for a in answers), image,
+                            follows.strip() if follows else None))
         if limit is not None and len(out) >= limit:
             break
     if not out:

@@ -2,8 +2,9 @@
 
 Knows: the order of work, resuming from ``results.jsonl``, which errors are a question's result
 (``EdgeAgentError``) and which are bugs, cancellation. The engine is an ``engine.face.EngineFace``
-(``Engine``, or the tests' scripted one), asked one ``AskRequest`` per (question, mode), created once
-per run, lazily, by an injected factory. Does not know: models, llama.cpp, reports.
+(``Engine``, or the tests' scripted one), asked one ``AskRequest`` per (question, mode) (two for a
+follow-up: its earlier question first, in the same chat), created once per run, lazily, by an injected
+factory. Does not know: models, llama.cpp, reports.
 """
 
 from __future__ import annotations
@@ -40,17 +41,50 @@ def _seed(engine: EngineFace, q: Question) -> int:
     return question_seed(engine.settings.seed if engine.settings is not None else 0, q.id)
 
 
+def asked(engine: EngineFace, q: Question, request: Callable[..., AskRequest],
+          cancel: threading.Event | None) -> Iterable[ev.Event]:
+    """``q`` on the engine as ``request(question, image, context=..., history=...)`` builds it. A follow-up
+    (``q.follows``) is the second question of a chat: its earlier question is asked first, the same way
+    and with no image, and only the follow-up's events are yielded (the earlier answer is not scored;
+    its context and the exchange carry on, as for ``ask --continue``)."""
+    image = str(q.image) if q.image is not None else None
+    if not q.follows:
+        return engine.ask(request(q.question, image), cancel=cancel)
+    return _followup(engine, q, image, request, cancel)
+
+
+def _followup(engine: EngineFace, q: Question, image: str | None, request: Callable[..., AskRequest],
+              cancel: threading.Event | None) -> Iterator[ev.Event]:
+    assert q.follows
+    final = None
+    for e in engine.ask(request(q.follows, None), cancel=cancel):
+        if isinstance(e, ev.FinalAnswer):
+            final = e
+        elif isinstance(e, ev.AgentError) and e.fatal:
+            raise EdgeAgentError(f"The question before follow-up {q.id} failed: {e.title}: {e.message}")
+    if final is None:
+        if cancel is not None and cancel.is_set():
+            return
+        raise EdgeAgentError(f"The question before follow-up {q.id} ended without an answer.")
+    history = ((q.follows, final.answer),) if final.answer else ()
+    yield from engine.ask(request(q.question, image, context=final.context or None, history=history),
+                          cancel=cancel)
+
+
 def default_ask(engine: EngineFace, mode: ModeSpec, q: Question,
                 cancel: threading.Event | None) -> Iterable[ev.Event]:
     """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded; an
     ablation (index-only, a smaller library) runs with options that differ in that one thing."""
-    image = str(q.image) if q.image is not None else None
-    if not mode.is_ablation:
-        return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
-                                     seed=_seed(engine, q)), cancel=cancel)
-    opts = ablation_options(engine.settings, mode, seed=_seed(engine, q), library=engine.library)
-    return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
-                                 options=opts), cancel=cancel)
+    opts = (ablation_options(engine.settings, mode, seed=_seed(engine, q), library=engine.library)
+            if mode.is_ablation else None)
+
+    def request(question: str, image: str | None, **chat: Any) -> AskRequest:
+        if opts is None:
+            return AskRequest(question, image, mode=mode.engine_mode, seprod=mode.seprod,
+                              seed=_seed(engine, q), **chat)
+        return AskRequest(question, image, mode=mode.engine_mode, seprod=mode.seprod, options=opts, **chat)
+
+    return asked(engine, q, request, cancel)
 
 
 def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any = None) -> Any:
@@ -81,9 +115,8 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
         opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode,
                                           library=libraries[mode.library],
                                           seed=_seed(engine, q))
-        image = str(q.image) if q.image is not None else None
-        return engine.ask(AskRequest(q.question, image, mode=mode.engine_mode, seprod=mode.seprod,
-                                     options=opts), cancel=cancel)
+        return asked(engine, q, lambda question, image, **chat: AskRequest(
+            question, image, mode=mode.engine_mode, seprod=mode.seprod, options=opts, **chat), cancel)
 
     return ask
 
