@@ -151,6 +151,10 @@ def test_normalize_and_match():
     # accents folded
     assert E.match_answer("Chirripó Grande", ["Cerro Chirripo", "Chirripo"]) == (False, True)
     assert E.match_answer("Bogotá", ["Bogota"]) == (True, True)
+    # a thousands separator is not a word break: "2,925" is 2925 (an eval answer wrote "equals 2,925.")
+    assert E.match_answer("75 multiplied by 39 equals 2,925.", ["2925"]) == (False, True)
+    assert E.match_answer("1,602 m", ["1602 m"]) == (True, True)
+    assert E.match_answer("1,2 and 3", ["2"]) == (False, True) and E.normalize_answer("12,3456") == "12 3456"
 
 
 def test_success_has_a_wilson_interval_and_repeats_are_counted():

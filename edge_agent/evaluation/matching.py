@@ -12,13 +12,14 @@ from collections.abc import Iterable
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans({c: " " for c in string.punctuation + "“”‘’«»…–—"})
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # the comma of "2,925" ("1,2" stays two numbers)
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, accents folded ("Bolívar" = "Bolivar"), punctuation to spaces, articles dropped,
-    whitespace collapsed (SQuAD-style)."""
+    """Lower case, accents folded ("Bolívar" = "Bolivar"), thousands separators dropped ("2,925" = "2925"),
+    punctuation to spaces, articles dropped, whitespace collapsed (SQuAD-style)."""
     text = "".join(c for c in unicodedata.normalize("NFKD", str(text)) if not unicodedata.combining(c))
-    text = text.lower().translate(_PUNCT)
+    text = _THOUSANDS.sub("", text).lower().translate(_PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
