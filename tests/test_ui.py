@@ -710,6 +710,33 @@ async def test_at_80x24_the_status_bar_keeps_the_mode_and_seprod_and_hints_are_w
 
 
 @pytest.mark.asyncio
+async def test_a_sure_answer_check_is_shown_in_its_turn(settings):
+    """SSR's answer check that lets an answer from what the model knows stand is shown in the turn (an unsure
+    one shows as the answer taken back), with the model's words and the score against the threshold."""
+    cand = ev.RationaleCandidate("answer_knowledge", "I know this", "answer", -1.0, -8.0, 8, 1.0)
+
+    def script(asked):
+        yield ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m")
+        yield ev.TurnStarted(turn=1)
+        yield ev.RationaleScored(turn=1, candidates=(cand,), chosen=0, seconds=0.01, score_kind="pmi")
+        yield ev.AnswerChecked(turn=1, pieces=("17", " times", " 23", " is", " 391", ".</"),
+                               logprobs=(-0.1,) * 6, score=-0.06, threshold=-0.2, sure=True)
+        yield ev.AnswerToken(turn=1, text="17 times 23 is 391.")
+        yield ev.TurnFinished(turn=1, action="answer", reasoning_seconds=0.01, action_seconds=0.1,
+                              tool_seconds=0.0)
+        yield ev.FinalAnswer(answer="17 times 23 is 391.", turns=1, stop_reason="answered")
+
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=script))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What is 17 times 23?")
+        await settle(pilot)
+        turn = app.chat_screen.transcript.answers()[0].turns[1]
+        text = " ".join(str(w.render()) for w in turn.query(Static))
+        assert "answer check: sure ('17 times 23 is 391.'...: mean log-prob -0.06" in text, text
+
+
+@pytest.mark.asyncio
 async def test_a_move_taken_back_is_shown_in_its_turn(settings):
     """The turn shows the search that was taken back (nothing new) and the second choice's scores."""
     cand = [ev.RationaleCandidate("text_search", "I should search the web for facts", "text_search", -1.0,
@@ -744,6 +771,12 @@ async def test_a_move_taken_back_is_shown_in_its_turn(settings):
 
     from edge_agent.ui.widgets.reasoning import rationale_table
 
+    console = Console(width=140, record=True, color_system=None)
+    console.print(rationale_table(ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0,
+                                                     score_kind="pmi", rechosen=True, why="its answer is "
+                                                     "checked before a first search")))
+    head = console.export_text().splitlines()[0]
+    assert "the best of 1 answer rationale, from the same scores: its answer is checked before" in head
     console = Console(width=140, record=True, color_system=None)
     console.print(rationale_table(ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0,
                                                      score_kind="pmi", rechosen=True)))

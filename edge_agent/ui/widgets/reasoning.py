@@ -18,6 +18,7 @@ from rich.text import Text
 from textual.widgets import Collapsible, Static
 
 from edge_agent.agent import events as ev
+from edge_agent.agent.answer_check import said
 from edge_agent.ui.widgets.tool_view import ToolView
 
 BAR_WIDTH = 12
@@ -174,6 +175,10 @@ class TurnView(Collapsible):
             await self._tool.finish(e)
         elif isinstance(e, ev.AgentError):
             await self._add(Static(Text(f"{e.title}: {e.message}"), classes="turn-error"))
+        elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
+            line = (f"answer check: sure ({said(e)!r}...: mean log-prob {e.score:.2f} of what it adds to the "
+                    f"question, at least {e.threshold:g})")
+            await self._add(Static(Text(line, style="dim"), classes="draft"))
         elif isinstance(e, ev.MoveWithdrawn):
             what = e.arguments.get("query", e.arguments.get("img_idx"))
             move = e.action if what is None else f"{e.action} {what!r}"
