@@ -59,6 +59,7 @@ class NeutralScores:
     def __init__(self, identity: Mapping[str, Any], path: Path | None) -> None:
         self.identity, self.path = dict(identity), path
         self._lock = threading.RLock()  # a scoring may reach get() again (the system prompt first read)
+        self._keys: dict[str, str] = {}  # system prompt -> neutral_key (a JSON dump and a hash: ~0.1 ms each)
         self._table: dict[str, dict[str, float]] = self._read()
 
     def _read(self) -> dict[str, dict[str, float]]:
@@ -74,7 +75,10 @@ class NeutralScores:
         """The neutral means known after ``system`` (candidate text -> mean): the live dict, filled in place
         by :meth:`add`, so a question's options can hold it before its context opens."""
         with self._lock:
-            return self._table.setdefault(neutral_key(self.identity, system), {})
+            key = self._keys.get(system)
+            if key is None:
+                key = self._keys[system] = neutral_key(self.identity, system)
+            return self._table.setdefault(key, {})
 
     def missing(self, system: str, texts: Sequence[str]) -> list[str]:
         row = self.row(system)
