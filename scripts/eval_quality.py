@@ -191,9 +191,8 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
         return None
     names = list(dict.fromkeys(r["mode"] for rs in rows.values() for r in rs))  # every set's modes, in order
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(rows)  # a mode's bars side by side, one per set, whatever a set lacks
     for k, (set_name, rs) in enumerate(rows.items()):
-        # a mode's bars side by side, whatever a set lacks
-        width = 0.8 / len(rows)
         xs = [names.index(r["mode"]) + width * k for r in rs]
         ys = [100 * (r["contains"] or 0) for r in rs]
         err = [[100 * ((r["contains"] or 0) - r["contains_ci95"][0]) for r in rs],
@@ -201,7 +200,7 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
         axes[0].bar(xs, ys, width=width * 0.95, yerr=err, capsize=3, label=set_name)
         axes[1].bar(xs, [r["model_seconds"] or 0 for r in rs], width=width * 0.95, label=set_name)
     for ax, title in zip(axes, ("success, contains (%, 95% CI)", "model seconds per question"), strict=True):
-        ax.set_xticks([i + 0.4 - 0.4 / len(rows) for i in range(len(names))], names, rotation=30, ha="right")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right")
         ax.set_title(title)
         ax.legend()
     fig.tight_layout()

@@ -71,20 +71,21 @@ def _followup(engine: EngineFace, q: Question, image: str | None, request: Calla
                           cancel=cancel)
 
 
+def _requests(mode: ModeSpec, **fixed: Any) -> Callable[..., AskRequest]:
+    """Builds the ``AskRequest`` of a question in ``mode`` for :func:`asked`, with ``fixed`` (its seed, or
+    the options of an ablation or a library)."""
+    return lambda question, image, **chat: AskRequest(question, image, mode=mode.engine_mode,
+                                                      seprod=mode.seprod, **fixed, **chat)
+
+
 def default_ask(engine: EngineFace, mode: ModeSpec, q: Question,
                 cancel: threading.Event | None) -> Iterable[ev.Event]:
     """Run one question on the engine in ``mode``. SeProD is switched per call, models stay loaded; an
     ablation (index-only, a smaller library) runs with options that differ in that one thing."""
-    opts = (ablation_options(engine.settings, mode, seed=_seed(engine, q), library=engine.library)
-            if mode.is_ablation else None)
-
-    def request(question: str, image: str | None, **chat: Any) -> AskRequest:
-        if opts is None:
-            return AskRequest(question, image, mode=mode.engine_mode, seprod=mode.seprod,
-                              seed=_seed(engine, q), **chat)
-        return AskRequest(question, image, mode=mode.engine_mode, seprod=mode.seprod, options=opts, **chat)
-
-    return asked(engine, q, request, cancel)
+    if not mode.is_ablation:
+        return asked(engine, q, _requests(mode, seed=_seed(engine, q)), cancel)
+    opts = ablation_options(engine.settings, mode, seed=_seed(engine, q), library=engine.library)
+    return asked(engine, q, _requests(mode, options=opts), cancel)
 
 
 def ablation_options(settings: Any, mode: ModeSpec, *, seed: int, library: Any = None) -> Any:
@@ -115,8 +116,7 @@ def library_ask(libraries: dict[str, Any]) -> AskFn:
         opts = AgentOptions.from_settings(engine.settings, mode=mode.engine_mode,
                                           library=libraries[mode.library],
                                           seed=_seed(engine, q))
-        return asked(engine, q, lambda question, image, **chat: AskRequest(
-            question, image, mode=mode.engine_mode, seprod=mode.seprod, options=opts, **chat), cancel)
+        return asked(engine, q, _requests(mode, options=opts), cancel)
 
     return ask
 
