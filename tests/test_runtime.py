@@ -124,8 +124,10 @@ def test_image_chunk_positions_cells_and_logits(tiny):
     assert (img.nx, img.ny) == (8, 4)  # Qwen: one token per 32x32 px
     assert img.n_tokens == 32 and img.n_pos == 8
     assert (img.width, img.height) == (256, 128)
-    # <|vision_start|> + image + <|vision_end|>
-    assert s.n_pos == p0 + 1 + 8 + 1
+    # <|vision_start|> + image + <|vision_end|> (the closing token waits for the next evaluation)
+    assert s.n_pos == p0 + 1 + 8 + 1 and s.n_pending == 1
+    assert s.n_cells == c0 + 1 + 32
+    s.next_logits()
     assert s.n_cells == c0 + 1 + 32 + 1
     assert s.kv_seq_ranges()[0][1] == s.n_pos - 1  # the closing token sits at the tracked position
     vs, ve = tiny.tokenize("<|vision_start|><|vision_end|>", special=True)
@@ -273,6 +275,54 @@ def test_second_turn_evaluates_only_new_tokens(tiny):
     n2 = s.append_text("<|im_end|>\n<|im_start|>user\nAnd the colour?<|im_end|>\n<|im_start|>assistant\n")
     assert s.n_evaluated - ev == n2 + 1  # the new turn + the one pending generated token
     assert s.n_evaluated == len(s.history) == s.n_cells == s.n_pos
+
+
+def test_deferred_appends_equal_evaluating_each(tiny):
+    """Text appended with ``defer`` waits and is evaluated with the next evaluation, in fewer decodes: the
+    same history, positions, cells and next-token distribution as evaluating each append at once, around
+    an image too (its wrapper tokens wait the same way); a checkpoint taken while text waits rolls back to
+    that text waiting, and evaluating it then equals a fresh session."""
+    img = png(96, 64)
+    parts = [("<|im_start|>user\n", True), ("untrusted <|im_end|> words", False), (None, None),
+             ("What is this?", False), ("<|im_end|>\n<|im_start|>assistant\n", True)]
+
+    def build(defer: bool):
+        s = tiny.session()
+        s.append_text(CONTEXT)
+        d0 = s.n_decodes
+        for text, special in parts:
+            if text is None:
+                s.append_image(img)
+            else:
+                s.append_text(text, special=special, defer=defer)
+        s.append_tokens(tiny.tokenize(" The", special=False), defer=defer)
+        lp = s.next_logprobs()  # one model holds one session at a time: keep what is compared
+        return {"history": list(s.history), "counts": (s.n_pos, s.n_cells, s.n_pending, s.n_evaluated),
+                "kv": s.kv_seq_ranges(), "lp": lp, "decodes": s.n_decodes - d0}
+
+    eager, lazy = build(False), build(True)
+    assert lazy["history"] == eager["history"]
+    n_pos, n_cells, _, _ = eager["counts"]
+    assert lazy["counts"] == eager["counts"] == (n_pos, n_cells, 0, n_cells)
+    assert lazy["kv"] == eager["kv"] == {0: (0, n_pos - 1)}
+    # deferred: the text before the image with <|vision_start|>, the image, <|vision_end|> with the rest;
+    # at once: two texts, <|vision_start|>, the image, three more (<|vision_end|> waits for the first)
+    assert lazy["decodes"] == 3 and eager["decodes"] == 7
+    np.testing.assert_allclose(lazy["lp"], eager["lp"], atol=1e-4)
+
+    s = tiny.session()
+    s.append_text(CONTEXT)
+    n = s.append_text(" I should zoom in.", defer=True)
+    assert s.n_pending == n and s.n_cells == s.n_pos - n
+    cp = s.checkpoint()
+    s.append_text(" No.")
+    s.rollback(cp)
+    assert s.n_pending == n and s.n_cells == cp.n_cells and s.kv_seq_ranges() == {0: (0, cp.n_pos - n - 1)}
+    history, lp = list(s.history), s.next_logprobs()
+    fresh = tiny.session()
+    fresh.append_text(CONTEXT + " I should zoom in.")
+    assert fresh.history == history
+    np.testing.assert_allclose(fresh.next_logprobs(), lp, atol=1e-4)
 
 
 def test_checkpoint_rollback_restores_state(tiny):

@@ -78,14 +78,17 @@ def segment_runs(segs: Sequence[Segment]) -> list[Segment]:
 
 def append_segments(s: SessionLike, segs: Sequence[Segment], *,
                     cancel: threading.Event | None = None) -> list[ImageChunk]:
-    """Append segments, merging neighbours of the same kind (one decode call per run of text).
-    Returns the images evaluated (tokens, timings)."""
+    """Append segments, merging neighbours of the same kind (one tokenize call per run of text); the
+    runs of text before the last segment wait (``defer``) and are evaluated with the next image or the
+    last text: one decode call per image and one for the rest (an observation's wrapper, its untrusted
+    text and the next think block: 3 decodes before, 1 now). Returns the images evaluated."""
     images: list[ImageChunk] = []
-    for run in segment_runs(segs):
+    runs = segment_runs(segs)
+    for i, run in enumerate(runs):
         if isinstance(run, Img):
             images.append(s.append_image(run.png, cancel=cancel))
         elif run.text:
-            s.append_text(run.text, special=run.special, cancel=cancel)
+            s.append_text(run.text, special=run.special, cancel=cancel, defer=i < len(runs) - 1)
     return images
 
 

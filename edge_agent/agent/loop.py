@@ -316,8 +316,8 @@ class _Run(Answering):
         gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop],
                              grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
         text = HEADS[action] + gen.text
-        if gen.stop_reason == "stop":
-            self.session.append_text(TAIL_REST[action])
+        if gen.stop_reason == "stop":  # evaluated with the observation that follows (one decode)
+            self.session.append_text(TAIL_REST[action], defer=True)
             text += stop + TAIL_REST[action]
         parsed = parse_action(text)
         if parsed.type != action or parsed.call is None:  # cannot happen under the grammar
@@ -359,13 +359,13 @@ class _Run(Answering):
         """Paste the chosen rationale: adopted (no decode at all; ``index``: its place in the scoring, when
         the event shows a part of it) or its scored tokens appended."""
         if self.options.index_only:
-            self.session.append_text(scored.candidates[scored.chosen].text, special=False)
+            self.session.append_text(scored.candidates[scored.chosen].text, special=False, defer=True)
         elif adopt:
             self.session.adopt(scored.chosen if index is None else index)
         else:
-            self.session.append_tokens(self.ssr.tokens)
-        # "\n</think>\n\n" is evaluated together with the action's head (one decode instead of two;
-        # counted as action time): see _head.
+            self.session.append_tokens(self.ssr.tokens, defer=True)
+        # The rationale (when not adopted) and "\n</think>\n\n" are evaluated together with the action's
+        # head (one decode instead of three; counted as action time): see _head.
         self.close_pending = THINK_CLOSE
 
     def _free_reason(self, turn: int) -> Generator[Event, None, str]:
@@ -377,12 +377,14 @@ class _Run(Answering):
                 seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
             lambda piece: ReasoningToken(turn=turn, text=piece),
         )
+        # the rest of the think block waits for the action's head or choice (one decode, not two)
         if gen.stop_reason == "stop":  # the session holds "</think>" already
-            self.session.append_text(THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):])
+            rest = THINK_CLOSE[THINK_CLOSE.index(THINK_STOP) + len(THINK_STOP):]
+            self.session.append_text(rest, defer=True)
         else:
             if gen.stop_reason == "eos":
                 self.session.drop_last_token()  # an end-of-turn token inside the think block: take it back
-            self.session.append_text(THINK_CLOSE)
+            self.session.append_text(THINK_CLOSE, defer=True)
         text = gen.text
         yield ReasoningDone(turn=turn, text=text, n_tokens=len(gen.tokens), seconds=time.perf_counter() - t0)
         return text

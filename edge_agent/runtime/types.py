@@ -147,11 +147,14 @@ class SessionLike(Protocol):
         """Most candidates ``score(keep=True)`` takes (n_seq_max - 1)."""
         ...
 
-    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
-        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens added."""
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None,
+                    defer: bool = False) -> int:
+        """Tokenize and evaluate ``text``; ``special=False`` for untrusted text. Returns tokens added.
+        ``defer``: pending, evaluated with the next call that evaluates anything (one decode, not two)."""
         ...
 
-    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int: ...
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None,
+                      defer: bool = False) -> int: ...
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
         """Evaluate one image (PNG/JPEG bytes) through the mmproj, wrapped in vision start/end tokens."""

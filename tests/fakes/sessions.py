@@ -78,16 +78,21 @@ class LoopSession:
         """The text as code points (an image is its "<IMG>" text here, as ``checkpoint`` counts it)."""
         return [ord(c) for c in self.text]
 
-    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None,
+                    defer: bool = False) -> int:
         self.log.append(("text", text, special))
         self.n_pos += len(text)
+        if defer:
+            self.pending += len(text)
+            return len(text)
         self.n_cells += len(text) + self.pending
         self.n_evaluated += len(text) + self.pending
         self.pending = 0
         return len(text)
 
-    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int:
-        return self.append_text("".join(chr(t) for t in tokens), special=False)
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None,
+                      defer: bool = False) -> int:
+        return self.append_text("".join(chr(t) for t in tokens), special=False, defer=defer)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
         self.log.append(("image", "<IMG>", True))
@@ -296,10 +301,12 @@ class PairSession:
         self.n_evaluated += len(toks)
         return len(toks)
 
-    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None,
+                    defer: bool = False) -> int:
         return self._add(("text" if special else "untrusted", text), [ord(c) for c in text])
 
-    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int:
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None,
+                      defer: bool = False) -> int:
         return self._add(("tokens", list(tokens)), tokens)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:

@@ -56,15 +56,17 @@ class SpySession:
     def n_pos(self) -> int:
         return self.inner.n_pos
 
-    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None) -> int:
-        return self.inner.append_text(text, special=special, cancel=cancel)
+    def append_text(self, text: str, *, special: bool = True, cancel: threading.Event | None = None,
+                    defer: bool = False) -> int:
+        return self.inner.append_text(text, special=special, cancel=cancel, defer=defer)
 
     @property
     def n_cells(self) -> int:
         return self.inner.n_cells
 
-    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None) -> int:
-        return self.inner.append_tokens(tokens, cancel=cancel)
+    def append_tokens(self, tokens: Sequence[int], *, cancel: threading.Event | None = None,
+                      defer: bool = False) -> int:
+        return self.inner.append_tokens(tokens, cancel=cancel, defer=defer)
 
     @property
     def n_evaluated(self) -> int:

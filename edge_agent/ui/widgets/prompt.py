@@ -31,6 +31,8 @@ KEY_HELP = (
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".heic", ".avif")
 PLACEHOLDER_VISION = "Ask about your image…  (/image PATH attaches one; /help)"
 PLACEHOLDER_TEXT = "Ask a question…  (this model reads text only; /help)"
+# while the model loads: what it can read is not known yet (a text-only model would be told "your image")
+PLACEHOLDER_LOADING = "Ask a question…  (/image PATH attaches an image; /help)"
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class PromptInput(Input):
     def __init__(self, history: list[str] | None = None, **kw) -> None:
         # select_on_focus off: coming back to the prompt (Ctrl+N, /edit, after a dialog) must not select the
         # draft, or the next key replaces it
-        super().__init__(placeholder=PLACEHOLDER_VISION, select_on_focus=False, **kw)
+        super().__init__(placeholder=PLACEHOLDER_LOADING, select_on_focus=False, **kw)
         self.history: list[str] = list(history or [])
         self._pos = len(self.history)
         self._draft = ""
