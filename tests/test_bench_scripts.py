@@ -1,6 +1,7 @@
-"""The runtime and SSR benchmarks run end to end on the tiny Qwen3-VL models (seconds) and print the
-``--json`` keys their reports name: a change to the runtime or the agent's seams that breaks a
-benchmark fails here, not when someone next measures. Speed is not asserted (benchmarks print ratios)."""
+"""The runtime and SSR benchmarks run end to end on the tiny Qwen3-VL models (seconds), bench_defer on the
+real Qwen 0.5B, and print the ``--json`` keys their reports name: a change to the runtime or the agent's
+seams that breaks a benchmark fails here, not when someone next measures. Speed is not asserted
+(benchmarks print ratios)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,18 @@ def test_bench_runtime_runs_on_the_tiny_model(capsys, tiny_models):
     assert set(res["median_ms"]) == {"batched", "one_at_a_time", "floor", "floor_inner", "freeform",
                                      "verify16"}
     assert res["ratio_batched_over_one_at_a_time"] > 0 and res["break_even_tokens"] > 0
+
+
+def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf):
+    """bench_defer answers a Factbook question through the search service on 127.0.0.1 in both variants and
+    switches waiting text back on (the decodes it saves: tests/test_agent_logic.py and test_runtime.py)."""
+    from edge_agent.runtime.session import Session
+    from scripts import bench_defer
+
+    assert bench_defer.main(["--model", "qwen2.5-coder-0.5b-instruct", "--questions", "1", "--known", "0",
+                             "--modes", "freeform", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    s = res["modes"]["freeform"]
+    assert s["questions"] == 1 and s["defer_s"] > 0 and s["eager_s"] > 0
+    assert s["decodes_defer"] <= s["decodes_eager"]  # fewer when it searches or states its action
+    assert Session.defer_appends  # switched back on

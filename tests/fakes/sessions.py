@@ -68,6 +68,15 @@ class LoopSession:
         self.scored: list[list[str | Sequence[int]]] = []
         self.grammars: list[str | None] = []
         self.stops: list[tuple[str, ...]] = []
+        # the text each evaluating call evaluated, text that waited (defer) included: the runtime's
+        # llama_decode calls, roughly ("<IMG>" an image; an adopt counts: the fake has no KV to adopt)
+        self.evaluations: list[str] = []
+        self._waiting = ""
+
+    def _evaluate_waiting(self) -> None:
+        if self._waiting:
+            self.evaluations.append(self._waiting)
+            self._waiting = ""
 
     @property
     def text(self) -> str:
@@ -84,7 +93,10 @@ class LoopSession:
         self.n_pos += len(text)
         if defer:
             self.pending += len(text)
+            self._waiting += text
             return len(text)
+        self.evaluations.append(self._waiting + text)
+        self._waiting = ""
         self.n_cells += len(text) + self.pending
         self.n_evaluated += len(text) + self.pending
         self.pending = 0
@@ -95,6 +107,8 @@ class LoopSession:
         return self.append_text("".join(chr(t) for t in tokens), special=False, defer=defer)
 
     def append_image(self, image: bytes, *, cancel: threading.Event | None = None) -> ImageChunk:
+        self._evaluate_waiting()
+        self.evaluations.append("<IMG>")
         self.log.append(("image", "<IMG>", True))
         self.n_pos += 7
         self.n_cells += 49 + self.pending
@@ -145,6 +159,7 @@ class LoopSession:
 
     def rollback(self, cp: Checkpoint) -> None:
         drop = len(self.text) - cp.n_history
+        self._waiting = self._waiting[: max(0, len(self._waiting) - drop)]
         while drop > 0:
             kind, t, sp = self.log.pop()
             keep = t[: max(0, len(t) - drop)]
@@ -160,6 +175,7 @@ class LoopSession:
 
     def score(self, candidates: Sequence[str | Sequence[int]], *, special: bool = False, keep: bool = False,
               cancel: threading.Event | None = None) -> list[ContinuationScore]:
+        self._evaluate_waiting()
         texts = [c if isinstance(c, str) else "".join(chr(t) for t in c) for c in candidates]
         self.kept = texts if keep else []
         self.n_score += 1
@@ -177,6 +193,7 @@ class LoopSession:
                  cancel: threading.Event | None = None) -> Generation:
         self.grammars.append(grammar)
         self.stops.append(tuple(stop))
+        self._evaluate_waiting()  # its own decode, before the first token is sampled
         first = self.outputs.pop(0)
         out = first(self, grammar) if callable(first) else first
         text, reason, kept = out, "length", out
