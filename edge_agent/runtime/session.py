@@ -216,6 +216,7 @@ class Session(Generating):
         self._pending.extend(toks)
         self.n_pos += len(toks)
         if defer and self.defer_appends:
+            self._logits = None  # pending tokens: the next-token logits come with their evaluation
             return len(toks)
         try:
             self._flush()
