@@ -390,8 +390,9 @@ def test_seprod_hooks_are_called_at_their_points():
                                    scores=(1.0, 1.0, 0.0), seconds=0.0)
             return V("true, red", 2)
 
-        def answer(self, session, *, turn, image, question, max_tokens=None):
+        def answer(self, session, *, turn, image, question, max_tokens=None, written=(), done=False):
             calls.append(("answer", turn, session.text.endswith("<answer>"), max_tokens))
+            assert written == () and not done  # no answer check after a tool result
             session.append_text("Re", special=False)
             yield ev.AnswerToken(turn=turn, text="Re", from_prophet=True)
             return V("Re", 1)
@@ -574,6 +575,53 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     (check,) = [e for e in events if e.kind == "answer_checked"]
     assert (check.sure and check.logprobs == (-0.1,) * 4 and "".join(check.pieces) == "Funa"
             and check.turn == 1)
+
+
+def test_the_answering_draft_continues_the_answer_checks_tokens():
+    """SSR's answer check decoded the answer's start, which stays: SeProD's answering draft (which starts where
+    the answer starts) is handed those tokens and continues after them: the answer reads probe + accepted
+    draft + the agent's rest, in that order, in the events and in the context. A probe that holds the whole
+    answer needs no draft (``done``)."""
+    calls = []
+
+    class V:  # the fields the loop reads (seprod.Verification)
+        def __init__(self, text, accepted):
+            self.accepted_text, self.accepted, self.lead, self.verdict, self.steer = text, accepted, (), "", ""
+
+    class Drafter:
+        tokens_evaluated = 0
+
+        def start(self, *, image, question, target=None):
+            pass
+
+        def observe_decode(self, seconds, tokens):
+            pass
+
+        def totals(self):
+            return {}
+
+        def answer(self, session, *, turn, image, question, max_tokens=None, written=(), done=False):
+            calls.append((session.detokenize(list(written)), done, max_tokens, session.text.endswith("Funa")))
+            if done:
+                return V("", 0)
+            session.append_text("fu", special=False)
+            yield ev.AnswerToken(turn=turn, text="fu", from_prophet=True)
+            return V("fu", 2)
+
+    sure = FakeSession(favour(["full sentence"]), ["Funa", "ti</answer>"], logprob=[-0.1])
+    events = list(run_agent(sure, "Q?", tools=Toolbox(None, _searching("x")), drafter=Drafter(),
+                            options=AgentOptions(answer_check=-0.3, answer_max_tokens=20)))
+    assert calls == [("Funa", False, 16, True)]  # after the check's 4 tokens, with what is left of the budget
+    pieces = [(e.text, e.from_prophet) for e in events if e.kind == "answer_token"]
+    assert pieces[:2] == [("Funa", False), ("fu", True)] and "".join(t for t, _ in pieces[2:]) == "ti"
+    assert events[-1].answer == "Funafuti" and events[-1].totals["answer_tokens"] == 4 + 2 + 3  # "ti" and the stop's "<"
+    assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
+    calls.clear()
+    whole = FakeSession(favour(["full sentence"]), ["Funafuti</answer>"], logprob=[-0.1])
+    events = list(run_agent(whole, "Q?", tools=Toolbox(None, _searching("x")), drafter=Drafter(),
+                            options=AgentOptions(answer_check=-0.3, answer_max_tokens=20)))
+    assert calls == [("Funafuti<", True, 0, False)], calls  # nothing left to draft
+    assert events[-1].answer == "Funafuti"
 
 
 def test_a_first_search_waits_for_the_answer_check():

@@ -7,6 +7,7 @@ weights cannot show.
   plain appends in a fresh session, for the paper's raw score and for the neutral scores of ``pmi``.
 - A move taken back (MoveWithdrawn: rolled back to before the pasted rationale) leaves exactly the
   context a fresh session evaluating the kept tokens has.
+- SeProD's answering draft after the answer check starts where the answer starts.
 - A question answered end to end from a SearXNG-shaped service on 127.0.0.1 over the real Factbook
   (``scripts/factbook.py``) whose result holds the fact.
 
@@ -206,3 +207,50 @@ def test_the_answer_checks_tokens_are_the_answers_start(qwen):
     (a0, h0, k0), (a1, h1, k1) = runs
     assert "move_withdrawn" not in k1 and "tool_called" not in k0 + k1
     assert a0 == a1 and h0 == h1, (a0, a1)
+
+
+
+@pytest.mark.parametrize("question", ["What is the capital of France?", "Who wrote Hamlet?"])
+def test_an_answering_draft_starts_where_the_answer_starts(qwen, qwen05_gguf, question):
+    """SeProD with the real tokenizer (the 0.5B as its own prophet, tau 0: every draft token it verifies
+    is accepted) after SSR's answer check, whose tokens stay as the answer's start: the prophet's draft
+    starts where the answer starts, so it is verified after those tokens only when it begins with them;
+    else ("diverged": the prophet says "The Hamlet story ..." where the agent began "Hamlet") or when the
+    check's tokens hold the whole answer ("answered", "Paris") the answer and the context are exactly those
+    of the same question without a prophet. (Before, the draft was verified after the check's tokens as if
+    the answer started there, and at tau 0 taken whole: "Hamlet" + "The Hamlet story ...".)"""
+    from edge_agent.agent.events import DraftProposed, DraftSkipped, DraftVerified
+    from edge_agent.agent.rationales import Library, Rationale
+    from edge_agent.agent.seprod import Drafter
+
+    lib = Library((Rationale("know", "I know this, so I will state the answer in a full sentence", "answer"),
+                   Rationale("search", "zq xv kj", "text_search")), "test")
+    opts = AgentOptions(answer_max_tokens=24, answer_check=-19.0, answer_check_tokens=2, library=lib)
+    prophet = Model.load(qwen05_gguf, n_ctx=2048, n_threads=1, n_threads_batch=2)
+    drafter = Drafter(prophet, agent_vocab=qwen.n_vocab, draft_len=12, tau=0.0, adaptive=False,
+                      background=False)
+    try:
+        runs = []
+        for d in (None, drafter):
+            s = qwen.session()
+            events = list(run_agent(s, question, tools=Toolbox(None, FakeSearch()), options=opts, drafter=d))
+            runs.append((events, list(s.history)))
+    finally:
+        drafter.close()
+        prophet.close()
+    (plain, h0), (events, h1) = runs
+    check = next(e for e in events if e.kind == "answer_checked")
+    start = "".join(check.pieces)
+    streamed = "".join(e.text for e in events if e.kind == "answer_token")
+    assert check.sure and events[-1].answer == streamed.strip() and streamed.startswith(start.split("<")[0])
+    skipped = [e for e in events if isinstance(e, DraftSkipped)]
+    verified = [e for e in events if isinstance(e, DraftVerified)]
+    proposed = [e for e in events if isinstance(e, DraftProposed)]
+    if skipped:
+        assert skipped[0].reason in ("answered", "diverged") and not verified
+        assert skipped[0].reason == "diverged" or not proposed  # a complete answer: nothing drafted
+        assert all(not p.text.startswith(start) for p in proposed)
+        assert events[-1].answer == plain[-1].answer and h1 == h0
+    else:  # the draft began with the check's tokens: the rest of it follows them
+        assert "which the agent wrote" in proposed[0].note and verified[0].accepted == verified[0].drafted
+        assert events[-1].answer.startswith(start + proposed[0].text)

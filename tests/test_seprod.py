@@ -343,6 +343,35 @@ def test_answer_budget_caps_lead_and_accepted_tokens():
         d.close()
 
 
+def test_an_answering_draft_continues_the_answer_the_agent_began():
+    """``written``: the answer's tokens the agent already wrote (SSR's answer check decodes the answer's start
+    before it stays). The draft starts where the answer starts: when it begins with them, what is left of it
+    is verified after them (the session holds them already); when it does not, none of it can follow
+    ("diverged": the session untouched, the adaptive rule told nothing was accepted); when they hold the
+    whole answer ("done"), nothing is drafted or waited for ("answered")."""
+    d = seprod.Drafter(FakeModel("abcd"), agent_vocab=V, draft_len=4, tau=0.1, background=False)
+    try:
+        agent = FakeSession(FakeModel())
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q", written=(ord("a"),)))
+        assert [type(e) for e in events] == [DraftProposed, DraftVerified, AnswerToken]
+        assert events[0].tokens == (98, 99, 100) and "first 1 tokens, which the agent wrote" in events[0].note
+        assert v.accepted == 3 and v.accepted_text == "bcd" and agent.log == [("tokens", [98, 99, 100])]
+        assert d.stats.drafted_tokens == 3 and d.stats.accepted_tokens == 3
+        agent = FakeSession(FakeModel())
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q2", written=(ord("a"), ord("x"))))
+        assert [type(e) for e in events] == [DraftProposed, DraftSkipped] and events[1].reason == "diverged"
+        assert events[0].tokens == (97, 98, 99, 100) and "'ax'" in events[1].detail
+        assert v.accepted == 0 and v.skipped == "diverged" and agent.log == []
+        assert d.stats.skipped == {"diverged": 1} and d.adaptive.acceptance("answering") < 1.0
+        drafts = len(d.prophet.sessions) + sum(len(s.log) for s in d.prophet.sessions)
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q3", written=(97,), done=True))
+        assert [(type(e), e.reason) for e in events] == [(DraftSkipped, "answered")] and agent.log == []
+        assert len(d.prophet.sessions) + sum(len(s.log) for s in d.prophet.sessions) == drafts  # not drafted
+        assert d.stats.totals()["seprod_skipped_answered"] == 1 and d.stats.totals()["seprod_skipped_diverged"] == 1
+    finally:
+        d.close()
+
+
 def test_drafter_default_tau_is_the_settings_default():
     import inspect
 

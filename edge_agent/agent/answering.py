@@ -68,18 +68,6 @@ class Answering(RunState):
         budget = self.options.answer_max_tokens
         self.totals.answer_tokens = 0
         self.answer_end = "length"
-        if self.drafter is not None:
-            # SeProD hook 2: the accepted answering draft is the start of the answer (the drafter
-            # yields it as AnswerToken(from_prophet=True)); generation continues from it. Accepted
-            # tokens (and the agent's own lead token before them) count against the answer's token
-            # budget, and the drafter never puts more than the budget in: the same answer length
-            # with or without SeProD.
-            v = yield from self.drafter.answer(self.session, turn=turn, image=self.current_image,
-                                               question=self.question, max_tokens=budget)
-            if v.accepted_text:
-                self.answer_parts.append(v.accepted_text)
-            self.totals.answer_tokens = len(v.lead) + v.accepted
-            budget -= self.totals.answer_tokens
         held = {"cut": False}
         probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
@@ -102,6 +90,21 @@ class Answering(RunState):
             budget -= len(probe.tokens)
             if probe.stop_reason in ("stop", "eos"):
                 self.answer_end, budget = probe.stop_reason, 0
+        if self.drafter is not None:
+            # SeProD hook 2: the accepted answering draft continues the answer (the drafter yields it as
+            # AnswerToken(from_prophet=True)); generation continues from it. The drafter verifies it after
+            # the answer check's tokens when there are any (the draft starts where the answer starts), and
+            # drafts nothing when they hold the whole answer. Accepted tokens (and the agent's own lead
+            # token before them) count against the answer's token budget, and the drafter never puts more
+            # than the budget in: the same answer length with or without SeProD.
+            v = yield from self.drafter.answer(
+                self.session, turn=turn, image=self.current_image, question=self.question,
+                max_tokens=budget, written=tuple(probe.tokens) if probe is not None else (),
+                done=budget <= 0)
+            if v.accepted_text:
+                self.answer_parts.append(v.accepted_text)
+            self.totals.answer_tokens += len(v.lead) + v.accepted
+            budget -= len(v.lead) + v.accepted
         if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
             gen = yield from self._stream(
                 lambda on_token, stop: self.session.generate(

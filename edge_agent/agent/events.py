@@ -167,7 +167,9 @@ class DraftVerified(Event):
 @dataclass(frozen=True)
 class DraftSkipped(Event):
     """SeProD: no draft was used at this point. ``reason``: "not_ready" (waiting would cost more than
-    the draft is expected to save), "low_acceptance" (the mode's drafts are not being accepted)."""
+    the draft is expected to save), "low_acceptance" (the mode's drafts are not being accepted),
+    "failed" (the prophet could not draft), "answered" (SSR's answer check wrote the whole answer),
+    "diverged" (the draft does not begin with the answer's start the agent had written)."""
 
     kind: ClassVar[str] = "draft_skipped"
     turn: int

@@ -7,7 +7,7 @@ implements them). Does not know llama_cpp, the loop's control flow or the chat f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,7 +55,11 @@ class DraftHooks(Protocol):
                target: str) -> Generator[Event, None, DraftOutcome]: ...
 
     def answer(self, session: SessionLike, *, turn: int, image: bytes | None, question: str,
-               max_tokens: int | None = None) -> Generator[Event, None, DraftOutcome]: ...
+               max_tokens: int | None = None, written: Sequence[int] = (),
+               done: bool = False) -> Generator[Event, None, DraftOutcome]:
+        """Where the answer continues; ``written``: the answer's tokens already in the session (the
+        answer check's), ``done``: they hold the whole answer."""
+        ...
 
     def observe_decode(self, seconds: float, tokens: int) -> None:
         """The agent decoded ``tokens`` tokens in ``seconds`` (prices later drafts)."""

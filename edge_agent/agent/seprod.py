@@ -261,21 +261,34 @@ class Drafter(ProphetDrafts):
 
     def answer(
         self, session: SessionLike, *, turn: int, image: bytes | None, question: str,
-        max_tokens: int | None = None
+        max_tokens: int | None = None, written: Sequence[int] = (), done: bool = False,
     ) -> Generator[Event, None, Verification]:
-        """Answering round: call where the answer text starts; yields the accepted text as an
+        """Answering round: call where the agent's answer continues; yields the accepted text as an
         ``AnswerToken(from_prophet=True)``; the loop then continues generating the answer.
-        ``max_tokens``: the answer's token budget (lead + accepted tokens never exceed it)."""
-        v = yield from self._round(session, turn=turn, mode=ANSWERING, query=answering_query(question),
-                                   image=image,
-                                   max_tokens=max_tokens)
+        ``max_tokens``: what is left of the answer's token budget (lead + accepted tokens never exceed it).
+        ``written``: the answer's tokens already in the session, the agent's own (SSR's answer check
+        decodes the answer's start before the answer stays): the draft, which starts where the answer
+        starts, is verified after them when it begins with them, else it is of no use here (skipped,
+        "diverged"; the adaptive rule counts it as a draft of which nothing was accepted). ``done``:
+        those tokens hold the whole answer; nothing is drafted or waited for (skipped, "answered")."""
+        query = answering_query(question)
+        if done:
+            job = self._take(ANSWERING, query, image)
+            if job is not None:
+                self._cancel(job)  # the prophet stops drafting what nobody needs
+            self.stats.skip("answered", 0.0)
+            yield DraftSkipped(turn=turn, mode=ANSWERING, reason="answered",
+                               detail="the answer check's tokens hold the whole answer")
+            return Verification.empty(ANSWERING, query, skipped="answered")
+        v = yield from self._round(session, turn=turn, mode=ANSWERING, query=query, image=image,
+                                   max_tokens=max_tokens, written=tuple(written))
         if v.accepted_text:
             yield AnswerToken(turn=turn, text=v.accepted_text, from_prophet=True)
         return v
 
     def _round(
         self, session: SessionLike, *, turn: int, mode: str, query: str, image: bytes | None,
-        max_tokens: int | None = None,
+        max_tokens: int | None = None, written: tuple[int, ...] = (),
     ) -> Generator[Event, None, Verification]:
         job = self._take(mode, query, image)
         if job is None:  # not prepared by start(): plan now, draft now
@@ -309,9 +322,23 @@ class Drafter(ProphetDrafts):
                              "continuing without it.", fatal=False)
             return Verification.empty(mode, query, skipped="failed")
         d = dataclasses.replace(d, waited=0.0 if ready else time.perf_counter() - t0)
+        note = job.plan.note
+        diverged = bool(written) and d.tokens[:len(written)] != written
+        if written and not diverged:
+            # the agent wrote the draft's first tokens itself: what is left of the draft continues them
+            n = len(written)
+            d = dataclasses.replace(d, tokens=d.tokens[n:], logprobs=d.logprobs[n:],
+                                    text=self._text(d.tokens[n:]))
+            note = "; ".join(x for x in (note, f"after its first {n} tokens, which the agent wrote") if x)
         yield DraftProposed(turn=turn, mode=mode, text=d.text, tokens=d.tokens, seconds=d.seconds,
                             waited=d.waited,
-                            draft_len=d.draft_len, note=job.plan.note)
+                            draft_len=d.draft_len, note=note)
+        if diverged:  # the agent's own start already says otherwise: nothing of the draft can follow it
+            self.stats.skip("diverged", d.waited)
+            self.adaptive.record(mode, len(d.tokens), 0)
+            yield DraftSkipped(turn=turn, mode=mode, reason="diverged", waited=d.waited,
+                               detail=f"the answer already starts {self._text(written)!r}")
+            return Verification.empty(mode, query, skipped="diverged", waited=d.waited)
         v = self.verify(session, d, max_tokens=max_tokens)
         if mode == GROUNDING:
             v.verdict, end = parse_verdict(v.draft.text)

@@ -143,7 +143,7 @@ class Verification:
     verdict: str = ""  # grounding: "yes" | "no" | "" (unclear, or not a grounding round)
     verdict_accepted: bool = False  # the verdict word is inside the accepted prefix
     steer: str = ""  # text the loop appends after accepted_text (an accepted "no": look elsewhere)
-    skipped: str = ""  # "" (a draft was verified) | "not_ready" | "low_acceptance" | "failed"
+    skipped: str = ""  # "" (a draft was verified) | one of SKIP_REASONS
 
     @property
     def accepted_tokens(self) -> tuple[int, ...]:
@@ -157,7 +157,7 @@ class Verification:
         return cls(d, 0, z, z, z, np.zeros(0, dtype=np.int64), "", 0.0, skipped=skipped)
 
 
-SKIP_REASONS = ("not_ready", "low_acceptance", "failed")
+SKIP_REASONS = ("not_ready", "low_acceptance", "failed", "answered", "diverged")
 
 
 @dataclass

@@ -101,7 +101,9 @@ def draft_text(e: ev.DraftVerified, proposed: ev.DraftProposed | None) -> Text:
     return t
 
 
-SKIP_REASONS = {"not_ready": "not ready in time", "low_acceptance": "recent drafts were not accepted"}
+SKIP_REASONS = {"not_ready": "not ready in time", "low_acceptance": "recent drafts were not accepted",
+                "answered": "the answer was already complete",
+                "diverged": "it starts otherwise than the answer the agent had begun"}
 
 
 def skipped_text(e: ev.DraftSkipped) -> Text:
