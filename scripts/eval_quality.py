@@ -127,6 +127,8 @@ def row(name: str, m: dict[str, Any]) -> dict[str, Any]:
         "taken_back": m.get("withdrawn_moves_per_question"),
         "model_seconds": m["model_seconds_per_question"]["mean"],
         "seprod_acceptance": m["seprod"]["acceptance"],
+        # hooks reached: drafts verified, and those that used none by why (not ready, diverged, answered)
+        "seprod_rounds": m["seprod"]["rounds"], "seprod_skipped": m["seprod"].get("skipped", {}),
         "agreement": (m.get("reasoning_action_agreement") or {}).get("share"),
         "consistency": m.get("action_consistency"),
     }
@@ -158,6 +160,13 @@ def num(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def seprod_cell(r: dict[str, Any]) -> str:
+    """The share of drafted tokens accepted, and of the hooks reached how many verified a draft."""
+    rounds = r.get("seprod_rounds", 0)
+    reached = rounds + sum(r.get("seprod_skipped", {}).values())
+    return pct(r["seprod_acceptance"]) + (f" ({rounds} of {reached} drafts used)" if reached else "")
+
+
 def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
     lines = [f"# Quality on real weights: {args.model}, Factbook ({args.split} split)", "",
              "Success by normalised exact match and by contains, with 95% Wilson intervals in brackets; "
@@ -177,7 +186,7 @@ def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
                          f"{pct(r['contains'], r['contains_ci95'])} | {num(r['turns'])} | "
                          f"{num(r['searches'])} | "
                          f"{num(r['repeated_searches'])} | {num(r['model_seconds'], 1)} | "
-                         f"{pct(r['seprod_acceptance'])} | {pct(agree)} |")
+                         f"{seprod_cell(r)} | {pct(agree)} |")
     return "\n".join(lines) + "\n"
 
 

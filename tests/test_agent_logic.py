@@ -578,15 +578,16 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
 
 
 def test_the_answering_draft_continues_the_answer_checks_tokens():
-    """SSR's answer check decoded the answer's start, which stays: SeProD's answering draft (which starts where
-    the answer starts) is handed those tokens and continues after them: the answer reads probe + accepted
-    draft + the agent's rest, in that order, in the events and in the context. A probe that holds the whole
-    answer needs no draft (``done``)."""
+    """SSR's answer check decoded the answer's start, which stays: SeProD's answering draft (which starts
+    where the answer starts) is handed those tokens and continues after them: the answer reads probe +
+    accepted draft + the agent's rest, in that order, in the events and in the context. A probe that holds
+    the whole answer needs no draft (``done``)."""
     calls = []
 
     class V:  # the fields the loop reads (seprod.Verification)
         def __init__(self, text, accepted):
-            self.accepted_text, self.accepted, self.lead, self.verdict, self.steer = text, accepted, (), "", ""
+            self.accepted_text, self.accepted = text, accepted
+            self.lead, self.verdict, self.steer = (), "", ""
 
     class Drafter:
         tokens_evaluated = 0
@@ -614,7 +615,8 @@ def test_the_answering_draft_continues_the_answer_checks_tokens():
     assert calls == [("Funa", False, 16, True)]  # after the check's 4 tokens, with what is left of the budget
     pieces = [(e.text, e.from_prophet) for e in events if e.kind == "answer_token"]
     assert pieces[:2] == [("Funa", False), ("fu", True)] and "".join(t for t, _ in pieces[2:]) == "ti"
-    assert events[-1].answer == "Funafuti" and events[-1].totals["answer_tokens"] == 4 + 2 + 3  # "ti" and the stop's "<"
+    assert events[-1].answer == "Funafuti"
+    assert events[-1].totals["answer_tokens"] == 4 + 2 + 3  # "ti" and the stop's "<"
     assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
     calls.clear()
     whole = FakeSession(favour(["full sentence"]), ["Funafuti</answer>"], logprob=[-0.1])

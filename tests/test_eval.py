@@ -310,6 +310,35 @@ def test_a_follow_up_is_asked_after_its_earlier_question_in_the_same_chat(tmp_pa
     assert "The question before follow-up f1 failed: Context full" in bad.records[0]["error"]
 
 
+def test_seprod_rounds_that_used_no_draft_are_counted_by_why(tmp_path):
+    """SeProD's acceptance is over the drafts verified; the rounds that used none (DraftSkipped) are counted
+    by reason beside it, in the record, the metrics and the report (a draft that diverged from the answer
+    the agent had begun is not hidden by an acceptance rate over the others)."""
+    from edge_agent.evaluation.report import _mode_rows
+
+    rows = [{"id": f"k{i}", "image": None, "question": f"What is {i}*2?", "answers": [str(2 * i)]}
+            for i in (1, 2)]
+    path = tmp_path / "k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def script(asked: Asked) -> list[ev.Event]:
+        answer = asked.question.split()[-1].split("*")[0]
+        draft = ([ev.DraftVerified(turn=1, mode="answering", accepted=3, drafted=4, accepted_text="abc",
+                                   scores=(1.0, 1.0, 1.0, 0.0), seconds=0.0)] if answer == "1" else
+                 [ev.DraftSkipped(turn=1, mode="answering", reason="diverged"),
+                  ev.DraftSkipped(turn=2, mode="answering", reason="answered")])
+        return [ev.RunStarted(question=asked.question, image=None, mode=asked.mode, seprod=True, model="s"),
+                *draft, *answer_turn(1, answer, rationale="answer_knowledge", reasoning=0.1)]
+
+    run = E.run_eval(path, "ssr", tmp_path / "out", lambda: ScriptedEngine(script=script))
+    assert [r["drafts"]["skipped"] for r in run.records] == [{}, {"diverged": 1, "answered": 1}]
+    sp = run.metrics["ssr"]["seprod"]
+    assert (sp["rounds"], sp["drafted"], sp["accepted"]) == (1, 4, 3)
+    assert sp["skipped"] == {"answered": 1, "diverged": 1}
+    line = dict(_mode_rows(run.metrics["ssr"]))["SeProD drafts accepted"]
+    assert line == "3/4 tokens (75.0%) in 1 rounds; 2 rounds used no draft (answered 1, diverged 1)"
+
+
 def test_percentile_matches_numpy():
     """The percentile helper interpolates like numpy's default."""
     np = pytest.importorskip("numpy")

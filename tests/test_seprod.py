@@ -367,7 +367,8 @@ def test_an_answering_draft_continues_the_answer_the_agent_began():
         events, v = run_hook(d.answer(agent, turn=1, image=None, question="q3", written=(97,), done=True))
         assert [(type(e), e.reason) for e in events] == [(DraftSkipped, "answered")] and agent.log == []
         assert len(d.prophet.sessions) + sum(len(s.log) for s in d.prophet.sessions) == drafts  # not drafted
-        assert d.stats.totals()["seprod_skipped_answered"] == 1 and d.stats.totals()["seprod_skipped_diverged"] == 1
+        totals = d.stats.totals()
+        assert totals["seprod_skipped_answered"] == 1 and totals["seprod_skipped_diverged"] == 1
     finally:
         d.close()
 

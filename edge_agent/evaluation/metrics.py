@@ -146,7 +146,10 @@ def mode_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         },
         "seprod": {"rounds": sum(r["drafts"]["rounds"] for r in records), "drafted": drafted,
                    "accepted": accepted,
-                   "acceptance": _share(accepted, drafted)},
+                   "acceptance": _share(accepted, drafted),
+                   # hooks reached without a draft used, by why (records before this field: none)
+                   "skipped": dict(sorted(sum((Counter(r["drafts"].get("skipped", {})) for r in records),
+                                              Counter()).items()))},
     }
 
 

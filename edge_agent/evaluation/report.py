@@ -121,11 +121,14 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
          f"{oc['without_search']} did not search"),
         ("Stop reasons", ", ".join(f"{k} {v}" for k, v in m["stop_reasons"].items()) or "none"),
     ]
-    if m["seprod"]["rounds"]:
-        sp = m["seprod"]
+    sp = m["seprod"]
+    skipped = sp.get("skipped", {})
+    if sp["rounds"] or skipped:
+        why = f"; {sum(skipped.values())} rounds used no draft (" + ", ".join(
+            f"{k} {v}" for k, v in skipped.items()) + ")" if skipped else ""
         rows.append(("SeProD drafts accepted",
                      f"{sp['accepted']}/{sp['drafted']} tokens ({_pct(sp['acceptance'])}) in {sp['rounds']} "
-                     f"rounds"))
+                     f"rounds{why}"))
     return rows
 
 

@@ -37,7 +37,7 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
     called: dict[int, str] = {}  # turn -> the search's query (image searches: "image N")
     withdrawn = 0
     checks: list[dict[str, Any]] = []  # SSR's answer checks (AnswerChecked)
-    drafts = {"rounds": 0, "accepted": 0, "drafted": 0}
+    drafts: dict[str, Any] = {"rounds": 0, "accepted": 0, "drafted": 0, "skipped": {}}
     final: ev.FinalAnswer | None = None
     errors: list[str] = []
     fatal: str | None = None
@@ -66,6 +66,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             drafts["rounds"] += 1
             drafts["accepted"] += e.accepted
             drafts["drafted"] += e.drafted
+        elif isinstance(e, ev.DraftSkipped):  # rounds that used no draft, by why (SKIP_REASONS)
+            drafts["skipped"][e.reason] = drafts["skipped"].get(e.reason, 0) + 1
         elif isinstance(e, ev.TurnFinished):
             turn(e.turn).update(action=e.action, reasoning_seconds=e.reasoning_seconds,
                                 action_seconds=e.action_seconds, tool_seconds=e.tool_seconds,
