@@ -102,8 +102,7 @@ def draft_text(e: ev.DraftVerified, proposed: ev.DraftProposed | None) -> Text:
 
 
 SKIP_REASONS = {"not_ready": "not ready in time", "low_acceptance": "recent drafts were not accepted",
-                "answered": "the answer was already complete",
-                "diverged": "it starts otherwise than the answer the agent had begun"}
+                "answered": "not needed", "diverged": "it begins otherwise than the answer"}
 
 
 def skipped_text(e: ev.DraftSkipped) -> Text:
