@@ -362,15 +362,14 @@ class Drafter(ProphetDrafts):
         why the agent goes on without it."""
         saving = self.costs.saving(self.adaptive.acceptance(job.mode), job.plan.draft_len, job.rate())
         if saving is None:
-            return "the draft is not ready and its saving cannot be priced yet (nothing measured)"
+            return "its saving cannot be priced yet: nothing measured"
         if saving <= 0:
-            return f"the draft is not ready and would save nothing (expected {saving * 1e3:.0f} ms)"
+            return f"it would save nothing (expected {saving * 1e3:.0f} ms)"
         remaining = job.expected_remaining(self.costs, time.perf_counter())
         if remaining is not None and remaining > saving:
-            return (f"the draft is not ready: expected wait {remaining * 1e3:.0f} ms > expected saving "
-                    f"{saving * 1e3:.0f} ms")
+            return f"expected wait {remaining * 1e3:.0f} ms > expected saving {saving * 1e3:.0f} ms"
         try:
             job.future.exception(timeout=saving)
         except FutureTimeout:
-            return f"the draft was not ready within its expected saving ({saving * 1e3:.0f} ms)"
+            return f"waited its expected saving, {saving * 1e3:.0f} ms"
         return ""
