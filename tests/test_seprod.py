@@ -537,6 +537,48 @@ def test_a_draft_is_waited_for_while_the_saving_exceeds_the_wait():
         d.close()
 
 
+def test_a_draft_that_already_begins_otherwise_is_not_waited_for():
+    """After the answer check (``written``), a draft still being drafted whose first tokens already differ
+    from the answer's start is skipped at once ("diverged", the prophet stopped), even when experiments
+    wait for every draft; one that agrees so far is waited for, and only its tokens after the check's can
+    save anything (the expected saving is of those)."""
+    d = seprod.Drafter(SlowModel("abcdefgh", 0.05), agent_vocab=V, draft_len=8, tau=0.1, background=True,
+                       adaptive=False)
+    try:
+        assert d.block
+        d.start(image=None, question="q")
+        job = next(iter(d._pending.values()))
+        deadline = time.perf_counter() + 5
+        while not job.tokens and time.perf_counter() < deadline:
+            time.sleep(0.005)
+        agent = FakeSession(FakeModel())
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q", written=(ord("x"), ord("y"))))
+        assert [(type(e), e.reason) for e in events] == [(DraftSkipped, "diverged")], events
+        assert v.skipped == "diverged" and agent.log == [] and job.cancel.is_set()
+        d.wait_idle(timeout=5)
+        assert any(e[0] == "cancelled" for e in d.prophet.sessions[0].log)  # stopped before its 8 tokens
+        d.start(image=None, question="q2")
+        events, v = run_hook(d.answer(agent, turn=1, image=None, question="q2", written=(ord("a"),)))
+        assert [type(e) for e in events] == [DraftProposed, DraftVerified, AnswerToken]
+        assert events[0].tokens == tuple(map(ord, "bcdefgh")) and v.accepted == 7
+    finally:
+        d.close()
+    # agent 200 ms/token, prophet 50: the whole draft (8 tokens) would save more than the ~0.4 s it needs,
+    # the 2 tokens after 6 written less: not waited for
+    d = slow_drafter(0.05, agent_token=0.2, prophet_token=0.05, verify_token=0.001, prefill_new_image=0.0,
+                     prefill_same_image=0.0)
+    try:
+        acc = d.adaptive.acceptance(seprod_math.ANSWERING)
+        assert d.costs.saving(acc, 2) < 0.4 < d.costs.saving(acc, 8)
+        d.start(image=None, question="q")
+        events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question="q",
+                                      written=tuple(map(ord, "abcdef"))))
+        assert [(type(e), e.reason) for e in events] == [(DraftSkipped, "not_ready")]
+        assert "expected saving" in events[0].detail
+    finally:
+        d.close()
+
+
 def test_nothing_measured_means_no_waiting():
     """a cold start (no cost measured at all) never blocks the agent on a draft that is not ready."""
     d = slow_drafter(0.05)

@@ -304,8 +304,13 @@ class Drafter(ProphetDrafts):
             return Verification.empty(mode, query, skipped=reason)
         t0 = time.perf_counter()
         ready = job.future.done()
+        if written and not ready:
+            so_far = job.tokens[:len(written)]  # what the prophet has drafted so far (a copy)
+            if so_far != list(written[:len(so_far)]):  # it already begins otherwise: no need to wait
+                self._cancel(job)
+                return (yield from self._diverged(turn, mode, query, written, len(job.tokens), 0.0))
         if not ready and not self.block:
-            reason = self._wait(job)
+            reason = self._wait(job, len(written))
             if reason:
                 self._cancel(job)
                 waited = time.perf_counter() - t0
@@ -334,11 +339,7 @@ class Drafter(ProphetDrafts):
                             waited=d.waited,
                             draft_len=d.draft_len, note=note)
         if diverged:  # the agent's own start already says otherwise: nothing of the draft can follow it
-            self.stats.skip("diverged", d.waited)
-            self.adaptive.record(mode, len(d.tokens), 0)
-            yield DraftSkipped(turn=turn, mode=mode, reason="diverged", waited=d.waited,
-                               detail=f"the answer already starts {self._text(written)!r}")
-            return Verification.empty(mode, query, skipped="diverged", waited=d.waited)
+            return (yield from self._diverged(turn, mode, query, written, len(d.tokens), d.waited))
         v = self.verify(session, d, max_tokens=max_tokens)
         if mode == GROUNDING:
             v.verdict, end = parse_verdict(v.draft.text)
@@ -357,10 +358,22 @@ class Drafter(ProphetDrafts):
         )
         return v
 
-    def _wait(self, job: DraftJob) -> str:
+    def _diverged(self, turn: int, mode: str, query: str, written: tuple[int, ...], drafted: int,
+                  waited: float) -> Generator[Event, None, Verification]:
+        """A draft that does not begin with the answer's start the agent wrote: none of it can follow
+        that start (the adaptive rule counts it as a draft of which nothing was accepted)."""
+        self.stats.skip("diverged", waited)
+        self.adaptive.record(mode, drafted, 0)
+        yield DraftSkipped(turn=turn, mode=mode, reason="diverged", waited=waited,
+                           detail=f"the answer already starts {self._text(written)!r}")
+        return Verification.empty(mode, query, skipped="diverged", waited=waited)
+
+    def _wait(self, job: DraftJob, written: int = 0) -> str:
         """Wait for a draft that is not ready while that is expected to pay; "" when it is ready, else
-        why the agent goes on without it."""
-        saving = self.costs.saving(self.adaptive.acceptance(job.mode), job.plan.draft_len, job.rate())
+        why the agent goes on without it. ``written``: the answer's tokens the agent wrote already (only
+        the draft's tokens after them can save anything)."""
+        left = max(0, job.plan.draft_len - written)
+        saving = self.costs.saving(self.adaptive.acceptance(job.mode), left, job.rate())
         if saving is None:
             return "its saving cannot be priced yet: nothing measured"
         if saving <= 0:

@@ -48,12 +48,14 @@ class DraftJob:
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.n_tokens = 0
+        self.tokens: list[int] = []  # drafted so far (appended by the worker; read a copy)
 
     def on_token(self, piece: str, token: int) -> None:
         now = time.perf_counter()
         if self.first_token is None:
             self.first_token = now
         self.last_token = now
+        self.tokens.append(token)
         self.n_tokens += 1
 
     def rate(self) -> float | None:
