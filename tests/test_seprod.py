@@ -725,7 +725,7 @@ def test_prepared_drafts_are_fitted_to_the_time_before_their_hook():
             events, v = run_hook(d.answer(FakeSession(FakeModel()), turn=1, image=None, question=f"q{i}"))
             if not plan.use:
                 assert [type(e) for e in events] == [DraftSkipped] and events[0].reason == "not_ready"
-                assert "would not be ready in time" in events[0].detail and v.skipped == "not_ready"
+                assert "not drafted: it needs" in events[0].detail and v.skipped == "not_ready"
         assert gens == [False] * (seprod_policy.PROBE_EVERY - 1) + [True]
         drafted = sum(e[0] == "generate" for s in d.prophet.sessions for e in s.log)
         assert drafted <= 2  # the first prepared draft (L_d 9) and the probe: skipped ones cost nothing
@@ -749,7 +749,7 @@ def test_drafts_that_are_always_cancelled_still_teach_the_drafter_to_stop():
             d.wait_idle(timeout=5)  # the cancelled draft has ended
         # drafted, cancelled
         assert details[0].startswith(("expected wait", "waited its expected saving", "it would save nothing"))
-        assert "would not be ready in time" in details[-1]  # not drafted at all
+        assert "not drafted: it needs" in details[-1]  # not drafted at all
         assert d.costs.prefill_same_image is not None and d.costs.lead[seprod_math.ANSWERING] < 0.05
     finally:
         d.close()

@@ -139,7 +139,7 @@ class Fitter:
             gap = self.gaps.get(mode, PROBE_EVERY)
             if self.late[mode] < gap:
                 return Plan(False, 0,
-                            f"the {mode} draft would not be ready in time: it needs ~{full * 1e3:.0f} ms, "
+                            f"not drafted: it needs ~{full * 1e3:.0f} ms, "
                             f"the agent gets there in ~{lead * 1e3:.0f} ms", reason="not_ready"), None
             # a short probe; the next one comes twice as late unless a draft is used meanwhile
             self.gaps[mode] = min(2 * gap, MAX_PROBE_GAP)
