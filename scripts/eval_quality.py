@@ -162,8 +162,8 @@ def num(x: float | None, digits: int = 2) -> str:
 
 def seprod_cell(r: dict[str, Any]) -> str:
     """The share of drafted tokens accepted, and of the hooks reached how many verified a draft."""
-    rounds = r.get("seprod_rounds", 0)
-    reached = rounds + sum(r.get("seprod_skipped", {}).values())
+    rounds = r["seprod_rounds"]
+    reached = rounds + sum(r["seprod_skipped"].values())
     return pct(r["seprod_acceptance"]) + (f" ({rounds} of {reached} drafts used)" if reached else "")
 
 

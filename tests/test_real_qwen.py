@@ -210,8 +210,16 @@ def test_the_answer_checks_tokens_are_the_answers_start(qwen):
 
 
 
+@pytest.fixture(scope="module")
+def qwen_prophet(qwen05_gguf: Path):
+    """A second load of the 0.5B: SeProD's prophet (its own context beside the agent's)."""
+    m = Model.load(qwen05_gguf, n_ctx=2048, n_threads=1, n_threads_batch=2)
+    yield m
+    m.close()
+
+
 @pytest.mark.parametrize("question", ["What is the capital of France?", "Who wrote Hamlet?"])
-def test_an_answering_draft_starts_where_the_answer_starts(qwen, qwen05_gguf, question):
+def test_an_answering_draft_starts_where_the_answer_starts(qwen, qwen_prophet, question):
     """SeProD with the real tokenizer (the 0.5B as its own prophet, tau 0: every draft token it verifies
     is accepted) after SSR's answer check, whose tokens stay as the answer's start: the prophet's draft
     starts where the answer starts, so it is verified after those tokens only when it begins with them;
@@ -226,8 +234,7 @@ def test_an_answering_draft_starts_where_the_answer_starts(qwen, qwen05_gguf, qu
     lib = Library((Rationale("know", "I know this, so I will state the answer in a full sentence", "answer"),
                    Rationale("search", "zq xv kj", "text_search")), "test")
     opts = AgentOptions(answer_max_tokens=24, answer_check=-19.0, answer_check_tokens=2, library=lib)
-    prophet = Model.load(qwen05_gguf, n_ctx=2048, n_threads=1, n_threads_batch=2)
-    drafter = Drafter(prophet, agent_vocab=qwen.n_vocab, draft_len=12, tau=0.0, adaptive=False,
+    drafter = Drafter(qwen_prophet, agent_vocab=qwen.n_vocab, draft_len=12, tau=0.0, adaptive=False,
                       background=False)
     try:
         runs = []
@@ -237,7 +244,6 @@ def test_an_answering_draft_starts_where_the_answer_starts(qwen, qwen05_gguf, qu
             runs.append((events, list(s.history)))
     finally:
         drafter.close()
-        prophet.close()
     (plain, h0), (events, h1) = runs
     check = next(e for e in events if e.kind == "answer_checked")
     start = "".join(check.pieces)

@@ -305,8 +305,8 @@ class Drafter(ProphetDrafts):
         t0 = time.perf_counter()
         ready = job.future.done()
         if written and not ready:
-            so_far = job.tokens[:len(written)]  # what the prophet has drafted so far (a copy)
-            if so_far != list(written[:len(so_far)]):  # it already begins otherwise: no need to wait
+            so_far = tuple(job.tokens[:len(written)])  # what the prophet has drafted so far
+            if so_far != written[:len(so_far)]:  # it already begins otherwise: no need to wait
                 self._cancel(job)
                 return (yield from self._diverged(turn, mode, query, written, len(job.tokens), 0.0))
         if not ready and not self.block:

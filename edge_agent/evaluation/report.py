@@ -124,8 +124,8 @@ def _mode_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     sp = m["seprod"]
     skipped = sp.get("skipped", {})
     if sp["rounds"] or skipped:
-        why = f"; {sum(skipped.values())} rounds used no draft (" + ", ".join(
-            f"{k} {v}" for k, v in skipped.items()) + ")" if skipped else ""
+        reasons = ", ".join(f"{k} {v}" for k, v in skipped.items())
+        why = f"; {sum(skipped.values())} rounds used no draft ({reasons})" if skipped else ""
         rows.append(("SeProD drafts accepted",
                      f"{sp['accepted']}/{sp['drafted']} tokens ({_pct(sp['acceptance'])}) in {sp['rounds']} "
                      f"rounds{why}"))
