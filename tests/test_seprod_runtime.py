@@ -716,3 +716,35 @@ def test_agent_and_prophet_reading_one_image_at_once_encode_it_once(tiny_pair):
         t.join()
     assert not errors
     assert (agent.vision_encodes - a0) + (prophet.vision_encodes - p0) == 1
+
+
+
+def test_a_draft_verified_after_the_answers_start_equals_evaluating_from_scratch(pair):
+    """After the answer check (``written``: the answer's first tokens, the agent's own, already in the
+    context), the rest of a draft that begins with them is scored after them and adopted: the context then
+    holds the answer's start followed by the draft's rest, with the positions, history and next-token
+    distribution of a fresh session evaluating the same tokens after the same context."""
+    models, kind = pair
+    agent, prophet = models
+    q, image = ("Where is the red square?", png()) if kind == "tiny" else (SMOL_Q, None)
+    d = make_drafter(prophet, agent, draft_len=8, tau=0.0)
+    try:
+        dr = d.draft(seprod_math.ANSWERING, q, image)
+        assert len(dr.tokens) > 3, dr
+        written = tuple(dr.tokens[:2])  # as the answer check would have decoded them
+        s = agent_session(agent, kind)
+        n_context = len(s.history)
+        s.append_tokens(written)
+        events, v = run_hook(d.answer(s, turn=1, image=image, question=q, written=written))
+        assert [type(e) for e in events] == [DraftProposed, DraftVerified, AnswerToken]
+        assert events[0].tokens == dr.tokens[2:] and v.accepted == len(dr.tokens) - 2  # tau 0: all of it
+        answer = list(s.history)[n_context:]
+        assert answer == list(written) + list(v.lead) + list(dr.tokens[2:])
+        after, n_pos = s.next_logprobs(), s.n_pos
+        fresh = agent_session(agent, kind)  # (s is replaced: one context per model)
+        fresh.append_tokens(answer)
+        assert fresh.n_pos == n_pos
+        tol = 1e-4 if kind == "tiny" else 0.05  # F32 exact; Q4_1 batch-shape summation order
+        np.testing.assert_allclose(after, fresh.next_logprobs(), atol=tol)
+    finally:
+        d.close()
