@@ -27,7 +27,7 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
-from edge_agent.agent.answer_check import ANSWER_FIRST
+from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED
 from edge_agent.agent.loop import AgentOptions, run_agent
 from edge_agent.agent.prompts import THINK_OPEN, observation_segments, system_prompt
 from edge_agent.agent.rationales import (
@@ -560,12 +560,15 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
     assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
     (check,) = [e for e in events if e.kind == "answer_checked"]  # what the model was unsure of, shown
-    assert (not check.sure and check.score == -2.0 and check.threshold == -0.3
-            and "".join(check.pieces) == "Vaiaku")
-    from edge_agent.agent.answer_check import said
+    # it stopped at "Vai": the two tokens that add ("V", "i") at -2.0 each, -4 / (2 + 7 left) < -0.3
+    assert (not check.sure and check.score == -2.0 and check.threshold == -0.3 and check.early
+            and "".join(check.pieces) == "Vai")
+    from edge_agent.agent.answer_check import said, unsure_why
 
     assert said(replace(check, pieces=("Vai", "aku", "</"))) == "Vaiaku"  # shown without the grammar's "</"
-    assert "('Vaiaku'...: mean log-prob -2.00 of what it adds" in w.reason
+    assert "('Vai'...: what it adds to the question has mean log-prob -2.00, and the next tokens" in w.reason
+    assert "('Vaiaku'...: mean log-prob -2.00 of what it adds" in unsure_why(
+        replace(check, pieces=("Vai", "aku"), early=False))  # a probe read to its end
     sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
     events = list(run_agent(sure, "Q?", tools=Toolbox(None, search), options=AgentOptions(answer_check=-0.3)))
     assert events[-1].answer == "Funafuti" and events[-1].turns == 1
@@ -635,7 +638,7 @@ def test_a_first_search_waits_for_the_answer_check():
     search = _searching("17 times 23")
     sure = FakeSession(favour(["the web for facts"]), ["391", " is the product.</answer>"], logprob=[-0.05])
     events = list(run_agent(sure, "What is 17 times 23?", tools=Toolbox(None, search),
-                            options=AgentOptions(answer_check=-0.3)))
+                            options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=False)))
     scored = [e for e in events if e.kind == "rationale_scored"]
     assert [e.candidates[e.chosen].action for e in scored] == ["text_search", "answer"]
     assert scored[1].rechosen and scored[1].why == ANSWER_FIRST and scored[1].candidates[0].text == know
@@ -648,7 +651,7 @@ def test_a_first_search_waits_for_the_answer_check():
                          ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"],
                          logprob=[-2.0, 0.0, 0.0])
     events = list(run_agent(unsure, "What is 17 times 23?", tools=Toolbox(None, search),
-                            options=AgentOptions(answer_check=-0.3)))
+                            options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=False)))
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
     assert search.queries == ["17 times 23"] and events[-1].answer == "391"
     assert [e.action for e in events if e.kind == "move_withdrawn"] == ["answer"]
@@ -660,6 +663,53 @@ def test_a_first_search_waits_for_the_answer_check():
     list(run_agent(plain, "What is 17 times 23?", tools=Toolbox(None, _searching("17 times 23")),
                    options=AgentOptions(answer_check=None)))
     assert "<tool_call>" in plain.text
+
+
+@pytest.mark.parametrize("favoured, replies, logprob", [
+    (["the web for facts"], ["391", " is the product.</answer>"], [-0.05]),  # sure: answered in one turn
+    (["full sentence"], ["391", " is the product.</answer>"], [-0.05]),
+    (["the web for facts", "from the evidence"],
+     ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"], [-2.0, 0.0, 0.0]),
+    # unsure: taken back, the search, the answer from the evidence
+])
+def test_a_first_turn_whose_scores_could_not_matter_is_not_scored(favoured, replies, logprob):
+    """The answer is checked before a first search whatever SSR chooses, and the search is the only other
+    move: the scores cannot change the move, so none is computed. The context, the answer, the search and
+    the moves taken back are those of the run that scored; the event says the rationale was not scored."""
+    runs = {}
+    for skip in (False, True):
+        # the fake's n-th scoring favours favoured[n-1]: the unscored run's first scoring is turn 2's
+        session = FakeSession(favour(favoured[1:] if skip and len(favoured) > 1 else favoured), list(replies),
+                              logprob=list(logprob))
+        search = _searching("17 times 23")
+        events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, search),
+                                options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=skip)))
+        runs[skip] = session, search, events
+    (scored_s, scored_q, scored_e), (skipped_s, skipped_q, skipped_e) = runs[False], runs[True]
+    assert skipped_s.text == scored_s.text and skipped_q.queries == scored_q.queries
+    assert skipped_e[-1].answer == scored_e[-1].answer and skipped_e[-1].turns == scored_e[-1].turns
+
+    def moves(events):
+        return [(e.kind, getattr(e, "action", None)) for e in events
+                if e.kind in ("turn_finished", "move_withdrawn", "answer_checked", "tool_called")]
+    assert moves(skipped_e) == moves(scored_e)
+    first = [e for e in skipped_e if e.kind == "rationale_scored" and e.turn == 1]
+    assert not first[0].scored and first[0].why == ANSWER_UNSCORED
+    assert [c.action for c in first[0].candidates] == ["answer"] and first[0].candidates[0].prob == 1.0
+    # turn 1 scored nothing (a taken-back answer leaves the search, also unscored); turn 2 scores
+    assert len(skipped_s.scored) == len(scored_s.scored) - 1
+    if len(first) > 1:
+        assert first[1].rechosen and not first[1].scored
+        assert first[1].candidates[first[1].chosen].action == "text_search"
+
+
+def test_a_first_turn_with_more_to_choose_from_is_scored():
+    """With a draw at random (sample) the scores change the seeded draws of later turns: turn 1 is scored
+    as before (so it is with an image: zoom and image search are moves too, the check does not go first)."""
+    session = FakeSession(favour(["full sentence"]), ["391</answer>"], logprob=[-0.05])
+    events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, _searching("x")),
+                            options=AgentOptions(answer_check=-0.3, sample=True)))
+    assert [e.scored for e in events if e.kind == "rationale_scored"] == [True] and len(session.scored) == 1
 
 
 @pytest.mark.parametrize("reasoning, action", [
@@ -678,6 +728,42 @@ def test_the_stated_next_step_of_a_reasoning(reasoning, action):
 
     assert stated_action(reasoning) == action
     assert stated_action(reasoning, {"answer"}) == (action if action == "answer" else None)
+
+
+def test_the_answer_check_stops_once_its_threshold_is_out_of_reach():
+    """Whatever tokens follow, the check's verdict once ``out_of_reach`` says so is the whole probe's
+    (random probes: every prefix it stops at gives the verdict "not sure"; it never stops a sure one), and
+    the loop stops the probe there: fewer tokens decoded, the same move taken back, the same search."""
+    import random
+
+    from edge_agent.agent.answer_check import answer_score, out_of_reach
+
+    rng = random.Random(5)
+    q = "What is the capital of Peru?"
+    words = ["Lima", " is", " the", " capital", " of", " Peru", ".", " L", "ima", " city", "</"]
+    stopped = 0
+    for _ in range(3000):
+        n = rng.randint(1, 10)
+        pieces = [rng.choice(words) for _ in range(n)]
+        lps = [-rng.expovariate(rng.choice([0.5, 3.0, 30.0])) for _ in range(n)]
+        threshold = -rng.choice([0.05, 0.2, 0.5, 1.0])
+        verdict = answer_score(pieces, lps, q) >= threshold
+        for k in range(1, n + 1):
+            if out_of_reach(pieces[:k], lps[:k], q, threshold, 10 - k):
+                assert not verdict, (pieces, lps, threshold, k)
+                stopped += 1
+                break
+    assert stopped > 300  # the stop is not vacuous
+    session = FakeSession(favour(["from the evidence"]),  # turn 1 is not scored (the check goes first)
+                          ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"],
+                          logprob=[-2.0, 0.0, 0.0])
+    events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, _searching("17 times 23")),
+                            options=AgentOptions(answer_check=-0.3)))
+    (check,) = [e for e in events if e.kind == "answer_checked"]
+    assert check.early and not check.sure and "".join(check.pieces) == "Mo"  # -4 / (2 + 8) < -0.3
+    (taken,) = [e for e in events if e.kind == "move_withdrawn"]
+    assert "could not bring it to answer_check -0.3" in taken.reason
+    assert events[-1].answer == "391" and "Mo" not in session.text.split("<|im_start|>assistant")[1]
 
 
 def test_the_answer_checks_score_is_what_the_answer_adds_to_the_question():

@@ -8,6 +8,7 @@ weights cannot show.
 - A move taken back (MoveWithdrawn: rolled back to before the pasted rationale) leaves exactly the
   context a fresh session evaluating the kept tokens has.
 - SeProD's answering draft after the answer check starts where the answer starts.
+- A first turn not scored (its scores could not change the move) is the first turn scored.
 - A question answered end to end from a SearXNG-shaped service on 127.0.0.1 over the real Factbook
   (``scripts/factbook.py``) whose result holds the fact.
 
@@ -208,6 +209,28 @@ def test_the_answer_checks_tokens_are_the_answers_start(qwen):
     assert "move_withdrawn" not in k1 and "tool_called" not in k0 + k1
     assert a0 == a1 and h0 == h1, (a0, a1)
 
+
+
+@pytest.mark.parametrize("check", [-19.0, 0.0])  # sure: answered at once; never sure: searched first
+def test_a_first_turn_not_scored_is_the_first_turn_scored(qwen, check):
+    """The built-in library on a text question, the answer checked before a first search: turn 1's scores
+    cannot change the move, so none is computed (``skip_unneeded_scoring``). The answer rationale is then
+    appended rather than adopted from the scoring's cells, and after a taken-back answer the search
+    rationale is appended as before: the same tokens, the same answer, the same search as the run that
+    scored turn 1."""
+    search = FakeSearch(text=lambda q: outcome("text_search", "live", "1. Lima: the capital of Peru is Lima",
+                                               results=(result("Lima"),), query=q))
+    runs = []
+    for skip in (False, True):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=16, answer_check=check, max_turns=2, skip_unneeded_scoring=skip)
+        events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search), options=opts))
+        first = next(e for e in events if e.kind == "rationale_scored")
+        runs.append((events[-1].answer, list(s.history), [e.kind for e in events], first.scored))
+    (a0, h0, k0, scored0), (a1, h1, k1, scored1) = runs
+    assert scored0 and not scored1
+    assert ("move_withdrawn" in k1) == (check == 0.0) and k1.count("tool_called") == k0.count("tool_called")
+    assert a0 == a1 and h0 == h1, (a0, a1)
 
 
 @pytest.fixture(scope="module")

@@ -443,6 +443,36 @@ def test_stop_strings_cut_text_but_stay_in_session(tiny):
     assert "</answer>" in tiny.detokenize(g.tokens)
 
 
+def test_until_ends_a_generation_where_it_says_and_leaves_the_tokens_a_longer_one_began_with(tiny):
+    """``until(tokens, logprobs)`` is asked after each token with all so far; True ends the generation there
+    ("until"): the same tokens and log-probs as the first ones of a generation without it, the same
+    history, and the next token's distribution that of a session fed those tokens from scratch."""
+    s = tiny.session()
+    s.append_text(CONTEXT)
+    cp = s.checkpoint()
+    whole = s.generate(max_tokens=8)
+    s.rollback(cp)
+    asked: list[int] = []
+
+    def until(tokens, logprobs) -> bool:
+        asked.append(len(tokens))
+        assert len(logprobs) == len(tokens)
+        return len(tokens) == 3
+
+    g = s.generate(max_tokens=8, until=until)
+    assert g.stop_reason == "until" and g.tokens == whole.tokens[:3] and asked == [1, 2, 3]
+    np.testing.assert_allclose(g.logprobs, whole.logprobs[:3], atol=1e-5)
+    after, history = s.next_logprobs(), list(s.history)
+    s.rollback(cp)
+    last = s.generate(max_tokens=3, until=lambda t, lp: len(t) == 3)  # the last token allowed: "length"
+    assert last.stop_reason == "length" and last.tokens == whole.tokens[:3]
+    fresh = tiny.session()  # (replaces s)
+    fresh.append_text(CONTEXT)
+    fresh.append_tokens(g.tokens)
+    assert fresh.history == history
+    np.testing.assert_allclose(after, fresh.next_logprobs(), atol=1e-4)
+
+
 def test_sampling_is_seeded(tiny):
     s = tiny.session()
     s.append_text(CONTEXT)

@@ -24,6 +24,9 @@ _WORD = re.compile(r"[^\W_]+")
 
 # why the answer goes before a first text search that SSR chose (RationaleScored.why)
 ANSWER_FIRST = "its answer is checked before a first search"
+# why the answer rationale goes first unscored (RationaleScored.why, scored False)
+ANSWER_UNSCORED = ("its answer is checked before a first search, whatever the scores, and the search is the "
+                   "only other move: nothing to score")
 
 
 def question_words(question: str) -> frozenset[str]:
@@ -45,6 +48,18 @@ def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str
     return sum(kept) / len(kept) if kept else 0.0
 
 
+def out_of_reach(pieces: Sequence[str], logprobs: Sequence[float], question: str, threshold: float,
+                 left: int) -> bool:
+    """Whether :func:`answer_score` of these tokens and any ``left`` more must stay below ``threshold``: the
+    tokens that add to the question so far have the mean log-prob ``s / n``, and the best that ``left`` more
+    tokens can do is add ``left`` tokens of log-prob 0 (``s / (n + left)``; fewer, or tokens that add
+    nothing, leave it lower). With no token adding yet, a sure one may still come. The check stops there:
+    its verdict is the one the whole probe would give (the margin covers log-probs a rounding above 0)."""
+    known = question_words(question)
+    added = [lp for piece, lp in zip(pieces, logprobs, strict=True) if adds(piece, known)]
+    return bool(added) and sum(added) / (len(added) + left) < threshold - 1e-6
+
+
 def said(check: AnswerChecked) -> str:
     """The probe's text as a person reads it: without the answer grammar's closing ``</`` it stopped at."""
     text = "".join(check.pieces).strip()
@@ -53,5 +68,9 @@ def said(check: AnswerChecked) -> str:
 
 def unsure_why(check: AnswerChecked) -> str:
     """Why an answer the check is not sure of is taken back (``MoveWithdrawn.reason``)."""
+    if check.early:
+        return (f"the model is not sure of its answer ({said(check)!r}...: what it adds to the question has "
+                f"mean log-prob {check.score:.2f}, and the next tokens could not bring it to answer_check "
+                f"{check.threshold:g}): it searches first")
     return (f"the model is not sure of its answer ({said(check)!r}...: mean log-prob {check.score:.2f} of "
             f"what it adds to the question, below answer_check {check.threshold:g}): it searches first")

@@ -11,10 +11,10 @@ tools (``loop.py``), llama_cpp, textual or the network.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 from edge_agent.agent.actions import TAIL_REST, TAIL_STOP, tail_grammar
-from edge_agent.agent.answer_check import answer_score
+from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
 from edge_agent.agent.run_state import RunState
@@ -33,16 +33,22 @@ class Answering(RunState):
         mean log-prob of those that add to the question): sure when the score reaches ``answer_check`` (the
         tokens stay as the answer's start: :meth:`_answer` continues from them), else the caller takes the
         answer back and searches."""
-        gen = self._generate(max_tokens=self.options.answer_check_tokens, grammar=tail_grammar("answer"),
-                             stop=[TAIL_STOP["answer"]])
+        n, threshold = self.options.answer_check_tokens, self.options.answer_check or 0.0
+
+        def doomed(tokens: Sequence[int], logprobs: Sequence[float]) -> bool:  # the rest cannot make it sure
+            return out_of_reach([self.session.detokenize([t]) for t in tokens], logprobs, self.question,
+                                threshold, n - len(tokens))
+
+        gen = self._generate(max_tokens=n, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
+                             until=doomed)
         pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
         score = answer_score(pieces, gen.logprobs, self.question)
-        threshold = self.options.answer_check or 0.0
-        sure = score >= threshold
+        early = gen.stop_reason == "until"
+        sure = score >= threshold and not early
         if sure:
             self._probe = gen
         return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
-                             threshold=threshold, sure=sure)
+                             threshold=threshold, sure=sure, early=early)
 
     def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
                                                                                                None]:

@@ -102,7 +102,7 @@ class RationaleCandidate:
 
 @dataclass(frozen=True)
 class RationaleScored(Event):
-    """SSR: all candidates scored, one chosen."""
+    """SSR: the candidates scored (``scored``), one chosen."""
 
     kind: ClassVar[str] = "rationale_scored"
     turn: int
@@ -114,6 +114,9 @@ class RationaleScored(Event):
     score_kind: str = "raw"
     rechosen: bool = False  # the first choice's move was taken back (MoveWithdrawn): the best of the rest
     why: str = ""  # a rechosen one that goes before the first choice: why (e.g. the answer check first)
+    # False: chosen without scoring, the scores could not change the move (``why`` says why); the
+    # candidates' score, sum and count are then 0 and the only candidate's prob 1
+    scored: bool = True
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,9 @@ class AnswerChecked(Event):
     score: float
     threshold: float
     sure: bool
+    # the probe stopped before answer_check_tokens: the tokens left could not have reached the threshold
+    # (``answer_check.out_of_reach``; the verdict is the whole probe's, the score that of the tokens read)
+    early: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from edge_agent.agent.actions import (
     parse_action,
     tail_grammar,
 )
-from edge_agent.agent.answer_check import ANSWER_FIRST, unsure_why
+from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED, unsure_why
 from edge_agent.agent.answering import Answering
 from edge_agent.agent.context import ChatContext, FreshContext, append_segments
 from edge_agent.agent.events import (
@@ -194,7 +194,7 @@ class _Run(Answering):
             yield scored
             t0 = time.perf_counter()
             index = scored.chosen
-            if self._answer_first(action, allowed):
+            if scored.scored and self._answer_first(action, allowed):
                 first = self.ssr.best_of(turn, frozenset({"answer"}), why=ANSWER_FIRST)
                 if first is not None:
                     scored, index = first
@@ -341,6 +341,13 @@ class _Run(Answering):
         (:meth:`_ssr_paste`, the next call on the session). The point before is this turn's base: a move taken
         back returns there."""
         self._base = self.session.checkpoint()
+        if self.options.skip_unneeded_scoring and self._answer_first("text_search", allowed):
+            # the answer goes first whatever SSR would choose: score only when the scores could matter
+            forced = self.ssr.unscored(turn, allowed, has_image=False, has_evidence=self.evidence,
+                                       tokenize=lambda text: self.session.tokenize(text, special=False),
+                                       why=ANSWER_UNSCORED)
+            if forced is not None:
+                return "answer", forced, False
         return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
                                has_evidence=self.evidence,
                                cancel=self.cancel)

@@ -89,6 +89,9 @@ class AgentOptions:
     # searching first (None: no check; answer_check_tokens tokens, kept as the answer's start)
     answer_check: float | None = None
     answer_check_tokens: int = 10
+    # SSR: no scoring pass when the scores could not change the move (the answer checked first, the search
+    # the only other move: SsrChooser.unscored); False scores anyway (tests compare the two)
+    skip_unneeded_scoring: bool = True
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128

@@ -23,7 +23,7 @@ from edge_agent.agent.toolbox import ToolExecutor
 from edge_agent.agent.totals import RunTotals
 from edge_agent.core.errors import Cancelled
 from edge_agent.runtime.state import image_digest
-from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike
+from edge_agent.runtime.types import Checkpoint, Generation, ImageChunk, SessionLike, UntilFn
 
 
 class RunState:
@@ -71,10 +71,11 @@ class RunState:
         return self.image is not None or self.tools.n_images() > 0
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _generate(self, *, max_tokens: int, grammar: str, stop: Sequence[str] = ()) -> Generation:
+    def _generate(self, *, max_tokens: int, grammar: str, stop: Sequence[str] = (),
+                  until: UntilFn | None = None) -> Generation:
         gen = self.session.generate(max_tokens=max_tokens, grammar=grammar, stop=stop,
                                     temperature=self.options.temperature, seed=self.options.seed + self.turn,
-                                    cancel=self.cancel)
+                                    cancel=self.cancel, until=until)
         self.totals.n_generated += len(gen.tokens)
         if gen.stop_reason == "cancelled":
             raise Cancelled()

@@ -143,6 +143,9 @@ def _events_markdown(events: list[ev.Event], ref) -> list[str]:
     for e in events:
         if isinstance(e, ev.TurnStarted):
             lines += [f"### Turn {e.turn}", ""]
+        elif isinstance(e, ev.RationaleScored) and not e.scored:
+            c = e.candidates[e.chosen]
+            lines += [f"Rationale (not scored: {e.why or 'the only move left'}): {c.text} ({c.action})", ""]
         elif isinstance(e, ev.RationaleScored):
             lines += ["| | rationale | action | score | p |", "|---|---|---|---|---|"]
             for i, c in enumerate(e.candidates):

@@ -329,7 +329,8 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
         if isinstance(e, ev.RationaleScored):
             c = e.candidates[e.chosen]
             per_turn.setdefault(e.turn, []).append(
-                f'rationale "{_short(c.text)}" first: {e.why}' if e.why
+                f'rationale "{_short(c.text)}", not scored: {e.why or "the only move left"}' if not e.scored
+                else f'rationale "{_short(c.text)}" first: {e.why}' if e.why
                 else f'rationale "{_short(c.text)}" p={c.prob:.2f} ({e.seconds * 1000:.0f} ms)')
         elif isinstance(e, ev.ReasoningDone):
             per_turn.setdefault(e.turn, []).append(f'reasoning {e.n_tokens} tokens "{_short(e.text, 50)}"')

@@ -22,7 +22,7 @@ from edge_agent.runtime.sampling import Run, Sampler
 from edge_agent.runtime.scoring import row_logsumexp
 from edge_agent.runtime.textstream import StopStream
 from edge_agent.runtime.tokenizer import Tokenizer
-from edge_agent.runtime.types import Generation, TokenCallback
+from edge_agent.runtime.types import Generation, TokenCallback, UntilFn
 
 
 class Generating:
@@ -63,6 +63,7 @@ class Generating:
         grammar: str | None = None,
         on_token: TokenCallback | None = None,
         cancel: threading.Event | None = None,
+        until: UntilFn | None = None,
     ) -> Generation:
         """Sample up to ``max_tokens`` tokens and append them to the conversation.
 
@@ -82,6 +83,8 @@ class Generating:
           tokens decoding would sample are kept (``runtime.forced``; ``forced_batches = False``: not).
         The last sampled token is left pending (not decoded) until the session needs it.
         ``Generation.logprobs``: log p of each token under the model (before grammar and temperature).
+        - ``until(tokens, logprobs)``: asked after each sampled token (with every token and log p so far);
+          True ends the generation there, stop_reason "until" (the tokens stay, as after a stop string).
         """
         with self._h.lock, self._h.cancellable(cancel, raise_if_set=False):  # a set cancel -> "cancelled"
             self._check()
@@ -101,6 +104,9 @@ class Generating:
                         cancel and cancel.is_set()):
                         i += self._jump(run, sampler, probe, n - i, cancel)
                     if run.reason in ("eos", "stop", "cancelled"):
+                        break
+                    if until is not None and i < n and until(run.tokens, run.lps):
+                        run.reason = "until"
                         break
                     if cancel is not None and cancel.is_set():
                         run.reason = "cancelled"

@@ -172,7 +172,7 @@ class Sampler:
 
 @dataclass
 class Run:
-    """One ``generate`` call's output so far; ``reason``: length (default), eos, stop, cancelled."""
+    """One ``generate`` call's output so far; ``reason``: length (default), eos, stop, cancelled, until."""
 
     stream: StopStream
     on_token: TokenCallback | None

@@ -74,7 +74,7 @@ class Generation:
 
     text: str
     tokens: list[int]
-    stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled"
+    stop_reason: str  # "stop" (a stop string), "eos", "length", "cancelled", "until" (generate's until)
     # log p of each sampled token under the model (before grammar/temperature)
     logprobs: list[float] = field(default_factory=list)
     n_eval: int = 0  # tokens evaluated into the KV cache by this call
@@ -117,6 +117,8 @@ class StateError(Exception):
 
 
 TokenCallback = Callable[[str, int], None]  # (text piece, token id)
+# (tokens so far, their log-probs) -> True to end a generation there (Generating.generate's ``until``)
+UntilFn = Callable[[Sequence[int], Sequence[float]], bool]
 
 
 class SessionLike(Protocol):
@@ -205,6 +207,7 @@ class SessionLike(Protocol):
         grammar: str | None = None,
         on_token: TokenCallback | None = None,
         cancel: threading.Event | None = None,
+        until: UntilFn | None = None,
     ) -> Generation: ...
 
 

@@ -34,6 +34,7 @@ from edge_agent.runtime.types import (
     SessionLike,
     SessionState,
     TokenCallback,
+    UntilFn,
 )
 
 EOS = "\u2403"  # the fake's end-of-generation token
@@ -190,7 +191,7 @@ class LoopSession:
 
     def generate(self, *, max_tokens: int, stop: Sequence[str] = (), temperature: float = 0.0, seed: int = 0,
                  grammar: str | None = None, on_token: TokenCallback | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+                 cancel: threading.Event | None = None, until: UntilFn | None = None) -> Generation:
         self.grammars.append(grammar)
         self.stops.append(tuple(stop))
         self._evaluate_waiting()  # its own decode, before the first token is sampled
@@ -203,14 +204,18 @@ class LoopSession:
         if hits:
             i, s = min(hits)
             text, reason, kept = out[:i], "stop", out[: i + len(s)]
-        for ch in kept:
+        lp = self.logprob.pop(0) if self.logprob else 0.0  # what the model "thought" of each token, per call
+        for k, ch in enumerate(kept):
             if cancel is not None and cancel.is_set():
                 return Generation(text="", tokens=[], stop_reason="cancelled")
             if on_token:
                 on_token(ch, ord(ch))
+            if until is not None and k + 1 < min(len(kept), max_tokens) and until(
+                    [ord(c) for c in kept[:k + 1]], [lp] * (k + 1)):
+                kept, text, reason = kept[:k + 1], kept[:k + 1], "until"
+                break
         self.append_text(kept, special=True)
         self.pending = 1
-        lp = self.logprob.pop(0) if self.logprob else 0.0  # what the model "thought" of each token, per call
         return Generation(text=text, tokens=[ord(c) for c in kept], stop_reason=reason,
                           logprobs=[lp] * len(kept))
 
@@ -356,7 +361,7 @@ class PairSession:
 
     def generate(self, *, max_tokens: int, stop: Sequence[str] = (), temperature: float = 0.0, seed: int = 0,
                  grammar: str | None = None, on_token: TokenCallback | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+                 cancel: threading.Event | None = None, until: UntilFn | None = None) -> Generation:
         toks = [ord(c) for c in self.model.script[:max_tokens]]
         self.log.append(("generate", max_tokens))
         return Generation("".join(map(chr, toks)), toks, "length", [self.model.logprob] * len(toks))
@@ -386,7 +391,7 @@ class SlowSession(PairSession):
 
     def generate(self, *, max_tokens: int, stop: Sequence[str] = (), temperature: float = 0.0, seed: int = 0,
                  grammar: str | None = None, on_token: TokenCallback | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+                 cancel: threading.Event | None = None, until: UntilFn | None = None) -> Generation:
         toks: list[int] = []
         for c in self.model.script[:max_tokens]:
             if cancel is not None and cancel.is_set():

@@ -22,6 +22,7 @@ from edge_agent.runtime.types import (
     ModelLike,
     SessionState,
     TokenCallback,
+    UntilFn,
 )
 
 
@@ -111,9 +112,9 @@ class SpySession:
 
     def generate(self, *, max_tokens: int, stop: Sequence[str] = (), temperature: float = 0.0, seed: int = 0,
                  grammar: str | None = None, on_token: TokenCallback | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+                 cancel: threading.Event | None = None, until: UntilFn | None = None) -> Generation:
         return self.inner.generate(max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed,
-                                   grammar=grammar, on_token=on_token, cancel=cancel)
+                                   grammar=grammar, on_token=on_token, cancel=cancel, until=until)
 
     def key(self) -> str:
         return self.inner.key()

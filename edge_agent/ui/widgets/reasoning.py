@@ -59,7 +59,10 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
     lib = getattr(e, "library", "")
     where = "" if not lib else f" from {lib if lib.startswith('built-in') else Path(lib).name}"
     kind = " (calibrated: minus each one's score after a neutral question)" if e.score_kind == "pmi" else ""
-    if e.rechosen and e.why:
+    if not getattr(e, "scored", True):  # chosen without a scoring pass: the scores could not matter
+        why = "the only move left" if e.rechosen else e.why
+        head = Text(f"SSR: the {e.candidates[e.chosen].action} rationale, not scored: {why}", style="dim")
+    elif e.rechosen and e.why:
         n = len(e.candidates)
         head = Text(f"SSR: the best of {n} answer rationale{'s' if n > 1 else ''}, from the same scores: "
                     f"{e.why}", style="dim")
