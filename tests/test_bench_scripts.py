@@ -47,3 +47,16 @@ def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf):
     assert s["questions"] == 1 and s["defer_s"] > 0 and s["eager_s"] > 0
     assert s["decodes_defer"] <= s["decodes_eager"]  # fewer when it searches or states its action
     assert Session.defer_appends  # switched back on
+
+
+def test_bench_first_turn_runs_on_the_real_qwen(capsys, qwen05_gguf):
+    """bench_first_turn asks a Factbook and a known question as shipped, with turn 1 scored and every check
+    read to its end, and in free-form, and finds the same answers and moves both SSR ways."""
+    from scripts import bench_first_turn
+
+    args = ["--model", "qwen2.5-coder-0.5b-instruct", "--questions", "1", "--json"]
+    assert bench_first_turn.main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["questions"] == 2 and res["same_answers_and_moves"] == 2
+    assert all(res["model_seconds"][way] > 0 for way in ("shipped", "scored", "freeform"))
+    assert res["check_tokens"]["shipped"] <= res["check_tokens"]["scored"]

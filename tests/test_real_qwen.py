@@ -8,7 +8,8 @@ weights cannot show.
 - A move taken back (MoveWithdrawn: rolled back to before the pasted rationale) leaves exactly the
   context a fresh session evaluating the kept tokens has.
 - SeProD's answering draft after the answer check starts where the answer starts.
-- A first turn not scored (its scores could not change the move) is the first turn scored.
+- A first turn not scored (its scores could not change the move) is the first turn scored; an answer
+  check stopped once its threshold is out of reach gives the verdict of the check read to its end.
 - A question answered end to end from a SearXNG-shaped service on 127.0.0.1 over the real Factbook
   (``scripts/factbook.py``) whose result holds the fact.
 
@@ -230,6 +231,26 @@ def test_a_first_turn_not_scored_is_the_first_turn_scored(qwen, check):
     (a0, h0, k0, scored0), (a1, h1, k1, scored1) = runs
     assert scored0 and not scored1
     assert ("move_withdrawn" in k1) == (check == 0.0) and k1.count("tool_called") == k0.count("tool_called")
+    assert a0 == a1 and h0 == h1, (a0, a1)
+
+
+def test_an_answer_check_stopped_early_gives_the_whole_checks_verdict(qwen):
+    """The answer check stops once its threshold is out of reach: its tokens are the first ones of the
+    check read to its end, the verdict is the same (not sure: the answer taken back, the search run), and
+    the question ends with the same answer and the same context."""
+    search = FakeSearch(text=lambda q: outcome("text_search", "live", "1. Funafuti: the capital of Tuvalu",
+                                               results=(result("Funafuti"),), query=q))
+    runs = []
+    for early in (False, True):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=16, answer_check=-0.01, max_turns=2, answer_check_early=early)
+        events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
+                                options=opts))
+        (check,) = [e for e in events if e.kind == "answer_checked"]
+        runs.append((events[-1].answer, list(s.history), check))
+    (a0, h0, whole), (a1, h1, cut) = runs
+    assert cut.early and not whole.early and len(cut.pieces) < len(whole.pieces), (cut, whole)
+    assert not cut.sure and not whole.sure and whole.pieces[:len(cut.pieces)] == cut.pieces
     assert a0 == a1 and h0 == h1, (a0, a1)
 
 

@@ -40,7 +40,7 @@ class Answering(RunState):
                                 threshold, n - len(tokens))
 
         gen = self._generate(max_tokens=n, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                             until=doomed)
+                             until=doomed if self.options.answer_check_early else None)
         pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
         score = answer_score(pieces, gen.logprobs, self.question)
         early = gen.stop_reason == "until"

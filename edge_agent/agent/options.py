@@ -92,6 +92,9 @@ class AgentOptions:
     # SSR: no scoring pass when the scores could not change the move (the answer checked first, the search
     # the only other move: SsrChooser.unscored); False scores anyway (tests compare the two)
     skip_unneeded_scoring: bool = True
+    # SSR's answer check stops decoding once its threshold is out of reach (answer_check.out_of_reach);
+    # False reads all answer_check_tokens (the same verdict: tests and scripts/bench_first_turn.py compare)
+    answer_check_early: bool = True
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
