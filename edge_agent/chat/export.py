@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from edge_agent.agent import events as ev
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT
 from edge_agent.chat.schema import SCHEMA_VERSION
 from edge_agent.chat.store import ChatStore, ChatStoreError
 from edge_agent.core.errors import EdgeAgentError
@@ -145,7 +146,7 @@ def _events_markdown(events: list[ev.Event], ref) -> list[str]:
             lines += [f"### Turn {e.turn}", ""]
         elif isinstance(e, ev.RationaleScored) and not e.scored:
             c = e.candidates[e.chosen]
-            lines += [f"Rationale (not scored: {e.why or 'the only move left'}): {c.text} ({c.action})", ""]
+            lines += [f"Rationale (not scored: {e.why or ONLY_MOVE_LEFT}): {c.text} ({c.action})", ""]
         elif isinstance(e, ev.RationaleScored):
             lines += ["| | rationale | action | score | p |", "|---|---|---|---|---|"]
             for i, c in enumerate(e.candidates):

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from edge_agent.agent import events as ev
-from edge_agent.agent.answer_check import said
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
 from edge_agent.chat.crops import prune_crops, remove_run_crops
 from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.core.config import Settings
@@ -329,7 +329,7 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
         if isinstance(e, ev.RationaleScored):
             c = e.candidates[e.chosen]
             per_turn.setdefault(e.turn, []).append(
-                f'rationale "{_short(c.text)}", not scored: {e.why or "the only move left"}' if not e.scored
+                f'rationale "{_short(c.text)}", not scored: {e.why or ONLY_MOVE_LEFT}' if not e.scored
                 else f'rationale "{_short(c.text)}" first: {e.why}' if e.why
                 else f'rationale "{_short(c.text)}" p={c.prob:.2f} ({e.seconds * 1000:.0f} ms)')
         elif isinstance(e, ev.ReasoningDone):

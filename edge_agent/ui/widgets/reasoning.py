@@ -18,7 +18,7 @@ from rich.text import Text
 from textual.widgets import Collapsible, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.agent.answer_check import said
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
 from edge_agent.ui.widgets.tool_view import ToolView
 
 BAR_WIDTH = 12
@@ -60,7 +60,7 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
     where = "" if not lib else f" from {lib if lib.startswith('built-in') else Path(lib).name}"
     kind = " (calibrated: minus each one's score after a neutral question)" if e.score_kind == "pmi" else ""
     if not getattr(e, "scored", True):  # chosen without a scoring pass: the scores could not matter
-        why = "the only move left" if e.rechosen else e.why
+        why = ONLY_MOVE_LEFT if e.rechosen else e.why
         head = Text(f"SSR: the {e.candidates[e.chosen].action} rationale, not scored: {why}", style="dim")
     elif e.rechosen and e.why:
         n = len(e.candidates)
