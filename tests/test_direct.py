@@ -170,6 +170,36 @@ def test_a_cut_answer_says_length(tiny_models, direct_settings):
         engine.close()
 
 
+def test_a_stopped_answer_ends_cancelled_and_the_next_question_is_as_evaluated_from_scratch(
+        tiny_models, direct_settings):
+    import threading
+
+    engine = Engine(load(tiny_models["text"], tiny_models["mmproj"]), direct_settings.updated(
+        {"answer_max_tokens": 40}))
+    try:
+        f1 = final(ask(engine, "Hello?"))
+        history = [("Hello?", f1.answer or "x")]
+        cancel = threading.Event()
+        events: list[ev.Event] = []
+        for e in engine.ask(AskRequest("And a long story?", None, context=f1.context, history=history),
+                            cancel=cancel):
+            events.append(e)
+            if isinstance(e, ev.AnswerToken):
+                cancel.set()  # the first piece streamed: stop
+        f = final(events)
+        assert f.stop_reason == "cancelled"
+        assert f.totals["answer_tokens"] < 40 and sum(isinstance(e, ev.AnswerToken) for e in events) >= 1
+        # the stopped exchange is not the chat's: the next question holds exactly the visible one's prompt
+        f3 = final(ask(engine, "Is it open?", None, context=f1.context, history=history))
+        ref, s_ref, m_ref = scratch(tiny_models, engine, [Exchange("Hello?", f1.answer or "x", ())],
+                                    "Is it open?", ())
+        assert ref.answer == f3.answer
+        same_context(engine.contexts.live, s_ref)
+        m_ref.close()
+    finally:
+        engine.close()
+
+
 # ---- the real Qwen2.5-Coder-0.5B ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def qwen05(qwen05_gguf) -> Path:

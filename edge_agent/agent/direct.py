@@ -19,7 +19,6 @@ continues a chat's context; :class:`FreshDirect` starts from an empty session).
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -39,8 +38,9 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Segment, Text
+from edge_agent.agent.streaming import stream
 from edge_agent.core.errors import Cancelled, EdgeAgentError
-from edge_agent.runtime.types import ChatSessionLike, Checkpoint, Generation, ImageChunk, SessionLike
+from edge_agent.runtime.types import ChatSessionLike, Checkpoint, ImageChunk, SessionLike
 
 Render = Callable[[Sequence[Mapping[str, Any]]], str]  # messages -> prompt text (generation prompt included)
 IMAGE = -1  # a session history's entry for an image (runtime.state.IMAGE)
@@ -344,7 +344,9 @@ class _Direct:
         t0 = time.perf_counter()
         gen = yield from stream(lambda on_token, stop: s.generate(
             max_tokens=self.options.answer_max_tokens, temperature=self.options.temperature,
-            seed=self.options.seed + 1, on_token=on_token, cancel=stop), self.cancel, self._piece)
+            seed=self.options.seed + 1, on_token=on_token, cancel=stop), self._piece, self.cancel)
+        if gen.stop_reason == "cancelled" or self.cancel.is_set():
+            raise Cancelled()
         self.n_generated = len(gen.tokens)
         self.seconds["action"] = time.perf_counter() - t0
         yield TurnFinished(turn=1, action="answer", reasoning_seconds=0.0,
@@ -378,48 +380,3 @@ class _Direct:
         return FinalAnswer(answer="".join(self.parts).strip(), turns=self.turn, stop_reason=stop_reason,
                            totals=totals, context=context)
 
-
-def stream(call: Callable[[Callable[[str, int], None], threading.Event], Generation], cancel: threading.Event,
-           make_event: Callable[[str], Event | None]) -> Generator[Event, None, Generation]:
-    """Run a generation in a worker thread and yield an event per streamed piece (the session is touched
-    by the worker only while this waits for it). ``cancel`` is mirrored into the worker's stop event within
-    ~50 ms; closing this generator early stops and joins the worker. Raises ``Cancelled`` when cancelled."""
-    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    stop, done = threading.Event(), object()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["gen"] = call(lambda piece, tok: q.put(piece), stop)
-        except BaseException as e:  # re-raised in the caller's thread below
-            box["err"] = e
-        finally:
-            q.put(done)
-
-    th = threading.Thread(target=work, name="direct-generate", daemon=True)
-    th.start()
-    try:
-        while True:
-            try:
-                item = q.get(timeout=0.05)
-            except queue.Empty:
-                if cancel.is_set():
-                    stop.set()
-                continue
-            if item is done:
-                break
-            ev = make_event(item)
-            if ev is not None:
-                yield ev
-            if cancel.is_set():
-                stop.set()
-    finally:
-        if th.is_alive():
-            stop.set()
-            th.join()
-    if "err" in box:
-        raise box["err"]
-    gen: Generation = box["gen"]
-    if gen.stop_reason == "cancelled" or cancel.is_set():
-        raise Cancelled()
-    return gen
