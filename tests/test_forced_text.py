@@ -27,9 +27,11 @@ def context(action: str) -> str:
             + RATIONALE[action] + THINK_CLOSE + HEADS[action])
 
 
-def run_action(m: Model, action: str, *, forced: bool, temperature: float = 0.0) -> dict[str, Any]:
+def run_action(m: Model, action: str, *, forced: bool, temperature: float = 0.0,
+               stop_when_refused: bool = True) -> dict[str, Any]:
     s = m.session()
     s.forced_batches = forced
+    s.forced_stop_when_refused = stop_when_refused
     s.append_text(context(action))
     d0 = s.n_decodes
     gen = s.generate(max_tokens=160, grammar=tail_grammar(action, n_images=2), stop=[TAIL_STOP[action]],
@@ -133,8 +135,9 @@ def test_forced_text_comes_from_the_grammar(qwen05: Model) -> None:
 
 
 def test_tiny_model_drafts_are_kept_cut_and_refused(tiny: Model, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checks above saw every case: a draft kept whole (and the model's next token from its last
-    row), a draft cut where the model chose otherwise, and one refused at its first token."""
+    """With drafts tried after every refusal, a zoom action sees every case: a draft kept whole (and the
+    model's next token from its last row), a draft cut where the model chose otherwise, and one refused at
+    its first token; the tokens are plain decoding's."""
     from edge_agent.runtime import forced
 
     calls: list[tuple[int, int]] = []
@@ -148,7 +151,34 @@ def test_tiny_model_drafts_are_kept_cut_and_refused(tiny: Model, monkeypatch: py
         return got
 
     monkeypatch.setattr(forced, "verify", spy)
-    run_action(tiny, "zoom", forced=True)
+    assert_same(run_action(tiny, "zoom", forced=False),
+                run_action(tiny, "zoom", forced=True, stop_when_refused=False))
     assert any(kept == n for n, kept in calls)  # whole
     assert any(0 < kept < n for n, kept in calls)  # cut
     assert any(kept == 0 for n, kept in calls)  # refused
+
+
+def test_a_refused_draft_ends_drafting_for_the_rest_of_the_action(tiny: Model,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As shipped, the first draft refused at its first token is the last draft of the generation (each
+    refused batch costs more than a decode); the action is still plain decoding's."""
+    from edge_agent.runtime import forced
+
+    calls: list[int] = []
+    real = forced.verify
+
+    def spy(h: Any, sampler: Any, run: Any, tok: Any, pending: int, guess: list[int], p0: int,
+            **kw: Any) -> Any:
+        got = real(h, sampler, run, tok, pending, guess, p0, **kw)
+        calls.append(got.n_kv - 1)
+        return got
+
+    monkeypatch.setattr(forced, "verify", spy)
+    plain = run_action(tiny, "zoom", forced=False)
+    shipped = run_action(tiny, "zoom", forced=True)
+    assert_same(plain, shipped)
+    assert calls and calls[-1] == 0 and all(kept > 0 for kept in calls[:-1])  # it stopped at the refusal
+    n_shipped = len(calls)
+    calls.clear()
+    run_action(tiny, "zoom", forced=True, stop_when_refused=False)
+    assert len(calls) > n_shipped  # drafts went on after the refusal

@@ -29,6 +29,10 @@ class Generating:
     """``generate`` for :class:`~edge_agent.runtime.session.Session` (its state, its evaluation)."""
 
     forced_batches = True  # generate(): forced text in one verified batch (False: token by token)
+    # ... until a draft is refused at its first token: then token by token for the rest of that generate
+    # (a model that does not write forced text as its tokenizer does, random weights: each refused batch
+    # of 2-5 tokens costs 1.7-2.7 one-token decodes on 2 cores; False: drafts after every refusal)
+    forced_stop_when_refused = True
 
     # the session's state and steps that generation reads and updates (runtime.session.Session)
     _h: Handle
@@ -102,7 +106,10 @@ class Generating:
                     i += 1
                     if run.reason == "length" and probe is not None and i < n and not (
                         cancel and cancel.is_set()):
-                        i += self._jump(run, sampler, probe, n - i, cancel)
+                        took, refused = self._jump(run, sampler, probe, n - i, cancel)
+                        i += took
+                        if refused and self.forced_stop_when_refused:
+                            probe = None
                     if run.reason in ("eos", "stop", "cancelled"):
                         break
                     if until is not None and i < n and until(run.tokens, run.lps):
@@ -148,9 +155,9 @@ class Generating:
         return False
 
     def _jump(self, run: Run, sampler: Sampler, probe: forced.Probe, budget: int,
-              cancel: threading.Event | None) -> int:
+              cancel: threading.Event | None) -> tuple[int, bool]:
         """The text the grammar forces after the pending token, verified in one batch: tokens sampled (0:
-        none)."""
+        none), and whether the draft was refused at its first token (none of it kept)."""
         assert len(self._pending) == 1
         got = forced.jump(self._h, sampler, run, self._tok, probe, self._pending[0], self.n_pos - 1,
                           room=self._free_cells() - 1, budget=budget, scratch=self._scratch_for(),
@@ -158,7 +165,8 @@ class Generating:
         if got is not None:
             self.n_evaluated += got.n_eval
             self._took(got.tokens, got.n_kv, got.logits)
-        return len(got.tokens) if got is not None else 0
+            return len(got.tokens), got.n_kv == 1
+        return 0, False
 
     def _took(self, tokens: list[int], n_kv: int, logits: np.ndarray | None) -> None:
         """``tokens`` join the history, ``n_kv`` cells seq 0; with ``logits`` nothing is pending, else the
