@@ -60,3 +60,17 @@ def test_bench_first_turn_runs_on_the_real_qwen(capsys, qwen05_gguf):
     assert res["questions"] == 2 and res["same_answers_and_moves"] == 2
     assert all(res["model_seconds"][way] > 0 for way in ("shipped", "scored", "freeform"))
     assert res["check_tokens"]["shipped"] <= res["check_tokens"]["scored"]
+
+
+def test_bench_forced_runs_on_the_tiny_model(capsys, tiny_models):
+    """bench_forced measures batch costs and decodes a zoom action three ways, the same tokens each way;
+    as shipped it evaluates no more tokens than with drafts after every refusal."""
+    from scripts import bench_forced
+
+    assert bench_forced.main([str(tiny_models["text"]), "--reps", "1", "--threads", "1", "--depth", "64",
+                              "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["batch_cost"]["1"] == 1.0 and res["batch_cost"]["16"] > 0
+    z = res["zoom_action"]
+    assert z["same_tokens"] and z["plain"]["evaluated"] == z["plain"]["tokens"] - 1
+    assert z["shipped"]["evaluated"] <= z["drafts_after_refusal"]["evaluated"]
