@@ -19,7 +19,6 @@ machine: read the ratios.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -46,11 +45,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def batch_costs(model: Path, *, threads: int, depth: int, reps: int) -> dict[str, float]:
     """Median seconds of a k-token decode after ``depth`` cells / a one-token decode's, raw llama.cpp."""
-    import llama_cpp.llama_cpp as C
+    from edge_agent.runtime import _lib
 
-    C.llama_backend_init()
-    quiet = C.llama_log_callback(lambda level, text, data: None)
-    C.llama_log_set(quiet, ctypes.c_void_p(0))
+    _lib.ensure_init()  # the runtime's backend and its log callback (one that lives as long as the process)
+    C = _lib.C
     m = C.llama_model_load_from_file(str(model).encode(), C.llama_model_default_params())
     if not m:
         raise SystemExit(f"llama.cpp could not load {model}")
