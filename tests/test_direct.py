@@ -76,15 +76,21 @@ def test_a_file_without_a_template_is_spoken_to_in_chatml():
 
 
 # ---- a chat on the tiny Qwen3-VL: kept context == evaluating the prompt from scratch ----------------
-def scratch(tiny_models, engine: Engine, history: list[Exchange], question: str, images: tuple[bytes, ...]):
-    """The same question asked on a fresh model, its prompt evaluated from nothing: (final, session)."""
+def from_scratch(tiny_models, engine: Engine, history: list[Exchange], question: str,
+                 images: tuple[bytes, ...], live) -> ev.FinalAnswer:
+    """The same question asked on a fresh model, its prompt evaluated from nothing; its context is checked
+    against ``live`` (:func:`same_context`). Returns its final answer."""
     m = load(tiny_models["text"], tiny_models["mmproj"])
-    s = m.session()
-    opts = AgentOptions.from_settings(engine.settings, mode="direct", model_name=engine.model_name)
-    got = list(run_direct(FreshDirect(s), lambda msgs: render(m.chat_template, msgs), question,
-                          history=history,
-                          images=images, options=opts))
-    return final(got), s, m
+    try:
+        s = m.session()
+        opts = AgentOptions.from_settings(engine.settings, mode="direct", model_name=engine.model_name)
+        got = list(run_direct(FreshDirect(s), lambda msgs: render(m.chat_template, msgs), question,
+                              history=history,
+                              images=images, options=opts))
+        same_context(live, s)
+        return final(got)
+    finally:
+        m.close()
 
 
 def same_context(a, b) -> None:
@@ -114,13 +120,9 @@ def test_a_plain_chat_continues_live_and_restored_exactly_as_evaluated_from_scra
         f2, o2 = final(second), opened(second)
         assert o2.source == "live" and o2.tokens_reused > 576 and not any(isinstance(e, ev.ImageEvaluated)
                                                                           for e in second)
-        live = engine.contexts.live
-        ref, s_ref, m_ref = scratch(tiny_models, engine,
-                                    [Exchange("What does the sign say?", f1.answer, png)],
-                                    "And the door?", png)
+        ref = from_scratch(tiny_models, engine, [Exchange("What does the sign say?", f1.answer, png)],
+                           "And the door?", png, engine.contexts.live)
         assert (ref.answer, ref.stop_reason) == (f2.answer, f2.stop_reason)
-        same_context(live, s_ref)
-        m_ref.close()
     finally:
         engine.close()
     # a new process: the chat's saved state is restored, and the third question continues it
@@ -130,12 +132,10 @@ def test_a_plain_chat_continues_live_and_restored_exactly_as_evaluated_from_scra
         third = ask(engine, "Is it open?", None, context=f2.context, history=history)
         f3, o3 = final(third), opened(third)
         assert o3.source == "restored" and o3.tokens_reused > 576
-        ref, s_ref, m_ref = scratch(tiny_models, engine, [Exchange("What does the sign say?", f1.answer, png),
-                                                          Exchange("And the door?", f2.answer, png)],
-                                    "Is it open?", ())
+        ref = from_scratch(tiny_models, engine, [Exchange("What does the sign say?", f1.answer, png),
+                                                 Exchange("And the door?", f2.answer, png)],
+                           "Is it open?", (), engine.contexts.live)
         assert ref.answer == f3.answer
-        same_context(engine.contexts.live, s_ref)
-        m_ref.close()
     finally:
         engine.close()
 
@@ -191,11 +191,9 @@ def test_a_stopped_answer_ends_cancelled_and_the_next_question_is_as_evaluated_f
         assert f.totals["answer_tokens"] < 40 and sum(isinstance(e, ev.AnswerToken) for e in events) >= 1
         # the stopped exchange is not the chat's: the next question holds exactly the visible one's prompt
         f3 = final(ask(engine, "Is it open?", None, context=f1.context, history=history))
-        ref, s_ref, m_ref = scratch(tiny_models, engine, [Exchange("Hello?", f1.answer or "x", ())],
-                                    "Is it open?", ())
+        ref = from_scratch(tiny_models, engine, [Exchange("Hello?", f1.answer or "x", ())], "Is it open?", (),
+                           engine.contexts.live)
         assert ref.answer == f3.answer
-        same_context(engine.contexts.live, s_ref)
-        m_ref.close()
     finally:
         engine.close()
 
