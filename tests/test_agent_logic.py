@@ -220,7 +220,7 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     assert [k for k, *_ in s.log].count("image") == 2
     assert "<think>\n" + r1.candidates[r1.chosen].text + "\n</think>\n\n<tool_call>" in s.text
     # stops at "<"
-    assert ("<tool_response>\n<IMG>Zoomed into" in s.text
+    assert ("<tool_response>\n<IMG>\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n" in s.text
             and s.text.endswith("<answer>red</answer><|im_end|>\n"))
     assert all(g is not None for g in s.grammars)  # every action generated under a grammar
     # scoring happens right after "<think>\n"

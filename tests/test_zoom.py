@@ -63,13 +63,23 @@ def test_crop_content_and_crop_of_crop_composes_to_original_pixels(tmp_path):
     assert r.image.index == 1 and r.image.image.size == (200, 100)
     assert mean_rgb(r.image.image) == (0, 255, 0)
     assert r.image.path is not None and r.image.path.exists()
-    assert "image 1" in r.observation and "green part" in r.observation
+    # the model reads the crop alone, as from Qwen-Agent's zoom tool: a clean box says nothing more
+    assert r.observation == "" and r.image.label == "green part" and not r.notes
     # the right half of the green crop is still green, cut from the original's pixels
     r2 = store.zoom([500, 0, 1000, 1000], 1, "")
     assert r2.image.box == (300.0, 0.0, 400.0, 100.0) and mean_rgb(r2.image.image) == (0, 255, 0)
     assert len(store) == 3
     with pytest.raises(ZoomError, match="img_idx 5 does not exist; available images: 0-2"):
         store.zoom([0, 0, 10, 10], 5)
+
+
+def test_a_repaired_box_is_the_only_text_beside_the_crop():
+    store = ImageStore(quadrants())
+    r = store.zoom([1000, 500, 500, 0], 0, "green part")  # corners swapped
+    assert r.bbox_2d == (500, 0, 1000, 500) and mean_rgb(r.image.image) == (0, 255, 0)
+    assert r.observation == "Note: corners were swapped."
+    r = store.zoom([500, 500, 500, 500], 0)  # a point
+    assert r.observation.startswith("Note: the box had no area, so the crop is 250/1000 around that point")
 
 
 def test_model_png_of_a_crop_is_enlarged_within_limits():
