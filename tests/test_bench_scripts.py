@@ -74,3 +74,15 @@ def test_bench_forced_runs_on_the_tiny_model(capsys, tiny_models):
     z = res["zoom_action"]
     assert z["same_tokens"] and z["plain"]["evaluated"] == z["plain"]["tokens"] - 1
     assert z["shipped"]["evaluated"] <= z["drafts_after_refusal"]["evaluated"]
+
+
+def test_bench_state_save_runs_on_the_tiny_model(capsys, tiny_models):
+    """bench_state_save copies one context's state three ways, every copy whole."""
+    from scripts import bench_state_save
+
+    assert bench_state_save.main([str(tiny_models["text"]), "--cells", "200", "--reps", "2", "--threads", "1",
+                                  "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["cells"] >= 200 and res["state_mb"] > 0
+    assert set(res["seconds"]) == {"numpy", "anonymous_mapping", "prefaulted"}
+    assert all(v["median"] > 0 for v in res["seconds"].values()) and res["numpy_over_prefaulted"] > 0

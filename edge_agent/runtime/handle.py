@@ -32,7 +32,7 @@ import numpy as np
 from edge_agent.core.errors import Cancelled, ModelFileError, ModelRuntimeError
 from edge_agent.runtime import _lib
 from edge_agent.runtime._lib import C, M
-from edge_agent.runtime.buffers import BatchBuffers, ReusedBytes
+from edge_agent.runtime.buffers import BatchBuffers, prefaulted_bytes
 from edge_agent.runtime.cores import BACKGROUND, FOREGROUND, ComputeLane, CoreShare, Step
 from edge_agent.runtime.tower import VisionTower
 
@@ -81,7 +81,6 @@ class Handle:
         self._tdata: np.ndarray | None = None
         self._interrupted = False  # interrupt() was called since the running call began (not a preemption)
         self.lock = threading.RLock()  # one llama.cpp call sequence at a time on this context
-        self._state_buffer = ReusedBytes()  # what state_bytes copies into (see ReusedBytes)
         self.abort = _lib.AbortFlag()  # polled by llama.cpp between graph nodes
         self.owner: object | None = None  # the session that owns the context now (claim())
         self.n_threads, self.n_threads_batch = params.n_threads, params.n_threads_batch
@@ -366,10 +365,10 @@ class Handle:
         return None if hi < 0 else (int(C.llama_memory_seq_pos_min(self._mem, seq)), hi)
 
     def state_bytes(self, seq: int) -> np.ndarray:
-        """(bytes,) uint8 copy of one sequence's KV state (llama_state_seq_get_data), in a buffer reused
-        once nothing holds the last copy (:class:`ReusedBytes`)."""
+        """(bytes,) uint8 copy of one sequence's KV state (llama_state_seq_get_data), into pages faulted
+        in at once (:func:`~edge_agent.runtime.buffers.prefaulted_bytes`)."""
         size = int(C.llama_state_seq_get_size(self._ctx, seq))
-        kv = self._state_buffer.take(size)
+        kv = prefaulted_bytes(size)
         got = int(C.llama_state_seq_get_data(self._ctx, kv.ctypes.data_as(_U8P), size, seq))
         if got != size:
             raise ModelRuntimeError(f"llama.cpp copied {got} of {size} bytes of the context state.")
