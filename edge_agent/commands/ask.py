@@ -347,9 +347,9 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
             per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")
         elif isinstance(e, ev.ToolFinished):
             where = f" -> image {e.image_index}" if e.image_index is not None else ""
-            said_ = f": {_short(e.observation, 70)}" if e.observation else ""  # a crop alone says nothing
+            told = f": {_short(e.observation, 70)}" if e.observation else ""  # a crop alone says nothing
             ok = "ok" if e.ok else "failed"
-            per_turn.setdefault(e.turn, []).append(f"  {ok} ({e.status}){where}{said_}")
+            per_turn.setdefault(e.turn, []).append(f"  {ok} ({e.status}){where}{told}")
         elif isinstance(e, ev.AgentError) and not e.fatal:
             per_turn.setdefault(e.turn, []).append(f"  {e.title}: {_short(e.message, 70)}")
         elif isinstance(e, ev.TurnFinished):
