@@ -26,6 +26,7 @@ from edge_agent.agent.actions import (
     name_grammar,
     parse_action,
     tail_grammar,
+    tail_remainder,
 )
 from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED
 from edge_agent.agent.loop import AgentOptions, run_agent
@@ -134,11 +135,19 @@ def test_grammars_name_the_right_structure():
     assert 'idx ::= "0" | "1" | "2"' in g and '"1000"' in g and "{1,40}" in g
     assert tail_grammar("image_search", n_images=1).endswith('idx ::= "0"')
     assert tail_grammar("answer") == 'root ::= [^<]* "</answer>"'
-    # every tail grammar ends with its stop string, and the fixed rest completes the action
-    for a in ("zoom", "text_search", "image_search"):
+    # every tail grammar ends with its stop string and the fixed rest, which completes the action: the
+    # model's own closing token (`"}}`) is admitted, and what it did not bring is appended
+    for a in ("zoom", "text_search", "image_search", "answer"):
         root = tail_grammar(a).splitlines()[0]
-        assert root.endswith(json.dumps(TAIL_STOP[a])), root
+        assert root.endswith(json.dumps(TAIL_STOP[a] + TAIL_REST[a])), root
+    for a in ("zoom", "text_search", "image_search"):
         assert (TAIL_STOP[a] + TAIL_REST[a]).endswith("}}\n</tool_call>")
+    assert tail_remainder("text_search", '"') == "}}\n</tool_call>"
+    assert tail_remainder("text_search", '"}}') == "\n</tool_call>"
+    assert tail_remainder("text_search", '"}}\n') == "</tool_call>"
+    assert tail_remainder("zoom", "}}") == "\n</tool_call>" and tail_remainder("zoom", "}") == "}\n</tool_call>"
+    assert tail_remainder("answer", ".</") == "answer>" and tail_remainder("answer", " <") == "/answer>"
+    assert tail_remainder("answer", "</answer>") == ""
     assert "{}" in tail_grammar("zoom").splitlines()[2]  # braces excluded from labels: "}" is the stop
     assert CHOICE_GRAMMAR == 'root ::= "<answer>" | "<tool_call>"'
     n = name_grammar({"answer", "text_search", "image_search"})
@@ -252,6 +261,26 @@ def test_an_observation_is_evaluated_in_one_decode():
     assert run.startswith(TAIL_REST["text_search"]) and "<tool_response>" in run
     assert "You have no tool calls left" in run and run.endswith(THINK_OPEN)
     assert not any(TAIL_REST["text_search"] in r for r in s.evaluations if r is not run)
+
+
+def test_a_query_ends_where_a_ninth_word_would_begin():
+    """text_search's grammar admits the start of a ninth word and the loop cuts it: the model's own
+    " independent" is taken back (never evaluated) and the query closed after eight words, so it is
+    not glued to the eighth ("becameIndependent", as masking the space made the real 1.5B write)."""
+    words = "official language of Brazil and when it became"
+    s = FakeSession(favour(["facts", "evidence"]),
+                    [words + ' independent?"}}\n</tool_call>', "Portuguese</answer>"])
+    opts = AgentOptions(policy=lambda turn, allowed: {"text_search"} if turn == 1 else {"answer"})
+    search = FakeSearch()
+    events = list(run_agent(s, "Q?", tools=Toolbox(None, search), options=opts))
+    assert search.queries == [words]
+    assert HEADS["text_search"] + words + '"' + TAIL_REST["text_search"] in s.text
+    assert "independent" not in s.text
+    assert events[-1].answer == "Portuguese"
+    short = FakeSession(favour(["facts", "evidence"]), ['capital of Peru"}}\n</tool_call>', "Lima</answer>"])
+    search = FakeSearch()
+    list(run_agent(short, "Q?", tools=Toolbox(None, search), options=opts))
+    assert search.queries == ["capital of Peru"]  # a query within the cap ends where the model ends it
 
 
 def test_a_long_tool_result_is_cut_to_the_observation_budget():

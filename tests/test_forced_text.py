@@ -131,7 +131,13 @@ def test_forced_text_comes_from_the_grammar(qwen05: Model) -> None:
         assert smp.forced_text(probe.ids, probe.chars, 48) == ""
         for t in qwen05.tokenize('"', special=False):
             smp.accept(t)
-        assert smp.forced_text(probe.ids, probe.chars, 48) == ', "img_idx": 0}'  # one image: idx 0
+        # one image: idx 0, then the fixed rest (the grammar admits the model's own closing token)
+        assert smp.forced_text(probe.ids, probe.chars, 48) == ', "img_idx": 0}}\n</tool_call>'
+        # a draft ends with the generation's stop string: nothing after it is worth a place in the batch
+        assert (forced.draft(smp, qwen05.tokenizer, probe, 64, (TAIL_STOP["zoom"],))
+                == qwen05.tokenize(', "img_idx": 0}', special=False))
+        assert forced.draft(smp, qwen05.tokenizer, probe, 64) == qwen05.tokenize(
+            ', "img_idx": 0}}\n</tool_call>', special=False)
 
 
 def test_tiny_model_drafts_are_kept_cut_and_refused(tiny: Model, monkeypatch: pytest.MonkeyPatch) -> None:

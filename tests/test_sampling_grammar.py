@@ -78,7 +78,7 @@ def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) 
 def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
     """text_search's grammar (real grammar sampler): at most MAX_QUERY_WORDS words, one space between
     them, no comma (the 1.5B's unbounded queries ran to comma-separated lists), then the closing quote."""
-    from edge_agent.agent.actions import MAX_QUERY_WORDS
+    from edge_agent.agent.actions import MAX_QUERY_WORDS, tail_cut
     from edge_agent.runtime import Model, forced
     from edge_agent.runtime.sampling import Sampler
 
@@ -103,5 +103,9 @@ def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
         assert not allowed('"')  # not empty
         words = " ".join(["word"] * MAX_QUERY_WORDS)
         assert allowed(words + '"')
-        assert not allowed(words + " ")  # no further word
+        # the start of one word more is sampled (not masked into the eighth), then cut by tail_cut
+        assert allowed(words + " ") and not allowed(words + " word ")
+        cut = tail_cut("text_search")
+        assert cut is not None and not cut(words) and cut(words + " ") and cut(words + " word")
+        assert tail_cut("zoom") is None
         assert not allowed("x" * 25)  # a word of at most 24 characters

@@ -45,7 +45,7 @@ __all__ = ["CHOICE_GRAMMAR", "CHOICE_STOP", "HEADS", "MAX_IMAGES_IN_GRAMMAR", "M
            "MAX_QUERY_WORDS",
            "NAME_PREFIX", "TAIL_REST", "TAIL_STOP", "TOOL_CLOSE", "Action", "ActionError", "ToolCall",
            "head_rest",
-           "name_grammar", "parse_action", "tail_grammar", "validate_arguments"]
+           "name_grammar", "parse_action", "tail_cut", "tail_grammar", "tail_remainder", "validate_arguments"]
 
 
 class _ByAction(Mapping[str, str]):
@@ -65,10 +65,10 @@ class _ByAction(Mapping[str, str]):
 
 
 HEADS: Mapping[str, str] = _ByAction(lambda s: s.head)
-# Each tail's grammar ENDS with its stop string, right after the last free value; the rest of the
-# action is fixed and is appended (prefilled) instead of decoded token by token. Because the
-# grammar ends there, the token that completes the stop string cannot carry any further text, so
-# the session holds exactly text + stop. (The answer is the end of the episode: nothing follows.)
+# A tail's generation stops at its stop string, right after the last free value; the rest of the
+# action is fixed and is appended (prefilled) instead of decoded token by token. The grammar admits
+# the whole rest, so the token that brings the stop may carry some of it (the real Qwen closes a query
+# with `"}}`): only what it did not bring is appended (tail_remainder).
 TAIL_STOP: Mapping[str, str] = _ByAction(lambda s: s.tail_stop)
 TAIL_REST: Mapping[str, str] = _ByAction(lambda s: s.tail_rest)
 
@@ -100,7 +100,7 @@ class Action:
 
 
 def tail_grammar(action: str, *, n_images: int = 1) -> str:
-    """GBNF for what follows ``HEADS[action]``, ending with ``TAIL_STOP[action]``.
+    """GBNF for what follows ``HEADS[action]``, ending with ``TAIL_STOP[action] + TAIL_REST[action]``.
 
     ``img_idx`` is limited to the images that exist.
     """
@@ -109,6 +109,22 @@ def tail_grammar(action: str, *, n_images: int = 1) -> str:
     except KeyError:
         raise ValueError(f"unknown action {action!r}") from None
     return spec.tail_grammar(n_images)
+
+
+def tail_remainder(action: str, last_piece: str) -> str:
+    """What to append after a tail whose generation stopped at ``TAIL_STOP[action]``: the stop and
+    ``TAIL_REST[action]``, less what its last token (``last_piece``, the token that brought the stop) holds of
+    them: `"}}` leaves ``\n</tool_call>``, `.</` leaves ``answer>``."""
+    stop, rest = TAIL_STOP[action], TAIL_REST[action]
+    i = last_piece.find(stop)
+    held = last_piece[i:] if i >= 0 else stop
+    return (stop + rest)[len(held):] if (stop + rest).startswith(held) else rest
+
+
+def tail_cut(action: str) -> Callable[[str], bool] | None:
+    """Whether a tail decoded so far went past its value's end (``ToolSpec.tail_cut``); None: the
+    grammar alone bounds it."""
+    return specs.by_action(action).tail_cut
 
 
 def name_grammar(actions: Collection[str]) -> str:

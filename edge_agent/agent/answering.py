@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 
-from edge_agent.agent.actions import TAIL_REST, TAIL_STOP, tail_grammar
+from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
 from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
@@ -96,6 +96,7 @@ class Answering(RunState):
             budget -= len(probe.tokens)
             if probe.stop_reason in ("stop", "eos"):
                 self.answer_end, budget = probe.stop_reason, 0
+                self.answer_last = self.session.detokenize(probe.tokens[-1:])
         if self.drafter is not None:
             # SeProD hook 2: the accepted answering draft continues the answer (the drafter yields it as
             # AnswerToken(from_prophet=True)); generation continues from it. The drafter verifies it after
@@ -122,14 +123,16 @@ class Answering(RunState):
             )
             self.totals.answer_tokens += len(gen.tokens)
             self.answer_end = gen.stop_reason
+            self.answer_last = self.session.detokenize(gen.tokens[-1:])
             if self.drafter is not None:  # the agent's decode time per token prices the next drafts
                 self.drafter.observe_decode(gen.seconds, len(gen.tokens))
         return "".join(self.answer_parts).strip()
 
     def _close_answer(self) -> None:
         """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
-        (the grammar's "<" is already in the session; an end-of-turn token is taken back first)."""
+        (after a stop, what its token brought of the close tag is in the session already: `<`, `</`,
+        `.</` ...; an end-of-turn token is taken back first)."""
         if self.answer_end == "eos":
             self.session.drop_last_token()
-        rest = TAIL_REST["answer"] if self.answer_end == "stop" else ANSWER_CLOSE
+        rest = tail_remainder("answer", self.answer_last) if self.answer_end == "stop" else ANSWER_CLOSE
         self.session.append_text(rest + TURN_END, cancel=self.cancel)

@@ -42,7 +42,9 @@ from edge_agent.agent.actions import (
     ToolCall,
     name_grammar,
     parse_action,
+    tail_cut,
     tail_grammar,
+    tail_remainder,
 )
 from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED, unsure_why
 from edge_agent.agent.answering import Answering
@@ -310,14 +312,23 @@ class _Run(Answering):
 
     def _tool_call(self, action: str) -> ToolCall:
         """The rest of a tool call whose head is in the session, under the tool's grammar."""
-        # Decode only up to the end of the last free value (the grammar ends with the stop string,
-        # so the session holds exactly head + text + stop); the fixed rest is prefilled.
-        stop = TAIL_STOP[action]
-        gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop],
+        # Decode only up to the end of the last free value (the stop string); the fixed rest is
+        # prefilled, less what the token that brought the stop holds of it (`"}}`).
+        stop, cut = TAIL_STOP[action], tail_cut(action)
+        until = None if cut is None else (lambda tokens, _lps: cut(self.session.detokenize(tokens)))
+        gen = self._generate(max_tokens=self.options.action_max_tokens, stop=[stop], until=until,
                              grammar=tail_grammar(action, n_images=max(1, self.tools.n_images())))
-        text = HEADS[action] + gen.text
-        if gen.stop_reason == "stop":  # evaluated with the observation that follows (one decode)
-            self.session.append_text(TAIL_REST[action], defer=True)
+        value, rest = gen.text, None
+        if gen.stop_reason == "stop":
+            rest = tail_remainder(action, self.session.detokenize(gen.tokens[-1:]))
+        elif gen.stop_reason == "until" and self.session.drop_last_token():
+            # past the value's end (a query's ninth word): its first token is taken back (it was pending:
+            # nothing evaluated) and the value closed there
+            value, rest = self.session.detokenize(gen.tokens[:-1]), stop + TAIL_REST[action]
+        text = HEADS[action] + value
+        if rest is not None:  # evaluated with the observation that follows (one decode)
+            if rest:
+                self.session.append_text(rest, defer=True)
             text += stop + TAIL_REST[action]
         parsed = parse_action(text)
         if parsed.type != action or parsed.call is None:  # cannot happen under the grammar

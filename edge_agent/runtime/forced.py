@@ -25,6 +25,7 @@ from __future__ import annotations
 import string
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,11 +70,16 @@ def probe_of(tok: Tokenizer) -> Probe:
     return got
 
 
-def draft(sampler: Sampler, tok: Tokenizer, probe: Probe, room: int) -> list[int]:
-    """Tokens of the text the grammar forces now (at most ``room``), [] when nothing is forced."""
+def draft(sampler: Sampler, tok: Tokenizer, probe: Probe, room: int, stop: Sequence[str] = ()) -> list[int]:
+    """Tokens of the text the grammar forces now (at most ``room``), [] when nothing is forced. The text
+    ends with the first of the ``stop`` strings in it: generation ends there, so nothing after it is worth
+    a place in the batch (a tool's grammar goes on to its fixed ``}}\n</tool_call>``)."""
     if room < 1:
         return []
     text = sampler.forced_text(probe.ids, probe.chars, MAX_FORCED_CHARS)
+    ends = [text.index(s) + len(s) for s in stop if s and s in text]
+    if ends:
+        text = text[:min(ends)]
     return tok.tokenize(text, special=False)[:room] if text else []
 
 
@@ -85,7 +91,7 @@ def jump(h: Handle, sampler: Sampler, run: Run, tok: Tokenizer, probe: Probe, pe
     b = h.batch
     assert b is not None
     # at most budget - 1: the rows of the pending token and the draft give up to ``budget`` tokens
-    guess = draft(sampler, tok, probe, min(b.cap - 1, room, budget - 1))
+    guess = draft(sampler, tok, probe, min(b.cap - 1, room, budget - 1), run.stream.stop)
     if not guess:
         return None
     try:

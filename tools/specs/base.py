@@ -57,8 +57,13 @@ class ToolSpec:
     """One move the model can make: a tool it calls, or the answer (``name`` empty, no schema).
 
     An action is written in parts: the fixed ``head`` (appended, never decoded), a tail decoded under
-    ``tail_grammar(n_images)`` whose grammar ENDS with ``tail_stop`` (right after the last free value, so
-    the token that completes the stop carries no further text), then the fixed ``tail_rest`` (appended).
+    ``tail_grammar(n_images)`` whose grammar ends with ``tail_stop`` + ``tail_rest``, and the fixed rest.
+    Generation stops at ``tail_stop`` (right after the last free value); the rest is appended, less what
+    the token that brought the stop held of it (``agent.actions.tail_remainder``): the grammar admits the
+    model's own closing token, which for the real Qwen carries more than the stop (a query closes with
+    `"}}` at p 0.94, `"` alone under 0.001; an answer with `</` or `.</`). With a grammar that ended at
+    the stop, that token was masked and the 1.5B wrote on ("capital of Mongolia web search results for
+    capital") until the word cap.
     """
 
     action: str  # the move's short name (rationales, events, the trace): "zoom"
@@ -81,6 +86,11 @@ class ToolSpec:
     library_rank: int = 50  # where its rationales stand in a library that `library build` writes
     run: Callable[[Mapping[str, Any]], str] | None = None  # a tool needing nothing of the question: the
     # observation for its arguments (the toolbox runs the image and search tools itself)
+    # True once the tail decoded so far has begun past the last part its value may hold (a query's ninth
+    # word): the loop takes that last token back and closes the value with ``tail_stop``. The grammar
+    # admits the start of that part, so the model's own token for it is sampled and seen, not masked into
+    # a continuation of the part before ("became" + "Independent").
+    tail_cut: Callable[[str], bool] | None = None
 
     @property
     def is_tool(self) -> bool:

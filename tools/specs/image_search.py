@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_agent.tools.specs.base import ActionError, ToolSpec, call_head, idx_rule, is_int
+from edge_agent.tools.specs.base import (
+    TOOL_CLOSE,
+    ActionError,
+    ToolSpec,
+    call_head,
+    gbnf_literal,
+    idx_rule,
+    is_int,
+)
 
 NAME = "image_search"
 
 
 def _grammar(n_images: int) -> str:
-    return "\n".join(['root ::= idx "}"', idx_rule(n_images)])
+    return "\n".join([f"root ::= idx {gbnf_literal(TOOL_CLOSE)}", idx_rule(n_images)])
 
 
 def _check(args: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,11 @@ from edge_agent.tools.specs.base import (
     COORD,
     MAX_LABEL_CHARS,
     STR_CHAR,
+    TOOL_CLOSE,
     ActionError,
     ToolSpec,
     call_head,
+    gbnf_literal,
     idx_rule,
     is_int,
 )
@@ -21,7 +23,7 @@ NAME = "image_zoom_in_tool"
 def _grammar(n_images: int) -> str:
     return "\n".join([
         'root ::= coord ", " coord ", " coord ", " coord "], \\"label\\": \\"" label "\\", \\"img_idx\\": " '
-        'idx "}"',
+        f"idx {gbnf_literal(TOOL_CLOSE)}",
         COORD,
         f"label ::= {STR_CHAR}{{1,{MAX_LABEL_CHARS}}}",
         idx_rule(n_images),
