@@ -145,7 +145,8 @@ def test_grammars_name_the_right_structure():
     assert tail_remainder("text_search", '"') == "}}\n</tool_call>"
     assert tail_remainder("text_search", '"}}') == "\n</tool_call>"
     assert tail_remainder("text_search", '"}}\n') == "</tool_call>"
-    assert tail_remainder("zoom", "}}") == "\n</tool_call>" and tail_remainder("zoom", "}") == "}\n</tool_call>"
+    assert tail_remainder("zoom", "}}") == "\n</tool_call>"
+    assert tail_remainder("zoom", "}") == "}\n</tool_call>"
     assert tail_remainder("answer", ".</") == "answer>" and tail_remainder("answer", " <") == "/answer>"
     assert tail_remainder("answer", "</answer>") == ""
     assert "{}" in tail_grammar("zoom").splitlines()[2]  # braces excluded from labels: "}" is the stop
