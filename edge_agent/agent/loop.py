@@ -326,9 +326,9 @@ class _Run(Answering):
             # nothing evaluated) and the value closed there
             value, rest = self.session.detokenize(gen.tokens[:-1]), stop + TAIL_REST[action]
         text = HEADS[action] + value
-        if rest is not None:  # evaluated with the observation that follows (one decode)
-            if rest:
-                self.session.append_text(rest, defer=True)
+        if rest:  # evaluated with the observation that follows (one decode)
+            self.session.append_text(rest, defer=True)
+        if rest is not None:  # the call as written, closed
             text += stop + TAIL_REST[action]
         parsed = parse_action(text)
         if parsed.type != action or parsed.call is None:  # cannot happen under the grammar

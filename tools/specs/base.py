@@ -57,7 +57,7 @@ class ToolSpec:
     """One move the model can make: a tool it calls, or the answer (``name`` empty, no schema).
 
     An action is written in parts: the fixed ``head`` (appended, never decoded), a tail decoded under
-    ``tail_grammar(n_images)`` whose grammar ends with ``tail_stop`` + ``tail_rest``, and the fixed rest.
+    ``tail_grammar(n_images)`` (its grammar ends with ``tail_stop`` + ``tail_rest``), and the fixed rest.
     Generation stops at ``tail_stop`` (right after the last free value); the rest is appended, less what
     the token that brought the stop held of it (``agent.actions.tail_remainder``): the grammar admits the
     model's own closing token, which for the real Qwen carries more than the stop (a query closes with
@@ -87,9 +87,9 @@ class ToolSpec:
     run: Callable[[Mapping[str, Any]], str] | None = None  # a tool needing nothing of the question: the
     # observation for its arguments (the toolbox runs the image and search tools itself)
     # True once the tail decoded so far has begun past the last part its value may hold (a query's ninth
-    # word): the loop takes that last token back and closes the value with ``tail_stop``. The grammar
-    # admits the start of that part, so the model's own token for it is sampled and seen, not masked into
-    # a continuation of the part before ("became" + "Independent").
+    # word): the loop takes that last token back and closes the value (``tail_stop`` + ``tail_rest``).
+    # The grammar admits the start of that part, so the model's own token for it is sampled and seen, not
+    # masked into a continuation of the part before ("became" + "Independent").
     tail_cut: Callable[[str], bool] | None = None
 
     @property
