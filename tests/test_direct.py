@@ -249,6 +249,26 @@ def test_qwen_answers_peru_with_lima_from_the_prompt_create_chat_completion_feed
         engine.close()
 
 
+def test_a_looping_answer_stops_and_the_chat_goes_on_from_what_was_shown(qwen05, edge_home):
+    """The plain chat's answer stops once it loops (``agent.repetition``), says ``repetition``, and the
+    next question's prompt is what ``create_chat_completion`` feeds for the exchange as shown."""
+    settings = Settings.load({"mode": "direct", "offline": True, "answer_max_tokens": 64})
+    engine = Engine(load(qwen05, n_ctx=1024, kv_type="f16"), settings)
+    song = "Continue the song: la la la la la la la la"
+    try:
+        f1 = final(ask(engine, song))
+        assert f1.stop_reason == "repetition" and f1.totals["answer_tokens"] < 64
+        assert f1.answer.endswith("la la la la")
+        peru = "What is the capital of Peru?"
+        ask(engine, peru, context=f1.context, history=[(song, f1.answer)])
+        prompt2 = chat_completion_prompt(qwen05, [{"role": "user", "content": song},
+                                                  {"role": "assistant", "content": f1.answer},
+                                                  {"role": "user", "content": peru}])
+        assert list(engine.contexts.live.history[:len(prompt2)]) == prompt2
+    finally:
+        engine.close()
+
+
 def test_ask_mode_direct_on_the_command_line(qwen05, edge_home):
     """``ask --mode direct`` in a subprocess: the answer on stdout; a follow-up restores the plain chat."""
     import json

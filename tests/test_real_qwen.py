@@ -332,3 +332,22 @@ def test_the_models_own_closing_tokens_close_the_call_and_the_answer(qwen, mode)
     pieces = [qwen.detokenize([t]) for t in ids]
     assert any(p.startswith('"}') for p in pieces), "the query's closing token is the model's own"
     assert any("</" in p and p != "</" for p in pieces) or "</" in pieces  # the answer's close, its own
+
+
+def test_an_answer_that_loops_is_stopped_there_and_closed_once(qwen):
+    """A greedy answer that writes the same words again and again stops once the loop is plain
+    (``agent.repetition``: 16 tokens of it), says ``repetition``, and its turn is closed like any other.
+    The real 0.5B loops on being asked to (the loops it falls into by itself, like the 1.5B's "Nana Nana
+    ..." for Ghana's anthem, take a larger model to reproduce): a repetition asked for is stopped too."""
+    s = qwen.session()
+    question = "Spell the word banana, then repeat the word banana thirty times."
+    opts = AgentOptions(mode="ssr", answer_max_tokens=96, max_turns=1,
+                        policy=lambda turn, allowed: {"answer"})
+    events = list(run_agent(s, question, tools=Toolbox(None, FakeSearch()), options=opts))
+    final = events[-1]
+    assert final.kind == "final_answer" and final.stop_reason == "repetition", final
+    assert final.totals["answer_tokens"] < 96 and final.answer.endswith("banana banana banana")
+    turn = qwen.detokenize(list(s.history), special=True).split(question)[-1]
+    answer = turn.rsplit("</think>", 1)[-1]
+    assert answer.endswith(final.answer.split()[-1] + "</answer><|im_end|>\n")
+    assert answer.count("</answer>") == 1

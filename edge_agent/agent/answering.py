@@ -17,6 +17,7 @@ from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
 from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
+from edge_agent.agent.repetition import looping
 from edge_agent.agent.run_state import RunState
 
 
@@ -67,8 +68,9 @@ class Answering(RunState):
                                      f"({answer!r}).")
             yield self._final("no_answer", "", context=key)
             return
-        cut = self.answer_end == "length"  # stopped at answer_max_tokens: says so (stop_reason "length")
-        yield self._final("length" if cut else "turn_limit" if final else "answered", answer, context=key)
+        # stopped at answer_max_tokens (stop_reason "length") or in a loop ("repetition"): says so
+        cut = self.answer_end if self.answer_end in ("length", "repetition") else ""
+        yield self._final(cut or ("turn_limit" if final else "answered"), answer, context=key)
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.options.answer_max_tokens
@@ -117,16 +119,20 @@ class Answering(RunState):
                 lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
                     max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                    temperature=self.options.temperature,
+                    until=self._looping, temperature=self.options.temperature,
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )
             self.totals.answer_tokens += len(gen.tokens)
-            self.answer_end = gen.stop_reason
+            self.answer_end = "repetition" if gen.stop_reason == "until" else gen.stop_reason
             self.answer_last = self.session.detokenize(gen.tokens[-1:])
             if self.drafter is not None:  # the agent's decode time per token prices the next drafts
                 self.drafter.observe_decode(gen.seconds, len(gen.tokens))
         return "".join(self.answer_parts).strip()
+
+    def _looping(self, tokens: Sequence[int], _logprobs: Sequence[float]) -> bool:
+        """generate's ``until`` for the answer: it ends in a degenerate loop (``repetition.looping``)."""
+        return looping(tokens, self.session.detokenize)
 
     def _close_answer(self) -> None:
         """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it

@@ -38,6 +38,7 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Segment, Text
+from edge_agent.agent.repetition import looping
 from edge_agent.agent.streaming import stream
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import ChatSessionLike, Checkpoint, ImageChunk, SessionLike
@@ -344,7 +345,8 @@ class _Direct:
         t0 = time.perf_counter()
         gen = yield from stream(lambda on_token, stop: s.generate(
             max_tokens=self.options.answer_max_tokens, temperature=self.options.temperature,
-            seed=self.options.seed + 1, on_token=on_token, cancel=stop), self._piece, self.cancel)
+            seed=self.options.seed + 1, on_token=on_token, cancel=stop,
+            until=lambda tokens, _lps: looping(tokens, s.detokenize)), self._piece, self.cancel)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()
         self.n_generated = len(gen.tokens)
@@ -353,7 +355,9 @@ class _Direct:
                            action_seconds=self.seconds["action"],
                            tool_seconds=0.0)
         key = self.context.answered(s)
-        yield self._final("length" if gen.stop_reason == "length" else "answered", key)
+        # stopped at answer_max_tokens or in a loop (agent.repetition): says so
+        cut = {"length": "length", "until": "repetition"}.get(gen.stop_reason, "answered")
+        yield self._final(cut, key)
         return True
 
     def _piece(self, piece: str) -> Event | None:

@@ -272,8 +272,8 @@ class FinalAnswer(Event):
     kind: ClassVar[str] = "final_answer"
     answer: str
     turns: int
-    # answered | length (cut at answer_max_tokens) | turn_limit | no_answer (it only repeated its
-    # instructions) | cancelled
+    # answered | length (cut at answer_max_tokens) | repetition (stopped in a loop: agent.repetition) |
+    # turn_limit | no_answer (it only repeated its instructions) | cancelled
     stop_reason: str
     # reasoning/action/tool/total seconds; tokens_evaluated (prompt tokens this process evaluated for this
     # question, read ahead or not; all models, images in embeddings), tokens_read_ahead (of them, read

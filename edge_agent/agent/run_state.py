@@ -37,7 +37,7 @@ class RunState:
         self.context = context
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
-        self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length)
+        self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length | repetition)
         self.answer_last = ""  # the text of the answer's last token (after a stop: it brought the "<")
         self.question = question.strip()
         self.tools = tools

@@ -283,6 +283,10 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
             click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
                        f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
                        err=True)
+        if last.stop_reason == "repetition":
+            click.echo("The answer was stopped where it began repeating itself (the model does not know the "
+                       "rest, or lost its way): ask again in other words, or try --mode freeform or direct.",
+                       err=True)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
             click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`",

@@ -176,7 +176,7 @@ def _read_chat(data: dict[str, Any], name: str, out: Read) -> None:
         if not isinstance(m, dict) or m.get("role") != "assistant" or not isinstance(m.get("events"), list):
             continue
         status = m.get("status")
-        correct = None if status in ("answered", "length", "turn_limit") else False
+        correct = None if status in ("answered", "length", "repetition", "turn_limit") else False
         _add_events(out, f"{name}:m{n}", [e for e in m["events"] if isinstance(e, dict)], correct)
 
 
@@ -192,6 +192,6 @@ def _read_ask_log(rows: list[dict[str, Any]], name: str, out: Read) -> None:
         if fatal is not None:
             out.errors.append(f"{fatal.get('title', 'Error')}: {fatal.get('message', '')}")
         ok = final is not None and fatal is None and final.get("stop_reason") in ("answered", "length",
-                                                                                  "turn_limit")
+                                                                                  "repetition", "turn_limit")
         _add_events(out, f"{name}:run{n}", events, None if ok else False)
 

@@ -34,6 +34,7 @@ STATUS_TEXT = {
     "answered": ("answered", "green"),
     "turn_limit": ("turn limit reached", "yellow"),
     "length": ("cut off at answer_max_tokens (raise it in the settings, Ctrl+S)", "yellow"),
+    "repetition": ("stopped: the answer began repeating itself (/retry, or switch mode: Ctrl+R)", "yellow"),
     "no_answer": ("no answer found (the model only repeated its instructions): /retry or rephrase", "yellow"),
     "cancelled": ("cancelled (/retry answers it again)", "yellow"),
     "error": ("failed", "red"),
