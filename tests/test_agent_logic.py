@@ -134,7 +134,7 @@ def test_grammars_name_the_right_structure():
     g = tail_grammar("zoom", n_images=3)
     assert 'idx ::= "0" | "1" | "2"' in g and '"1000"' in g and "{1,40}" in g
     assert tail_grammar("image_search", n_images=1).endswith('idx ::= "0"')
-    assert tail_grammar("answer") == 'root ::= [^<]* "</answer>"'
+    assert tail_grammar("answer") == 'root ::= [ \\t\\n]* ([^<{ \\t\\n] [^<]*)? "</answer>"'
     # every tail grammar ends with its stop string and the fixed rest, which completes the action: the
     # model's own closing token (`"}}`) is admitted, and what it did not bring is appended
     for a in ("zoom", "text_search", "image_search", "answer"):

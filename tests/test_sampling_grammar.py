@@ -109,3 +109,26 @@ def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
         assert cut is not None and not cut(words) and cut(words + " ") and cut(words + " word")
         assert tail_cut("zoom") is None
         assert not allowed("x" * 25)  # a word of at most 24 characters
+
+
+def test_an_answer_never_begins_with_a_brace(tiny_models) -> None:
+    """The answer's grammar (real grammar sampler): prose without "<", never beginning with "{" (the 1.5B
+    wrote tool calls of its own invention as answers: `{"name": "multiply", ...}`); a brace later is text."""
+    from edge_agent.runtime import Model, forced
+    from edge_agent.runtime.sampling import Sampler
+
+    with Model.load(tiny_models["text"], n_ctx=256) as m:
+        probe = forced.probe_of(m.tokenizer)
+        ids = dict(zip(probe.chars, probe.ids.tolist(), strict=True))
+
+        def allowed(text: str) -> bool:
+            with Sampler(m.handle, grammar=tail_grammar("answer"), temperature=0.0, seed=0) as smp:
+                for c in text:
+                    if not smp._allows(ids[c]):
+                        return False
+                    smp.accept(ids[c])
+                return True
+
+        assert allowed("Lima is the capital of Peru.</answer>") and allowed("</answer>")
+        assert allowed("  12 * 34 = 408") and allowed("The set {1, 2} has two members.")
+        assert not allowed('{"name": "multiply"') and not allowed("  {") and not allowed("Lima<b")

@@ -252,6 +252,8 @@ class ProphetDrafts:
         n = next((i for i, t in enumerate(tokens) if self._is_control(t)), len(tokens))
         tokens, logprobs = tokens[:n], logprobs[:n]
         n = self._cut_length(tokens, self.answer_cut if mode == ANSWERING else self.cut)
+        if mode == ANSWERING and self._text(tokens[:n]).lstrip().startswith("{"):
+            n = 0  # the answer's grammar never begins an answer with "{": a draft the agent could not write
         tokens, logprobs = tokens[:n], logprobs[:n]
         text = self._text(tokens)
         return Draft(mode, query, tuple(tokens), np.asarray(logprobs, dtype=np.float64), text,
