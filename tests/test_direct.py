@@ -294,3 +294,19 @@ def test_ask_mode_direct_on_the_command_line(qwen05, edge_home):
     opened = next(e for e in got if e["event"] == "context_opened")
     assert opened["source"] == "restored" and opened["tokens_reused"] > 30
     assert got[-1]["event"] == "final_answer" and "Santiago" in got[-1]["answer"]
+
+
+def test_ask_says_when_an_answer_was_stopped_in_a_loop(qwen05, edge_home):
+    """``ask``: the answer as shown on stdout (exit 0: it is an answer, cut), and why it stops on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EDGE_AGENT_N_CTX": "1024", "EDGE_AGENT_ANSWER_MAX_TOKENS": "64"}
+    r = subprocess.run([sys.executable, "-m", "edge_agent.commands.cli", "ask",
+                        "Continue the song: la la la la la la la la", "--model", str(qwen05),
+                        "--mode", "direct", "--no-save"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("la la la la")
+    assert "stopped where it began repeating itself" in r.stderr and "repetition in 1 turn" in r.stderr
