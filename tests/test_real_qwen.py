@@ -351,3 +351,32 @@ def test_an_answer_that_loops_is_stopped_there_and_closed_once(qwen):
     answer = turn.rsplit("</think>", 1)[-1]
     assert answer.endswith(final.answer.split()[-1] + "</answer><|im_end|>\n")
     assert answer.count("</answer>") == 1
+
+
+def test_an_answer_that_loops_before_any_result_is_taken_back_and_the_agent_searches(qwen):
+    """Before any tool result, with a search still allowed, a looping answer is the model not knowing: the
+    streamed answer is taken back (MoveWithdrawn, action answer: the app clears it), the context goes back
+    to the turn's base (equal to a fresh session fed the same segments) and the agent searches."""
+    question = "Spell the word banana, then repeat the word banana thirty times."
+    search = FakeSearch(text=lambda q: outcome("text_search", "live", "1. Banana: a fruit",
+                                               results=(result("Banana"),), query=q))
+    tools = Toolbox(None, search)
+    s = qwen.session()
+    opts = AgentOptions(mode="ssr", answer_max_tokens=96, max_turns=2, answer_check=None)
+    run = run_agent(s, question, tools=tools, options=opts)
+    events = []
+    for e in run:
+        events.append(e)
+        if e.kind == "move_withdrawn":
+            break
+    assert events[-1].kind == "move_withdrawn" and events[-1].action == "answer"
+    assert "repeating itself" in events[-1].reason and any(e.kind == "answer_token" for e in events)
+    second = next(run)  # the search's rationale, scored in the turn's context (before it is pasted)
+    assert second.kind == "rationale_scored" and second.candidates[second.chosen].action == "text_search"
+    kept = list(s.history)
+    rest = list(run)
+    assert any(e.kind == "tool_called" and e.name == "text_search" for e in rest) and search.queries
+    assert rest[-1].kind == "final_answer" and rest[-1].answer
+    fresh = qwen.session()  # one session per model: after the run
+    append_segments(fresh, [Text(system_for(tools, opts)), *question_segments(question, None)])
+    assert list(fresh.history) == kept, "back at the turn's base: no answer, no rationale"

@@ -782,3 +782,32 @@ async def test_a_move_taken_back_is_shown_in_its_turn(settings):
                                                      score_kind="pmi", rechosen=True)))
     head = console.export_text().splitlines()[0]
     assert "the best of the other 1 rationales, from the same scores (calibrated" in head
+
+
+@pytest.mark.asyncio
+async def test_an_answer_taken_back_after_it_streamed_is_cleared(settings):
+    """A looping answer before any tool result is taken back after its tokens streamed (the agent then
+    searches): the transcript clears it, and the stored answer text is not it."""
+    from edge_agent.chat.store import answer_text
+
+    events = [ev.RunStarted(question="q", image=None, mode="ssr", seprod=False, model="m"),
+              ev.TurnStarted(turn=1),
+              *(ev.AnswerToken(turn=1, text=" Nana") for _ in range(8)),
+              ev.MoveWithdrawn(turn=1, action="answer", arguments={},
+                               reason="the answer began repeating itself ('Nana Nana ...'): the model "
+                                      "does not know; it searches first"),
+              ev.AgentError(turn=1, title="Search failed", message="down", fatal=True)]
+
+    def script(asked):
+        yield from events
+
+    app = EdgeAgentApp(settings, engine_factory=lambda s, progress=None: ScriptedEngine(s, script=script))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What is Ghana's anthem?")
+        await settle(pilot)
+        answer = app.chat_screen.transcript.answers()[0]
+        assert "Nana" not in answer.text
+        text = " ".join(str(w.render()) for w in answer.turns[1].query(Static))
+        assert "answer taken back: the answer began repeating itself" in text, text
+    assert answer_text(events) == ""

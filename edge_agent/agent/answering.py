@@ -17,7 +17,7 @@ from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
 from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
-from edge_agent.agent.repetition import looping
+from edge_agent.agent.repetition import looped_why, looping
 from edge_agent.agent.run_state import RunState
 
 
@@ -51,10 +51,16 @@ class Answering(RunState):
         return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
                              threshold=threshold, sure=sure, early=early)
 
-    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float) -> Generator[Event, None,
-                                                                                               None]:
-        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer."""
+    def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float,
+                     retractable: bool = False) -> Generator[Event, None, str | None]:
+        """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer; None.
+        ``retractable`` (no tool result yet, another move allowed): an answer that falls into a loop is not
+        closed; returns why it goes back (the caller rolls back and chooses again, as after an unsure
+        answer check)."""
         answer = yield from self._answer(turn)
+        if retractable and self.answer_end == "repetition":
+            self.answer_parts = []
+            return looped_why(answer)
         action_s = time.perf_counter() - t0
         self.totals.add(reasoning_s, action_s, 0.0, 0.0)
         yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
@@ -67,10 +73,11 @@ class Answering(RunState):
                              message="The model repeated our instructions instead of answering "
                                      f"({answer!r}).")
             yield self._final("no_answer", "", context=key)
-            return
+            return None
         # stopped at answer_max_tokens (stop_reason "length") or in a loop ("repetition"): says so
         cut = self.answer_end if self.answer_end in ("length", "repetition") else ""
         yield self._final(cut or ("turn_limit" if final else "answered"), answer, context=key)
+        return None
 
     def _answer(self, turn: int) -> Generator[Event, None, str]:
         budget = self.options.answer_max_tokens

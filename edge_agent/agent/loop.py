@@ -272,8 +272,11 @@ class _Run(Answering):
                         yield check
                     unsure = None if check is None or check.sure else unsure_why(check)
                     if unsure is None:
-                        yield from self._answer_turn(turn, final, reasoning_s, t0)
-                        return "answer", None, None
+                        # a loop before any tool result is the model not knowing: back, and search
+                        retractable = not self.evidence and bool(left - {"answer"}) and self._base is not None
+                        unsure = yield from self._answer_turn(turn, final, reasoning_s, t0, retractable)
+                        if unsure is None:
+                            return "answer", None, None
                     call = ToolCall("answer", {})
                 else:
                     call = self._tool_call(action)

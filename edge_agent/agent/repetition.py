@@ -37,3 +37,10 @@ def looping(tokens: Sequence[int], detokenize: Callable[[Sequence[int]], str]) -
     a letter."""
     unit = repeating_unit(tokens)
     return unit is not None and any(c.isalpha() for c in detokenize(unit))
+
+
+def looped_why(answer: str) -> str:
+    """Why an answer that looped before any tool result is taken back (``MoveWithdrawn.reason``)."""
+    words = answer.split()
+    shown = " ".join(words[:12]) + (" ..." if len(words) > 12 else "")
+    return f"the answer began repeating itself ({shown!r}): the model does not know; it searches first"

@@ -519,4 +519,6 @@ def answer_text(events: Iterable[ev.Event]) -> str:
             return e.answer
         if isinstance(e, ev.AnswerToken):
             parts.append(e.text)
+        elif isinstance(e, ev.MoveWithdrawn) and e.action == "answer":
+            parts = []  # an answer taken back after it streamed (it looped): not the answer
     return "".join(parts)

@@ -167,6 +167,10 @@ class AnswerView(Vertical):
             await (await self._turn(e.turn)).apply(e)
         elif isinstance(e, ev.AgentError) and e.fatal:
             await self.finish("error", f"{e.title}: {e.message}")
+        elif isinstance(e, ev.MoveWithdrawn) and e.action == "answer" and self.text:
+            await self._set_answer("")  # an answer that looped is taken back (the turn says why); it searches
+            self.answer_tokens = 0
+            await (await self._turn(e.turn)).apply(e)
         elif turn is not None:
             await (await self._turn(turn)).apply(e)
 
