@@ -75,25 +75,33 @@ def test_larger_windows_give_the_masked_argmax_at_qwens_vocabulary(qwen05_gguf) 
     assert used[2048] + used[32768] > 0  # the larger windows were needed, and agreed with the full mask
 
 
+def grammar_taker(m, grammar: str):
+    """Whether ``grammar`` (the real grammar sampler on model ``m``) takes a text char by char."""
+    from edge_agent.runtime import forced
+    from edge_agent.runtime.sampling import Sampler
+
+    probe = forced.probe_of(m.tokenizer)
+    ids = dict(zip(probe.chars, probe.ids.tolist(), strict=True))
+
+    def allowed(text: str) -> bool:
+        with Sampler(m.handle, grammar=grammar, temperature=0.0, seed=0) as smp:
+            for c in text:
+                if not smp._allows(ids[c]):
+                    return False
+                smp.accept(ids[c])
+            return True
+
+    return allowed
+
+
 def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
     """text_search's grammar (real grammar sampler): at most MAX_QUERY_WORDS words, one space between
     them, no comma (the 1.5B's unbounded queries ran to comma-separated lists), then the closing quote."""
     from edge_agent.agent.actions import MAX_QUERY_WORDS, tail_cut
-    from edge_agent.runtime import Model, forced
-    from edge_agent.runtime.sampling import Sampler
+    from edge_agent.runtime import Model
 
     with Model.load(tiny_models["text"], n_ctx=256) as m:
-        probe = forced.probe_of(m.tokenizer)
-        ids = dict(zip(probe.chars, probe.ids.tolist(), strict=True))
-
-        def allowed(text: str) -> bool:
-            """Whether the grammar takes ``text`` char by char."""
-            with Sampler(m.handle, grammar=tail_grammar("text_search"), temperature=0.0, seed=0) as smp:
-                for c in text:
-                    if not smp._allows(ids[c]):
-                        return False
-                    smp.accept(ids[c])
-                return True
+        allowed = grammar_taker(m, tail_grammar("text_search"))
 
         assert allowed('highest point of Nepal"')
         assert allowed("Bosnia-Herzegovina's .ba top-level-domain?")
@@ -114,20 +122,10 @@ def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
 def test_an_answer_never_begins_with_a_brace(tiny_models) -> None:
     """The answer's grammar (real grammar sampler): prose without "<", never beginning with "{" (the 1.5B
     wrote tool calls of its own invention as answers: `{"name": "multiply", ...}`); a brace later is text."""
-    from edge_agent.runtime import Model, forced
-    from edge_agent.runtime.sampling import Sampler
+    from edge_agent.runtime import Model
 
     with Model.load(tiny_models["text"], n_ctx=256) as m:
-        probe = forced.probe_of(m.tokenizer)
-        ids = dict(zip(probe.chars, probe.ids.tolist(), strict=True))
-
-        def allowed(text: str) -> bool:
-            with Sampler(m.handle, grammar=tail_grammar("answer"), temperature=0.0, seed=0) as smp:
-                for c in text:
-                    if not smp._allows(ids[c]):
-                        return False
-                    smp.accept(ids[c])
-                return True
+        allowed = grammar_taker(m, tail_grammar("answer"))
 
         assert allowed("Lima is the capital of Peru.</answer>") and allowed("</answer>")
         assert allowed("  12 * 34 = 408") and allowed("The set {1, 2} has two members.")

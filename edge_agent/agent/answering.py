@@ -17,7 +17,7 @@ from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
 from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
-from edge_agent.agent.repetition import looped_why, looping
+from edge_agent.agent.repetition import looped_why, until_looping
 from edge_agent.agent.run_state import RunState
 
 
@@ -126,7 +126,7 @@ class Answering(RunState):
                 lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
                     max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                    until=self._looping, temperature=self.options.temperature,
+                    until=until_looping(self.session.detokenize), temperature=self.options.temperature,
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )
@@ -136,10 +136,6 @@ class Answering(RunState):
             if self.drafter is not None:  # the agent's decode time per token prices the next drafts
                 self.drafter.observe_decode(gen.seconds, len(gen.tokens))
         return "".join(self.answer_parts).strip()
-
-    def _looping(self, tokens: Sequence[int], _logprobs: Sequence[float]) -> bool:
-        """generate's ``until`` for the answer: it ends in a degenerate loop (``repetition.looping``)."""
-        return looping(tokens, self.session.detokenize)
 
     def _close_answer(self) -> None:
         """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it

@@ -38,7 +38,7 @@ from edge_agent.agent.events import (
 )
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.prompts import Img, Segment, Text
-from edge_agent.agent.repetition import looping
+from edge_agent.agent.repetition import until_looping
 from edge_agent.agent.streaming import stream
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import ChatSessionLike, Checkpoint, ImageChunk, SessionLike
@@ -346,7 +346,7 @@ class _Direct:
         gen = yield from stream(lambda on_token, stop: s.generate(
             max_tokens=self.options.answer_max_tokens, temperature=self.options.temperature,
             seed=self.options.seed + 1, on_token=on_token, cancel=stop,
-            until=lambda tokens, _lps: looping(tokens, s.detokenize)), self._piece, self.cancel)
+            until=until_looping(s.detokenize)), self._piece, self.cancel)
         if gen.stop_reason == "cancelled" or self.cancel.is_set():
             raise Cancelled()
         self.n_generated = len(gen.tokens)

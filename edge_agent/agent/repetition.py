@@ -39,6 +39,14 @@ def looping(tokens: Sequence[int], detokenize: Callable[[Sequence[int]], str]) -
     return unit is not None and any(c.isalpha() for c in detokenize(unit))
 
 
+Until = Callable[[Sequence[int], Sequence[float]], bool]  # runtime.types.UntilFn, without importing it
+
+
+def until_looping(detokenize: Callable[[Sequence[int]], str]) -> Until:
+    """``generate``'s ``until`` that ends a generation once it loops (:func:`looping`)."""
+    return lambda tokens, _logprobs: looping(tokens, detokenize)
+
+
 def looped_why(answer: str) -> str:
     """Why an answer that looped before any tool result is taken back (``MoveWithdrawn.reason``)."""
     words = answer.split()
