@@ -561,6 +561,40 @@ def test_pmi_scores_subtract_the_neutral_score_and_decide():
             and r0.candidates[0].neutral is None)
 
 
+def test_a_tool_call_written_as_the_answer_is_taken_back_or_no_answer():
+    """An answer that is a tool's call written as code (the real 0.5B offline: ``text_search({"query":
+    ...})``): before any tool result, with the search still offered, it is taken back and the move chosen
+    again (the search runs); with no search offered it is "No answer found", saying why."""
+    from edge_agent.agent.prompts import called_tool
+
+    assert called_tool('text_search({"query": "capital of Peru"})') == "text_search"
+    assert called_tool(' `zoom ({"bbox_2d": [1, 2, 3, 4]})`') == "image_zoom_in_tool"
+    assert called_tool('image_zoom_in_tool({"bbox_2d": [1, 2, 3, 4]})') == "image_zoom_in_tool"
+    assert called_tool("text_search is how I would find it (a tool).") is None
+    assert called_tool("Lima (the capital of Peru)") is None
+    assert called_tool('json {"name": "text_search", "arguments": {"query": "Peru"}}') == "text_search"
+    assert called_tool('```json\n{"name": "zoom", "arguments": {}}') == "image_zoom_in_tool"
+    assert called_tool('json {"name": "Peru", "capital": "Lima"}') is None  # JSON, but no call of ours
+    search = _searching("capital of Peru")
+    s = FakeSession(favour(["full sentence", "from the evidence"]),
+                    ['text_search({"query": "capital of Peru"})</answer>', 'capital of Peru"}}\n</tool_call>',
+                     "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search)))
+    (w,) = [e for e in events if e.kind == "move_withdrawn"]
+    assert w.action == "answer" and "wrote a call of text_search where its answer goes" in w.reason
+    assert search.queries == ["capital of Peru"] and events[-1].answer == "Lima"
+    assert "text_search({" not in s.text  # rolled back: never in the context
+    offline = FakeSearchTools(unconfigured_tools={"text_search": "no search service is set up",
+                                                  "image_search": "no search service is set up"})
+    s = FakeSession(favour(["full sentence"]), ['text_search({"query": "capital of Peru"})</answer>'])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, offline)))
+    assert events[-1].stop_reason == "no_answer" and events[-1].answer == ""
+    (err,) = [e for e in events if e.kind == "error"]
+    assert err.title == "No answer found" and not err.fatal and offline.queries == []
+    assert "wrote a call of text_search instead of an answer" in err.message
+    assert "text_search was not offered: no search service is set up." in err.message
+
+
 def test_a_tool_message_as_the_answer_is_no_answer():
     """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer
     found"."""

@@ -310,3 +310,4 @@ def test_ask_says_when_an_answer_was_stopped_in_a_loop(qwen05, edge_home):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("la la la la")
     assert "stopped where it began repeating itself" in r.stderr and "repetition in 1 turn" in r.stderr
+    assert "or try --mode ssr or freeform." in r.stderr  # the other modes, not the one it ran in

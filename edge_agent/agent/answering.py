@@ -16,13 +16,20 @@ from collections.abc import Generator, Sequence
 from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
 from edge_agent.agent.answer_check import answer_score, out_of_reach
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
-from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, echoes_instructions
+from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, called_tool, echoes_instructions
 from edge_agent.agent.repetition import looped_why, until_looping
 from edge_agent.agent.run_state import RunState
+from edge_agent.tools import specs
 
 
 class Answering(RunState):
     """The answer's steps on a run's state; ``loop._Run`` inherits them."""
+
+    def _not_offered(self, tool: str) -> str:
+        """Why the tool ``tool`` (the name the model calls) is not offered in this question, as a sentence."""
+        spec = specs.by_name(tool)
+        why = self.tools.not_offered_why(spec.action) if spec is not None else None
+        return f" {tool} was not offered: {why}." if why else ""
 
     def _checks_answer(self, left: set[str]) -> bool:
         """SSR's answer check applies: an answer before any tool result, with another move still allowed."""
@@ -54,13 +61,17 @@ class Answering(RunState):
     def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float,
                      retractable: bool = False) -> Generator[Event, None, str | None]:
         """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer; None.
-        ``retractable`` (no tool result yet, another move allowed): an answer that falls into a loop is not
-        closed; returns why it goes back (the caller rolls back and chooses again, as after an unsure
-        answer check)."""
+        ``retractable`` (no tool result yet, another move allowed): an answer that falls into a loop, or
+        that is a tool's call written as code (``prompts.called_tool``), is not closed; returns why it goes
+        back (the caller rolls back and chooses again, as after an unsure answer check). Not retractable,
+        such a call is no answer ("No answer found")."""
         answer = yield from self._answer(turn)
-        if retractable and self.answer_end == "repetition":
+        tool = called_tool(answer)
+        if retractable and (self.answer_end == "repetition" or tool is not None):
             self.answer_parts = []
-            return looped_why(answer)
+            return looped_why(answer) if tool is None else (
+                f"the model wrote a call of {tool} where its answer goes ({_shown(answer)!r}): it chooses "
+                "its move again")
         action_s = time.perf_counter() - t0
         self.totals.add(reasoning_s, action_s, 0.0, 0.0)
         yield TurnFinished(turn=turn, action="answer", reasoning_seconds=reasoning_s, action_seconds=action_s,
@@ -72,6 +83,13 @@ class Answering(RunState):
             yield AgentError(turn=turn, title="No answer found", fatal=False,
                              message="The model repeated our instructions instead of answering "
                                      f"({answer!r}).")
+            yield self._final("no_answer", "", context=key)
+            return None
+        if tool is not None:  # a call written as code in the answer's place: not an answer either
+            yield AgentError(turn=turn, title="No answer found", fatal=False,
+                             message=f"The model wrote a call of {tool} instead of an answer "
+                                     f"({_shown(answer)!r}).{self._not_offered(tool)} Try another mode "
+                                     "(Ctrl+R in the app, --mode with ask).")
             yield self._final("no_answer", "", context=key)
             return None
         # stopped at answer_max_tokens (stop_reason "length") or in a loop ("repetition"): says so
@@ -145,3 +163,9 @@ class Answering(RunState):
             self.session.drop_last_token()
         rest = tail_remainder("answer", self.answer_last) if self.answer_end == "stop" else ANSWER_CLOSE
         self.session.append_text(rest + TURN_END, cancel=self.cancel)
+
+
+def _shown(answer: str, n: int = 80) -> str:
+    """An answer as a message quotes it: at most ``n`` characters."""
+    text = " ".join(answer.split())
+    return text if len(text) <= n else text[: n - 3] + "..."

@@ -175,6 +175,24 @@ def echoes_instructions(answer: str, ours: Sequence[str] = ()) -> bool:
     return not rest.split()
 
 
+# a call as code: an optional code fence and language tag, then `name(` or a JSON object naming the tool
+_CALL_AS_CODE = re.compile(r'\s*(?:`+\s*)?(?:(?:json|python|tool_call)\b\s*)?'
+                           r'(?:(?P<f>[\w.]+)\s*\(|\{\s*"name"\s*:\s*"(?P<j>[^"]+)")', re.IGNORECASE)
+
+
+def called_tool(answer: str) -> str | None:
+    """The tool an answer merely calls, written as code: ``text_search({"query": "capital of Peru"})``, or
+    ``json {"name": "text_search", "arguments": {"query": "Peru"}}`` (the real 0.5B's answers offline, with
+    no search offered: an answer cannot begin with ``{``, so it wrote "json" first), by the name the model
+    calls it or its move's name; None for an answer. Such an answer is not presented as one."""
+    m = _CALL_AS_CODE.match(answer)
+    name = (m.group("f") or m.group("j")) if m else None
+    for s in specs.all_specs():
+        if name and s.is_tool and name in (s.name, s.action):
+            return s.name
+    return None
+
+
 def observation_segments(observation: str, image: bytes | None = None, *, note: str = "") -> list[Segment]:
     """A tool result as a user turn: ``<tool_response>`` (a crop as a new image), then the next think block.
 

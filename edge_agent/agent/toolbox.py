@@ -70,6 +70,10 @@ class ToolExecutor(Protocol):
         """Why running ``call`` could bring nothing new to this question (None: it may), e.g. the same
         normalised query again. The loop takes such a move back instead of running it."""
 
+    def not_offered_why(self, action: str) -> str | None:
+        """Why ``action`` is not offered in this question now ("it is offline and nothing is cached ...");
+        None when it is, or when no reason is known."""
+
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome: ...
 
 
@@ -156,6 +160,9 @@ class Toolbox:
         if self.images is None:
             raise IndexError("no images")
         return self.images.model_png(idx)
+
+    def not_offered_why(self, action: str) -> str | None:
+        return None if action in self.available_actions() else self.withdrawn.get(action)
 
     def nothing_new(self, call: ToolCall) -> str | None:
         """Why ``call`` could bring nothing new to this question: the same search again (normalised query,

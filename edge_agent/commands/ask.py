@@ -221,6 +221,20 @@ def _chat_models(settings: Settings, chat: Any, flags: dict[str, str | None], sa
     return settings.updated(use, source=f"chat {chat.chat_id}")
 
 
+def _say_why_cut(last: Any, settings: Settings, mode: str) -> None:
+    """Right under the answer, on stderr: it does not look finished because it is not."""
+    if last.stop_reason == "length":
+        n = int(last.totals.get("answer_tokens", settings.answer_max_tokens))
+        click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
+                   f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
+                   err=True)
+    if last.stop_reason == "repetition":
+        others = [m for m in ("ssr", "freeform", "direct") if m != mode]
+        click.echo("The answer was stopped where it began repeating itself (the model does not know the "
+                   f"rest, or lost its way): ask again in other words, or try --mode {' or '.join(others)}.",
+                   err=True)
+
+
 def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images: list[str], *, as_json: bool,
          mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
@@ -277,16 +291,7 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
         # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
         if last.answer:
             click.echo(last.answer)
-        # right under the answer: it does not look finished because it is not
-        if last.stop_reason == "length":
-            n = int(last.totals.get("answer_tokens", settings.answer_max_tokens))
-            click.echo(f"The answer was cut off at {n} tokens (answer_max_tokens). For longer answers: "
-                       f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
-                       err=True)
-        if last.stop_reason == "repetition":
-            click.echo("The answer was stopped where it began repeating itself (the model does not know the "
-                       "rest, or lost its way): ask again in other words, or try --mode freeform or direct.",
-                       err=True)
+        _say_why_cut(last, settings, mode or settings.mode)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:
             click.echo(f"chat {writer.chat_id}: ask a follow-up with `edge-agent ask --continue QUESTION`",
