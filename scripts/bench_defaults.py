@@ -3,6 +3,7 @@
 
 Usage:
     python scripts/bench_defaults.py [--standin 2b|4b] [--model GGUF] [--depth 1800] [--reps 3] [--json]
+    python scripts/bench_defaults.py --vs-llamacpp --depth 1410 --reps 8 [--json]
 
 - KV cache: llama.cpp's decode time per token (the app's decode threads) after 64 cells and after
   ``--depth`` cells (the context an answer is decoded after in ``bench_question.py``: ~1,800), and the
@@ -12,6 +13,12 @@ Usage:
 - Batch size: a 600-token prefill with n_batch 256 (the app's) and 512.
 Variants are measured in rounds, interleaved (the machine is shared and noisy), one model loaded at
 a time; medians of ``--reps`` rounds. Random weights change no cost (see make_standin_models.py).
+
+``--vs-llamacpp`` measures only this instead: the app's runtime as the app loads the model (its KV type,
+batch, threads and scoring sequences) against llama.cpp at its own defaults in a process of its own
+(``scripts/oneshot.py``), in alternating rounds: one-token decodes after ``--depth`` cells and a 256-token
+prefill, as ``decode_over_llamacpp_defaults`` and ``prefill_over_llamacpp_defaults`` (the app's time /
+llama.cpp's). ``bench_question.py`` reports the same comparison for the answer of a whole photo question.
 """
 
 from __future__ import annotations
@@ -71,6 +78,57 @@ def prefill_s(model: Any, n: int = 600) -> float:
     return dt
 
 
+def vs_llamacpp(path: Path, depth: int, reps: int, n_tokens: int = 8) -> dict[str, Any]:
+    """The app's runtime against llama.cpp's defaults in their own process, in alternating rounds."""
+    from edge_agent.runtime import Model
+    from scripts.oneshot import N_BATCH, OneShot
+
+    app = Model.load(path, None, n_ctx=8192, kv_type="auto")
+    toks = filler_tokens(app, depth + n_tokens)
+    prefill = filler_tokens(app, 256)
+    other = OneShot(path, None, n_ctx=4096, threads=app.n_threads)
+    rows: dict[str, list[float]] = {"app_decode": [], "llamacpp_decode": [], "app_prefill": [],
+                                    "llamacpp_prefill": []}
+    try:
+        other.call(cmd="set_depth", tokens=toks[:depth])
+        s = app.session()
+        s.append_tokens(toks[:depth])
+        deep = s.save_state("bench-defaults")
+        for r in range(reps):
+            for side in (("app", "llamacpp") if r % 2 == 0 else ("llamacpp", "app")):
+                if side == "llamacpp":
+                    rows["llamacpp_decode"].append(other.call(cmd="decode", tokens=toks[depth:])["decode_ms"])
+                    rows["llamacpp_prefill"].append(other.call(cmd="prefill", tokens=prefill)["prefill_s"])
+                    continue
+                s = app.restore(deep)
+                times = []
+                for t in toks[depth:]:  # each append evaluates the token before it
+                    t0 = time.perf_counter()
+                    s.append_tokens([t])
+                    times.append(time.perf_counter() - t0)
+                rows["app_decode"].append(1000 * statistics.median(times[1:]))
+                s = app.session()
+                t0 = time.perf_counter()
+                s.append_tokens(prefill)
+                rows["app_prefill"].append(time.perf_counter() - t0)
+            print(f"round {r + 1}/{reps}: " + ", ".join(f"{k} {v[-1]:.3g}" for k, v in rows.items()),
+                  file=sys.stderr, flush=True)
+        kv = f"{app.handle.params.kv_type}, flash attention {app.handle.flash_attn}"
+    finally:
+        other.close()
+        app.close()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return {"model": path.name, "depth": depth, "reps": reps, "threads": app.n_threads,
+            "app": {"kv": kv, "n_seq_max": app.handle.params.n_seq_max, "n_batch": app.handle.params.n_batch,
+                    "decode_ms_at_depth": round(med["app_decode"], 2),
+                    "prefill_tokens_per_s": round(256 / med["app_prefill"], 1)},
+            "llamacpp_defaults": {"kv": "f16, flash attention off", "n_seq_max": 1, "n_batch": N_BATCH,
+                                  "decode_ms_at_depth": round(med["llamacpp_decode"], 2),
+                                  "prefill_tokens_per_s": round(256 / med["llamacpp_prefill"], 1)},
+            "decode_over_llamacpp_defaults": round(med["app_decode"] / med["llamacpp_decode"], 3),
+            "prefill_over_llamacpp_defaults": round(med["app_prefill"] / med["llamacpp_prefill"], 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     ap.add_argument("--standin", default="2b", choices=["2b", "4b"])
@@ -80,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="KV cells before the timed decodes (default 1800)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--vs-llamacpp", action="store_true",
+                    help="only the app's runtime against llama.cpp's defaults in their own process")
     args = ap.parse_args(argv)
     from edge_agent.runtime import Model
 
@@ -92,6 +152,19 @@ def main(argv: list[str] | None = None) -> int:
             path = make_standin_models(args.standin_dir, args.standin)["text"]
         except TokenizerMissing as e:
             ap.error(str(e))
+    if args.vs_llamacpp:
+        got = vs_llamacpp(path, args.depth, args.reps)
+        if args.json:
+            print(json.dumps(got, indent=1))
+        else:
+            a, b = got["app"], got["llamacpp_defaults"]
+            print(f"{got['model']}, {got['threads']} threads, medians of {got['reps']} alternating rounds")
+            print(f"decode after {got['depth']} cells: app {a['decode_ms_at_depth']} ms ({a['kv']}), "
+                  f"llama.cpp's defaults {b['decode_ms_at_depth']} ms ({b['kv']}): "
+                  f"{got['decode_over_llamacpp_defaults']}x")
+            print(f"256-token prefill: app {a['prefill_tokens_per_s']} tokens/s, llama.cpp's defaults "
+                  f"{b['prefill_tokens_per_s']}: time {got['prefill_over_llamacpp_defaults']}x")
+        return 0
     kv: dict[str, list[dict[str, float]]] = {k: [] for k in KV_VARIANTS}
     batch: dict[int, list[float]] = {b: [] for b in BATCHES}
     kv_bytes: dict[str, int] = {}

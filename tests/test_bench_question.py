@@ -79,3 +79,17 @@ def test_bench_defaults_runs_on_smollm2(capsys, smollm2_gguf):
     assert all(v["decode_ms_64"] > 0 and v["decode_ms_100"] > 0 for v in res["kv"].values())
     assert res["kv"]["q8_0+fa"]["kv_mib_at_8192"] < res["kv"]["f16"]["kv_mib_at_8192"]
     assert set(res["prefill_600_s"]) == {"256", "512"} and res["batch_256_over_512"] > 0
+
+
+def test_bench_defaults_against_llamacpp_runs_on_smollm2(capsys, smollm2_gguf):
+    """the app's runtime against llama.cpp's defaults in their own process runs end to end (speed not
+    asserted): both sides decoded after the same cells and prefilled the same tokens."""
+    from scripts import bench_defaults
+
+    args = ["--model", str(smollm2_gguf), "--vs-llamacpp", "--depth", "100", "--reps", "2", "--json"]
+    assert bench_defaults.main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["depth"] == 100 and res["reps"] == 2 and res["llamacpp_defaults"]["n_seq_max"] == 1
+    for side in (res["app"], res["llamacpp_defaults"]):
+        assert side["decode_ms_at_depth"] > 0 and side["prefill_tokens_per_s"] > 0
+    assert res["decode_over_llamacpp_defaults"] > 0 and res["prefill_over_llamacpp_defaults"] > 0
