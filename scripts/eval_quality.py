@@ -134,6 +134,30 @@ def row(name: str, m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def time_ratio(records: list[dict[str, Any]], num: str = "ssr", den: str = "freeform", *, draws: int = 5000,
+               seed: int = 0) -> tuple[float, tuple[float, float]] | None:
+    """``num``'s model seconds over ``den``'s on the questions both answered (the ratio of the sums), with
+    a 95% interval from a paired bootstrap over those questions (seeded: the same records give the same
+    interval); None without a question in common."""
+    import random
+
+    by: dict[str, dict[str, float]] = {}
+    for r in records:
+        by.setdefault(r["id"], {})[r["mode"]] = r["model_seconds"]
+    pairs = [(m[num], m[den]) for m in by.values() if num in m and den in m]
+    if not pairs or sum(d for _, d in pairs) <= 0:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        pick = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        den_s = sum(d for _, d in pick)
+        ratios.append(sum(n for n, _ in pick) / den_s if den_s > 0 else float("inf"))
+    ratios.sort()
+    ratio = sum(n for n, _ in pairs) / sum(d for _, d in pairs)
+    return ratio, (ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1])
+
+
 def table_rows(runs: list[Any]) -> list[dict[str, Any]]:
     """A set's rows: its main run's modes, then (when there are ablations) the main run's SSR on the
     ablations' questions, the row to compare them with, then each ablation mode."""
@@ -141,6 +165,10 @@ def table_rows(runs: list[Any]) -> list[dict[str, Any]]:
 
     main, *ablations = runs
     rows = [row(mode, m) for mode, m in main.metrics.items()]
+    got = time_ratio(main.records)
+    for r in rows:
+        if r["mode"] == "ssr" and got is not None:  # SSR's model seconds over free-form's, paired
+            r["model_seconds_over_freeform"], r["model_seconds_over_freeform_ci95"] = got
     for run in ablations:
         ids = {q.id for q in run.questions}
         same = compute_metrics(r for r in main.records if r["id"] in ids and r["mode"] == "ssr")
@@ -187,6 +215,12 @@ def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
                          f"{num(r['searches'])} | "
                          f"{num(r['repeated_searches'])} | {num(r['model_seconds'], 1)} | "
                          f"{seprod_cell(r)} | {pct(agree)} |")
+    ratios = [f"{name} {r['model_seconds_over_freeform']:.2f} [{lo:.2f}-{hi:.2f}]"
+              for name, rs in rows.items() for r in rs if r.get("model_seconds_over_freeform") is not None
+              for lo, hi in [r["model_seconds_over_freeform_ci95"]]]
+    if ratios:
+        lines += ["", "SSR's model seconds over free-form's, on the questions both answered (95% interval: a "
+                  "paired bootstrap over those questions): " + ", ".join(ratios) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ import json
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import followups, markdown, row, table_rows
+from scripts.eval_quality import followups, markdown, row, table_rows, time_ratio
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -84,3 +84,28 @@ def test_the_followup_set_is_the_known_set_after_factbook_questions(tmp_path):
         ("followup-k2", "Known 2?", "Factbook 0?", ("2",))]
     mtime = path.stat().st_mtime_ns
     assert followups(fb, known, path) == path and path.stat().st_mtime_ns == mtime
+
+
+def test_ssr_time_over_free_form_is_paired_by_question_with_an_interval():
+    """SSR's model seconds over free-form's: the ratio of the sums on the questions both answered, with a
+    seeded paired-bootstrap 95% interval around it (wider with fewer questions); the table says it."""
+    recs = [{"id": f"q{i}", "mode": mode, "model_seconds": s}
+            for i in range(40) for mode, s in (("ssr", 2.0 + (i % 5)), ("freeform", 5.0 + (i % 3)))]
+    recs.append({"id": "only-ssr", "mode": "ssr", "model_seconds": 100.0})  # no pair: left out
+    ratio, (lo, hi) = time_ratio(recs)
+    assert ratio == sum(2.0 + i % 5 for i in range(40)) / sum(5.0 + i % 3 for i in range(40))
+    assert lo < ratio < hi and time_ratio(recs) == (ratio, (lo, hi))
+    _, (lo8, hi8) = time_ratio([r for r in recs if r["id"] in {f"q{i}" for i in range(8)}])
+    assert hi8 - lo8 > hi - lo
+    assert time_ratio([r for r in recs if r["mode"] == "ssr"]) is None
+    q = E.Question("k", "What is 17*23?", ("391",), None)
+    main_recs = [{**E.make_record(q, E.MODES[m], _episode([], "391")), "model_seconds": t}
+                 for m, t in (("ssr", 1.0), ("freeform", 4.0))]
+    main = argparse.Namespace(questions=[q], records=main_recs,
+                              metrics={m: E.mode_metrics([r for r in main_recs if r["mode"] == m])
+                                       for m in ("freeform", "ssr")})
+    rows = {"known": table_rows([main])}
+    ssr = next(r for r in rows["known"] if r["mode"] == "ssr")
+    assert ssr["model_seconds_over_freeform"] == 0.25
+    assert "SSR's model seconds over free-form's" in markdown(rows, argparse.Namespace(model="m", split="dev",
+                                                                                        ablations=0))
