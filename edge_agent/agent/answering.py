@@ -78,18 +78,14 @@ class Answering(RunState):
                            tool_seconds=0.0)
         self._close_answer()
         key = self.context.answered(self.session)  # a follow-up continues from here
-        if echoes_instructions(answer,
-                               self.ours):  # "You have no tool calls left", a tool's message: not an answer
-            yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message="The model repeated our instructions instead of answering "
-                                     f"({answer!r}).")
-            yield self._final("no_answer", "", context=key)
-            return None
-        if tool is not None:  # a call written as code in the answer's place: not an answer either
-            yield AgentError(turn=turn, title="No answer found", fatal=False,
-                             message=f"The model wrote a call of {tool} instead of an answer "
-                                     f"({_shown(answer)!r}).{self._not_offered(tool)} Try another mode "
-                                     "(Ctrl+R in the app, --mode with ask).")
+        # "You have no tool calls left", a tool's message, or a call written as code: not an answer
+        why = (f"The model repeated our instructions instead of answering ({answer!r})."
+               if echoes_instructions(answer, self.ours) else
+               f"The model wrote a call of {tool} instead of an answer ({_shown(answer)!r})."
+               f"{self._not_offered(tool)} Try another mode (Ctrl+R in the app, --mode with ask)."
+               if tool is not None else "")
+        if why:
+            yield AgentError(turn=turn, title="No answer found", fatal=False, message=why)
             yield self._final("no_answer", "", context=key)
             return None
         # stopped at answer_max_tokens (stop_reason "length") or in a loop ("repetition"): says so

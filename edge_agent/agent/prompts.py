@@ -187,10 +187,7 @@ def called_tool(answer: str) -> str | None:
     calls it or its move's name; None for an answer. Such an answer is not presented as one."""
     m = _CALL_AS_CODE.match(answer)
     name = (m.group("f") or m.group("j")) if m else None
-    for s in specs.all_specs():
-        if name and s.is_tool and name in (s.name, s.action):
-            return s.name
-    return None
+    return next((s.name for s in specs.tools() if name in (s.name, s.action)), None)
 
 
 def observation_segments(observation: str, image: bytes | None = None, *, note: str = "") -> list[Segment]:

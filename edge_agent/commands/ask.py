@@ -24,7 +24,7 @@ from edge_agent.agent import events as ev
 from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
 from edge_agent.chat.crops import prune_crops, remove_run_crops
 from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
-from edge_agent.core.config import Settings
+from edge_agent.core.config import CHOICES, Settings
 from edge_agent.core.errors import EdgeAgentError
 from edge_agent.engine.face import AskRequest
 from edge_agent.tools.images import SUFFIXES as IMAGE_SUFFIXES
@@ -229,7 +229,7 @@ def _say_why_cut(last: Any, settings: Settings, mode: str) -> None:
                    f"edge-agent config set answer_max_tokens {min(2 * settings.answer_max_tokens, 8192)}",
                    err=True)
     if last.stop_reason == "repetition":
-        others = [m for m in ("ssr", "freeform", "direct") if m != mode]
+        others = [m for m in CHOICES["mode"] if m != mode]
         click.echo("The answer was stopped where it began repeating itself (the model does not know the "
                    f"rest, or lost its way): ask again in other words, or try --mode {' or '.join(others)}.",
                    err=True)
