@@ -15,6 +15,10 @@ seconds per question of each, the ratios, turn 1's seconds (scoring, the rationa
 and whether every answer and move matched.
 
     .venv/bin/python scripts/bench_first_turn.py --questions 6 --json   # ~3 min
+
+``--offline``: offline with nothing cached (no search service, no search offered): a text question's only
+rationale is the answer's, and as shipped it is not scored (a softmax over one score is 1); "scored" scores
+it as before.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=12, help="questions of each set (Factbook, known)")
     ap.add_argument("--model", default=AGENT)
+    ap.add_argument("--offline", action="store_true",
+                    help="offline with nothing cached: no search offered, the answer the only move")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -77,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         questions = [json.loads(line)["question"]
                      for name in ("factbook", "known")
                      for line in sets[name].read_text(encoding="utf-8").splitlines()[: args.questions]]
-        server = start_server(build_index(load_countries()))
+        server = None if args.offline else start_server(build_index(load_countries()))
         try:
-            settings = Settings.load({"model": args.model, "text_search": "searxng",
-                                      "searxng_url": server.url}, env={"EDGE_AGENT_HOME": tmp})
+            search = ({"offline": True} if server is None
+                      else {"text_search": "searxng", "searxng_url": server.url})
+            settings = Settings.load({"model": args.model, **search}, env={"EDGE_AGENT_HOME": tmp})
             with Engine.from_settings(settings) as engine:
                 ssr = AgentOptions.from_settings(settings, mode="ssr", library=engine.library)
                 options = {"shipped": ssr,
@@ -98,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{got['scored']['model']:.2f} s, free-form {got['freeform']['model']:.2f} s",
                           file=sys.stderr)
         finally:
-            server.stop()
+            if server is not None:
+                server.stop()
 
     def mean(way: str, key: str) -> float:
         return statistics.fmean(r[way][key] for r in rows)
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     same = [r["shipped"]["answer"] == r["scored"]["answer"] and r["shipped"]["moves"] == r["scored"]["moves"]
             and [c[0] for c in r["shipped"]["checks"]] == [c[0] for c in r["scored"]["checks"]] for r in rows]
     out = {
-        "model": args.model, "questions": len(rows),
+        "model": args.model, "questions": len(rows), "offline": args.offline,
         "model_seconds": {way: mean(way, "model") for way in WAYS},
         "turn1_seconds": {way: mean(way, "turn1") for way in WAYS},
         "shipped_over_scored": mean("shipped", "model") / mean("scored", "model"),

@@ -28,7 +28,7 @@ from edge_agent.agent.actions import (
     tail_grammar,
     tail_remainder,
 )
-from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED
+from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED, ONLY_RATIONALE
 from edge_agent.agent.loop import AgentOptions, run_agent
 from edge_agent.agent.prompts import THINK_OPEN, observation_segments, system_prompt
 from edge_agent.agent.rationales import (
@@ -351,8 +351,12 @@ def test_policy_forces_actions_and_no_image_hides_image_tools():
     opts = AgentOptions(policy=lambda turn, allowed: {"text_search"} if turn == 1 else {"answer"})
     events = list(run_agent(s, "Q?", tools=Toolbox(None, FakeSearch()), options=opts))
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
-    assert len(s.scored[0]) == 1 and "image_zoom_in_tool" not in s.text
-    assert "<IMG>" not in s.text
+    assert "image_zoom_in_tool" not in s.text and "<IMG>" not in s.text
+    # turn 1 has one rationale to choose (the search's): not scored; turn 2 scores its two answers
+    first, second = [e for e in events if e.kind == "rationale_scored"]
+    assert not first.scored and first.why == ONLY_RATIONALE and [c.action for c in first.candidates] == [
+        "text_search"]
+    assert second.scored and len(s.scored) == 1 and len(s.scored[0]) == 2
 
 
 def test_index_only_scores_indices_and_pastes_text():

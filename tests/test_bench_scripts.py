@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_bench_ssr_runs_on_the_tiny_model(capsys):
     """bench_ssr drives the engine with its canned search tools (a ``SearchLike``) through real turns."""
@@ -49,17 +51,22 @@ def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf):
     assert Session.defer_appends  # switched back on
 
 
-def test_bench_first_turn_runs_on_the_real_qwen(capsys, qwen05_gguf):
+@pytest.mark.parametrize("offline", [False, True])
+def test_bench_first_turn_runs_on_the_real_qwen(capsys, qwen05_gguf, offline):
     """bench_first_turn asks a Factbook and a known question as shipped, with turn 1 scored and every check
-    read to its end, and in free-form, and finds the same answers and moves both SSR ways."""
+    read to its end, and in free-form, and finds the same answers and moves both SSR ways; offline (no
+    search offered, the answer the only move) without any answer check."""
     from scripts import bench_first_turn
 
     args = ["--model", "qwen2.5-coder-0.5b-instruct", "--questions", "1", "--json"]
+    args += ["--offline"] if offline else []
     assert bench_first_turn.main(args) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["questions"] == 2 and res["same_answers_and_moves"] == 2
+    assert res["questions"] == 2 and res["same_answers_and_moves"] == 2 and res["offline"] == offline
     assert all(res["model_seconds"][way] > 0 for way in ("shipped", "scored", "freeform"))
     assert res["check_tokens"]["shipped"] <= res["check_tokens"]["scored"]
+    if offline:
+        assert res["check_tokens"]["scored"] == 0
 
 
 def test_bench_forced_runs_on_the_tiny_model(capsys, tiny_models):

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from edge_agent.agent.actions import ToolCall
+from edge_agent.agent.answer_check import ONLY_RATIONALE
 from edge_agent.agent.context import append_segments
 from edge_agent.agent.loop import AgentOptions, run_agent, system_for
 from edge_agent.agent.prompts import Text, observation_segments, question_segments, system_prompt
@@ -236,6 +237,28 @@ def test_a_first_turn_not_scored_is_the_first_turn_scored(qwen, check):
     assert scored0 and not scored1
     assert ("move_withdrawn" in k1) == (check == 0.0) and k1.count("tool_called") == k0.count("tool_called")
     assert a0 == a1 and h0 == h1, (a0, a1)
+
+
+@pytest.mark.parametrize("question", ["What is 17 times 23?", "What is the capital of Peru?"])
+def test_the_only_rationale_is_pasted_as_a_scoring_would_adopt_it(qwen, question):
+    """Offline with nothing cached (no search offered) a text question's only rationale is the answer's:
+    a softmax over one score is 1, so it is not scored (``skip_unneeded_scoring``) but appended with the
+    action's head. The context, token for token, and the answer are those of the run that scored it and
+    adopted its cells; the event says why it was not scored."""
+    offline = FakeSearch(unconfigured_tools={"text_search": "offline, nothing cached",
+                                             "image_search": "offline, nothing cached"})
+    runs = []
+    for skip in (False, True):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=16, max_turns=2, skip_unneeded_scoring=skip)
+        events = list(run_agent(s, question, tools=Toolbox(None, offline), options=opts))
+        (first,) = [e for e in events if e.kind == "rationale_scored"]
+        runs.append((events[-1].answer, list(s.history), first))
+    (a0, h0, scored), (a1, h1, unscored) = runs
+    assert scored.scored and not unscored.scored and unscored.why == ONLY_RATIONALE
+    assert [c.id for c in scored.candidates] == [c.id for c in unscored.candidates] == ["answer_knowledge"]
+    assert unscored.candidates[0].prob == scored.candidates[0].prob == 1.0
+    assert a1 and a0 == a1 and h0 == h1, (a0, a1)
 
 
 def test_an_answer_check_stopped_early_gives_the_whole_checks_verdict(qwen):

@@ -27,6 +27,8 @@ ANSWER_FIRST = "its answer is checked before a first search"
 # why the answer rationale goes first unscored (RationaleScored.why, scored False)
 ANSWER_UNSCORED = ("its answer is checked before a first search, whatever the scores, and the search is the "
                    "only other move: nothing to score")
+# why the one rationale for the moves allowed is not scored (RationaleScored.why)
+ONLY_RATIONALE = "the only rationale for the moves allowed: nothing to score"
 # why a rationale chosen again after an unscored choice is not scored either (RationaleScored.why empty)
 ONLY_MOVE_LEFT = "the only move left"
 

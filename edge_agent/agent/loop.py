@@ -362,6 +362,11 @@ class _Run(Answering):
                                        why=ANSWER_UNSCORED)
             if forced is not None:
                 return "answer", forced, False
+        if self.options.skip_unneeded_scoring:
+            only = self.ssr.only_one(turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
+                                     tokenize=lambda text: self.session.tokenize(text, special=False))
+            if only is not None:
+                return only[0], only[1], False
         return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),
                                has_evidence=self.evidence,
                                cancel=self.cancel)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_agent.agent.answer_check import ONLY_RATIONALE
 from edge_agent.agent.events import RationaleCandidate, RationaleScored
 from edge_agent.agent.options import AgentOptions
 from edge_agent.agent.rationales import ANY_ACTION, Rationale, index_label, select
@@ -31,6 +32,12 @@ class _Scored:
     scores: list[ContinuationScore]
     values: list[float]  # what p came from: the mean, or the mean minus the neutral mean
     scored: bool = True  # False: a choice the scores could not change (:meth:`SsrChooser.unscored`)
+
+
+def _no_score(tokens: Sequence[int]) -> ContinuationScore:
+    """A candidate's tokens with no score computed (a choice the scores could not change)."""
+    return ContinuationScore(tokens=list(tokens), logprobs=np.zeros(0), ranks=np.zeros(0, dtype=np.int64),
+                             sum=0.0, mean=0.0, count=0)
 
 
 class SsrChooser:
@@ -48,13 +55,7 @@ class SsrChooser:
         """Score the rationales for ``allowed`` and choose one: its action (None: a rationale that implies
         none, the model chooses), the event, and whether the chosen one can be adopted (its cells are
         kept). Nothing is pasted (the caller pastes, next on the session)."""
-        lib = self.options.library
-        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
-            or lib.for_actions({"answer"}, has_image=has_image,
-                               has_evidence=has_evidence) or lib.for_actions({"answer"})
-        rats = [lib.rationales[k] for k in idx]
-        cands = [index_label(k) if self.options.index_only else r.text
-                 for k, r in zip(idx, rats, strict=True)]
+        idx, rats, cands = self._candidates(allowed, has_image=has_image, has_evidence=has_evidence)
         t0 = time.perf_counter()
         # ONE batched decode, shared prefixes once. keep=True leaves the candidates' KV cells in
         # place so the chosen one can be adopted into the conversation without re-evaluating it
@@ -68,6 +69,36 @@ class SsrChooser:
         choice, probs = self._select(values)
         action = None if rats[choice].action == ANY_ACTION else rats[choice].action
         return action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
+
+    def _candidates(self, allowed: frozenset[str], *, has_image: bool,
+                    has_evidence: bool) -> tuple[list[int], list[Rationale], list[str]]:
+        """The library's rationales for ``allowed`` (else its answer rationales): their indices, the
+        rationales, and the strings scored (the text, or "[k]" in the index-only ablation)."""
+        lib = self.options.library
+        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
+            or lib.for_actions({"answer"}, has_image=has_image,
+                               has_evidence=has_evidence) or lib.for_actions({"answer"})
+        rats = [lib.rationales[k] for k in idx]
+        cands = [index_label(k) if self.options.index_only else r.text
+                 for k, r in zip(idx, rats, strict=True)]
+        return idx, rats, cands
+
+    def only_one(self, turn: int, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
+                 tokenize: Callable[[str], list[int]]) -> tuple[str | None, RationaleScored] | None:
+        """The one rationale there is to choose, without scoring: a softmax over one score is 1 whatever the
+        score, so the move, the pasted rationale and everything after are those of a scoring (offline with
+        nothing cached a text question's only move is the answer: ~0.3 s on the 1.5B here not spent). Its
+        action (None: one that implies none) and the event; None when there are more, or when a draw at
+        random would follow (the seeded draws of later turns stay those of a scored run)."""
+        if self.options.sample:
+            return None
+        _, rats, cands = self._candidates(allowed, has_image=has_image, has_evidence=has_evidence)
+        if len(rats) != 1:
+            return None
+        self._last = _Scored(rats, cands, [_no_score(tokenize(cands[0]))], [0.0], scored=False)
+        choice, probs = self._select([0.0])
+        action = None if rats[0].action == ANY_ACTION else rats[0].action
+        return action, self._event(turn, choice, probs, 0.0, why=ONLY_RATIONALE)
 
     def unscored(self, turn: int, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
                  tokenize: Callable[[str], list[int]], why: str) -> RationaleScored | None:
@@ -88,9 +119,7 @@ class SsrChooser:
             return None
         cands = [index_label(k) if self.options.index_only else r.text
                  for k, r in zip(idx, rats, strict=True)]
-        scores = [ContinuationScore(tokens=tokenize(c), logprobs=np.zeros(0),
-                                    ranks=np.zeros(0, dtype=np.int64), sum=0.0, mean=0.0, count=0)
-                  for c in cands]
+        scores = [_no_score(tokenize(c)) for c in cands]
         full = _Scored(rats, cands, scores, [0.0] * len(rats), scored=False)
         a = answers[0]
         self._last = _Scored([rats[a]], [cands[a]], [scores[a]], [0.0], scored=False)
