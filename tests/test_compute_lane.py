@@ -2,7 +2,7 @@
 
 libgomp keeps a team of worker threads per thread that starts a parallel region; two teams alive on
 a machine with fewer cores than their threads make every multi-threaded llama.cpp pass ~30% slower
-for good (the read-ahead thread and the question's thread did that: README "What a question costs").
+for good (the read-ahead thread and the question's thread did that: docs/measurements.md).
 Real llama.cpp on the tiny Qwen3-VL model with 2 threads; the lane itself is pure logic.
 """
 
