@@ -110,7 +110,10 @@ class Bench:
 
     def ask(self, engine: Engine, question: str, *, text_only: bool = False, **kw: Any) -> dict[str, Any]:
         """Run one question to its end; TTFR = submit -> first RationaleScored."""
-        opts = AgentOptions.from_settings(engine.settings, mode="ssr", library=engine.library)
+        # every first turn scored: TTFR ends at a scoring pass, as recorded (offline, a text question's one
+        # rationale, the answer's, would otherwise not be scored: AgentOptions.skip_unneeded_scoring)
+        opts = AgentOptions.from_settings(engine.settings, mode="ssr", library=engine.library,
+                                          skip_unneeded_scoring=False)
         t0 = time.perf_counter()
         ttfr = None
         out: dict[str, Any] = {}

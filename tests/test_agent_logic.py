@@ -351,12 +351,29 @@ def test_policy_forces_actions_and_no_image_hides_image_tools():
     opts = AgentOptions(policy=lambda turn, allowed: {"text_search"} if turn == 1 else {"answer"})
     events = list(run_agent(s, "Q?", tools=Toolbox(None, FakeSearch()), options=opts))
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
-    assert "image_zoom_in_tool" not in s.text and "<IMG>" not in s.text
-    # turn 1 has one rationale to choose (the search's): not scored; turn 2 scores its two answers
-    first, second = [e for e in events if e.kind == "rationale_scored"]
-    assert not first.scored and first.why == ONLY_RATIONALE and [c.action for c in first.candidates] == [
-        "text_search"]
-    assert second.scored and len(s.scored) == 1 and len(s.scored[0]) == 2
+    # a policy forces a move the model would choose among others: the turn is scored as the app scores it
+    # (one rationale left, the search's, is not scored without a policy: ssr.only_one)
+    assert len(s.scored[0]) == 1 and "image_zoom_in_tool" not in s.text
+    assert "<IMG>" not in s.text
+
+
+def test_one_rationale_left_is_not_scored():
+    """Offline with nothing cached a text question's only move is the answer, and its only rationale is the
+    answer from knowledge: a softmax over one score is 1, so nothing is scored; the rationale is pasted and
+    the event says why. The run that scores it pastes the same rationale and answers the same."""
+    offline = FakeSearchTools(unconfigured_tools={"text_search": "offline", "image_search": "offline"})
+    runs = []
+    for skip in (True, False):
+        s = FakeSession(favour(["full sentence"]), ["Lima</answer>"])
+        events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, offline),
+                                options=AgentOptions(skip_unneeded_scoring=skip)))
+        runs.append((s, events))
+    (skipped, ev_skip), (scored, ev_scored) = runs
+    (first,) = [e for e in ev_skip if e.kind == "rationale_scored"]
+    assert not first.scored and first.why == ONLY_RATIONALE and first.candidates[first.chosen].prob == 1.0
+    assert [c.id for c in first.candidates] == ["answer_knowledge"] and skipped.scored == []
+    assert len(scored.scored) == 1 and skipped.text == scored.text
+    assert ev_skip[-1].answer == ev_scored[-1].answer == "Lima"
 
 
 def test_index_only_scores_indices_and_pastes_text():

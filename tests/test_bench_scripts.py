@@ -93,3 +93,18 @@ def test_bench_state_save_runs_on_the_tiny_model(capsys, tiny_models):
     assert res["cells"] >= 200 and res["state_mb"] > 0
     assert set(res["seconds"]) == {"numpy", "anonymous_mapping", "prefaulted"}
     assert all(v["median"] > 0 for v in res["seconds"].values()) and res["numpy_over_prefaulted"] > 0
+
+
+def test_bench_chat_runs_on_smollm2(capsys, smollm2_gguf):
+    """bench_chat on a text model, offline (no search offered): every time to first rationale ends at a
+    scoring pass, also where the one rationale left would not be scored in the app, so the read-ahead's
+    ratio to the scoring pass is defined (it divided by a scoring of 0 s when the answer's lone rationale
+    went unscored)."""
+    import math
+
+    from scripts import bench_chat
+
+    assert bench_chat.main(["--smollm2", "--reps", "1", "--typing", "0.2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tokens_at_enter"] == 0 and res["followup_floor_ratio"] == 1.0
+    assert math.isfinite(res["enter_ttfr_over_scoring"]) and res["enter_ttfr_over_scoring"] > 0

@@ -362,7 +362,9 @@ class _Run(Answering):
                                        why=ANSWER_UNSCORED)
             if forced is not None:
                 return "answer", forced, False
-        if self.options.skip_unneeded_scoring:
+        if self.options.skip_unneeded_scoring and self.options.policy is None:
+            # (a policy, in benchmarks and tests, forces a move the model would choose among others: scored
+            # as the app scores that turn)
             only = self.ssr.only_one(turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
                                      tokenize=lambda text: self.session.tokenize(text, special=False))
             if only is not None:
