@@ -86,8 +86,9 @@ class SsrChooser:
     def only_one(self, turn: int, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
                  tokenize: Callable[[str], list[int]]) -> tuple[str | None, RationaleScored] | None:
         """The one rationale there is to choose, without scoring: a softmax over one score is 1 whatever the
-        score, so the move, the pasted rationale and everything after are those of a scoring (offline with
-        nothing cached a text question's only move is the answer: ~0.3 s on the 1.5B here not spent). Its
+        score, so the move and the pasted rationale are those of a scoring (offline with nothing cached a text
+        question's only move is the answer: 0.13 s a question saved on the 1.5B here, its tokens appended with
+        the action's head instead of a scoring pass, ``scripts/bench_first_turn.py --offline``). Its
         action (None: one that implies none) and the event; None when there are more, or when a draw at
         random would follow (the seeded draws of later turns stay those of a scored run)."""
         if self.options.sample:
