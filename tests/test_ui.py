@@ -394,15 +394,16 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
 @pytest.mark.asyncio
 async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_path, image):
     """While the model loads, a progress line shows the loader's words; typing and attaching work; a
-    question asked too early gets a 'still loading' notice instead of blocking."""
+    question sent too early stays in the prompt with a notice, and goes once the model is ready."""
     import threading
 
-    release = threading.Event()
+    release, made = threading.Event(), []
 
     def factory(s, *, progress=None):
         progress("Loading tiny-model", 0.4)
         release.wait(30)
-        return ScriptedEngine(s, tmp_path)
+        made.append(ScriptedEngine(s, tmp_path))
+        return made[-1]
 
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
@@ -417,10 +418,46 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
         assert screen.image == str(image.resolve())
         await type_and_enter(pilot, "too early?")
         assert any(n.title == "Model loading" for n in app._notifications)
-        assert screen.query_one(PromptInput).value == "too early?"  # kept, to send again
+        assert screen.query_one(PromptInput).value == "too early?"  # kept until it can go
         release.set()
         await settle(pilot)
         assert app.host.state == "ready" and not screen.query_one("#loading").has_class("-visible")
+        assert made[0].asked == [("too early?", str(image.resolve()), "ssr")]  # sent once the model was ready
+        assert screen.query_one(PromptInput).value == ""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("hold", ["edit", "escape"])
+async def test_a_question_waiting_for_the_model_can_be_held_back(settings, tmp_path, hold):
+    """A question sent while the model loads is not sent once it is ready when it was edited meanwhile, or
+    held back with Esc: it stays in the prompt, to send with Enter."""
+    import threading
+
+    release, made = threading.Event(), []
+
+    def factory(s, *, progress=None):
+        release.wait(30)
+        made.append(ScriptedEngine(s, tmp_path))
+        return made[-1]
+
+    app = EdgeAgentApp(settings, engine_factory=factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_wait_until(pilot, lambda: app.host.state == "loading", what="the load to start")
+        await type_and_enter(pilot, "too early?")
+        if hold == "edit":
+            await pilot.press("backspace")
+        else:
+            await pilot.press("escape")
+            assert any(n.title == "Question not sent" for n in app._notifications)
+        release.set()
+        await settle(pilot)
+        assert app.host.state == "ready" and made[0].asked == []
+        kept = "too early" if hold == "edit" else "too early?"
+        prompt = app.chat_screen.query_one(PromptInput)
+        assert prompt.value == kept
+        await pilot.press("enter")
+        await settle(pilot)
+        assert [q for q, _, _ in made[0].asked] == [kept] and prompt.value == ""
 
 
 @pytest.mark.asyncio

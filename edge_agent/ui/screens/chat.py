@@ -98,6 +98,8 @@ class ChatScreen(ChatHistory):
         self.reasoning_open = False
         self.text_only = False  # the loaded model reads no images
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
+        # a question sent while the model loads: sent once it is ready, if the prompt still holds it
+        self._send_when_ready: str | None = None
         self._older: list[tuple[Message, list[str]]] = []  # a long chat's messages not mounted yet
 
     def compose(self) -> ComposeResult:
@@ -164,6 +166,11 @@ class ChatScreen(ChatHistory):
             status.set_models(*host.model_names(), text_only=not host.sees_images)
             self.set_text_only(not host.sees_images)
             self.read_ahead()  # a photo attached (or words typed) while the model loaded
+        if host.state != "loading" and self._send_when_ready is not None:
+            waiting, self._send_when_ready = self._send_when_ready, None
+            prompt = self.query_one(PromptInput)
+            if host.state == "ready" and prompt.value.strip() == waiting:  # not edited meanwhile
+                self.call_later(prompt.action_submit)
 
     def show_loading(self, text: str, fraction: float | None) -> None:
         box = self.query_one("#loading")
@@ -206,7 +213,7 @@ class ChatScreen(ChatHistory):
                 prompt.value = ""
             return
         pasted = path_and_question(text)  # a path, then the question: attached, and the words asked
-        if not self._can_ask() or (pasted is not None and not self.attach(pasted[0])):
+        if not self._can_ask(sent=text) or (pasted is not None and not self.attach(pasted[0])):
             return  # the prompt stays as it was (to fix the path, or send again)
         prompt.value = ""
         prompt.remember(text)
@@ -242,11 +249,16 @@ class ChatScreen(ChatHistory):
                     severity="warning")
         return True
 
-    def _can_ask(self) -> bool:
-        """True when a question can go to the model now; else says why."""
+    def _can_ask(self, sent: str | None = None) -> bool:
+        """True when a question can go to the model now; else says why. ``sent``: the prompt's text, sent
+        with Enter: while the model loads it waits for it (sent once it is ready, if still in the prompt)."""
         if self.host.engine is None:
-            if self.host.state == "loading":
-                self.notify("The model is still loading; ask again in a moment.", title="Model loading",
+            if self.host.state == "loading" and sent is not None:
+                self._send_when_ready = sent
+                self.notify("The model is still loading: your question goes as soon as it is ready (edit it "
+                            "or press Esc to hold it back).", title="Model loading", timeout=6)
+            elif self.host.state == "loading":
+                self.notify("The model is still loading; try again in a moment.", title="Model loading",
                             severity="warning")
             else:
                 self.notify("No model is loaded. Open the settings (Ctrl+S) to choose one.", title="No model",
@@ -370,6 +382,11 @@ class ChatScreen(ChatHistory):
             self.read_ahead()  # what was typed meanwhile, after the new answer
 
     async def action_cancel(self) -> None:
+        if self._send_when_ready is not None:  # a question waiting for the model: kept, not sent
+            self._send_when_ready = None
+            self.notify("Held back: press Enter to send it when you like.", title="Question not sent",
+                        timeout=3)
+            return
         if self.running is None:
             return
         self.host.cancel(self.running)
