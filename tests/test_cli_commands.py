@@ -35,6 +35,16 @@ def test_config_set_rejects_more_threads_than_the_machine_has(edge_home):
     assert r.exit_code == 0, r.output
 
 
+def test_an_unknown_model_is_named_once_with_the_nearest_names(edge_home):
+    """`ask --model` with a name that is almost a catalog name: one line that says it once ("Unknown model
+    'x'", not "Unknown model: Unknown model 'x'"), the near names and where to look; exit 2."""
+    r = CliRunner().invoke(cli, ["ask", "--model", "qwen3-vl-2b-instruc", "hi"])
+    assert r.exit_code == 2, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("Error:"))
+    assert line.startswith("Error: Unknown model 'qwen3-vl-2b-instruc'.") and line.count("Unknown model") == 1
+    assert "Did you mean: qwen3-vl-2b-instruct" in line and "edge-agent models list" in line
+
+
 def test_config_set_fixes_a_file_that_holds_a_bad_value(edge_home):
     """A config file written elsewhere with too many threads can be fixed with `config set`."""
     (edge_home / "config.toml").write_text("n_threads = 100000\n")

@@ -20,7 +20,9 @@ class EdgeAgentError(Exception):
         if title is not None:
             self.title = title
 
-    def __str__(self) -> str:  # one line, for the CLI
+    def __str__(self) -> str:  # one line, for the CLI (the title once: "Unknown model 'x'", not twice)
+        if self.message.casefold().startswith(self.title.casefold()):
+            return self.message
         return f"{self.title}: {self.message}"
 
 
