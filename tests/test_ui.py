@@ -391,20 +391,28 @@ async def test_first_run_screen_then_demo_choice_reloads(settings, tmp_path):
     assert Settings.load().model == "smollm2-135m-demo"
 
 
-@pytest.mark.asyncio
-async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_path, image):
-    """While the model loads, a progress line shows the loader's words; typing and attaching work; a
-    question sent too early stays in the prompt with a notice, and goes once the model is ready."""
+def held_load(tmp_path, progress_text: str | None = None):
+    """An engine factory whose load waits for ``release`` (set it to finish loading): (factory, release,
+    the engines it made)."""
     import threading
 
     release, made = threading.Event(), []
 
     def factory(s, *, progress=None):
-        progress("Loading tiny-model", 0.4)
+        if progress_text is not None:
+            progress(progress_text, 0.4)
         release.wait(30)
         made.append(ScriptedEngine(s, tmp_path))
         return made[-1]
 
+    return factory, release, made
+
+
+@pytest.mark.asyncio
+async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_path, image):
+    """While the model loads, a progress line shows the loader's words; typing and attaching work; a
+    question sent too early stays in the prompt with a notice, and goes once the model is ready."""
+    factory, release, made = held_load(tmp_path, "Loading tiny-model")
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
         screen = app.chat_screen
@@ -431,15 +439,7 @@ async def test_loading_shows_progress_and_the_prompt_stays_usable(settings, tmp_
 async def test_a_question_waiting_for_the_model_can_be_held_back(settings, tmp_path, hold):
     """A question sent while the model loads is not sent once it is ready when it was edited meanwhile, or
     held back with Esc: it stays in the prompt, to send with Enter."""
-    import threading
-
-    release, made = threading.Event(), []
-
-    def factory(s, *, progress=None):
-        release.wait(30)
-        made.append(ScriptedEngine(s, tmp_path))
-        return made[-1]
-
+    factory, release, made = held_load(tmp_path)
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_wait_until(pilot, lambda: app.host.state == "loading", what="the load to start")
@@ -464,15 +464,7 @@ async def test_a_question_waiting_for_the_model_can_be_held_back(settings, tmp_p
 async def test_settings_changed_while_the_model_loads_reach_the_loaded_engine(settings, tmp_path):
     """A setting the engine takes live (tau), changed while the model loads, is the loaded engine's
     setting once it is ready (the load started with the old one); the model loads once."""
-    import threading
-
-    release, made = threading.Event(), []
-
-    def factory(s, *, progress=None):
-        release.wait(30)
-        made.append(ScriptedEngine(s, tmp_path))
-        return made[-1]
-
+    factory, release, made = held_load(tmp_path)
     app = EdgeAgentApp(settings, engine_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_wait_until(pilot, lambda: app.host.state == "loading", what="the load to start")

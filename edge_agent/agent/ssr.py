@@ -70,14 +70,15 @@ class SsrChooser:
         action = None if rats[choice].action == ANY_ACTION else rats[choice].action
         return action, self._event(turn, choice, probs, time.perf_counter() - t0), adopt
 
-    def _candidates(self, allowed: frozenset[str], *, has_image: bool,
-                    has_evidence: bool) -> tuple[list[int], list[Rationale], list[str]]:
-        """The library's rationales for ``allowed`` (else its answer rationales): their indices, the
-        rationales, and the strings scored (the text, or "[k]" in the index-only ablation)."""
+    def _candidates(self, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
+                    fallback: bool = True) -> tuple[list[int], list[Rationale], list[str]]:
+        """The library's rationales for ``allowed`` (none: with ``fallback``, its answer rationales): their
+        indices, the rationales, and the strings scored (the text, or "[k]" in the index-only ablation)."""
         lib = self.options.library
-        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence) \
-            or lib.for_actions({"answer"}, has_image=has_image,
-                               has_evidence=has_evidence) or lib.for_actions({"answer"})
+        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence)
+        if not idx and fallback:
+            idx = lib.for_actions({"answer"}, has_image=has_image,
+                                  has_evidence=has_evidence) or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
         cands = [index_label(k) if self.options.index_only else r.text
                  for k, r in zip(idx, rats, strict=True)]
@@ -111,15 +112,12 @@ class SsrChooser:
         scoring pass (~0.4 s on the 1.5B here) is not spent. None when a scoring could choose otherwise."""
         if self.options.sample:
             return None
-        lib = self.options.library
-        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence)
-        rats = [lib.rationales[k] for k in idx]
+        _, rats, cands = self._candidates(allowed, has_image=has_image, has_evidence=has_evidence,
+                                          fallback=False)
         answers = [k for k, r in enumerate(rats) if r.action == "answer"]
         others = [r for r in rats if r.action != "answer"]
         if len(answers) != 1 or len(others) > 1 or any(r.action != "text_search" for r in others):
             return None
-        cands = [index_label(k) if self.options.index_only else r.text
-                 for k, r in zip(idx, rats, strict=True)]
         scores = [_no_score(tokenize(c)) for c in cands]
         full = _Scored(rats, cands, scores, [0.0] * len(rats), scored=False)
         a = answers[0]
