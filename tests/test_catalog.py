@@ -235,3 +235,12 @@ def test_text_only_models_refuse_images_with_an_explanation(edge_home, tiny_mode
     assert e.value.title == "Model cannot see images" and "--mmproj" in e.value.message
     with pytest.raises(ModelFileError, match="The demo answers questions without images"):
         find_model(s, "demo").require_vision()
+
+
+def test_a_model_no_projector_fits_is_not_told_to_add_one(edge_home, qwen05_gguf):
+    """Qwen2.5-Coder (qwen2) has no vision projector anywhere: the hint is a vision model, not --mmproj."""
+    s = settings()
+    _register(s, "coder", qwen05_gguf)
+    with pytest.raises(ModelFileError, match="coder is text only") as e:
+        find_model(s, "coder").require_vision()
+    assert "--mmproj" not in e.value.message and "Ask without an image, or use a vision model" in e.value.message

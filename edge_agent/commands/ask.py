@@ -239,6 +239,10 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
          mode: str | None, unsaved: str = "not saved as a chat (--no-save)") -> None:
     """Run the question; ``store`` None: nothing is saved as a chat (--no-save)."""
     from edge_agent.engine.engine import Engine  # heavy: llama.cpp
+    from edge_agent.modelfiles.resolution import resolve
+
+    if images:  # before the model loads (the 1.5B: 8-18 s) only to refuse the image
+        resolve(settings).require_vision()
 
     def progress(msg: str, frac: float) -> None:
         if not as_json and sys.stderr.isatty():

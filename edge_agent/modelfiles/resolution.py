@@ -56,12 +56,25 @@ class ResolvedModel:
         if self.is_demo:
             how = (f"The demo answers questions without images. For images, download a vision model: "
                    f"`{PULL_HINT}`.")
+        elif not _has_vision_architecture(self.model_path):  # Qwen2.5-Coder: no mmproj can help
+            how = f"Ask without an image, or use a vision model: `{PULL_HINT}`."
         else:
             how = (f"Ask without an image, add the model's vision projector (`edge-agent models add "
                    f"{self.model_path} --mmproj MMPROJ.gguf`, or the mmproj setting), or use a vision model: "
                    f"`{PULL_HINT}`.")
         raise ModelFileError(f"{self.name} is text only: it has no mmproj (vision projector), so it cannot "
                              f"look at images. {how}", title="Model cannot see images")
+
+
+def _has_vision_architecture(model_path: Path) -> bool:
+    """Whether a vision projector exists for this model's architecture (qwen3vl), so adding one would let
+    it see; True when the header cannot be read (the hint that names --mmproj is then the safe one)."""
+    from edge_agent.modelfiles.gguf_info import VISION_PROJECTORS, inspect
+
+    try:
+        return inspect(model_path).architecture in VISION_PROJECTORS
+    except (ModelFileError, OSError):
+        return True
 
 
 def _looks_like_path(value: str) -> bool:
