@@ -243,4 +243,5 @@ def test_a_model_no_projector_fits_is_not_told_to_add_one(edge_home, qwen05_gguf
     _register(s, "coder", qwen05_gguf)
     with pytest.raises(ModelFileError, match="coder is text only") as e:
         find_model(s, "coder").require_vision()
-    assert "--mmproj" not in e.value.message and "Ask without an image, or use a vision model" in e.value.message
+    assert "--mmproj" not in e.value.message
+    assert "Ask without an image, or use a vision model" in e.value.message
