@@ -156,6 +156,20 @@ def test_models_list_with_only_the_demo_never_says_no_model_installed(edge_home,
     assert "No default model" in r.output and "Installed: smollm2-135m-demo" in r.output
 
 
+def test_models_list_names_an_installed_qwen_when_the_demo_is_the_default(edge_home, smollm2_gguf,
+                                                                        qwen05_gguf):
+    """The demo (SmolLM2-135M) is the default but a real Qwen is installed: the list says which one answers
+    text questions better and how to make it the default; once it is the default, nothing more."""
+    r = models("list")
+    assert "* default model: smollm2-135m-demo" in r.output
+    hint = next(line for line in r.output.splitlines() if "answers far better than the demo" in line)
+    name = hint.split("For text questions ")[1].split(" ")[0]
+    assert name.startswith("qwen2.5-coder-") and f"`edge-agent config set model {name}`" in hint
+    Settings.load({"model": name}).save()
+    r = models("list")
+    assert f"* default model: {name}" in r.output and "than the demo" not in r.output
+
+
 def test_one_size_from_the_catalog_and_no_catalog_notes_in_info(edge_home):
     from edge_agent.modelfiles.catalog import human_size, load_catalog
     from edge_agent.ui.screens.first_run import recommended_size

@@ -82,6 +82,11 @@ def list_(only_installed: bool, as_json: bool) -> None:
     usable = [r.name for r in rows if r.status in ("installed", "added", "demo")]
     if default:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
+        better = max((r for r in rows if r.status == "installed" and "agent" in r.roles), default=None,
+                     key=lambda r: r.size or 0) if default.status == "demo" else None
+        if better is not None:  # the demo is a 135M model; a real Qwen answers text questions (README table)
+            click.echo(f"  For text questions {better.name} (installed) answers far better than the demo: "
+                       f"`edge-agent config set model {better.name}`.")
     elif usable:
         try:
             from edge_agent.modelfiles.resolution import resolve
