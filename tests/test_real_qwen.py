@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from edge_agent.agent.actions import ToolCall
-from edge_agent.agent.answer_check import ONLY_RATIONALE
+from edge_agent.agent.answer_check import ONLY_RATIONALE, adds, question_words
 from edge_agent.agent.context import append_segments
 from edge_agent.agent.loop import AgentOptions, run_agent, system_for
 from edge_agent.agent.prompts import Text, observation_segments, question_segments, system_prompt
@@ -279,6 +279,31 @@ def test_an_answer_check_stopped_early_gives_the_whole_checks_verdict(qwen):
     assert cut.early and not whole.early and len(cut.pieces) < len(whole.pieces), (cut, whole)
     assert not cut.sure and not whole.sure and whole.pieces[:len(cut.pieces)] == cut.pieces
     assert a0 == a1 and h0 == h1, (a0, a1)
+
+
+def test_the_answer_check_reads_on_past_a_restated_question(qwen):
+    """A full-sentence answer restates a long question before its fact: the check's first tokens ("El",
+    " Salvador" with answer_check_tokens 2) add nothing to the question, so their score said nothing of the
+    fact (the mean of every token, sure by default). It reads on to the first token that adds ("es"), at
+    most answer_check_reach, and scores that. The tokens it read stay the answer's start: the answer and
+    the context are those of the check that stopped at 2 tokens."""
+    q = "What is the internet country code (top-level domain) of El Salvador?"
+    known = question_words(q)
+    runs = []
+    for reach in (0, 32):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=24, answer_check=-19.0, answer_check_tokens=2,
+                            answer_check_reach=reach, max_turns=2)
+        events = list(run_agent(s, q, tools=Toolbox(None, FakeSearch()), options=opts))
+        (check,) = [e for e in events if e.kind == "answer_checked"]
+        runs.append((events[-1].answer, list(s.history), check))
+    (a0, h0, two), (a1, h1, read) = runs
+    assert len(two.pieces) == 2 and not any(adds(p, known) for p in two.pieces), two
+    assert read.pieces[:2] == two.pieces and len(read.pieces) > 2, read
+    assert adds(read.pieces[-1], known) and not any(adds(p, known) for p in read.pieces[:-1]), read
+    assert read.score == pytest.approx(read.logprobs[-1])
+    assert two.score == pytest.approx(np.mean(two.logprobs))
+    assert read.sure and two.sure and a0 == a1 and h0 == h1, (a0, a1)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Generator, Sequence
 
 from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
-from edge_agent.agent.answer_check import answer_score, out_of_reach
+from edge_agent.agent.answer_check import adds, answer_score, out_of_reach, question_words
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, called_tool, echoes_instructions
 from edge_agent.agent.repetition import looped_why, until_looping
@@ -38,20 +38,29 @@ class Answering(RunState):
 
     def _answer_check(self, turn: int) -> AnswerChecked:
         """Decode the answer's first tokens (greedy, under its grammar) and score them (``answer_score``: the
-        mean log-prob of those that add to the question): sure when the score reaches ``answer_check`` (the
+        mean log-prob of those that add to the question): ``answer_check_tokens`` of them, and on while none
+        adds to the question (a full sentence restating a long question: "El Salvador's internet country
+        code (top-level domain) is .sv" reaches the fact at its 13th token), at most
+        ``answer_check_reach``; sure when the score reaches ``answer_check`` (the
         tokens stay as the answer's start: :meth:`_answer` continues from them), else the caller takes the
         answer back and searches."""
         n, threshold = self.options.answer_check_tokens, self.options.answer_check or 0.0
+        reach = max(n, min(self.options.answer_check_reach, self.options.answer_max_tokens))
+        known = question_words(self.question)
 
-        def doomed(tokens: Sequence[int], logprobs: Sequence[float]) -> bool:  # the rest cannot make it sure
-            return out_of_reach([self.session.detokenize([t]) for t in tokens], logprobs, self.question,
-                                threshold, n - len(tokens))
+        def stop_here(tokens: Sequence[int], logprobs: Sequence[float]) -> bool:
+            pieces = [self.session.detokenize([t]) for t in tokens]
+            if len(tokens) >= n:  # read enough once a token adds to the question (past a restated question)
+                return any(adds(p, known) for p in pieces)
+            left = n - len(tokens)  # the rest cannot make it sure:
+            return self.options.answer_check_early and out_of_reach(pieces, logprobs, self.question,
+                                                                    threshold, left)
 
-        gen = self._generate(max_tokens=n, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                             until=doomed if self.options.answer_check_early else None)
+        gen = self._generate(max_tokens=reach, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
+                             until=stop_here)
         pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
         score = answer_score(pieces, gen.logprobs, self.question)
-        early = gen.stop_reason == "until"
+        early = gen.stop_reason == "until" and len(gen.tokens) < n
         sure = score >= threshold and not early
         if sure:
             self._probe = gen

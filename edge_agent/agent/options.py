@@ -89,6 +89,9 @@ class AgentOptions:
     # searching first (None: no check; answer_check_tokens tokens, kept as the answer's start)
     answer_check: float | None = None
     answer_check_tokens: int = 10
+    # ... and on past them while none of them adds to the question, at most this many (<= answer_check_tokens:
+    # exactly answer_check_tokens)
+    answer_check_reach: int = 0
     # SSR: no scoring pass when the scores could not change the move (the answer checked first, the search
     # the only other move: SsrChooser.unscored); False scores anyway (tests compare the two)
     skip_unneeded_scoring: bool = True
@@ -117,6 +120,7 @@ class AgentOptions:
             index_only=settings.ssr_index_only, ssr_score=settings.ssr_score,
             answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None,
             answer_check_tokens=settings.ssr_answer_check_tokens,
+            answer_check_reach=settings.ssr_answer_check_reach,
             seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,

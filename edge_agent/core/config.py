@@ -52,6 +52,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "ssr_tau": (0, 100, True),
     "ssr_answer_check": (-20, 0, False),
     "ssr_answer_check_tokens": (1, 64, False),
+    "ssr_answer_check_reach": (0, 128, False),
     "freeform_max_tokens": (1, 8192, False),
     "answer_max_tokens": (1, 8192, False),
     "temperature": (0, 5, False),
@@ -152,6 +153,10 @@ class Settings:
     ssr_answer_check_tokens: int = _doc(
         "SSR: how many of the answer's first tokens the answer check (ssr_answer_check) reads: enough to "
         "reach the fact after a restated question.", default=10)
+    ssr_answer_check_reach: int = _doc(
+        "SSR: when none of the answer check's tokens adds to the question yet (a long question restated), it "
+        "reads on until one does, at most this many tokens (0: ssr_answer_check_tokens exactly; 32: see "
+        "docs/decisions.md, not yet the default).", default=0)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.",
                                 default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
