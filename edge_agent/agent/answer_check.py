@@ -64,6 +64,17 @@ def out_of_reach(pieces: Sequence[str], logprobs: Sequence[float], question: str
     return bool(added) and sum(added) / (len(added) + left) < threshold - 1e-6
 
 
+def probe_done(pieces: Sequence[str], logprobs: Sequence[float], question: str, threshold: float, wanted: int,
+               *, early: bool = True) -> bool:
+    """Whether the answer check stops reading after these tokens: once it has ``wanted`` of them and one adds
+    to the question (a full sentence restates a long question before its fact; the caller caps how far it
+    reads on); before that only when ``early`` and the threshold is out of reach (:func:`out_of_reach`)."""
+    if len(pieces) >= wanted:
+        known = question_words(question)
+        return any(adds(p, known) for p in pieces)
+    return early and out_of_reach(pieces, logprobs, question, threshold, wanted - len(pieces))
+
+
 def said(check: AnswerChecked) -> str:
     """The probe's text as a person reads it: without the answer grammar's closing ``</`` it stopped at."""
     text = "".join(check.pieces).strip()

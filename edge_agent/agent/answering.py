@@ -14,7 +14,7 @@ import time
 from collections.abc import Generator, Sequence
 
 from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
-from edge_agent.agent.answer_check import adds, answer_score, out_of_reach, question_words
+from edge_agent.agent.answer_check import answer_score, probe_done
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, called_tool, echoes_instructions
 from edge_agent.agent.repetition import looped_why, until_looping
@@ -46,15 +46,10 @@ class Answering(RunState):
         answer back and searches."""
         n, threshold = self.options.answer_check_tokens, self.options.answer_check or 0.0
         reach = max(n, min(self.options.answer_check_reach, self.options.answer_max_tokens))
-        known = question_words(self.question)
 
         def stop_here(tokens: Sequence[int], logprobs: Sequence[float]) -> bool:
-            pieces = [self.session.detokenize([t]) for t in tokens]
-            if len(tokens) >= n:  # read enough once a token adds to the question (past a restated question)
-                return any(adds(p, known) for p in pieces)
-            left = n - len(tokens)  # the rest cannot make it sure:
-            return self.options.answer_check_early and out_of_reach(pieces, logprobs, self.question,
-                                                                    threshold, left)
+            return probe_done([self.session.detokenize([t]) for t in tokens], logprobs, self.question,
+                              threshold, n, early=self.options.answer_check_early)
 
         gen = self._generate(max_tokens=reach, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
                              until=stop_here)
