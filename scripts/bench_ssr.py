@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench-ssr-") as tmp_s:
+    with tempfile.TemporaryDirectory(prefix="bench-ssr-", ignore_cleanup_errors=True) as tmp_s:
         tmp = Path(tmp_s)
         todo = benchmodels.models(ap, args, tmp, requant=args.requant, threads=args.threads)
         for label, p, mm in todo:
