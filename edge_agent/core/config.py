@@ -149,14 +149,13 @@ class Settings:
         "SSR: before answering from what it knows (no tool result read yet, a search still possible), the "
         "agent decodes the answer's first tokens (ssr_answer_check_tokens); when the mean log-prob of those "
         "that add to the question (not its own words restated) is below this, it is not sure and searches "
-        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.2)
+        "first (the tokens are kept when it answers). -20 turns the check off.", default=-0.225)
     ssr_answer_check_tokens: int = _doc(
         "SSR: how many of the answer's first tokens the answer check (ssr_answer_check) reads: enough to "
         "reach the fact after a restated question.", default=10)
     ssr_answer_check_reach: int = _doc(
         "SSR: when none of the answer check's tokens adds to the question yet (a long question restated), it "
-        "reads on until one does, at most this many tokens (0: ssr_answer_check_tokens exactly; 32: see "
-        "docs/decisions.md, not yet the default).", default=0)
+        "reads on until one does, at most this many tokens (0: ssr_answer_check_tokens exactly).", default=32)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.",
                                 default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
