@@ -233,6 +233,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
     texts = [r.text for r in lib]
     model = Model.load(path, mmproj, n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
                        n_seq_max=len(lib) + 2)
+    made: list[Engine] = []  # their saved states are flushed before the model closes and the folder goes
     try:
         from edge_agent.runtime.scoring import build_trie
 
@@ -245,6 +246,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
 
         # warm-up (allocations, first-touch of weights): one short episode, not measured
         warm = Engine(model, settings, tools=CannedSearch())
+        made.append(warm)
         list(warm.ask(AskRequest(questions[0][0], questions[0][1], options=AgentOptions.from_settings(
             settings, max_turns=1, policy=policy_for(has_image, 1)))))
 
@@ -252,6 +254,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         rows: list[dict] = []
         spy = MeasuringModel(model, lambda inner: MeasuringSession(inner, texts, args.reps, rows))
         engine = Engine(spy, settings, tools=CannedSearch())
+        made.append(engine)
         for q, img in questions:
             opts = AgentOptions.from_settings(settings, mode="ssr", max_turns=args.turns,
                                               policy=policy_for(has_image, args.turns))
@@ -263,6 +266,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
         # candidate that applies), interleaved per question so a busy spell hits both modes alike:
         # where a turn's time goes.
         engines = {m: Engine(model, settings, tools=CannedSearch()) for m in ("ssr", "freeform")}
+        made += engines.values()
         sums = {m: {"reasoning": 0.0, "action": 0.0, "tool": 0.0, "observe": 0.0} for m in engines}
         reasoning: dict[str, list[float]] = {m: [] for m in engines}
         moves: dict[str, dict[str, int]] = {m: {} for m in engines}
@@ -287,6 +291,8 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
                               "reasoning": stats(reasoning[mode]), "moves": moves[mode]}
         print(f"  {label}: clean episodes done", file=sys.stderr)
     finally:
+        for e in made:
+            e.contexts.flush()  # a state save still being written into the home
         model.close()
 
     # per context: the median over repetitions (a shared machine has slow spells)
@@ -370,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench-ssr-", ignore_cleanup_errors=True) as tmp_s:
+    with tempfile.TemporaryDirectory(prefix="bench-ssr-") as tmp_s:
         tmp = Path(tmp_s)
         todo = benchmodels.models(ap, args, tmp, requant=args.requant, threads=args.threads)
         for label, p, mm in todo:

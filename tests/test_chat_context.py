@@ -119,6 +119,34 @@ def test_followup_is_appended_to_the_live_context_and_evaluates_only_its_turn(mo
     engine.close()
 
 
+def test_settle_waits_for_the_answers_state_save(model, settings, photo, monkeypatch):
+    """Engine.settle (the eval calls it between records, so that no question pays for the previous one's
+    save) returns only once the answer's state, written in the background, is in the store."""
+    import edge_agent.runtime.state as state_mod
+
+    writing, release = threading.Event(), threading.Event()
+    real_dumps = state_mod.dumps
+
+    def slow_dumps(state):
+        writing.set()
+        release.wait(30)
+        return real_dumps(state)
+
+    monkeypatch.setattr(state_mod, "dumps", slow_dumps)
+    engine = Engine(model, settings)
+    opts = AgentOptions.from_settings(settings, policy=answer_only)
+    key = list(engine.ask(AskRequest("What is it?", photo, options=opts)))[-1].context
+    assert writing.wait(30) and not engine.contexts.store.has(key)  # the answer is back; its save is not
+    settled = threading.Event()
+    waiter = threading.Thread(target=lambda: (engine.settle(), settled.set()))
+    waiter.start()
+    assert not settled.wait(0.3)  # still writing: settle waits
+    release.set()
+    assert settled.wait(30) and engine.contexts.store.has(key)
+    waiter.join()
+    engine.close()
+
+
 def test_detach_and_reattach_keep_the_context(model, settings, photo):
     """Issue 23 item 13: a question about the photo, one with the photo detached, one with it attached
     again: both follow-ups continue the live context and evaluate exactly their new user turn."""

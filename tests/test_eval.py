@@ -298,6 +298,8 @@ def test_a_follow_up_is_asked_after_its_earlier_question_in_the_same_chat(tmp_pa
         ("What is the capital of Mongolia?", "direct", None, []),
         ("What is 12*34?", "direct", "ctx-1", [("What is the capital of Mongolia?", "Ulaanbaatar.")]),
         ("What is 19*28?", "ssr", None, []), ("What is 19*28?", "direct", None, [])]
+    # every answer's background work is waited for before the next question: 4 records, 2 earlier questions
+    assert engine.settled == 6
     f1 = next(r for r in run.records if r["id"] == "f1" and r["mode"] == "ssr")
     assert f1["prediction"] == "408." and f1["contains"] and f1["turns"] == 1 and f1["searches"] == []
     assert E.load_dataset(path)[0].follows == "What is the capital of Mongolia?"

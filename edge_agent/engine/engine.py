@@ -457,6 +457,9 @@ class Engine:
         needs the encode first does it, the other waits for it."""
         return self.images.prepare(image)
 
+    def settle(self) -> None:
+        self.contexts.flush()  # saved states still being written
+
     def close(self) -> None:
         self._reader.close()  # nothing read ahead is saved: the pending turn dies with the context
         self.contexts.flush()  # saved states still being written

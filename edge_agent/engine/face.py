@@ -91,6 +91,10 @@ class EngineFace(Protocol):
         """Answer ``request``: the agent's events, ending with FinalAnswer, or AgentError(fatal=True) for a
         problem the user can fix. ``cancel`` set: the answer stops as soon as it can."""
 
+    def settle(self) -> None:
+        """Wait for the background work the last answer left (its context's state still being written), so
+        that the next question's time is its own (the eval calls this between records)."""
+
     def prepare_image(self, image: str) -> bool:
         """Read an attached image ahead (decode, resize); False when it cannot be read."""
 

@@ -67,6 +67,7 @@ def _followup(engine: EngineFace, q: Question, image: str | None, request: Calla
             return
         raise EdgeAgentError(f"The question before follow-up {q.id} ended without an answer.")
     history = ((q.follows, final.answer),) if final.answer else ()
+    engine.settle()  # as between records: the earlier answer's state save is not the follow-up's time
     yield from engine.ask(request(q.question, image, context=final.context or None, history=history),
                           cancel=cancel)
 
@@ -175,7 +176,11 @@ def run_question(engine: EngineFace, q: Question, modes: Sequence[ModeSpec], ask
             error = str(e)
         if cancel is not None and cancel.is_set():
             return  # a cancelled question is not a result; it reruns next time
-        yield make_record(q, m, collected, wall_seconds=time.perf_counter() - started, error=error)
+        wall = time.perf_counter() - started
+        # the answer's state is saved in the background: waited for here, outside every record's time, so
+        # that the next mode's question does not pay for this one's (in the app a person reads the answer)
+        engine.settle()
+        yield make_record(q, m, collected, wall_seconds=wall, error=error)
 
 
 def run_eval(

@@ -145,6 +145,7 @@ class ScriptedEngine:
         self.closed = False
         self.model_name = "tiny-qwen3vl"
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
+        self.settled = 0  # times the eval waited for its background work (Engine.settle)
         self.read: list[tuple[str, str | tuple[str, ...] | None, str]] = []  # read_ahead's (text, image, ctx)
         self.files: dict[str, str] = {}  # the model files a chat records (none: nothing loaded from disk)
 
@@ -200,6 +201,9 @@ class ScriptedEngine:
             return False
         self.settings = new
         return True
+
+    def settle(self) -> None:
+        self.settled += 1
 
     def prepare_image(self, image: str) -> bool:
         self.prepared.append(str(image))
