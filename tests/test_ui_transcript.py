@@ -220,6 +220,33 @@ async def test_answers_that_close_their_turns_keep_the_end_in_view(settings, tmp
         assert tr.max_scroll_y > 0
 
 
+@pytest.mark.asyncio
+async def test_a_turn_that_closes_out_of_view_does_not_scroll_the_chat_to_it(settings, tmp_path):
+    """A collapsible scrolls itself into view when it opens or closes; a turn closed when its answer is done
+    must not: the scroll would release the transcript's anchor and the chat would stop following its end
+    (the race behind a rare failure of the test above: the turn closed before the anchor had scrolled)."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        tr = app.chat_screen.transcript
+        for q in ("one?", "two?", "three?", "four?", "five?", "six?"):
+            await type_and_enter(pilot, q)
+            await settle(pilot)
+        turn = next(iter(tr.query(AnswerView).first().turns.values()))
+        turn.collapsed = False  # a person opens the first answer's turn: it scrolls into view
+        await pilot_wait_until(pilot, lambda: not tr.is_vertical_scroll_end, what="the opened turn in view")
+        tr.scroll_end(animate=False, immediate=True)  # back to the end: anchored again
+        await pilot_wait_until(pilot, lambda: tr.is_vertical_scroll_end, what="the end in view")
+        assert turn.region.bottom <= tr.region.y  # the open turn is above the view
+        turn.collapsed = True  # as an answer closes its turns when it is done
+        for _ in range(5):
+            await pilot.pause(0.05)
+            assert tr.is_vertical_scroll_end, (tr.scroll_y, tr.max_scroll_y)
+        await type_and_enter(pilot, "seven?")  # and the chat still follows its end
+        await settle(pilot)
+        await pilot_wait_until(pilot, lambda: tr.is_vertical_scroll_end, what="the new answer in view")
+
+
 # --- item 8 (rendering): model text stays readable ---------------------------------------------------
 def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
     assert readable_markdown(">" * 20) == "\\" + ">" * 20

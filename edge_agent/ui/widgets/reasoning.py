@@ -141,6 +141,13 @@ class TurnView(Collapsible):
         self._freeform_w: Static | None = None
         self.action = ""
 
+    def scroll_visible(self, *args, **kwargs) -> None:
+        # Collapsible scrolls itself into view when it opens and when it closes. Closing (each turn, when
+        # its answer is done) it must not: the scroll releases the transcript's anchor, and a chat whose turn
+        # closed above the view stopped following its end. Opened by a person, it still comes into view.
+        if not self.collapsed:
+            super().scroll_visible(*args, **kwargs)
+
     async def _add(self, widget) -> None:
         contents = self.query(Collapsible.Contents) if self.is_mounted else None
         if contents:
