@@ -13,6 +13,7 @@ import sqlite3
 
 import pytest
 from textual.widgets import Input, Markdown, Static
+from textual.widgets._collapsible import CollapsibleTitle
 from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader
 
 from edge_agent.agent import events as ev
@@ -221,27 +222,39 @@ async def test_answers_that_close_their_turns_keep_the_end_in_view(settings, tmp
 
 
 @pytest.mark.asyncio
-async def test_a_turn_that_closes_out_of_view_does_not_scroll_the_chat_to_it(settings, tmp_path):
-    """A collapsible scrolls itself into view when it opens or closes; a turn closed when its answer is done
-    must not: the scroll would release the transcript's anchor and the chat would stop following its end
-    (the race behind a rare failure of the test above: the turn closed before the anchor had scrolled)."""
+async def test_only_a_persons_toggle_scrolls_a_turn_into_view(settings, tmp_path):
+    """A collapsible scrolls itself into view when it opens or closes. A turn closed by the app (its answer
+    done) or opened and closed with every other (Ctrl+T) must not: the scroll would release the transcript's
+    anchor and the chat would stop following its end (the race behind a rare failure of the test above:
+    the turn closed before the anchor had scrolled). A person's toggle of one turn still brings it into
+    view."""
     app, _ = scripted_app(settings, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         tr = app.chat_screen.transcript
+
+        async def stays_at_end(what: str) -> None:
+            for _ in range(5):
+                await pilot.pause(0.05)
+                assert tr.is_vertical_scroll_end, (what, tr.scroll_y, tr.max_scroll_y)
+
         for q in ("one?", "two?", "three?", "four?", "five?", "six?"):
             await type_and_enter(pilot, q)
             await settle(pilot)
+        await pilot_wait_until(pilot, lambda: tr.is_vertical_scroll_end, what="the end in view")
+        for what in ("Ctrl+T opens every turn", "Ctrl+T closes them"):
+            await pilot.press("ctrl+t")
+            await stays_at_end(what)
         turn = next(iter(tr.query(AnswerView).first().turns.values()))
-        turn.collapsed = False  # a person opens the first answer's turn: it scrolls into view
-        await pilot_wait_until(pilot, lambda: not tr.is_vertical_scroll_end, what="the opened turn in view")
+        turn.query_one(CollapsibleTitle).action_toggle_collapsible()  # a person opens the first answer's turn
+        await pilot_wait_until(pilot, lambda: not turn.collapsed and turn.region.overlaps(tr.region),
+                               what="the opened turn scrolled into view")
         tr.scroll_end(animate=False, immediate=True)  # back to the end: anchored again
         await pilot_wait_until(pilot, lambda: tr.is_vertical_scroll_end, what="the end in view")
-        assert turn.region.bottom <= tr.region.y  # the open turn is above the view
+        await pilot_wait_until(pilot, lambda: turn.region.bottom <= tr.region.y,
+                               what="the open turn above the view")
         turn.collapsed = True  # as an answer closes its turns when it is done
-        for _ in range(5):
-            await pilot.pause(0.05)
-            assert tr.is_vertical_scroll_end, (tr.scroll_y, tr.max_scroll_y)
+        await stays_at_end("a turn closed above the view")
         await type_and_enter(pilot, "seven?")  # and the chat still follows its end
         await settle(pilot)
         await pilot_wait_until(pilot, lambda: tr.is_vertical_scroll_end, what="the new answer in view")

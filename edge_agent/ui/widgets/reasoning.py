@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Collapsible, Static
+from textual.widgets._collapsible import CollapsibleTitle
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
@@ -140,12 +141,18 @@ class TurnView(Collapsible):
         self._tool: ToolView | None = None
         self._freeform_w: Static | None = None
         self.action = ""
+        self._toggled_by_person = False
+
+    def on_collapsible_title_toggle(self, event: CollapsibleTitle.Toggle) -> None:
+        self._toggled_by_person = True  # a click or Enter on the title (Collapsible's handler toggles it)
 
     def scroll_visible(self, *args, **kwargs) -> None:
-        # Collapsible scrolls itself into view when it opens and when it closes. Closing (each turn, when
-        # its answer is done) it must not: the scroll releases the transcript's anchor, and a chat whose turn
-        # closed above the view stopped following its end. Opened by a person, it still comes into view.
-        if not self.collapsed:
+        # Collapsible scrolls itself into view whenever it opens or closes. Only a person's toggle should:
+        # closed by the app (each turn, when its answer is done) or opened and closed with every other turn
+        # (Ctrl+T), the scroll released the transcript's anchor, and a chat whose turn closed above the view
+        # stopped following its end (Ctrl+T left the view on the last turn's top).
+        if self._toggled_by_person:
+            self._toggled_by_person = False
             super().scroll_visible(*args, **kwargs)
 
     async def _add(self, widget) -> None:
