@@ -356,7 +356,10 @@ async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(s
         assert "offline (no network)" in str(bar.render())
         view = app.chat_screen.transcript.answers()[0]
         assert view.status == "no_answer" and view.text == ""
-        assert "no answer found" in str(view.query_one(".answer-footer", Static).render())
+        footer = str(view.query_one(".answer-footer", Static).render())
+        assert "no answer found" in footer
+        # the turns are closed: the footer says which search failed and why
+        assert "text_search failed (wikipedia): cannot connect" in footer, footer
         from edge_agent.ui.widgets.tool_view import ToolView
 
         tool = view.turns[1].query_one(ToolView)

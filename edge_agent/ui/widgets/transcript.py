@@ -24,6 +24,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from edge_agent.agent import events as ev
 from edge_agent.core.textclean import clean_event, clean_model_text
+from edge_agent.tools import specs
 from edge_agent.ui.widgets.preview import ImagePreview
 from edge_agent.ui.widgets.put import put
 from edge_agent.ui.widgets.readable import readable_markdown
@@ -98,6 +99,7 @@ class AnswerView(Vertical):
         self._prophet_draft: ev.DraftVerified | None = None
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
+        self.tool_failures: list[str] = []  # why a search failed in this run ("text_search failed (...)...")
         # Parts exist before mounting so a stored answer can be built whole, then mounted once.
         self._context_note = Static(classes="context-note")  # how the context was opened; images' cost
         self._context_note.display = False  # until the engine says (a scripted or stored answer may not)
@@ -150,6 +152,10 @@ class AnswerView(Vertical):
             self.mode = e.mode
         elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
             return  # the model alone: nothing but the answer
+        if isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name):
+            why = e.observation.split(". ")[0].rstrip(".") or f"{e.name} failed ({e.status})"
+            if why not in self.tool_failures:  # the footer says so: the turn that holds it is closed
+                self.tool_failures.append(why)
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
             self._context_lines.append(context_line(e, self.images if self.n_attached > 1 else None))
             self._context_note.update(Text("\n").join(self._context_lines))
@@ -244,6 +250,9 @@ class AnswerView(Vertical):
             foot.append(f" · {tps:.1f} tok/s", style="dim")
         if self.replaced:
             foot.append(" · replaced by a later answer (/retry or /edit)", style="dim")
+        if self.tool_failures and self.status != "running":
+            foot.append("\n" + "; ".join(self.tool_failures)
+                        + (": answered without its results" if self.text else ""), style="yellow")
         if self.detail:
             foot.append(f"\n{self.detail}", style="red")
         self._footer.update(foot)
