@@ -344,6 +344,35 @@ def no_network(asked: Asked) -> list[ev.Event]:
     ]
 
 
+def refused_search(asked: Asked) -> list[ev.Event]:
+    """A search not run (a repeat the agent refused), then an answer."""
+    return [
+        ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
+        ev.TurnStarted(turn=1),
+        ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1),
+        ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.0, status="refused",
+                        observation="text_search was not run: this question ran that query already."),
+        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
+                        tool_seconds=0.0),
+        ev.TurnStarted(turn=2),
+        ev.AnswerToken(turn=2, text="Lima."),
+        ev.FinalAnswer(answer="Lima.", turns=2, stop_reason="answered", totals={}),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_search_not_run_is_no_failure_under_the_answer(settings, tmp_path):
+    app, _ = scripted_app(settings, tmp_path, script=refused_search)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "What is the capital of Peru?")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        footer = str(view.query_one(".answer-footer", Static).render())
+        assert view.status == "answered" and "answered" in footer
+        assert "failed" not in footer and "without its results" not in footer, footer
+
+
 @pytest.mark.asyncio
 async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path, script=no_network)

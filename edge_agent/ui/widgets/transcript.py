@@ -152,8 +152,9 @@ class AnswerView(Vertical):
             self.mode = e.mode
         elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
             return  # the model alone: nothing but the answer
-        if isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name):
-            why = e.observation.split(". ")[0].rstrip(".") or f"{e.name} failed ({e.status})"
+        if (isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name)
+                and e.observation.startswith(f"{e.name} failed")):  # ran and failed (not refused: not run)
+            why = e.observation.split(". ")[0].rstrip(".")
             if why not in self.tool_failures:  # the footer says so: the turn that holds it is closed
                 self.tool_failures.append(why)
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
