@@ -327,37 +327,36 @@ async def test_retry_an_interrupted_answer(settings, tmp_path, image):
 
 
 # --- offline shown when searches cannot reach the network; a no_answer run says so -------------------
-def no_network(asked: Asked) -> list[ev.Event]:
-    """A text search that cannot reach the network, then an answer that only repeats the instructions."""
+def search_then(asked: Asked, status: str, observation: str, *rest: ev.Event) -> list[ev.Event]:
+    """Turn 1: a text search that brought no results (``status``, ``observation``); then ``rest``."""
     return [
         ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
         ev.TurnStarted(turn=1),
         ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1),
-        ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status="unreachable",
-                        observation="text_search failed (wikipedia): cannot connect."),
+        ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.01, status=status,
+                        observation=observation),
         ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
                         tool_seconds=0.0),
         ev.TurnStarted(turn=2),
+        *rest,
+    ]
+
+
+def no_network(asked: Asked) -> list[ev.Event]:
+    """A text search that cannot reach the network, then an answer that only repeats the instructions."""
+    return search_then(
+        asked, "unreachable", "text_search failed (wikipedia): cannot connect.",
         ev.AnswerToken(turn=2, text="You have no tool calls left"),
         ev.AgentError(turn=2, title="No answer found", message="repeated its instructions", fatal=False),
-        ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={}),
-    ]
+        ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={}))
 
 
 def refused_search(asked: Asked) -> list[ev.Event]:
     """A search not run (a repeat the agent refused), then an answer."""
-    return [
-        ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
-        ev.TurnStarted(turn=1),
-        ev.ToolCalled(turn=1, name="text_search", arguments={"query": "peru"}, action_seconds=0.1),
-        ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.0, status="refused",
-                        observation="text_search was not run: this question ran that query already."),
-        ev.TurnFinished(turn=1, action="text_search", reasoning_seconds=0.1, action_seconds=0.1,
-                        tool_seconds=0.0),
-        ev.TurnStarted(turn=2),
+    return search_then(
+        asked, "refused", "text_search was not run: this question ran that query already.",
         ev.AnswerToken(turn=2, text="Lima."),
-        ev.FinalAnswer(answer="Lima.", turns=2, stop_reason="answered", totals={}),
-    ]
+        ev.FinalAnswer(answer="Lima.", turns=2, stop_reason="answered", totals={}))
 
 
 @pytest.mark.asyncio
