@@ -73,6 +73,15 @@ def failed(tool: str, backend: str, reason: str, *, network_down: bool, hint: st
     return f"{tool} failed ({backend}): {reason}." + (f" {hint}" if hint else "")
 
 
+def failure(tool: str, observation: str) -> str | None:
+    """Why a call of ``tool`` failed, as its observation's first sentence, when the observation says it ran
+    and failed (:func:`failed`, or the toolbox's ``"{tool} failed: ..."``); None for any other (a call
+    refused before it ran says "was not run")."""
+    if not observation.startswith(f"{tool} failed"):
+        return None
+    return observation.split(". ")[0].rstrip(".")
+
+
 EMPTY_QUERY = "text_search needs a non-empty query: call it again with a few keywords."
 EMPTY_IMAGE = "image_search got an empty image."
 

@@ -11,16 +11,19 @@ in the block's title. Pure rendering of agent events; knows nothing of the engin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Collapsible, Static
-from textual.widgets._collapsible import CollapsibleTitle
 
 from edge_agent.agent import events as ev
 from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
 from edge_agent.ui.widgets.tool_view import ToolView
+
+if TYPE_CHECKING:  # Textual's title widget: only its message's type is named here
+    from textual.widgets._collapsible import CollapsibleTitle
 
 BAR_WIDTH = 12
 

@@ -24,7 +24,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from edge_agent.agent import events as ev
 from edge_agent.core.textclean import clean_event, clean_model_text
-from edge_agent.tools import specs
+from edge_agent.tools import observations, specs
 from edge_agent.ui.widgets.preview import ImagePreview
 from edge_agent.ui.widgets.put import put
 from edge_agent.ui.widgets.readable import readable_markdown
@@ -152,10 +152,9 @@ class AnswerView(Vertical):
             self.mode = e.mode
         elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
             return  # the model alone: nothing but the answer
-        if (isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name)
-                and e.observation.startswith(f"{e.name} failed")):  # ran and failed (not refused: not run)
-            why = e.observation.split(". ")[0].rstrip(".")
-            if why not in self.tool_failures:  # the footer says so: the turn that holds it is closed
+        if isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name):
+            why = observations.failure(e.name, e.observation)  # ran and failed (not refused: not run)
+            if why and why not in self.tool_failures:  # the footer says so: the turn that holds it is closed
                 self.tool_failures.append(why)
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
             self._context_lines.append(context_line(e, self.images if self.n_attached > 1 else None))
