@@ -221,7 +221,9 @@ def test_ssr_episode_zoom_then_answer(tmp_path):
     assert r1.candidates[r1.chosen].action == "zoom" and fin1.action == "zoom"
     assert sum(c.prob for c in r1.candidates) == pytest.approx(1.0) and len(r1.candidates) == 5
     assert "answer_evidence" not in [c.id for c in r1.candidates]  # no tool result yet: no evidence
-    assert len(r2.candidates) == 6  # the crop is evidence
+    # the crop is evidence: "answer from the evidence" is offered, "I know this" (before the evidence) no more
+    assert [c.id for c in r2.candidates] == ["image_search", "text_search", "zoom", "answer_evidence",
+                                             "answer_image"]
     assert tool.ok and tool.image_index == 1 and tool.image_path and tool.status == "local"
     assert r2.candidates[r2.chosen].action == "answer"
     assert final.answer == "red" and final.stop_reason == "answered" and final.turns == 2
@@ -244,7 +246,8 @@ def test_turn_limit_only_answers_and_untrusted_observation(tmp_path):
     assert HEADS_TEXT
     final = events[-1]
     assert final.stop_reason == "turn_limit" and final.answer == "Paris"
-    assert len(s.scored[1]) == 3  # only the answer rationales in the forced turn
+    # only the answer rationales in the forced turn, and of them those for after a tool's result
+    assert s.scored[1] == ["I should answer from the evidence", "I should answer from the image"]
     assert "You have no tool calls left" in s.text
     obs = [(t, sp) for k, t, sp in s.log if "Result <|im_end|>" in t]
     assert obs == [("1. Result <|im_end|> title: snippet", False)]
@@ -487,13 +490,17 @@ def test_text_only_questions_never_offer_image_rationales():
 
     lib = builtin_library()
     allowed = {"text_search", "answer"}
-    ids = [lib.rationales[i].id for i in lib.for_actions(allowed, has_image=False)]
-    assert ids == ["text_search", "answer_evidence", "answer_knowledge"]
+    ids = [lib.rationales[i].id for i in lib.for_actions(allowed, has_image=False, has_evidence=False)]
+    assert ids == ["text_search", "answer_knowledge"]
+    # after a tool's result "answer from the evidence" takes the place of "I know this"
+    ids = [lib.rationales[i].id for i in lib.for_actions(allowed, has_image=False, has_evidence=True)]
+    assert ids == ["text_search", "answer_evidence"]
     with_image = [lib.rationales[i].id for i in lib.for_actions(allowed | {"zoom", "image_search"})]
     assert "answer_image" in with_image and "zoom" in with_image
     assert "answer_evidence" not in [lib.rationales[i].id
                                      for i in lib.for_actions(allowed, has_evidence=False)]
-    with pytest.raises(RationaleLibraryError, match="needs_image and needs_evidence must be true or false"):
+    with pytest.raises(RationaleLibraryError,
+                       match="needs_image, needs_evidence and before_evidence must be true or false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}],
                       source="x.json")
 
@@ -616,6 +623,42 @@ def test_a_tool_call_written_as_the_answer_is_taken_back_or_no_answer():
     assert "text_search was not offered: no search service is set up." in err.message
 
 
+def test_a_rationale_for_before_the_evidence_gives_way_to_one_for_after():
+    """"I know this" (before_evidence) is offered until a tool's result is in the question's context; after
+    one, where another rationale of its action is offered ("answer from the evidence"), it is not: a
+    follow-up's "please check" searched and the 1.5B then chose "I know this" and copied its earlier wrong
+    answer. Where it is its action's only rationale (the ablation library of two) it stays."""
+    from edge_agent.agent.rationales import RationaleLibraryError, parse_library
+
+    rows = [{"id": "s", "action": "text_search", "text": "Search."},
+            {"id": "ev", "action": "answer", "text": "From the evidence.", "needs_evidence": True},
+            {"id": "kn", "action": "answer", "text": "I know this.", "before_evidence": True}]
+    lib = parse_library(rows, source="x")
+    ids = {ev: [lib.rationales[i].id for i in lib.for_actions({"text_search", "answer"}, has_evidence=ev)]
+           for ev in (False, True)}
+    assert ids == {False: ["s", "kn"], True: ["s", "ev"]}
+    two = parse_library([rows[0], rows[2]], source="x")
+    assert [two.rationales[i].id for i in two.for_actions({"text_search", "answer"}, has_evidence=True)] == [
+        "s", "kn"]
+    with pytest.raises(RationaleLibraryError, match="needs_evidence and before_evidence exclude each other"):
+        parse_library([{**rows[1], "before_evidence": True}], source="x")
+    with pytest.raises(RationaleLibraryError, match="before_evidence must be true or false"):
+        parse_library([{**rows[2], "before_evidence": "yes"}], source="x")
+    # the agent: after the search's result the turn scores the evidence rationale, not "I know this"
+    search = _searching("capital of Tuvalu")
+    def scores(text, n):  # the search first; then "I know this" would win, the evidence second
+        best = "web for facts" if n == 1 else "I know this"
+        return -0.5 if best in text else -1.0 if "from the evidence" in text else -3.0
+
+    s = FakeSession(scores, ['capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"])
+    events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),
+                            options=AgentOptions(answer_check=None, skip_unneeded_scoring=False)))
+    scored = [e for e in events if e.kind == "rationale_scored"]
+    assert [[c.id for c in e.candidates] for e in scored] == [["text_search", "answer_knowledge"],
+                                                              ["text_search", "answer_evidence"]]
+    assert events[-1].answer == "Funafuti"
+
+
 def test_a_tool_message_as_the_answer_is_no_answer():
     """Offline with a cache miss the model reads our message; an answer that repeats it is "No answer
     found"."""
@@ -634,7 +677,7 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     below answer_check): the answer is taken back before it stays in the context, the search runs, and the
     agent answers from the evidence. A sure answer is kept whole: the check's tokens are its start."""
     search = _searching("capital of Tuvalu")
-    s = FakeSession(favour(["full sentence", "from the evidence"]),
+    s = FakeSession(lambda text, n: -0.5 if "full sentence" in text or "from the evidence" in text else -3.0,
                     ["Vaiaku", 'capital of Tuvalu"}}\n</tool_call>', "Funafuti</answer>"],
                     logprob=[-2.0, 0.0, 0.0])
     events = list(run_agent(s, "What is the capital of Tuvalu?", tools=Toolbox(None, search),

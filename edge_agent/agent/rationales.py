@@ -51,6 +51,9 @@ class Rationale:
     # e.g. "answer from the evidence": offered only once a tool's result (search results, a crop) is in the
     # context
     needs_evidence: bool = False
+    # e.g. "I know this, so I will state the answer": offered until a tool's result is in the context; after
+    # one only where no other rationale of its action is offered (then "answer from the evidence" answers)
+    before_evidence: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,19 @@ class Library:
         """Indices of the rationales whose action is allowed (keeps library order).
 
         Without an image, rationales that need one are left out: a text-only question must not be
-        answered "from the image"; before any tool result, none is answered "from the evidence".
+        answered "from the image"; before any tool result, none is answered "from the evidence"; after
+        one, a rationale for before the evidence ("I know this") is left out where another of its action is
+        offered: with search results in the context (after a follow-up's "please check", say) the 1.5B
+        chose "I know this" over "answer from the evidence" and copied its earlier, wrong answer.
         """
-        return [i for i, r in enumerate(self.rationales)
-                if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)
-                and (has_evidence or not r.needs_evidence)]
+        offered = [i for i, r in enumerate(self.rationales)
+                   if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)
+                   and (has_evidence or not r.needs_evidence)]
+        if not has_evidence:
+            return offered
+        after = {self.rationales[i].action for i in offered if not self.rationales[i].before_evidence}
+        return [i for i in offered if not self.rationales[i].before_evidence
+                or self.rationales[i].action not in after]
 
 
 def builtin_library(name: str = "") -> Library:
@@ -138,11 +149,17 @@ def parse_library(data: Any, *, source: str) -> Library:
                 f"Rationale {rid!r} in {where} contains {bad[0]!r}, which would break the chat format.")
         needs_image = item.get("needs_image", action != ANY_ACTION and specs.by_action(action).needs_image)
         needs_evidence = item.get("needs_evidence", False)
-        if not isinstance(needs_image, bool) or not isinstance(needs_evidence, bool):
+        before_evidence = item.get("before_evidence", False)
+        if not all(isinstance(v, bool) for v in (needs_image, needs_evidence, before_evidence)):
             raise RationaleLibraryError(
-                f"Rationale {rid!r} in {where}: needs_image and needs_evidence must be true or false.")
+                f"Rationale {rid!r} in {where}: needs_image, needs_evidence and before_evidence must be true "
+                "or false.")
+        if needs_evidence and before_evidence:
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where}: needs_evidence and before_evidence exclude each other (it "
+                "would never be offered with another of its action). Keep one.")
         seen.add(rid)
-        out.append(Rationale(rid, text, action, needs_image, needs_evidence))
+        out.append(Rationale(rid, text, action, needs_image, needs_evidence, before_evidence))
     if not any(r.action in ("answer", ANY_ACTION) for r in out):
         raise RationaleLibraryError(
             f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")

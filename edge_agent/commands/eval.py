@@ -277,7 +277,8 @@ def library_digest(lib: Any) -> str:
     """A short hash of what a library makes the agent score (ids, actions, texts, image flags)."""
     import hashlib
 
-    rows = [[r.id, r.action, r.text, r.needs_image] + ([True] if r.needs_evidence else []) for r in lib]
+    rows = [[r.id, r.action, r.text, r.needs_image] + ([True] if r.needs_evidence else [])
+            + (["before_evidence"] if r.before_evidence else []) for r in lib]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
