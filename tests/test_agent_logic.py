@@ -907,3 +907,62 @@ def test_the_answer_checks_score_is_what_the_answer_adds_to_the_question():
     assert answer_score(["Jerusalem", " is", " it", "."], [-0.3, -0.1, -0.5, -0.9], q) == -0.3
     assert answer_score(["Israel", " is"], [-0.2, -0.4], q) == pytest.approx(-0.3)  # nothing added: all
     assert answer_score([], [], q) == 0.0
+
+
+ALL_SEARCHES = {"text_search", "image_search", "zoom", "answer"}
+
+
+@pytest.mark.parametrize("question, asked", [
+    ("Are you sure? Please check.", "text_search"),
+    ("Search the web for the capital of Peru.", "text_search"),
+    ("Can you look it up?", "text_search"),
+    ("Okay, now search for it", "text_search"),
+    ("Double-check the year.", "text_search"),
+    ("The capital of Peru is Lima, is that correct?", "text_search"),
+    ("Search the web for this photo.", "image_search"),
+    ("What is the capital of Peru?", None),
+    ("How do I verify my email?", None),  # a word in a question, not a request
+    ("What is a check digit?", None),
+    ("Who invented the search engine?", None),
+    ("Please don't search, just answer: the capital of Peru?", None),  # asks not to
+    ("Without searching, what is the capital of Peru?", None),
+    ("What is 17*23? Check your work.", None),  # checking arithmetic is no search
+])
+def test_what_a_question_asks_the_agent_to_search(question, asked):
+    from edge_agent.agent.intent import asks_to_search
+
+    assert asks_to_search(question, ALL_SEARCHES) == asked
+    assert asks_to_search(question, {"answer"}) is None  # nothing to search with: none asked for
+    assert asks_to_search(question, {"text_search", "answer"}) == (asked and "text_search")
+
+
+def test_a_question_that_asks_to_check_searches_first():
+    """"Are you sure? Please check." after an answer: the answer check was sure of the same words again (the
+    1.5B: "Yes, I am sure. Cambodia became independent in 1954.", unsearched). A question that asks to search
+    or to check searches in its first turn, unscored, the trace saying why; then answers from the evidence.
+    Without asked_search (the paper's method) the sure check answers, as before."""
+    from edge_agent.agent.answer_check import ASKED_SEARCH
+
+    def run(asked_search):
+        search = _searching("Cambodia independence")
+        outputs = (['Cambodia independence"}}\n</tool_call>', "Cambodia became independent in 1953.</answer>"]
+                   if asked_search
+                   else ["Cambodia became", " independent in 1954.</answer>"])  # the check's start, the rest
+        s = FakeSession(lambda text, n: -0.5 if "I know this" in text or "evidence" in text else -3.0,
+                        outputs, logprob=[-0.01])
+        return list(run_agent(s, "Are you sure? Please check.", tools=Toolbox(None, search),
+                              options=AgentOptions(answer_check=-0.3, asked_search=asked_search))), search
+
+    events, search = run(True)
+    first = next(e for e in events if e.kind == "rationale_scored")
+    assert not first.scored and first.why == ASKED_SEARCH
+    assert [c.id for c in first.candidates] == ["text_search"]
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
+    assert search.queries == ["Cambodia independence"]
+    assert not [e for e in events if e.kind == "answer_checked"]
+    assert events[-1].answer == "Cambodia became independent in 1953."
+    events, search = run(False)
+    assert search.queries == [] and events[-1].answer == "Cambodia became independent in 1954."
+    from edge_agent.core.config import Settings
+
+    assert AgentOptions.from_settings(Settings.load({})).asked_search  # the app's default

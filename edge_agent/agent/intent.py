@@ -59,3 +59,33 @@ def stated_action(reasoning: str, allowed: Collection[str] | None = None) -> str
         if allowed is None or action in allowed:
             return action
     return None
+
+
+# What a person's question asks the agent to do: search or check ("Are you sure? Please check.", "Search the
+# web for ...", "Can you look it up?"), as a request (at a sentence's start, after "please", "can you", ...),
+# not a word in a question ("How do I verify my email?", "What is a check digit?").
+_ASKER = (r"(?:(?:ok(?:ay)?|so|and|now|then|also|but|just|please|pls|can you|could you|would you|will you|go|"
+          r"try to)\s*,?\s+)*")
+_REQUEST = re.compile(
+    r"(?:^|[.!?;:]\s*)" + _ASKER
+    + r"(?:search|google|look(?:\s+(?:it|this|that|them))?\s+up|look\s+(?:it\s+)?online|check|verify|"
+      r"double[- ]check|fact[- ]check|confirm|find out)\b"
+    r"|\bare you (?:sure|certain)\b|\bis (?:that|this|it) (?:right|correct|true|accurate)\b"
+    r"|\b(?:search|look) (?:the web|online|the internet)\b|\bweb search\b")
+_NOT_SEARCH = re.compile(r"\b(?:do not|don't|dont|never|without|no need to|not)\s+(?:\w+\s+)?"
+                         r"(?:search|look|check|google)|\bno (?:web )?search"
+                         r"|\bcheck (?:your|the|my) (?:work|math|maths|arithmetic|calculation|sum|spelling|"
+                         r"grammar)")
+_IMAGE_WORDS = re.compile(r"\b(?:image|photo|picture|pic|reverse)\b")
+
+
+def asks_to_search(question: str, allowed: Collection[str]) -> str | None:
+    """The search a person's question asks for, when it asks the agent to search or to check (among
+    ``allowed``): ``image_search`` for a request about the image (where offered), else ``text_search``; None
+    when it asks for none, or asks not to search ("Don't search, just answer.")."""
+    text = " ".join(question.casefold().replace("\u2019", "'").split())
+    if not _REQUEST.search(text) or _NOT_SEARCH.search(text):
+        return None
+    if "image_search" in allowed and _IMAGE_WORDS.search(text):
+        return "image_search"
+    return "text_search" if "text_search" in allowed else None

@@ -46,7 +46,13 @@ from edge_agent.agent.actions import (
     tail_grammar,
     tail_remainder,
 )
-from edge_agent.agent.answer_check import ANSWER_FIRST, ANSWER_UNSCORED, unsure_why
+from edge_agent.agent.answer_check import (
+    ANSWER_FIRST,
+    ANSWER_UNSCORED,
+    ASKED_SEARCH,
+    ONLY_RATIONALE,
+    unsure_why,
+)
 from edge_agent.agent.answering import Answering
 from edge_agent.agent.context import ChatContext, FreshContext, append_segments
 from edge_agent.agent.events import (
@@ -63,7 +69,7 @@ from edge_agent.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from edge_agent.agent.intent import stated_action
+from edge_agent.agent.intent import asks_to_search, stated_action
 from edge_agent.agent.options import AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ANSWER_OPEN,
@@ -180,6 +186,13 @@ class _Run(Answering):
         allowed = frozenset({"answer"}) if final else available
         if self.options.policy is not None:
             allowed = frozenset(self.options.policy(turn, allowed)) & allowed  # a policy only narrows
+        elif turn == 1 and not final and self.options.mode == "ssr" and self.options.asked_search:
+            # The person asked to search or to check: the first turn searches (a search that cannot bring
+            # anything new is still taken back, and the agent answers). Without this a sure answer check
+            # answered "Are you sure? Please check." with the same words, unsearched.
+            self.asked = asks_to_search(self.question, allowed)
+            if self.asked is not None:
+                allowed = frozenset({self.asked})
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
@@ -365,8 +378,10 @@ class _Run(Answering):
         if self.options.skip_unneeded_scoring and self.options.policy is None:
             # (a policy, in benchmarks and tests, forces a move the model would choose among others: scored
             # as the app scores that turn)
+            why = ASKED_SEARCH if turn == 1 and self.asked is not None else ONLY_RATIONALE
             only = self.ssr.only_one(turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
-                                     tokenize=lambda text: self.session.tokenize(text, special=False))
+                                     tokenize=lambda text: self.session.tokenize(text, special=False),
+                                     why=why)
             if only is not None:
                 return only[0], only[1], False
         return self.ssr.choose(self.session, turn, allowed, has_image=self._has_image(),

@@ -95,6 +95,10 @@ class AgentOptions:
     # SSR: no scoring pass when the scores could not change the move (the answer checked first, the search
     # the only other move: SsrChooser.unscored); False scores anyway (tests compare the two)
     skip_unneeded_scoring: bool = True
+    # SSR: a question that asks to search or to check ("Are you sure? Please check.", "Search the web for
+    # ...": intent.asks_to_search) searches in its first turn, the answer check and the scores aside; False:
+    # the scores decide (the paper's method)
+    asked_search: bool = False
     # SSR's answer check stops decoding once its threshold is out of reach (answer_check.out_of_reach);
     # False reads all answer_check_tokens (the same verdict: tests and scripts/bench_first_turn.py compare)
     answer_check_early: bool = True
@@ -124,7 +128,7 @@ class AgentOptions:
             seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
-            instructions=settings.system_prompt,
+            instructions=settings.system_prompt, asked_search=True,
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         if "library" not in kw:

@@ -57,6 +57,7 @@ class RunState:
         self._base: Checkpoint | None = None
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
+        self.asked: str | None = None  # the search the question asks for (SSR's first turn takes it)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
 

@@ -85,7 +85,8 @@ class SsrChooser:
         return idx, rats, cands
 
     def only_one(self, turn: int, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
-                 tokenize: Callable[[str], list[int]]) -> tuple[str | None, RationaleScored] | None:
+                 tokenize: Callable[[str], list[int]],
+                 why: str = ONLY_RATIONALE) -> tuple[str | None, RationaleScored] | None:
         """The one rationale there is to choose, without scoring: a softmax over one score is 1 whatever the
         score, so the move and the pasted rationale are those of a scoring (offline with nothing cached a text
         question's only move is the answer: 0.13 s a question saved on the 1.5B here, its tokens appended with
@@ -100,7 +101,7 @@ class SsrChooser:
         self._last = _Scored(rats, cands, [_no_score(tokenize(cands[0]))], [0.0], scored=False)
         choice, probs = self._select([0.0])
         action = None if rats[0].action == ANY_ACTION else rats[0].action
-        return action, self._event(turn, choice, probs, 0.0, why=ONLY_RATIONALE)
+        return action, self._event(turn, choice, probs, 0.0, why=why)
 
     def unscored(self, turn: int, allowed: frozenset[str], *, has_image: bool, has_evidence: bool,
                  tokenize: Callable[[str], list[int]], why: str) -> RationaleScored | None:
