@@ -8,8 +8,10 @@ What it does, in one process:
 3. starts the Factbook search service in-process on a free loopback port;
 4. runs ``edge-agent eval``'s runner on the split's Factbook questions, on its "known" set (questions
    a model of this size answers without searching) and on the known set asked as follow-ups in a chat
-   that began with a Factbook question ("followup"): the main modes on every question, the paper's
-   ablations and SeProD (the 0.5B as prophet) on the first ``--ablations`` questions of the first two;
+   that began with a Factbook question ("followup"), and "Are you sure? Please check." asked after each of
+   the first ``--checks`` Factbook questions ("check": the Factbook answer is the right one): the main
+   modes on every question, the paper's ablations and SeProD (the 0.5B as prophet) on the first
+   ``--ablations`` questions of the Factbook and known sets;
 5. writes OUT/quality.md (one table: success exact and contains with 95% Wilson intervals, turns,
    searches and repeated identical searches per question, model seconds per question, SeProD
    acceptance, reasoning/action agreement), OUT/quality.json, OUT/quality.png, and each run's own
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MAIN_MODES = "direct,freeform,ssr"
 ABLATION_MODES = "ssr-index,ssr-k1,ssr-k2,ssr+seprod"
 AGENT, PROPHET = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+CHECK = "Are you sure? Please check."  # the check set's follow-up, after a Factbook question
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +47,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=None,
                     help="only the first N Factbook questions of the split")
     ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
+    ap.add_argument("--checks", type=int, default=20,
+                    help=f"the check set: {CHECK!r} after each of the first N Factbook questions (0: none)")
     ap.add_argument("--modes", default=MAIN_MODES,
                     help=f"main modes, on every question (default {MAIN_MODES})")
     ap.add_argument("--ablation-modes", default=ABLATION_MODES, help=f"default {ABLATION_MODES}")
@@ -79,6 +84,7 @@ def question_sets(out: Path, split: str) -> dict[str, Path]:
         if factbook.main(["questions", str(data)]):
             raise SystemExit(f"Could not write the question sets into {data}.")
     files["followup"] = followups(files["factbook"], files["known"], data / f"followup-{split}.jsonl")
+    files["check"] = checks(files["factbook"], data / f"check-{split}.jsonl")
     return files
 
 
@@ -92,6 +98,20 @@ def followups(factbook: Path, known: Path, path: Path) -> Path:
     text = "".join(json.dumps({**row, "id": f"followup-{row['id']}",
                                "follows": first[i % len(first)]["question"]}, ensure_ascii=False) + "\n"
                    for i, row in enumerate(rows))
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def checks(factbook: Path, path: Path) -> Path:
+    """A person who doubts the answer: :data:`CHECK` as the second question of a chat whose first is the
+    split's Factbook question i, scored against that question's answers (what the agent does when asked to
+    check: search, and read the result, or repeat itself). Rewritten each time (derived, as
+    :func:`followups`)."""
+    rows = [json.loads(line) for line in factbook.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = "".join(json.dumps({"id": f"check-{row['id']}", "image": None, "question": CHECK,
+                               "answers": row["answers"], "follows": row["question"]}, ensure_ascii=False)
+                   + "\n" for row in rows)
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path.write_text(text, encoding="utf-8")
     return path
@@ -202,7 +222,8 @@ def markdown(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) ->
              "are per question (the episode minus tool time). Ablations and SeProD ran on the first "
              f"{args.ablations} questions of the factbook and known sets. The followup set is the known "
              "questions asked as the second question of a chat that began with a Factbook question (its "
-             "answer not scored).", ""]
+             f"answer not scored); the check set is {CHECK!r} asked after each of the first {args.checks} "
+             "Factbook questions, scored against that question's answers.", ""]
     head = ("| set | mode | n | exact | contains | turns | searches | repeated | model s | SeProD acc. | "
             "reasoning/action |")
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
@@ -268,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = dict(s.split("=", 1) for s in args.settings)
         base = Settings.load({"model": args.model, "text_search": "searxng", "searxng_url": server.url,
                               **extra}, env={"EDGE_AGENT_HOME": str((out / "home").resolve())})
-        limits = {"factbook": args.limit, "known": args.known_limit, "followup": args.known_limit}
+        limits = {"factbook": args.limit, "known": args.known_limit, "followup": args.known_limit,
+                  "check": args.checks}
+        if not args.checks:
+            del sets["check"]
         runs: dict[str, list[Any]] = {name: [] for name in sets}
         # The main modes on every set first (the known set, short, before the Factbook's), then the
         # ablations: an interrupted run has the main table; rerunning resumes where it stopped.
@@ -279,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             # drafts that do not depend on timing: every draft waited for, L_d pinned (seprod_adaptive false)
             with_prophet = base.updated({"prophet": args.prophet, "seprod_adaptive": False})
             for set_name, data in sets.items():
-                if set_name == "followup":  # the main modes only: what a chat changes, not the ablations
+                if set_name in ("followup", "check"):  # the main modes only: what a chat changes
                     continue
                 limit = limits[set_name]
                 n = min(args.ablations, limit) if limit else args.ablations

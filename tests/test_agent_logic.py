@@ -966,3 +966,4 @@ def test_a_question_that_asks_to_check_searches_first():
     from edge_agent.core.config import Settings
 
     assert AgentOptions.from_settings(Settings.load({})).asked_search  # the app's default
+    assert not AgentOptions.from_settings(Settings.load({"ssr_search_when_asked": False})).asked_search

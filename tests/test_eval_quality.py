@@ -9,7 +9,7 @@ import json
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import followups, markdown, row, table_rows, time_ratio
+from scripts.eval_quality import CHECK, checks, followups, markdown, row, table_rows, time_ratio
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -45,7 +45,7 @@ def test_the_combined_table_shows_intervals():
     q = E.Question("k", "What is 17*23?", ("391",), None)
     recs = [E.make_record(q, E.MODES["ssr"], _episode([], "391"))] * 3
     rows = {"known": [row("ssr", E.mode_metrics(recs))]}
-    md = markdown(rows, argparse.Namespace(model="m", split="dev", ablations=5))
+    md = markdown(rows, argparse.Namespace(model="m", split="dev", ablations=5, checks=4))
     line = next(x for x in md.splitlines() if x.startswith("| known | ssr |"))
     lo = round(100 * E.wilson(3, 3)[0])
     assert f"| 100% [{lo}-100] |" in line and "| 3 |" in line
@@ -86,6 +86,20 @@ def test_the_followup_set_is_the_known_set_after_factbook_questions(tmp_path):
     assert followups(fb, known, path) == path and path.stat().st_mtime_ns == mtime
 
 
+def test_the_check_set_asks_to_check_each_factbook_answer(tmp_path):
+    """"Are you sure? Please check." follows Factbook question i, scored against its answers; it loads as
+    follow-ups, and the agent reads it as a request to search."""
+    from edge_agent.agent.intent import asks_to_search
+
+    fb = tmp_path / "dev.jsonl"
+    fb.write_text("".join(json.dumps({"id": f"fb{i}", "image": None, "question": f"Factbook {i}?",
+                                      "answers": [f"a{i}"]}) + "\n" for i in range(2)), encoding="utf-8")
+    qs = E.load_dataset(checks(fb, tmp_path / "check-dev.jsonl"))
+    assert [(q.id, q.question, q.follows, q.answers) for q in qs] == [
+        ("check-fb0", CHECK, "Factbook 0?", ("a0",)), ("check-fb1", CHECK, "Factbook 1?", ("a1",))]
+    assert asks_to_search(CHECK, {"text_search", "answer"}) == "text_search"
+
+
 def test_ssr_time_over_free_form_is_paired_by_question_with_an_interval():
     """SSR's model seconds over free-form's: the ratio of the sums on the questions both answered, with a
     seeded paired-bootstrap 95% interval around it (wider with fewer questions); the table says it."""
@@ -107,5 +121,5 @@ def test_ssr_time_over_free_form_is_paired_by_question_with_an_interval():
     rows = {"known": table_rows([main])}
     ssr = next(r for r in rows["known"] if r["mode"] == "ssr")
     assert ssr["model_seconds_over_freeform"] == 0.25
-    assert "SSR's model seconds over free-form's" in markdown(rows, argparse.Namespace(model="m", split="dev",
-                                                                                        ablations=0))
+    args = argparse.Namespace(model="m", split="dev", ablations=0, checks=0)
+    assert "SSR's model seconds over free-form's" in markdown(rows, args)

@@ -8,6 +8,7 @@ weights cannot show.
 - A move taken back (MoveWithdrawn: rolled back to before the pasted rationale) leaves exactly the
   context a fresh session evaluating the kept tokens has.
 - SeProD's answering draft after the answer check starts where the answer starts.
+- A question that asks for a search searches first, whatever the answer check says.
 - A first turn not scored (its scores could not change the move) is the first turn scored; an answer
   check stopped once its threshold is out of reach gives the verdict of the check read to its end.
 - A question answered end to end from a SearXNG-shaped service on 127.0.0.1 over the real Factbook
@@ -237,6 +238,29 @@ def test_a_first_turn_not_scored_is_the_first_turn_scored(qwen, check):
     assert scored0 and not scored1
     assert ("move_withdrawn" in k1) == (check == 0.0) and k1.count("tool_called") == k0.count("tool_called")
     assert a0 == a1 and h0 == h1, (a0, a1)
+
+
+def test_a_question_that_asks_for_a_search_searches_whatever_the_check_says(qwen):
+    """"Search the web for the capital of Peru.": with the answer check sure of the model's answer (-19),
+    SSR answered at once without searching; a question that asks to search now searches first (unscored,
+    the trace says why), and the answer comes after the result, from the evidence."""
+    from edge_agent.agent.answer_check import ASKED_SEARCH
+
+    search = FakeSearch(text=lambda q: outcome("text_search", "live", "1. Peru: the capital of Peru is Lima",
+                                               results=(result("Lima"),), query=q))
+    runs = {}
+    for asked in (False, True):
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=16, answer_check=-19.0, max_turns=2, asked_search=asked)
+        runs[asked] = list(run_agent(s, "Search the web for the capital of Peru.",
+                                     tools=Toolbox(None, search), options=opts))
+    assert [e.kind for e in runs[False]].count("tool_called") == 0  # the sure check answered
+    called = [e for e in runs[True] if e.kind == "tool_called"]
+    first = next(e for e in runs[True] if e.kind == "rationale_scored")
+    assert len(called) == 1 and called[0].name == "text_search" and first.why == ASKED_SEARCH
+    assert [e.kind for e in runs[True]].count("answer_checked") == 0
+    last = [e for e in runs[True] if e.kind == "rationale_scored"][-1]
+    assert last.candidates[last.chosen].id == "answer_evidence" and runs[True][-1].answer
 
 
 @pytest.mark.parametrize("question", ["What is 17 times 23?", "What is the capital of Peru?"])

@@ -128,7 +128,7 @@ class AgentOptions:
             seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,
-            instructions=settings.system_prompt, asked_search=True,
+            instructions=settings.system_prompt, asked_search=settings.ssr_search_when_asked,
         )
         kw.update({k: v for k, v in overrides.items() if v is not None})
         if "library" not in kw:
