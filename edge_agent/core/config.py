@@ -158,7 +158,8 @@ class Settings:
         "reads on until one does, at most this many tokens (0: ssr_answer_check_tokens exactly).", default=32)
     ssr_search_when_asked: bool = _doc(
         "SSR: a question that asks to search or to check ('Are you sure? Please check.', 'Search the web for "
-        "...') searches first, whatever the answer check and the scores say. false: they decide.", default=True)
+        "...') searches first, whatever the answer check and the scores say. false: they decide.",
+        default=True)
     ssr_index_only: bool = _doc("SSR ablation: score only the index '[k]' of each rationale, not its text.",
                                 default=False)
     rationales: str = _doc("Path to your own rationale library (JSON). Empty: the built-in one.", default="")
