@@ -47,6 +47,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=None,
                     help="only the first N Factbook questions of the split")
     ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
+    ap.add_argument("--sets", default="", metavar="LIST",
+                    help="only these sets, comma-separated (default all: factbook,known,followup,check)")
     ap.add_argument("--checks", type=int, default=20,
                     help=f"the check set: {CHECK!r} after each of the first N Factbook questions (0: none)")
     ap.add_argument("--modes", default=MAIN_MODES,
@@ -115,6 +117,16 @@ def checks(factbook: Path, path: Path) -> Path:
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path.write_text(text, encoding="utf-8")
     return path
+
+
+def chosen_sets(sets: dict[str, Path], names: str) -> dict[str, Path]:
+    """The sets ``names`` (comma-separated; empty: all) names, in their order; an unknown name is an error
+    that lists the sets."""
+    wanted = {name.strip() for name in names.split(",") if name.strip()}
+    if wanted - set(sets):
+        raise SystemExit(f"Unknown set(s): {', '.join(sorted(wanted - set(sets)))}. Choose from: "
+                         f"{', '.join(sets)}.")
+    return {name: path for name, path in sets.items() if name in wanted or not wanted}
 
 
 def run_group(data: Path, modes: str, out: Path, settings: Any, limit: int | None) -> Any:
@@ -293,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                   "check": args.checks}
         if not args.checks:
             del sets["check"]
+        sets = chosen_sets(sets, args.sets)
         runs: dict[str, list[Any]] = {name: [] for name in sets}
         # The main modes on every set first (the known set, short, before the Factbook's), then the
         # ablations: an interrupted run has the main table; rerunning resumes where it stopped.

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+import pytest
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import CHECK, checks, followups, markdown, row, table_rows, time_ratio
+from scripts.eval_quality import CHECK, checks, chosen_sets, followups, markdown, row, table_rows, time_ratio
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -123,3 +126,11 @@ def test_ssr_time_over_free_form_is_paired_by_question_with_an_interval():
     assert ssr["model_seconds_over_freeform"] == 0.25
     args = argparse.Namespace(model="m", split="dev", ablations=0, checks=0)
     assert "SSR's model seconds over free-form's" in markdown(rows, args)
+
+
+def test_only_the_sets_asked_for_run():
+    sets = {name: Path(f"{name}.jsonl") for name in ("factbook", "known", "followup", "check")}
+    assert chosen_sets(sets, "") == sets
+    assert list(chosen_sets(sets, " check, known")) == ["known", "check"]
+    with pytest.raises(SystemExit, match="Unknown set.*facts.*Choose from: factbook, known, followup, check"):
+        chosen_sets(sets, "facts")
