@@ -85,9 +85,10 @@ SOURCE = ("context: prompts.system_prompt(3 tools, image question) + question + 
 
 
 def library() -> list[str]:
-    """The rationale texts the SSR loop scores for an image question with every tool available."""
-    lib = builtin_library()
-    return [lib.rationales[k].text for k in lib.for_actions(set(ACTIONS) | {"answer"}, has_image=True)]
+    """The built-in library's rationale texts, all six: the most a turn scores (an image question with every
+    tool available scores all but one: "I know this" before a tool's result, "answer from the evidence"
+    after one; the benchmark keeps the whole library, as it always measured)."""
+    return [r.text for r in builtin_library()]
 
 
 def _tokens(model: Model, segs: list) -> list[int]:
