@@ -850,6 +850,11 @@ def test_a_first_turn_with_more_to_choose_from_is_scored():
     ("The search results indicate that the code of El Salvador is .sv.", None),  # a noun, not a plan
     ("The capital of Peru is Lima.", None),
     ("I will search the web. Then I will answer.", "answer"),  # the last plan stated
+    # asked "Are you sure? Please check.", free-form's 1.5B wrote this and answered without a search
+    ("To confirm the accuracy of the search results, I will check the official sources", "text_search"),
+    ("I'll verify this.", "text_search"),
+    ("I will check the image for the sign.", None),  # not a search: a look at the image
+    ("I don't need to check, the answer is Lima.", "answer"),
 ])
 def test_the_stated_next_step_of_a_reasoning(reasoning, action):
     from edge_agent.agent.intent import stated_action

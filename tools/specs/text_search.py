@@ -68,8 +68,10 @@ SPEC = ToolSpec(
     tail_grammar=_grammar,
     tail_cut=_past_last_word,
     check=_check,
+    # "I'll check ..." / "I will verify ...": with no image in sight, the way to check is a search
     plan_verbs=(r"(?:search(?:ing)?|text_search|look(?:ing)? (?:it |this |that )?up|google|query|browse|"
-                r"find (?:out|information|more)|check (?:online|the web))"),
+                r"find (?:out|information|more)|(?:check|verify|confirm|double[- ]check)"
+                r"(?! (?:the |this |that )?(?:image|photo|picture|crop|zoom)))"),
     can_do="search by text",
     cache_kind="text_search",
     prompt_rank=20,
