@@ -90,19 +90,27 @@ def question_sets(out: Path, split: str) -> dict[str, Path]:
     return files
 
 
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _derived(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write a derived set (the same files give the same set), only when it differs from what is there."""
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
 def followups(factbook: Path, known: Path, path: Path) -> Path:
     """The known set asked as follow-ups: known question i is the second question of a chat whose first is
     the split's Factbook question i (which the model mostly searches for), so the context already holds a
     search, its results and an answer (as in the app or ``ask --continue``). Rewritten each time (it is
     derived: the same files give the same set)."""
-    first = [json.loads(line) for line in factbook.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [json.loads(line) for line in known.read_text(encoding="utf-8").splitlines() if line.strip()]
-    text = "".join(json.dumps({**row, "id": f"followup-{row['id']}",
-                               "follows": first[i % len(first)]["question"]}, ensure_ascii=False) + "\n"
-                   for i, row in enumerate(rows))
-    if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
-    return path
+    first = _rows(factbook)
+    return _derived(path, [{**row, "id": f"followup-{row['id']}",
+                            "follows": first[i % len(first)]["question"]}
+                           for i, row in enumerate(_rows(known))])
 
 
 def checks(factbook: Path, path: Path) -> Path:
@@ -110,13 +118,9 @@ def checks(factbook: Path, path: Path) -> Path:
     split's Factbook question i, scored against that question's answers (what the agent does when asked to
     check: search, and read the result, or repeat itself). Rewritten each time (derived, as
     :func:`followups`)."""
-    rows = [json.loads(line) for line in factbook.read_text(encoding="utf-8").splitlines() if line.strip()]
-    text = "".join(json.dumps({"id": f"check-{row['id']}", "image": None, "question": CHECK,
-                               "answers": row["answers"], "follows": row["question"]}, ensure_ascii=False)
-                   + "\n" for row in rows)
-    if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
-    return path
+    return _derived(path, [{"id": f"check-{row['id']}", "image": None, "question": CHECK,
+                            "answers": row["answers"], "follows": row["question"]}
+                           for row in _rows(factbook)])
 
 
 def chosen_sets(sets: dict[str, Path], names: str) -> dict[str, Path]:
