@@ -972,3 +972,51 @@ def test_a_question_that_asks_to_check_searches_first():
 
     assert AgentOptions.from_settings(Settings.load({})).asked_search  # the app's default
     assert not AgentOptions.from_settings(Settings.load({"ssr_search_when_asked": False})).asked_search
+
+
+def test_an_answer_says_which_searches_it_is_without():
+    """Offline, "Search the web for the capital of Burkina Faso." answered "According to Wikipedia, ..."
+    (the real 1.5B) with nothing but the trace saying no search ran. The final answer names the searches it
+    is without, and why: one taken back because it could not run (offline, not cached), one the question
+    asked for that no search could serve (offline, nothing cached), one that ran and failed. A repeat the
+    agent refused is none of these (its results are in)."""
+    question = "Search the web for the capital of Peru."
+
+    def run(search, outputs):
+        s = FakeSession(favour(["the web for facts", "full sentence"]), outputs, logprob=[-0.01])
+        opts = AgentOptions(answer_check=-0.3, asked_search=True)
+        return list(run_agent(s, question, tools=Toolbox(None, search), options=opts))
+
+    cached_other = FakeSearchTools(cached={"text_search": {"capital of Chile"}})
+    cached_other.set_offline(True)
+    events = run(cached_other, ['capital of Peru"}}\n</tool_call>', "Lima</answer>"])
+    assert [e.action for e in events if e.kind == "move_withdrawn"] == ["text_search"]
+    assert events[-1].answer == "Lima" and cached_other.queries == []
+    assert events[-1].not_searched == (
+        'text_search "capital of Peru" not run: it is offline and "capital of Peru" is not in the cache',)
+
+    nothing = FakeSearchTools()
+    nothing.set_offline(True)
+    events = run(nothing, ["Lima</answer>"])
+    assert events[-1].answer == "Lima" and not [e for e in events if e.kind == "tool_called"]
+    assert events[-1].not_searched == (
+        "the question asks for a search; text_search is not offered: it is offline and nothing is cached for "
+        "text_search",)
+
+    down = FakeSearchTools(text=lambda q: outcome(
+        "text_search", "error", "text_search failed (fake): cannot connect (Connection refused). The network "
+        "may be down.", query=q, unreachable=True))
+    events = run(down, ['capital of Peru"}}\n</tool_call>', "Lima</answer>"])
+    assert events[-1].answer == "Lima" and down.queries == ["capital of Peru"]
+    assert events[-1].not_searched == ("text_search failed (fake): cannot connect (Connection refused)",)
+
+    search = _searching("capital of Peru")  # searched, then the same search again: refused, not missing
+    s = FakeSession(favour(["the web for facts", "the web for facts"]),
+                    ['capital of Peru"}}\n</tool_call>', 'Capital of  PERU"}}\n</tool_call>',
+                     "Lima</answer>"])
+    events = list(run_agent(s, "What is the capital of Peru?", tools=Toolbox(None, search)))
+    assert [e.kind for e in events].count("move_withdrawn") == 1 and events[-1].not_searched == ()
+    from edge_agent.tools.observations import answered_without
+
+    assert answered_without(["a failed"]) == "a failed: answered without its results"
+    assert answered_without(["a", "b"]) == "a; b: answered without their results"

@@ -372,6 +372,41 @@ async def test_a_search_not_run_is_no_failure_under_the_answer(settings, tmp_pat
         assert "failed" not in footer and "without its results" not in footer, footer
 
 
+def offline_not_cached(asked: Asked) -> list[ev.Event]:
+    """Offline: the search taken back (not cached), then an answer that has no search behind it."""
+    why = 'text_search "capital of Peru" not run: it is offline and "capital of Peru" is not in the cache'
+    return [
+        ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
+        ev.TurnStarted(turn=1),
+        ev.MoveWithdrawn(turn=1, action="text_search", arguments={"query": "capital of Peru"},
+                         reason='it is offline and "capital of Peru" is not in the cache'),
+        ev.AnswerToken(turn=1, text="According to Wikipedia, Lima."),
+        ev.FinalAnswer(answer="According to Wikipedia, Lima.", turns=1, stop_reason="answered", totals={},
+                       not_searched=(why,)),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_an_answer_without_the_search_it_wanted_says_so(settings, tmp_path):
+    """"Search the web for ..." offline, not cached: the answer ("According to Wikipedia, ...", the real 1.5B)
+    looked like any other; its footer says which search did not run and why, live and when the chat is
+    opened again."""
+    app, _ = scripted_app(settings, tmp_path, script=offline_not_cached)
+    want = ('text_search "capital of Peru" not run: it is offline and "capital of Peru" is not in the cache: '
+            "answered without its results")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "Search the web for the capital of Peru.")
+        await settle(pilot)
+        view = app.chat_screen.transcript.answers()[0]
+        footer = str(view.query_one(".answer-footer", Static).render())
+        assert view.status == "answered" and want in footer, footer
+        await app.chat_screen.open_chat(app.store.load(app.chat_screen.chat_id))  # the stored answer
+        await settle(pilot)
+        (again,) = app.chat_screen.transcript.answers()
+        assert again is not view and want in str(again.query_one(".answer-footer", Static).render())
+
+
 @pytest.mark.asyncio
 async def test_unreachable_search_shows_offline_and_no_answer_is_not_an_answer(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path, script=no_network)

@@ -82,6 +82,23 @@ def failure(tool: str, observation: str) -> str | None:
     return observation.split(". ")[0].rstrip(".")
 
 
+def not_run(tool: str, arguments: dict, why: str) -> str:
+    """A search taken back because it could not run (offline, not cached), for a person: what and why."""
+    what = (f' "{clean_text(str(arguments.get("query", "")), 60)}"' if tool == "text_search"
+            else f" of image {arguments.get('img_idx', 0)}" if tool == "image_search" else "")
+    return f"{tool}{what} not run: {why}"
+
+
+def not_offered(tool: str, why: str) -> str:
+    """The question asked for a search that this question does not offer, for a person."""
+    return f"the question asks for a search; {tool} is not offered: {why}"
+
+
+def answered_without(reasons: Sequence[str]) -> str:
+    """Under an answer, for a person: the searches it is without, and why (``FinalAnswer.not_searched``)."""
+    return "; ".join(reasons) + f": answered without {'its' if len(reasons) == 1 else 'their'} results"
+
+
 EMPTY_QUERY = "text_search needs a non-empty query: call it again with a few keywords."
 EMPTY_IMAGE = "image_search got an empty image."
 

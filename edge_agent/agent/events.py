@@ -280,6 +280,10 @@ class FinalAnswer(Event):
     # before it was sent), tokens_reused (context tokens kept from an earlier question or restored) ...
     totals: dict[str, float] = field(default_factory=dict)
     context: str = ""  # key of the saved context state at the end of this answer ('' when none)
+    # searches this answer is without, each why in a line: one that ran and failed ("text_search failed
+    # (searxng): cannot connect ..."), one taken back that could not run ("text_search "x" not run: it is
+    # offline and ..."), a search the question asked for that was not offered; () when none
+    not_searched: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ from edge_agent.agent.rationales import ANY_ACTION
 from edge_agent.agent.toolbox import ToolExecutor, ToolOutcome
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.runtime.types import ImageChunk, SessionLike
-from edge_agent.tools import specs
+from edge_agent.tools import observations, specs
 
 THINK_STOP = "</think>"
 HEAD_MAX_TOKENS = 16  # free-form choice steps: a tag or a tool name (<= ~6 tokens)
@@ -193,6 +193,10 @@ class _Run(Answering):
             self.asked = asks_to_search(self.question, allowed)
             if self.asked is not None:
                 allowed = frozenset({self.asked})
+        searches = frozenset(s.action for s in specs.searches())
+        if turn == 1 and (wanted := asks_to_search(self.question, searches)) is not None:
+            if wanted not in allowed and (why := self.tools.not_offered_why(wanted)):
+                self._without(observations.not_offered(wanted, why))  # asked for, and none can run
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
@@ -242,6 +246,9 @@ class _Run(Answering):
                                seconds=out.seconds,
                                status=out.status, image_index=out.image_index, image_path=out.image_path,
                                results=tuple(out.results))
+            if not out.ok and specs.is_search(call.name) and (why := observations.failure(call.name,
+                                                                                         out.observation)):
+                self._without(why)
         else:
             yield AgentError(turn=turn, title="Malformed action", message=error or "unknown", fatal=False)
             out = ToolOutcome(False, f"Error: {error} Try again.", 0.0, "error")
@@ -299,6 +306,8 @@ class _Run(Answering):
             if why is None or self._base is None:
                 return action, call, None
             yield MoveWithdrawn(turn=turn, action=action, arguments=dict(call.arguments), reason=why)
+            if action != "answer" and (cannot := self.tools.cannot_run(call)):
+                self._without(observations.not_run(call.name, dict(call.arguments), cannot))
             self.session.rollback(self._base)
             self.close_pending = ""
             left = left - {action} if action == "answer" else (left - {action}) | {"answer"}

@@ -58,6 +58,7 @@ class RunState:
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self.asked: str | None = None  # the search the question asks for (SSR's first turn takes it)
+        self.not_searched: list[str] = []  # the searches the answer is without, why (FinalAnswer's)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
 
@@ -113,4 +114,9 @@ class RunState:
                                    n_pos=self.session.n_pos if opened else 0)
         text = answer if answer is not None else "".join(self.answer_parts).strip()
         return FinalAnswer(answer=text, turns=self.turn, stop_reason=stop_reason, totals=totals,
-                           context=context)
+                           context=context, not_searched=tuple(self.not_searched))
+
+    def _without(self, why: str) -> None:
+        """The answer goes without a search, for this reason (each reason once)."""
+        if why not in self.not_searched:
+            self.not_searched.append(why)

@@ -74,6 +74,10 @@ class ToolExecutor(Protocol):
         """Why ``action`` is not offered in this question now ("it is offline and nothing is cached ...");
         None when it is, or when no reason is known."""
 
+    def cannot_run(self, call: ToolCall) -> str | None:
+        """Why ``call`` cannot run now at all (offline, and it is not cached), as :meth:`nothing_new` says
+        it; None when it could (a repeat of a search this question ran is not this: its results are in)."""
+
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome: ...
 
 
@@ -174,19 +178,36 @@ class Toolbox:
             key = query_key(query)
             if ("text_search", key) in self._searched:
                 return f'this question already searched for "{key}" ({self._searched[("text_search", key)]})'
-            if self.search is not None and (miss := self.search.offline_miss("text_search", query=query)):
+            if miss := self.cannot_run(call):
                 return miss
             return self._read_before(query, key)
         if call.name == "image_search" and self.images is not None:
-            try:
-                idx = self.images.check_index(call.arguments.get("img_idx", 0))
-            except ZoomError:
+            idx = self._image_index(call)
+            if idx is None:
                 return None  # a bad index is the model's mistake: run() says so
             if ("image_search", str(idx)) in self._searched:
                 return f"this question already searched with image {idx}"
-            if self.search is not None:
-                return self.search.offline_miss("image_search", image=jpeg_bytes(self.images[idx].image))
+            return self.cannot_run(call)
         return None
+
+    def cannot_run(self, call: ToolCall) -> str | None:
+        if self.search is None:
+            return None
+        if call.name == "text_search":
+            return self.search.offline_miss("text_search", query=str(call.arguments.get("query", "")))
+        idx = self._image_index(call) if call.name == "image_search" and self.images is not None else None
+        if idx is not None:
+            assert self.images is not None
+            return self.search.offline_miss("image_search", image=jpeg_bytes(self.images[idx].image))
+        return None
+
+    def _image_index(self, call: ToolCall) -> int | None:
+        """The image an image search names, None when it names none of this question's."""
+        assert self.images is not None
+        try:
+            return self.images.check_index(call.arguments.get("img_idx", 0))
+        except ZoomError:
+            return None
 
     def run(self, call: ToolCall, *, cancel: threading.Event | None = None) -> ToolOutcome:
         t0 = time.perf_counter()

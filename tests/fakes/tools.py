@@ -26,13 +26,17 @@ def result(title: str = "Result", url: str = "http://x", snippet: str = "s") -> 
 
 class FakeSearch:
     """Text and image search answered by ``text(query)`` / ``image(bytes, mime)`` (None: the call is a test
-    failure); ``unconfigured_tools``: {tool: why} for backends that cannot work. Records every call."""
+    failure); ``unconfigured_tools``: {tool: why} for backends that cannot work; ``cached``: {tool: the
+    queries its cache holds}, whose misses ``offline_miss`` names once ``set_offline(True)`` (the real
+    cache's rule, as ``SearchTools`` words it). Records every call."""
 
     def __init__(self, text: Callable[[str], SearchOutcome] | None = None,
                  image: Callable[[bytes, str], SearchOutcome] | None = None,
-                 unconfigured_tools: dict[str, str] | None = None) -> None:
+                 unconfigured_tools: dict[str, str] | None = None,
+                 cached: dict[str, set[str]] | None = None) -> None:
         self.text, self.image = text, image
         self.unconfigured_tools = dict(unconfigured_tools or {})
+        self.cached = {k: set(v) for k, v in (cached or {}).items()}
         self.queries: list[str] = []
         self.images: list[tuple[bytes, str]] = []  # (bytes, mime) of each image search
         self.closed = False
@@ -54,7 +58,14 @@ class FakeSearch:
         return self.unconfigured_tools.get(tool)
 
     def offline_miss(self, tool: str, query: str | None = None, image: bytes | None = None) -> str | None:
-        return None  # the fake is online (the real cache's offline rule: tests/test_tool_policy.py)
+        if not self.offline:
+            return None  # the real cache's offline rule: tests/test_tool_policy.py
+        held = self.cached.get(tool, set())
+        if query is None and image is None:
+            return None if held else f"it is offline and nothing is cached for {tool}"
+        what = f'"{query}"' if query is not None else "this image"
+        return None if (query if query is not None else "image") in held else (
+            f"it is offline and {what} is not in the cache")
 
     def set_offline(self, offline: bool) -> None:
         self.offline = offline

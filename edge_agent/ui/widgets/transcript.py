@@ -250,9 +250,13 @@ class AnswerView(Vertical):
             foot.append(f" · {tps:.1f} tok/s", style="dim")
         if self.replaced:
             foot.append(" · replaced by a later answer (/retry or /edit)", style="dim")
-        if self.tool_failures and self.status != "running":
-            foot.append("\n" + "; ".join(self.tool_failures)
-                        + (": answered without its results" if self.text else ""), style="yellow")
+        # the searches that failed (seen live, or in a stored answer's events), and any other the answer is
+        # without (not run offline, or asked for and not offered: FinalAnswer.not_searched)
+        without = self.tool_failures + [r for r in (self.final.not_searched if self.final else ())
+                                        if r not in self.tool_failures]
+        if without and self.status != "running":
+            foot.append("\n" + (observations.answered_without(without) if self.text else "; ".join(without)),
+                        style="yellow")
         if self.detail:
             foot.append(f"\n{self.detail}", style="red")
         self._footer.update(foot)
