@@ -156,6 +156,11 @@ def test_echoed_instructions_are_not_answers():
     assert not echoes_instructions("The capital of Peru is Lima.")
     assert not echoes_instructions("Lima. You have no tool calls left.")  # an answer is there
     assert not echoes_instructions("red square")
+    # a whole sentence of a tool's schema among words of its own (the real 0.5B, offline, asked to search)
+    assert echoes_instructions('Search the web for the capital of Peru. Returns the top results (title, url, '
+                               'snippet). The search query is "Peru". The top results are: Peru, Peru, Peru,')
+    assert echoes_instructions("Sure. Answer the user's question in a few steps, then Lima.")  # the prompt's
+    assert not echoes_instructions("I searched the web: the top results say Lima.")  # a few words, not one
 
 
 # ---- the agent on the real runtime ----------------------------------------------------------------

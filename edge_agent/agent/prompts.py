@@ -152,21 +152,52 @@ def _instruction_texts() -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(w) for w in _sentences((SYSTEM, SYSTEM_TEXT_ONLY, TURN_LIMIT_NOTE)))
 
 
+def _schema_texts() -> list[list[str]]:
+    """The words of every description in the tools' schemas (the system prompt lists them), per sentence."""
+    found: list[str] = []
+
+    def walk(v: object) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "description" and isinstance(x, str):
+                    found.append(x)
+                else:
+                    walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    for spec in specs.tools():
+        walk(spec.schema)
+    return _sentences(found)
+
+
+# an answer holding a whole sentence of our instructions this long, among its own words, copies them (the
+# turn-limit note, "You have no tool calls left", is shorter: "Lima. You have no tool calls left." answers)
+COPIED_SENTENCE_WORDS = 7
+
+
 def echoes_instructions(answer: str, ours: Sequence[str] = ()) -> bool:
     """True when ``answer`` merely repeats text we wrote for the model: the instructions (e.g. SmolLM2
     answering "You have no tool calls left") or ``ours``, this question's tool messages ("No cached
     result for ... (offline)", a search failure): a run of 3+ words from one such sentence, or nothing
-    but whole such sentences. Such an answer is not presented as one."""
+    but whole such sentences; or it copies a whole sentence of the system prompt or a tool's schema of
+    :data:`COPIED_SENTENCE_WORDS` words or more among words of its own (the real 0.5B, offline: "Search the
+    web for the capital of Peru. Returns the top results (title, url, snippet). ... Peru, Peru, Peru").
+    Such an answer is not presented as one."""
     words = _words(answer)
     if len(words) < 3:
         return False
-    sentences = [list(s) for s in _instruction_texts()] + _sentences(ours)
+    prompt = [list(s) for s in _instruction_texts()] + _schema_texts()
+    sentences = prompt + _sentences(ours)
 
     def inside(run: list[str], sentence: list[str]) -> bool:
         n = len(run)
         return any(sentence[i:i + n] == run for i in range(len(sentence) - n + 1))
 
     if any(inside(words, s) for s in sentences):
+        return True
+    if any(len(s) >= COPIED_SENTENCE_WORDS and inside(s, words) for s in prompt):
         return True
     rest = " ".join(words)
     for s in sorted(sentences, key=len, reverse=True):
