@@ -364,7 +364,9 @@ def ask_once(engine: Any, photo: Path, variant: str, *, answer_tokens: int, free
         return {"zoom"} if turn == 1 and "zoom" in allowed else {"answer"}
 
     mode = "freeform" if variant == "freeform" else "ssr"
-    opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy,
+    # every answer answer_tokens long, as the one-shot's (the stand-in's random weights loop: stopped there,
+    # SSR's answer was 20 tokens against 32 in the run of 2026-12-06)
+    opts = AgentOptions.from_settings(engine.settings, mode=mode, policy=policy, stop_loops=False,
                                       answer_max_tokens=answer_tokens,
                                       freeform_max_tokens=freeform_tokens, library=engine.library)
     vision.clear_cache()

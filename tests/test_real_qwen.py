@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -423,6 +424,11 @@ def test_an_answer_that_loops_is_stopped_there_and_closed_once(qwen):
     answer = turn.rsplit("</think>", 1)[-1]
     assert answer.endswith(final.answer.split()[-1] + "</answer><|im_end|>\n")
     assert answer.count("</answer>") == 1
+    # stop_loops off (bench_question: answers as long as the one-shot's): it runs to its budget
+    s = qwen.session()
+    events = list(run_agent(s, question, tools=Toolbox(None, FakeSearch()),
+                            options=replace(opts, stop_loops=False)))
+    assert events[-1].stop_reason == "length" and events[-1].totals["answer_tokens"] == 96
 
 
 def test_an_answer_that_loops_before_any_result_is_taken_back_and_the_agent_searches(qwen):

@@ -144,7 +144,8 @@ class Answering(RunState):
                 lambda on_token, stop: self.session.generate(
                     # stops at the "<" of "</answer>": nothing follows the answer in this episode
                     max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
-                    until=until_looping(self.session.detokenize), temperature=self.options.temperature,
+                    until=until_looping(self.session.detokenize) if self.options.stop_loops else None,
+                    temperature=self.options.temperature,
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
                 piece_event,
             )

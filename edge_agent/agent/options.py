@@ -102,6 +102,10 @@ class AgentOptions:
     # SSR's answer check stops decoding once its threshold is out of reach (answer_check.out_of_reach);
     # False reads all answer_check_tokens (the same verdict: tests and scripts/bench_first_turn.py compare)
     answer_check_early: bool = True
+    # an answer that falls into a loop ends there (agent.repetition, stop_reason "repetition"); False decodes
+    # to answer_max_tokens or the answer's end, as llama.cpp alone does (scripts/bench_question.py compares
+    # answers of the same length: random weights loop, and a shorter answer flattered SSR's ratio)
+    stop_loops: bool = True
     seed: int = 0
     temperature: float = 0.0  # actions and answers (and free-form reasoning)
     freeform_max_tokens: int = 128
