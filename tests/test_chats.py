@@ -234,3 +234,41 @@ def test_a_version_1_chat_file_gains_the_context_column(tmp_path):
     assert list(store.search("old answ")) == [1] and list(store.search("yes")) == [1]
     assert store.search("nowhere") == {} and store.search('"unbalanced') == {}
     store.close()
+
+
+def test_an_answer_without_its_search_says_so_in_show_and_export(store, tmp_path, monkeypatch):
+    """A stored answer whose search failed, or that went without the search asked for (offline, nothing
+    cached), says so under it in `chats show` and the Markdown export, as the app's footer and `ask` do
+    (an answer stored before FinalAnswer.not_searched: its failed search's event alone); one with no such
+    search says nothing."""
+    from click.testing import CliRunner
+
+    from edge_agent.commands.cli import cli
+
+    cid = store.new_chat()
+    store.add_user_message(cid, "Search the web for the capital of Peru.")
+    mid = store.start_answer(cid)
+    asked = "the question asks for a search; text_search is not offered: it is offline and nothing is cached"
+    store.add_event(mid, ev.FinalAnswer(answer="According to Wikipedia, Lima.", turns=1,
+                                        stop_reason="answered", not_searched=(asked,)))
+    store.add_user_message(cid, "And of Chile?")
+    mid = store.start_answer(cid)
+    failed = "text_search failed (searxng): cannot connect (Connection refused)"
+    store.add_event(mid, ev.ToolFinished(turn=1, name="text_search", ok=False, seconds=0.1,
+                                         status="unreachable", observation=f"{failed}. Try later."))
+    store.add_event(mid, ev.FinalAnswer(answer="Santiago.", turns=2, stop_reason="answered"))
+    store.add_user_message(cid, "And of Bolivia?")
+    mid = store.start_answer(cid)
+    store.add_event(mid, ev.FinalAnswer(answer="Sucre.", turns=1, stop_reason="answered"))
+    md = chat_export.export_markdown(store, cid)
+    assert f"_Note: {asked}: answered without its results._" in md
+    assert f"_Note: {failed}: answered without its results._" in md and md.count("_Note:") == 2
+    store.close()
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path))  # the store fixture's file is its chats.sqlite3
+    r = CliRunner().invoke(cli, ["chats", "show", str(cid)], catch_exceptions=False)
+    lines = r.stdout.splitlines()
+    i = lines.index("edge-agent: According to Wikipedia, Lima.")
+    assert lines[i + 1] == f"  note: {asked}: answered without its results"
+    i = lines.index("edge-agent: Santiago.")
+    assert lines[i + 1] == f"  note: {failed}: answered without its results"
+    assert lines[lines.index("edge-agent: Sucre.") + 1:] == []

@@ -326,3 +326,21 @@ class ImageEvaluated(Event):
     reused: bool  # the embedding came from the cache (same image, same mmproj)
     read_ahead: bool = False  # read into the context on attach, before the question was sent
     index: int | None = None  # an attached image: its number in the question (img_idx; 0 for a single one)
+
+
+def searches_without(events: typing.Iterable[Event]) -> list[str]:
+    """The searches an answer is without, each why in a line: the ``FinalAnswer.not_searched`` of its
+    events, and every search in them that ran and failed (an answer stored before that field had only
+    these). What the app's footer, ``ask``'s note, ``chats show`` and an export say under an answer."""
+    from edge_agent.tools import observations, specs
+
+    out: list[str] = []
+    for e in events:
+        reasons: typing.Iterable[str] = ()
+        if isinstance(e, ToolFinished) and not e.ok and specs.is_search(e.name):
+            why = observations.failure(e.name, e.observation)
+            reasons = (why,) if why else ()
+        elif isinstance(e, FinalAnswer):
+            reasons = e.not_searched
+        out += [r for r in reasons if r not in out]
+    return out

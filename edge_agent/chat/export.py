@@ -20,6 +20,7 @@ from edge_agent.chat.store import ChatStore, ChatStoreError
 from edge_agent.core.errors import EdgeAgentError
 from edge_agent.core.files import atomic_write
 from edge_agent.core.redaction import redact_tree
+from edge_agent.tools import observations
 
 
 def export_json(store: ChatStore, chat_id: int) -> dict[str, Any]:
@@ -71,6 +72,8 @@ def export_markdown(store: ChatStore, chat_id: int, *, image_ref=None) -> str:
         status = ", ".join(s for s in (status, "replaced by a later answer" if m.replaced else "") if s)
         lines += ["**Answer**" + (f" ({status})" if status else ""), ""]
         lines += [redact_tree(m.text, store.secrets) or "_(no answer)_", ""]
+        if m.text and (without := ev.searches_without(m.events)):
+            lines += [f"_Note: {observations.answered_without(without)}._", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

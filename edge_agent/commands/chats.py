@@ -15,7 +15,9 @@ from typing import Any
 
 import click
 
+from edge_agent.agent import events as ev
 from edge_agent.core.config import Settings
+from edge_agent.tools import observations
 
 
 @contextmanager
@@ -84,6 +86,8 @@ def show(chat_id: int) -> None:
         else:
             ended = "" if m.status in ("answered", "done") else f" ({m.status})"
             click.echo(f"edge-agent{ended}: {m.text or '(no answer)'}")
+            if m.text and (without := ev.searches_without(m.events)):
+                click.echo(f"  note: {observations.answered_without(without)}")
     click.echo(f"\nContinue it: edge-agent ask --chat {chat.id} \"question\"", err=True)
 
 

@@ -24,7 +24,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from edge_agent.agent import events as ev
 from edge_agent.core.textclean import clean_event, clean_model_text
-from edge_agent.tools import observations, specs
+from edge_agent.tools import observations
 from edge_agent.ui.widgets.preview import ImagePreview
 from edge_agent.ui.widgets.put import put
 from edge_agent.ui.widgets.readable import readable_markdown
@@ -99,7 +99,8 @@ class AnswerView(Vertical):
         self._prophet_draft: ev.DraftVerified | None = None
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
-        self.tool_failures: list[str] = []  # why a search failed in this run ("text_search failed (...)...")
+        # the searches this answer is without, why (events.searches_without: "text_search failed (...)...")
+        self.tool_failures: list[str] = []
         # Parts exist before mounting so a stored answer can be built whole, then mounted once.
         self._context_note = Static(classes="context-note")  # how the context was opened; images' cost
         self._context_note.display = False  # until the engine says (a scripted or stored answer may not)
@@ -152,10 +153,7 @@ class AnswerView(Vertical):
             self.mode = e.mode
         elif self.mode == "direct" and isinstance(e, ev.TurnStarted | ev.TurnFinished):
             return  # the model alone: nothing but the answer
-        if isinstance(e, ev.ToolFinished) and not e.ok and specs.is_search(e.name):
-            why = observations.failure(e.name, e.observation)  # ran and failed (not refused: not run)
-            if why and why not in self.tool_failures:  # the footer says so: the turn that holds it is closed
-                self.tool_failures.append(why)
+        self._note_without(e)
         if isinstance(e, ev.ContextOpened | ev.ImageEvaluated):
             self._context_lines.append(context_line(e, self.images if self.n_attached > 1 else None))
             self._context_note.update(Text("\n").join(self._context_lines))
@@ -216,6 +214,12 @@ class AnswerView(Vertical):
         else:  # a stored answer being built: the widget parses it when it mounts
             self._md = Markdown(self._shown, classes="answer")
 
+    def _note_without(self, e: ev.Event) -> None:
+        """A search the answer is without (failed, not run, asked for and not offered): the footer says so,
+        the turn that holds it being closed."""
+        if isinstance(e, ev.ToolFinished | ev.FinalAnswer):
+            self.tool_failures += [r for r in ev.searches_without([e]) if r not in self.tool_failures]
+
     async def finish(self, status: str, detail: str = "") -> None:
         """End of the run (answered, turn_limit, cancelled, error, interrupted): footer, collapse turns."""
         if self._stream is not None:
@@ -250,13 +254,9 @@ class AnswerView(Vertical):
             foot.append(f" · {tps:.1f} tok/s", style="dim")
         if self.replaced:
             foot.append(" · replaced by a later answer (/retry or /edit)", style="dim")
-        # the searches that failed (seen live, or in a stored answer's events), and any other the answer is
-        # without (not run offline, or asked for and not offered: FinalAnswer.not_searched)
-        without = self.tool_failures + [r for r in (self.final.not_searched if self.final else ())
-                                        if r not in self.tool_failures]
-        if without and self.status != "running":
-            foot.append("\n" + (observations.answered_without(without) if self.text else "; ".join(without)),
-                        style="yellow")
+        if self.tool_failures and self.status != "running":
+            foot.append("\n" + (observations.answered_without(self.tool_failures) if self.text
+                                else "; ".join(self.tool_failures)), style="yellow")
         if self.detail:
             foot.append(f"\n{self.detail}", style="red")
         self._footer.update(foot)
@@ -270,6 +270,7 @@ class AnswerView(Vertical):
                 self.prophet_tokens += e.from_prophet
             elif isinstance(e, ev.FinalAnswer):
                 self.final = e
+                self._note_without(e)
             else:
                 await self.apply(e)
         if self.prophet_tokens and self._prophet_draft is not None:
