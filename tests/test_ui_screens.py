@@ -351,6 +351,15 @@ def no_network(asked: Asked) -> list[ev.Event]:
         ev.FinalAnswer(answer="", turns=2, stop_reason="no_answer", totals={}))
 
 
+async def asked_footer(pilot, app, question: str):
+    """Ask ``question`` in the app; the first answer's view and the text of its footer."""
+    await settle(pilot)
+    await type_and_enter(pilot, question)
+    await settle(pilot)
+    view = app.chat_screen.transcript.answers()[0]
+    return view, str(view.query_one(".answer-footer", Static).render())
+
+
 def refused_search(asked: Asked) -> list[ev.Event]:
     """A search not run (a repeat the agent refused), then an answer."""
     return search_then(
@@ -363,11 +372,7 @@ def refused_search(asked: Asked) -> list[ev.Event]:
 async def test_a_search_not_run_is_no_failure_under_the_answer(settings, tmp_path):
     app, _ = scripted_app(settings, tmp_path, script=refused_search)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await type_and_enter(pilot, "What is the capital of Peru?")
-        await settle(pilot)
-        view = app.chat_screen.transcript.answers()[0]
-        footer = str(view.query_one(".answer-footer", Static).render())
+        view, footer = await asked_footer(pilot, app, "What is the capital of Peru?")
         assert view.status == "answered" and "answered" in footer
         assert "failed" not in footer and "without its results" not in footer, footer
 
@@ -395,11 +400,7 @@ async def test_an_answer_without_the_search_it_wanted_says_so(settings, tmp_path
     want = ('text_search "capital of Peru" not run: it is offline and "capital of Peru" is not in the cache: '
             "answered without its results")
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await type_and_enter(pilot, "Search the web for the capital of Peru.")
-        await settle(pilot)
-        view = app.chat_screen.transcript.answers()[0]
-        footer = str(view.query_one(".answer-footer", Static).render())
+        view, footer = await asked_footer(pilot, app, "Search the web for the capital of Peru.")
         assert view.status == "answered" and want in footer, footer
         await app.chat_screen.open_chat(app.store.load(app.chat_screen.chat_id))  # the stored answer
         await settle(pilot)
