@@ -296,8 +296,8 @@ def _ask(settings: Settings, store: Any | None, chat: Any, question: str, images
         # the answer alone on stdout (`$(edge-agent ask ...)` captures just it); the trace on stderr
         if last.answer:
             click.echo(last.answer)
-        if last.answer and last.not_searched:  # stderr, right under it: the answer has no search behind it
-            click.echo(f"Note: {observations.answered_without(last.not_searched)}.", err=True)
+        if last.answer and (without := ev.searches_without(events)):  # stderr, right under it
+            click.echo(f"Note: {observations.answered_without(without)}.", err=True)
         _say_why_cut(last, settings, mode or settings.mode)
         click.echo(render_trace(events, settings.mode if mode is None else mode), err=True)
         if store is not None:

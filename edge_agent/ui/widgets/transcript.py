@@ -100,7 +100,7 @@ class AnswerView(Vertical):
         self._replaying = False  # a stored answer: turns are built closed, nothing scrolls
         self.detail = ""  # the error line under the footer, once set
         # the searches this answer is without, why (events.searches_without: "text_search failed (...)...")
-        self.tool_failures: list[str] = []
+        self.searches_missing: list[str] = []
         # Parts exist before mounting so a stored answer can be built whole, then mounted once.
         self._context_note = Static(classes="context-note")  # how the context was opened; images' cost
         self._context_note.display = False  # until the engine says (a scripted or stored answer may not)
@@ -218,7 +218,7 @@ class AnswerView(Vertical):
         """A search the answer is without (failed, not run, asked for and not offered): the footer says so,
         the turn that holds it being closed."""
         if isinstance(e, ev.ToolFinished | ev.FinalAnswer):
-            self.tool_failures += [r for r in ev.searches_without([e]) if r not in self.tool_failures]
+            self.searches_missing += [r for r in ev.searches_without([e]) if r not in self.searches_missing]
 
     async def finish(self, status: str, detail: str = "") -> None:
         """End of the run (answered, turn_limit, cancelled, error, interrupted): footer, collapse turns."""
@@ -254,9 +254,9 @@ class AnswerView(Vertical):
             foot.append(f" · {tps:.1f} tok/s", style="dim")
         if self.replaced:
             foot.append(" · replaced by a later answer (/retry or /edit)", style="dim")
-        if self.tool_failures and self.status != "running":
-            foot.append("\n" + (observations.answered_without(self.tool_failures) if self.text
-                                else "; ".join(self.tool_failures)), style="yellow")
+        if self.searches_missing and self.status != "running":
+            foot.append("\n" + (observations.answered_without(self.searches_missing) if self.text
+                                else "; ".join(self.searches_missing)), style="yellow")
         if self.detail:
             foot.append(f"\n{self.detail}", style="red")
         self._footer.update(foot)
