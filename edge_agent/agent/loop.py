@@ -68,6 +68,7 @@ from edge_agent.agent.events import (
     ToolFinished,
     TurnFinished,
     TurnStarted,
+    searches_without,
 )
 from edge_agent.agent.intent import asks_to_search, stated_action
 from edge_agent.agent.options import AgentOptions, DraftHooks
@@ -193,10 +194,10 @@ class _Run(Answering):
             self.asked = asks_to_search(self.question, allowed)
             if self.asked is not None:
                 allowed = frozenset({self.asked})
-        searches = frozenset(s.action for s in specs.searches())
-        if turn == 1 and (wanted := asks_to_search(self.question, searches)) is not None:
-            if wanted not in allowed and (why := self.tools.not_offered_why(wanted)):
-                self._without(observations.not_offered(wanted, why))  # asked for, and none can run
+        if turn == 1:  # a search asked for that none can serve: the answer says so (FinalAnswer.not_searched)
+            wanted = asks_to_search(self.question, frozenset(s.action for s in specs.searches()))
+            if wanted is not None and wanted not in allowed and (why := self.tools.not_offered_why(wanted)):
+                self._without(observations.not_offered(wanted, why))
         return allowed or frozenset({"answer"})
 
     def _turn(self, turn: int, allowed: frozenset[str], final: bool) -> Generator[Event, None, bool]:
@@ -242,12 +243,12 @@ class _Run(Answering):
             yield ToolCalled(turn=turn, name=call.name, arguments=dict(call.arguments),
                              action_seconds=action_s)
             out = self.tools.run(call, cancel=self.cancel)
-            yield ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation,
-                               seconds=out.seconds,
-                               status=out.status, image_index=out.image_index, image_path=out.image_path,
-                               results=tuple(out.results))
-            if not out.ok and specs.is_search(call.name) and (why := observations.failure(call.name,
-                                                                                         out.observation)):
+            done = ToolFinished(turn=turn, name=call.name, ok=out.ok, observation=out.observation,
+                                seconds=out.seconds,
+                                status=out.status, image_index=out.image_index, image_path=out.image_path,
+                                results=tuple(out.results))
+            yield done
+            for why in searches_without([done]):  # a search that ran and failed
                 self._without(why)
         else:
             yield AgentError(turn=turn, title="Malformed action", message=error or "unknown", fatal=False)

@@ -196,8 +196,7 @@ class Toolbox:
         if call.name == "text_search":
             return self.search.offline_miss("text_search", query=str(call.arguments.get("query", "")))
         idx = self._image_index(call) if call.name == "image_search" and self.images is not None else None
-        if idx is not None:
-            assert self.images is not None
+        if idx is not None and self.images is not None:
             return self.search.offline_miss("image_search", image=jpeg_bytes(self.images[idx].image))
         return None
 
