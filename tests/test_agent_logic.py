@@ -1020,3 +1020,5 @@ def test_an_answer_says_which_searches_it_is_without():
 
     assert answered_without(["a failed"]) == "a failed: answered without its results"
     assert answered_without(["a", "b"]) == "a; b: answered without their results"
+    hint = "set it up. Or look instead."  # a reason that ends a sentence of its own
+    assert answered_without([hint]) == "set it up. Or look instead: answered without its results"

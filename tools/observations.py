@@ -96,7 +96,9 @@ def not_offered(tool: str, why: str) -> str:
 
 def answered_without(reasons: Sequence[str]) -> str:
     """Under an answer, for a person: the searches it is without, and why (``FinalAnswer.not_searched``)."""
-    return "; ".join(reasons) + f": answered without {'its' if len(reasons) == 1 else 'their'} results"
+    # a reason may end a sentence of its own ("... look at the image instead."): the clause follows it
+    return "; ".join(r.rstrip(". ") for r in reasons) + (
+        f": answered without {'its' if len(reasons) == 1 else 'their'} results")
 
 
 EMPTY_QUERY = "text_search needs a non-empty query: call it again with a few keywords."
