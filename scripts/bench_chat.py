@@ -403,9 +403,11 @@ def input_costs(tiny: dict[str, Path], smollm2: Path | None, threads: int) -> di
     out: dict[str, Any] = {}
     m = Model.load(tiny["text"], tiny["mmproj"], n_ctx=4096, n_threads=threads, n_threads_batch=threads)
     try:
+        with tempfile.TemporaryDirectory(prefix="bench-chat-") as d:
+            photo_png = Image.open(photo(Path(d) / "p.png"))
+            photo_png.load()
         for name, side in (("image_576", 768), ("crop_256", 512), ("image_1024", 1024)):
-            png = model_png(Image.open(photo(Path(tempfile.mkdtemp()) / "p.png")).resize((side, side)),
-                            max_pixels=side * side)
+            png = model_png(photo_png.resize((side, side)), max_pixels=side * side)
             vision.clear_cache()
             s = m.session()
             s.append_text("<|im_start|>user\n")

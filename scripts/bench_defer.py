@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = parse_modes(args.modes)
     server = start_server(build_index(load_countries()))
     rows: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes}
+    engine = None
     try:
         settings = Settings.load({"model": args.model, "text_search": "searxng", "searxng_url": server.url},
                                  env={"EDGE_AGENT_HOME": str(tmp / "home")})
@@ -112,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"eager {got[False][0]:6.2f} s ({got[False][1]})", file=sys.stderr, flush=True)
     finally:
         Session.defer_appends = True
+        if engine is not None:
+            engine.close()
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the question sets and the home: nothing left in the temp dir
     result = {"model": args.model, "split": args.split,
               "modes": {name: summary(rs) for name, rs in rows.items() if rs}}
     if args.json:

@@ -51,6 +51,7 @@ import io
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -371,6 +372,7 @@ def run_pair(name, agent_path, prophet_path, agent_mm, prophet_mm, image, args) 
         res["memory"] = {**mem, **{f"{k}_bytes": v for k, v in engine.memory().items()}}
     finally:
         engine.close()
+        shutil.rmtree(home, ignore_errors=True)
     return res
 
 

@@ -6,8 +6,24 @@ seams that breaks a benchmark fails here, not when someone next measures. Speed 
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture
+def own_tempdir(tmp_path, monkeypatch):
+    """The temp dir a benchmark's ``tempfile`` calls use, empty: the test checks that it is left empty (a
+    benchmark's homes and question sets had piled up in /tmp, one per run)."""
+    d = tmp_path / "tempdir"
+    d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return d
+
+
+def left_in(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
 
 
 def test_bench_ssr_runs_on_the_tiny_model(capsys):
@@ -36,7 +52,7 @@ def test_bench_runtime_runs_on_the_tiny_model(capsys, tiny_models):
     assert res["ratio_batched_over_one_at_a_time"] > 0 and res["break_even_tokens"] > 0
 
 
-def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf):
+def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf, own_tempdir):
     """bench_defer answers a Factbook question through the search service on 127.0.0.1 in both variants and
     switches waiting text back on (the decodes it saves: tests/test_agent_logic.py and test_runtime.py)."""
     from edge_agent.runtime.session import Session
@@ -49,6 +65,7 @@ def test_bench_defer_runs_on_the_real_qwen(capsys, qwen05_gguf):
     assert s["questions"] == 1 and s["defer_s"] > 0 and s["eager_s"] > 0
     assert s["decodes_defer"] <= s["decodes_eager"]  # fewer when it searches or states its action
     assert Session.defer_appends  # switched back on
+    assert left_in(own_tempdir) == []  # its question sets and home are gone
 
 
 @pytest.mark.parametrize("offline", [False, True])
@@ -95,7 +112,7 @@ def test_bench_state_save_runs_on_the_tiny_model(capsys, tiny_models):
     assert all(v["median"] > 0 for v in res["seconds"].values()) and res["numpy_over_prefaulted"] > 0
 
 
-def test_bench_chat_runs_on_smollm2(capsys, smollm2_gguf):
+def test_bench_chat_runs_on_smollm2(capsys, smollm2_gguf, own_tempdir):
     """bench_chat on a text model, offline (no search offered): every time to first rationale ends at a
     scoring pass, also where the one rationale left would not be scored in the app, so the read-ahead's
     ratio to the scoring pass is defined (it divided by a scoring of 0 s when the answer's lone rationale
@@ -108,3 +125,4 @@ def test_bench_chat_runs_on_smollm2(capsys, smollm2_gguf):
     res = json.loads(capsys.readouterr().out)
     assert res["tokens_at_enter"] == 0 and res["followup_floor_ratio"] == 1.0
     assert math.isfinite(res["enter_ttfr_over_scoring"]) and res["enter_ttfr_over_scoring"] > 0
+    assert left_in(own_tempdir) == []

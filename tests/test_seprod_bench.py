@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import tempfile
 import time
 
 from edge_agent.runtime import cores
@@ -37,8 +38,12 @@ class CountingShare(cores.CoreShare):
             yield step
 
 
-def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
+def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch, tmp_path):
     from scripts import bench_seprod
+
+    tempdir = tmp_path / "tempdir"  # the benchmark's temp files go here, and none stays
+    tempdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tempdir))
 
     CountingShare.made.clear()
     monkeypatch.setattr(cores, "CoreShare", CountingShare)  # the engine takes it from here when it loads
@@ -47,6 +52,7 @@ def test_bench_seprod_json_keys_and_counts(capsys, monkeypatch):
                               "0",
                               "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
+    assert list(tempdir.iterdir()) == []  # its home per pair was left behind, one per run
     (pair,) = res["pairs"]
     q = pair["questions"]
     assert q["reps"] == 1  # --min-seconds 0: exactly --reps
