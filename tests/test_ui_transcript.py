@@ -425,3 +425,23 @@ async def test_a_seprod_answer_is_shown_once(settings, tmp_path):
             assert view.text.startswith("The sign says")
             await app.chat_screen.open_chat(app.store.load(app.chat_screen.chat_id))
             await settle(pilot)
+
+
+@pytest.mark.asyncio
+async def test_a_turns_title_wraps_in_a_narrow_window(settings, tmp_path):
+    """A turn's title longer than the window wraps inside it: at 120 columns (the side panel beside it) the
+    1.5B's "Turn 1 · text_search · reasoning 1 ms, action 2.0 s, tool 27 ms, reading 2.1 s" lost its end
+    ("reading 2."), clipped by the transcript."""
+    app, _ = scripted_app(settings, tmp_path)
+    async with app.run_test(size=(46, 24)) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "A question?")
+        await settle(pilot)
+        tr = app.chat_screen.transcript
+        titles_ = list(tr.query(CollapsibleTitle))
+        assert titles_
+        for title in titles_:
+            label = str(title.render()).rstrip()
+            assert title.region.right <= tr.region.right, (label, title.region, tr.region)
+            assert title.size.height * title.size.width >= len(label)  # all of it shows
+        assert any(title.size.height > 1 for title in titles_)  # one was too long for a line

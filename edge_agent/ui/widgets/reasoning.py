@@ -129,6 +129,8 @@ class TurnView(Collapsible):
 
     DEFAULT_CSS = """
     TurnView { margin: 0; padding: 0; border-top: none; background: $surface; }
+    /* a turn's title wraps in a narrow window instead of losing its end ("reading 2." at 120 columns) */
+    TurnView > CollapsibleTitle { max-width: 100%; }
     TurnView > Contents { padding: 0 0 0 2; height: auto; }
     TurnView .rationales, TurnView .freeform, TurnView .draft, TurnView .turn-error { height: auto; }
     TurnView .freeform { color: $text-muted; text-style: italic; }
