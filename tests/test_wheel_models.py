@@ -121,3 +121,20 @@ def test_installed_models_resolve_and_are_listed(qwen05_gguf: Path, edge_home: P
     row = next(x for x in overview(Settings.load()) if x.name == "qwen2.5-coder-0.5b-instruct")
     assert (row.status, row.mmproj, row.path) == ("installed", "text only", str(qwen05_gguf))
     assert qwen05_gguf.stat().st_size == 491_400_064
+
+
+def test_pulling_an_installed_one_says_how_to_use_it(qwen05_gguf: Path, edge_home: Path) -> None:
+    """`models pull` of a wheel model tells, as a hub pull does, whether it is now the default and how to use
+    it: it said only where the file is, and the app kept opening on the demo without a word."""
+    from click.testing import CliRunner
+
+    from edge_agent.commands.cli import cli
+
+    out = CliRunner().invoke(cli, ["models", "pull", "qwen2.5-coder-0.5b-instruct"])
+    assert out.exit_code == 0, out.output
+    assert f"Installed qwen2.5-coder-0.5b-instruct: {qwen05_gguf} (text only)" in out.output
+    assert ("Use this one with `--model qwen2.5-coder-0.5b-instruct`, or make it the default: "
+            "`edge-agent config set model qwen2.5-coder-0.5b-instruct`.") in out.output
+    assert CliRunner().invoke(cli, ["config", "set", "model", "qwen2.5-coder-0.5b-instruct"]).exit_code == 0
+    out = CliRunner().invoke(cli, ["models", "pull", "qwen2.5-coder-0.5b-instruct"])
+    assert "qwen2.5-coder-0.5b-instruct is now the default model" in out.output

