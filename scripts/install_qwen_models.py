@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{e.title}: {e.message}", file=sys.stderr)
             return 1
         print(f"{entry.name}: {path} ({time.perf_counter() - t0:.0f} s)")
+    name = NAMES[sizes[-1]]
+    print(f"Use it: `edge-agent --model {name}` (the app) or `edge-agent ask --model {name} QUESTION`; the "
+          "default model stays as it is (`edge-agent config set model NAME` changes it).", file=sys.stderr)
     return 0
 
 
