@@ -12,7 +12,17 @@ import pytest
 
 from edge_agent import evaluation as E
 from edge_agent.agent import events as ev
-from scripts.eval_quality import CHECK, checks, chosen_sets, followups, markdown, row, table_rows, time_ratio
+from scripts.eval_quality import (
+    CHECK,
+    checks,
+    chosen_sets,
+    followups,
+    markdown,
+    mean_interval,
+    row,
+    table_rows,
+    time_ratio,
+)
 
 
 def _episode(queries: list[str], answer: str, *, reasoning: str = "", withdrawn: int = 0) -> list[ev.Event]:
@@ -126,6 +136,30 @@ def test_ssr_time_over_free_form_is_paired_by_question_with_an_interval():
     assert ssr["model_seconds_over_freeform"] == 0.25
     args = argparse.Namespace(model="m", split="dev", ablations=0, checks=0)
     assert "SSR's model seconds over free-form's" in markdown(rows, args)
+
+
+def test_turns_per_question_have_an_interval():
+    """Turns per question come with a seeded bootstrap 95% interval of the mean, per row (the known set's 17
+    questions: one search more or less moves the mean by 0.06), under the table and in the JSON rows."""
+    turns = [1] * 11 + [2] * 6  # 17 questions, 6 searched first: 1.35
+    lo, hi = mean_interval(turns)
+    assert lo < sum(turns) / 17 < hi and mean_interval(turns) == (lo, hi) and mean_interval([]) is None
+    assert mean_interval([1] * 17) == (1.0, 1.0)
+    lo4, hi4 = mean_interval(turns[:4] + turns[-4:])
+    assert hi4 - lo4 > hi - lo
+    qs = [E.Question(f"q{i}", "What is 17*23?", ("391",), None) for i in range(4)]
+    recs = [E.make_record(q, E.MODES["ssr"], _episode(["17*23"] if i == 0 else [], "391"))
+            for i, q in enumerate(qs)]
+    main = argparse.Namespace(questions=qs, records=recs, metrics={"ssr": E.mode_metrics(recs)})
+    abl = [E.make_record(q, E.MODES["ssr-index"], _episode([], "391")) for q in qs[1:3]]
+    ablation = argparse.Namespace(questions=qs[1:3], records=abl, metrics={"ssr-index": E.mode_metrics(abl)})
+    rows = table_rows([main, ablation])
+    assert [r["turns"] for r in rows] == [1.25, 1.0, 1.0]
+    assert rows[0]["turns_ci95"] == mean_interval([2.0, 1.0, 1.0, 1.0])
+    assert rows[1]["turns_ci95"] == rows[2]["turns_ci95"] == (1.0, 1.0)  # "ssr, same 2": q1 and q2 only
+    md = markdown({"known": rows}, argparse.Namespace(model="m", split="dev", ablations=2, checks=0))
+    lo, hi = rows[0]["turns_ci95"]
+    assert f"known ssr 1.25 [{lo:.2f}-{hi:.2f}], known ssr-index 1.00 [1.00-1.00]." in md
 
 
 def test_only_the_sets_asked_for_run():
