@@ -9,6 +9,7 @@ real batched scoring still runs; only the allowed action types are restricted).
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from pathlib import Path
@@ -261,3 +262,41 @@ def test_taking_back_an_end_of_turn_token_keeps_the_session_consistent(tiny_vl):
     s2.generate(max_tokens=3)
     assert s2.drop_last_token() and s2.n_pending == 1  # the token before it is evaluated again, lazily
     np.testing.assert_allclose(s2.next_logprobs(), a, atol=1e-4)
+
+
+def test_a_crop_stays_within_its_token_budget(tiny_models, tmp_path):
+    """mtmd rounds each side of an image to its grid of pixels a token, against its own budget (the larger
+    of the image's and the crop's): a crop fitted to 256 tokens' pixels, 756x346, came out 24x11 = 264
+    tokens (the 2B stand-in in the app, a box the width of the photo). The store snaps crops to the grid
+    (``snap_to_grid``) so that mtmd leaves them as they are: within ``crop_max_tokens``."""
+    from PIL import Image
+
+    from edge_agent.tools.zoom import ImageStore
+    from scripts.bench_chat import photo as bench_photo
+
+    photo = bench_photo(tmp_path / "photo.png")  # 768x768
+
+    # mtmd's budget as the app loads it: the larger of the image's (576 tokens) and the crop's
+    m = Model.load(tiny_models["text"], tiny_models["mmproj"], n_ctx=4096, n_threads=1, n_threads_batch=1,
+                   image_max_tokens=576)
+    px = m.image_px_per_token
+    assert px > 1
+    budget = 256
+
+    def crop_tokens(grid: int) -> tuple[int, tuple[int, int]]:
+        store = ImageStore(Image.open(photo), max_pixels=576 * px * px, crop_max_pixels=budget * px * px,
+                           grid=grid)
+        r = store.zoom([0, 0, 1000, 458], 0)  # 768x352 of the 768x768 photo: 270,336 px, over 256 x 32 x 32
+        png = store.model_png(r.image.index)
+        s = m.session()
+        s.append_text("<|im_start|>user\n")
+        return s.append_image(png).n_tokens, Image.open(io.BytesIO(png)).size
+
+    try:
+        unsnapped, _ = crop_tokens(1)
+        tokens, (w, h) = crop_tokens(px)
+    finally:
+        m.close()
+    assert unsnapped == 264 > budget  # what mtmd made of the crop before
+    # Qwen's smart_resize of 756x346 within 256 x 32 x 32 px: 736x320, 23x10 tokens
+    assert (w, h) == (736, 320) and tokens == (w // px) * (h // px) == 230 <= budget

@@ -10,7 +10,7 @@ from PIL import Image
 
 from edge_agent.core.errors import ImageError
 from edge_agent.tools import images
-from edge_agent.tools.images import fit_for_model, load_image, load_image_bytes, model_png
+from edge_agent.tools.images import fit_for_model, load_image, load_image_bytes, model_png, snap_to_grid
 
 
 def _bytes(im: Image.Image, fmt: str, **kw) -> bytes:
@@ -93,3 +93,18 @@ def test_fit_for_model_budget_tiny_and_strips():
     assert min(strip.size) >= images.MODEL_MIN_SIDE and strip.width * strip.height <= 50_000 * 1.02
     png = model_png(Image.new("RGB", (10, 10)))
     assert Image.open(io.BytesIO(png)).size == (64, 64)
+
+
+def test_snap_to_grid_rounds_to_the_token_grid_within_the_budget():
+    """Qwen's smart_resize: each side rounded to the grid (half up, as std::round), both floored when the
+    rounded area is over the budget; already on the grid, or grid 1: the same image."""
+    budget = 256 * 32 * 32
+    assert snap_to_grid(Image.new("RGB", (500, 500)), 32, budget).size == (512, 512)  # 256 tokens: fits
+    assert snap_to_grid(Image.new("RGB", (756, 346)), 32, budget).size == (736, 320)  # 768x352 is over
+    assert snap_to_grid(Image.new("RGB", (48, 80)), 32, budget).size == (64, 96)  # 1.5 and 2.5 round up
+    assert snap_to_grid(Image.new("RGB", (10, 10)), 32, budget).size == (32, 32)  # at least one token
+    same = Image.new("RGB", (768, 352))
+    assert snap_to_grid(same, 32, 576 * 32 * 32) is same and snap_to_grid(same, 1, 1) is same
+    for w, h in [(756, 346), (1000, 211), (333, 777), (640, 480)]:
+        gw, gh = snap_to_grid(Image.new("RGB", (w, h)), 32, budget).size
+        assert gw % 32 == gh % 32 == 0 and gw * gh <= budget

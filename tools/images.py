@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import io
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,26 @@ def fit_for_model(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS,
         canvas.paste(im, ((canvas.width - w) // 2, (canvas.height - h) // 2))
         im = canvas
     return im
+
+
+def snap_to_grid(im: Image.Image, grid: int, max_pixels: int) -> Image.Image:
+    """Each side a multiple of ``grid`` (the pixels of one image token a side: 32 for Qwen3-VL) and the area
+    within ``max_pixels``, as Qwen's ``smart_resize`` does: each side rounded to the grid; when that area is
+    over the budget, scaled to it and floored to the grid. mtmd rounds an image to its grid too, but against
+    its own budget (the larger of the image's and the crop's), so a crop fitted to 256 tokens' pixels came
+    out 264 tokens (756x346 rounded to 768x352). Snapped here, mtmd's resize leaves it as it is. ``grid`` <=
+    1: unchanged."""
+    if grid <= 1:
+        return im
+    w, h = im.size
+    gw, gh = (max(grid, int(x / grid + 0.5) * grid) for x in (w, h))  # std::round, as mtmd
+    if gw * gh > max_pixels:
+        beta = (w * h / max_pixels) ** 0.5
+        gw, gh = (max(grid, math.floor(x / beta / grid) * grid) for x in (w, h))
+    if (gw, gh) == (w, h):
+        return im
+    resample = Image.Resampling.LANCZOS if gw * gh < w * h else Image.Resampling.BICUBIC
+    return im.resize((gw, gh), resample)
 
 
 def to_png(im: Image.Image) -> bytes:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from edge_agent.tools.images import MODEL_MAX_PIXELS, fit_for_model, model_png, to_png
+from edge_agent.tools.images import MODEL_MAX_PIXELS, fit_for_model, model_png, snap_to_grid, to_png
 
 # A crop smaller than this (in original pixels) holds less than one 32x32 vision block: grow it.
 MIN_CROP_SIDE = 32
@@ -132,11 +132,15 @@ class StoredImage:
     _model_png: bytes | None = field(default=None, repr=False)
     root: int = 0  # the original it shows (itself for an original)
 
-    def model_png(self, max_pixels: int = MODEL_MAX_PIXELS) -> bytes:
-        """PNG bytes for the model (cached): originals fitted to the budget, crops also enlarged."""
+    def model_png(self, max_pixels: int = MODEL_MAX_PIXELS, grid: int = 1) -> bytes:
+        """PNG bytes for the model (cached): originals fitted to the budget, crops also enlarged and snapped
+        to the model's ``grid`` of pixels a token (``snap_to_grid``: within their budget of tokens)."""
         if self._model_png is None:
-            img = self.image if self.parent is None else enlarge_crop(self.image, max_pixels=max_pixels)
-            self._model_png = model_png(img, max_pixels=max_pixels)
+            if self.parent is None:
+                self._model_png = model_png(self.image, max_pixels=max_pixels)
+            else:
+                img = fit_for_model(enlarge_crop(self.image, max_pixels=max_pixels), max_pixels=max_pixels)
+                self._model_png = to_png(snap_to_grid(img, grid, max_pixels))
         return self._model_png
 
 
@@ -155,9 +159,10 @@ class ImageStore:
     def __init__(self, original: Image.Image, *, crops_dir: Path | None = None,
                  max_pixels: int = MODEL_MAX_PIXELS, crop_max_pixels: int | None = None,
                  original_png: bytes | None = None,
-                 more: Sequence[tuple[Image.Image, bytes | None]] = ()) -> None:
+                 more: Sequence[tuple[Image.Image, bytes | None]] = (), grid: int = 1) -> None:
         self.max_pixels = max_pixels  # each original's budget (image_max_tokens x 32 x 32 for Qwen3-VL)
         self.crop_max_pixels = max_pixels if crop_max_pixels is None else crop_max_pixels  # each crop's
+        self.grid = grid  # pixels an image token covers a side (32 for Qwen3-VL): crops are snapped to it
         self.crops_dir = crops_dir
         # original_png: an original's model PNG already made for this budget (a follow-up question)
         self.images: list[StoredImage] = []
@@ -174,7 +179,9 @@ class ImageStore:
 
     def model_png(self, idx: int) -> bytes:
         """The model's PNG of image ``idx`` within its budget (the original's, or a crop's)."""
-        return self.images[idx].model_png(self.max_pixels if idx < self.n_originals else self.crop_max_pixels)
+        if idx < self.n_originals:
+            return self.images[idx].model_png(self.max_pixels)
+        return self.images[idx].model_png(self.crop_max_pixels, self.grid)
 
     def check_index(self, img_idx: object) -> int:
         if not isinstance(img_idx, int) or isinstance(img_idx, bool) or not 0 <= img_idx < len(self.images):

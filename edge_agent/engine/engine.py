@@ -328,6 +328,7 @@ class Engine:
             pngs = [self.images.fitted(x, li) for x, li in zip(images, loaded, strict=True)]
             store = ImageStore(loaded[0].image, crops_dir=run_dir, max_pixels=self.images.budget(),
                                crop_max_pixels=self.settings.crop_max_tokens * px * px, original_png=pngs[0],
+                               grid=px,
                                more=[(li.image, png) for li, png in zip(loaded[1:], pngs[1:], strict=True)])
         toolbox = Toolbox(store, self.tools, vision=self.model.has_vision)
         opts = options or AgentOptions.from_settings(self.settings, mode=mode, library=self.library)
