@@ -1022,3 +1022,25 @@ def test_an_answer_says_which_searches_it_is_without():
     assert answered_without(["a", "b"]) == "a; b: answered without their results"
     hint = "set it up. Or look instead."  # a reason that ends a sentence of its own
     assert answered_without([hint]) == "set it up. Or look instead: answered without its results"
+
+
+def test_an_unsure_answer_with_no_search_left_zooms_in_and_says_so(tmp_path):
+    """The answer check takes an unsure answer back for whatever move is left; with no search offered (no
+    search service, or offline with nothing cached) that is the zoom, and the reason said "it searches
+    first" (seen with the 2B stand-in, offline, in `chats export`). The reason names the move left."""
+    from edge_agent.agent.answer_check import then_what
+
+    assert then_what({"text_search"}) == then_what({"text_search", "image_search"}) == "it searches first"
+    assert then_what({"zoom"}) == "it zooms in first"
+    assert then_what({"zoom", "text_search"}) == "it zooms in or searches first"
+    none = FakeSearchTools(unconfigured_tools={"text_search": "no search service is set up",
+                                               "image_search": "no search service is set up"})
+    tb = Toolbox(ImageStore(Image.new("RGB", (200, 100), (200, 30, 30)), crops_dir=tmp_path), none)
+    s = FakeSession(favour(["from the image", "from the evidence"]),  # the zoom goes unscored: the only move
+                    ["Blue", ZOOM_TAIL, "red</answer>"], logprob=[-2.0, 0.0, 0.0])
+    events = list(run_agent(s, "What colour?", tools=tb, image=tb.image_png(0),
+                            options=AgentOptions(answer_check=-0.3)))
+    (w,) = [e for e in events if e.kind == "move_withdrawn"]
+    assert w.action == "answer" and "not sure" in w.reason and w.reason.endswith(": it zooms in first")
+    assert [e.action for e in events if e.kind == "turn_finished"] == ["zoom", "answer"]
+    assert events[-1].answer == "red" and none.queries == []

@@ -13,9 +13,10 @@ taken back. Does not know: the session, the loop, how the threshold is chosen.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from edge_agent.agent.events import AnswerChecked
+from edge_agent.tools import specs
 
 # words that phrase an answer rather than state it ("X is the Y of Z", "X uses the Y")
 _PHRASING = frozenset("a an the is are was were of in on at to by for its it s as and or be has have".split())
@@ -83,11 +84,24 @@ def said(check: AnswerChecked) -> str:
     return text[:-2].rstrip() if text.endswith("</") else text
 
 
-def unsure_why(check: AnswerChecked) -> str:
-    """Why an answer the check is not sure of is taken back (``MoveWithdrawn.reason``)."""
+def then_what(others: Collection[str]) -> str:
+    """What the agent does instead of an answer it took back, by the moves left (``others``: actions, the
+    answer not among them): "it searches first", or, with no search left (offline, nothing cached: an
+    image question), "it zooms in first"."""
+    searches = {a for a in others if specs.by_action(a).is_search}
+    if searches and searches == set(others):
+        return "it searches first"
+    if set(others) == {"zoom"}:
+        return "it zooms in first"
+    return "it zooms in or searches first" if searches and "zoom" in others else "it takes another move first"
+
+
+def unsure_why(check: AnswerChecked, then: str = "it searches first") -> str:
+    """Why an answer the check is not sure of is taken back (``MoveWithdrawn.reason``); ``then``: what comes
+    instead (:func:`then_what`)."""
     if check.early:
         return (f"the model is not sure of its answer ({said(check)!r}...: what it adds to the question has "
                 f"mean log-prob {check.score:.2f}, and the next tokens could not bring it to answer_check "
-                f"{check.threshold:g}): it searches first")
+                f"{check.threshold:g}): {then}")
     return (f"the model is not sure of its answer ({said(check)!r}...: mean log-prob {check.score:.2f} of "
-            f"what it adds to the question, below answer_check {check.threshold:g}): it searches first")
+            f"what it adds to the question, below answer_check {check.threshold:g}): {then}")

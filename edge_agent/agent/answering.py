@@ -63,7 +63,8 @@ class Answering(RunState):
                              threshold=threshold, sure=sure, early=early)
 
     def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float,
-                     retractable: bool = False) -> Generator[Event, None, str | None]:
+                     retractable: bool = False, then: str = "it searches first"
+                     ) -> Generator[Event, None, str | None]:
         """The answer action (its head is in the session; its clock started at ``t0``) to FinalAnswer; None.
         ``retractable`` (no tool result yet, another move allowed): an answer that falls into a loop, or
         that is a tool's call written as code (``prompts.called_tool``), is not closed; returns why it goes
@@ -73,7 +74,7 @@ class Answering(RunState):
         tool = called_tool(answer)
         if retractable and (self.answer_end == "repetition" or tool is not None):
             self.answer_parts = []
-            return looped_why(answer) if tool is None else (
+            return looped_why(answer, then) if tool is None else (
                 f"the model wrote a call of {tool} where its answer goes ({_shown(answer)!r}): it chooses "
                 "its move again")
         action_s = time.perf_counter() - t0

@@ -51,6 +51,7 @@ from edge_agent.agent.answer_check import (
     ANSWER_UNSCORED,
     ASKED_SEARCH,
     ONLY_RATIONALE,
+    then_what,
     unsure_why,
 )
 from edge_agent.agent.answering import Answering
@@ -291,11 +292,12 @@ class _Run(Answering):
                     checked = True
                     if check is not None:
                         yield check
-                    unsure = None if check is None or check.sure else unsure_why(check)
+                    then = then_what(left - {"answer"})
+                    unsure = None if check is None or check.sure else unsure_why(check, then)
                     if unsure is None:
                         # a loop before any tool result is the model not knowing: back, and search
                         retractable = not self.evidence and bool(left - {"answer"}) and self._base is not None
-                        unsure = yield from self._answer_turn(turn, final, reasoning_s, t0, retractable)
+                        unsure = yield from self._answer_turn(turn, final, reasoning_s, t0, retractable, then)
                         if unsure is None:
                             return "answer", None, None
                     call = ToolCall("answer", {})

@@ -47,8 +47,9 @@ def until_looping(detokenize: Callable[[Sequence[int]], str]) -> Until:
     return lambda tokens, _logprobs: looping(tokens, detokenize)
 
 
-def looped_why(answer: str) -> str:
-    """Why an answer that looped before any tool result is taken back (``MoveWithdrawn.reason``)."""
+def looped_why(answer: str, then: str = "it searches first") -> str:
+    """Why an answer that looped before any tool result is taken back (``MoveWithdrawn.reason``); ``then``:
+    what comes instead (``answer_check.then_what``)."""
     words = answer.split()
     shown = " ".join(words[:12]) + (" ..." if len(words) > 12 else "")
-    return f"the answer began repeating itself ({shown!r}): the model does not know; it searches first"
+    return f"the answer began repeating itself ({shown!r}): the model does not know; {then}"
