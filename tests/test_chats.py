@@ -272,3 +272,28 @@ def test_an_answer_without_its_search_says_so_in_show_and_export(store, tmp_path
     i = lines.index("edge-agent: Santiago.")
     assert lines[i + 1] == f"  note: {failed}: answered without its results"
     assert lines[lines.index("edge-agent: Sucre.") + 1:] == []
+
+
+def test_the_export_says_why_a_move_was_taken_back(store):
+    """A move taken back (an unsure answer, a repeated search) changes the next choice; the Markdown export
+    showed the two rationale tables one after the other with nothing between them. It now says what was
+    taken back and why, and a sure answer check, as the app and `ask` do."""
+    cid = store.new_chat()
+    store.add_user_message(cid, "What does the small sign say?")
+    mid = store.start_answer(cid)
+    why = ("the model is not sure of its answer ('prelim'...: mean log-prob -5.11 of what it adds to the "
+           "question, below answer_check -0.225): it zooms in first")
+    store.add_event(mid, ev.AnswerChecked(turn=1, pieces=("pre", "lim"), logprobs=(-5.0, -5.2), score=-5.11,
+                                          threshold=-0.225, sure=False))
+    store.add_event(mid, ev.MoveWithdrawn(turn=1, action="answer", arguments={}, reason=why))
+    store.add_event(mid, ev.MoveWithdrawn(turn=2, action="text_search", arguments={"query": "Peru"},
+                                          reason="it already searched that"))
+    store.add_event(mid, ev.AnswerChecked(turn=2, pieces=("Open", " 9"), logprobs=(-0.1, -0.05), score=-0.08,
+                                          threshold=-0.225, sure=True))
+    store.add_event(mid, ev.FinalAnswer(answer="Open 9-5.", turns=2, stop_reason="answered"))
+    md = chat_export.export_markdown(store, cid)
+    assert f"Taken back: `answer`: {why}" in md
+    assert 'Taken back: `text_search` `{"query": "Peru"}`: it already searched that' in md
+    assert ("Answer check: sure ('Open 9': mean log-prob -0.08 of what it adds to the question, at least "
+            "-0.225)") in md
+    assert md.count("Answer check") == 1  # the unsure one is the answer taken back
