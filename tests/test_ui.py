@@ -810,7 +810,7 @@ async def test_a_move_taken_back_is_shown_in_its_turn(settings):
     console.print(rationale_table(ev.RationaleScored(turn=1, candidates=(cand[1],), chosen=0, seconds=0.0,
                                                      score_kind="pmi", rechosen=True)))
     head = console.export_text().splitlines()[0]
-    assert "the best of the other 1 rationales, from the same scores (calibrated" in head
+    assert "SSR: the one other rationale, from the same scores (calibrated" in head  # not "other 1 ..."
 
 
 @pytest.mark.asyncio

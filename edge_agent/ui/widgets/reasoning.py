@@ -71,8 +71,9 @@ def rationale_table(e: ev.RationaleScored) -> RenderableType:
         head = Text(f"SSR: the best of {n} answer rationale{'s' if n > 1 else ''}, from the same scores: "
                     f"{e.why}", style="dim")
     elif e.rechosen:
-        head = Text(f"SSR: the best of the other {len(e.candidates)} rationales, from the same scores{kind}",
-                    style="dim")
+        n = len(e.candidates)
+        which = "the one other rationale" if n == 1 else f"the best of the other {n} rationales"
+        head = Text(f"SSR: {which}, from the same scores{kind}", style="dim")
     else:
         head = Text(f"SSR: {len(e.candidates)} rationales{where} scored in one pass, {ms(e.seconds)}{kind}",
                     style="dim")
