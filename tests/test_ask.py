@@ -208,3 +208,17 @@ def test_a_cut_answer_says_so_with_the_setting_to_raise(env, tiny_models, monkey
                        text=True,
                        timeout=120)
     assert "cut off at 2 tokens" in p.stderr and "config set answer_max_tokens" in p.stderr, p.stderr
+
+
+def test_the_trace_says_whole_why_a_move_was_taken_back():
+    """`ask`'s trace cut a move's reason at 90 characters, before what it says comes instead ("... it zooms
+    in first"); it shows it whole (we write it; it is bounded)."""
+    from edge_agent.agent import events as ev
+    from edge_agent.commands.ask import render_trace
+
+    why = ("the model is not sure of its answer ('prelim'...: what it adds to the question has mean log-prob "
+           "-5.11, and the next tokens could not bring it to answer_check -0.225): it zooms in first")
+    trace = render_trace([ev.MoveWithdrawn(turn=1, action="answer", arguments={}, reason=why),
+                          ev.TurnFinished(turn=1, action="zoom", reasoning_seconds=0.1, action_seconds=0.2,
+                                          tool_seconds=0.0)], "ssr")
+    assert f"  answer taken back: {why}" in trace.splitlines()

@@ -360,7 +360,8 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
                 f"answer check: sure ({_short(said(e), 40)!r}: {e.score:.2f} >= {e.threshold:g})")
         elif isinstance(e, ev.MoveWithdrawn):
             args = f" {json.dumps(e.arguments, ensure_ascii=False)}" if e.arguments else ""
-            per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {_short(e.reason, 90)}")
+            why = " ".join(e.reason.split())  # whole: it ends with what comes instead ("it zooms in first")
+            per_turn.setdefault(e.turn, []).append(f"{e.action}{args} taken back: {why}")
         elif isinstance(e, ev.ToolFinished):
             where = f" -> image {e.image_index}" if e.image_index is not None else ""
             told = f": {_short(e.observation, 70)}" if e.observation else ""  # a crop alone says nothing
