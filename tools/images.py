@@ -195,20 +195,35 @@ def fit_for_model(im: Image.Image, *, max_pixels: int = MODEL_MAX_PIXELS,
     return im
 
 
+def smart_resize(width: int, height: int, align: int, *, max_pixels: int,
+                 min_pixels: int = 0) -> tuple[int, int]:
+    """The size clip's Qwen rule ("smart resize", llama.cpp 0.3.36) gives a ``width`` x ``height`` image:
+    each side rounded to a multiple of ``align`` (std::round: half away from zero); when that area is over
+    ``max_pixels``, scaled to it and floored to the grid; under ``min_pixels``, scaled up and ceiled."""
+    def rnd(x: float) -> int:
+        return int(math.floor(x / align + 0.5)) * align
+
+    w_bar, h_bar = max(align, rnd(width)), max(align, rnd(height))
+    if w_bar * h_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(align, math.floor(height / beta / align) * align)
+        w_bar = max(align, math.floor(width / beta / align) * align)
+    elif w_bar * h_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / align) * align
+        w_bar = math.ceil(width * beta / align) * align
+    return w_bar, h_bar
+
+
 def snap_to_grid(im: Image.Image, grid: int, max_pixels: int) -> Image.Image:
     """Each side a multiple of ``grid`` (the pixels of one image token a side: 32 for Qwen3-VL) and the area
-    within ``max_pixels``, as Qwen's ``smart_resize`` does: each side rounded to the grid; when that area is
-    over the budget, scaled to it and floored to the grid. mtmd rounds an image to its grid too, but against
-    its own budget (the larger of the image's and the crop's), so a crop fitted to 256 tokens' pixels came
-    out 264 tokens (756x346 rounded to 768x352). Snapped here, mtmd's resize leaves it as it is. ``grid`` <=
-    1: unchanged."""
+    within ``max_pixels``: :func:`smart_resize`, the rule mtmd applies too, but against its own budget (the
+    larger of the image's and the crop's), so a crop fitted to 256 tokens' pixels came out 264 tokens
+    (756x346 rounded to 768x352). Snapped here, mtmd's resize leaves it as it is. ``grid`` <= 1: unchanged."""
     if grid <= 1:
         return im
     w, h = im.size
-    gw, gh = (max(grid, int(x / grid + 0.5) * grid) for x in (w, h))  # std::round, as mtmd
-    if gw * gh > max_pixels:
-        beta = (w * h / max_pixels) ** 0.5
-        gw, gh = (max(grid, math.floor(x / beta / grid) * grid) for x in (w, h))
+    gw, gh = smart_resize(w, h, grid, max_pixels=max_pixels)
     if (gw, gh) == (w, h):
         return im
     resample = Image.Resampling.LANCZOS if gw * gh < w * h else Image.Resampling.BICUBIC

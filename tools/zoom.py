@@ -139,7 +139,7 @@ class StoredImage:
             if self.parent is None:
                 self._model_png = model_png(self.image, max_pixels=max_pixels)
             else:
-                img = fit_for_model(enlarge_crop(self.image, max_pixels=max_pixels), max_pixels=max_pixels)
+                img = enlarge_crop(self.image, max_pixels=max_pixels)  # fitted to the budget
                 self._model_png = to_png(snap_to_grid(img, grid, max_pixels))
         return self._model_png
 

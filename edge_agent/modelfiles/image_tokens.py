@@ -1,6 +1,7 @@
 """How an image enters a model's context, and whether a context holds a question, before anything loads.
 
-Knows: clip's Qwen resize rule ("smart resize") and Gemma3's fixed grid, so the image tokens and M-RoPE
+Knows: clip's Qwen resize rule ("smart resize", ``tools.images.smart_resize``, which the zoom's crops are
+sized by too) and Gemma3's fixed grid, so the image tokens and M-RoPE
 positions of an image of a given size (``estimate_image_tokens``), and the check that ``n_ctx`` holds the
 prompt, the images and what is reserved, with the setting to change when it does not (``check_context``).
 Does not know: how the header is read (``gguf_info.ModelInfo`` is handed in), llama_cpp.
@@ -8,11 +9,11 @@ Does not know: how the header is read (``gguf_info.ModelInfo`` is handed in), ll
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from edge_agent.core.errors import ConfigError
 from edge_agent.modelfiles.gguf_info import ModelInfo
+from edge_agent.tools.images import smart_resize
 
 
 @dataclass(frozen=True)
@@ -50,21 +51,8 @@ def estimate_image_tokens(
     merge = mmproj.spatial_merge_size or 2
     align = mmproj.patch_size * merge
     area = align * align
-    min_px = (min_tokens or 8) * area
-    max_px = (max_tokens or 4096) * area
-
-    def rnd(x: float) -> int:  # std::round: half away from zero
-        return int(math.floor(x / align + 0.5)) * align
-
-    w_bar, h_bar = max(align, rnd(width)), max(align, rnd(height))
-    if w_bar * h_bar > max_px:
-        beta = math.sqrt(height * width / max_px)
-        h_bar = max(align, math.floor(height / beta / align) * align)
-        w_bar = max(align, math.floor(width / beta / align) * align)
-    elif w_bar * h_bar < min_px:
-        beta = math.sqrt(min_px / (height * width))
-        h_bar = math.ceil(height * beta / align) * align
-        w_bar = math.ceil(width * beta / align) * align
+    w_bar, h_bar = smart_resize(width, height, align, min_pixels=(min_tokens or 8) * area,
+                                max_pixels=(max_tokens or 4096) * area)
     return ImageTokens(w_bar // align, h_bar // align)
 
 
