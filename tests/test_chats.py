@@ -297,3 +297,47 @@ def test_the_export_says_why_a_move_was_taken_back(store):
     assert ("Answer check: sure ('Open 9': mean log-prob -0.08 of what it adds to the question, at least "
             "-0.225)") in md
     assert md.count("Answer check") == 1  # the unsure one is the answer taken back
+
+
+def test_chats_are_listed_renamed_and_deleted_from_the_command_line(store, tmp_path, monkeypatch):
+    """`chats list` lists as `chats` does; `chats rename` and `chats delete` do what the app's chat list does
+    (Ctrl+O: r, d), asking first unless --yes; an unknown id deletes none of the ids given; a chat being
+    answered (its lock held by another process) is neither renamed nor deleted."""
+    from click.testing import CliRunner
+
+    from edge_agent.chat.lock import ChatLock
+    from edge_agent.commands.cli import cli
+
+    a, b = store.new_chat("Bike shop"), store.new_chat("Peru")
+    for cid in (a, b):
+        store.add_user_message(cid, "What is this?")
+        store.add_event(store.start_answer(cid), ev.FinalAnswer(answer="A shop.", turns=1,
+                                                                stop_reason="answered"))
+    store.close()
+    monkeypatch.setenv("EDGE_AGENT_HOME", str(tmp_path))
+    run = CliRunner().invoke
+    listed = run(cli, ["chats", "list", "--json"], catch_exceptions=False)
+    assert listed.stdout == run(cli, ["chats", "--json"], catch_exceptions=False).stdout
+    assert [json.loads(x)["title"] for x in listed.stdout.splitlines()] == ["Peru", "Bike shop"]
+
+    r = run(cli, ["chats", "rename", str(a), "Bike", "shop", "door"], catch_exceptions=False)
+    assert r.exit_code == 0 and r.stdout == f'chat {a}: "Bike shop" renamed "Bike shop door"\n'
+    r = run(cli, ["chats", "delete", str(b), "999", "--yes"])
+    assert r.exit_code != 0 and "There is no chat 999" in r.output
+    r = run(cli, ["chats", "delete", str(b)], input="n\n")
+    assert r.exit_code == 1 and f'Delete chat {b} "Peru" (2 messages) for good?' in r.output
+    lock = ChatLock(tmp_path, b, "edge-agent ask (pid 1)")
+    assert lock.try_acquire()  # flock is per open file: the command's own descriptor contends with this one
+    r = run(cli, ["chats", "delete", str(b), "--yes"])
+    assert r.exit_code != 0 and f"Chat {b} is being answered by edge-agent ask (pid 1)" in r.output
+    lock.release()
+    assert "Peru" in run(cli, ["chats"], catch_exceptions=False).stdout  # nothing deleted so far
+
+    r = run(cli, ["chats", "delete", str(b), "--yes"], catch_exceptions=False)
+    assert r.stdout == f'deleted chat {b} "Peru" (2 messages)\n'
+    from edge_agent.chat.store import ChatStore
+
+    again = ChatStore(tmp_path / "chats.sqlite3")
+    assert [c.id for c in again.list_chats()] == [a]
+    assert again._exec("SELECT COUNT(*) FROM messages WHERE chat_id=?", (b,)).fetchone()[0] == 0
+    again.close()

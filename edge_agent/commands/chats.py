@@ -1,5 +1,6 @@
 """`edge-agent chats`: the saved chats, newest first, with the ids `ask --chat ID` takes; `chats show ID`
-prints one; `chats export ID` writes it as Markdown or JSON (what the app's export writes).
+prints one; `chats export ID` writes it as Markdown or JSON (what the app's export writes); `chats rename` and
+`chats delete` do what the app's chat list does (Ctrl+O, r and d), never while the chat is being answered.
 
 Reads the one chat store the app and `ask` write (edge_agent.chat.store). Knows nothing of models.
 """
@@ -31,24 +32,41 @@ def _store(settings: Settings) -> Iterator[Any]:
         store.close()
 
 
+_LIMIT = click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+                      help="Most chats to list.")
+_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON object per chat per line.")
+
+
 @click.group("chats", invoke_without_command=True)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Most chats to list.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per chat per line.")
+@_LIMIT
+@_JSON
 @click.pass_context
 def command(ctx: click.Context, limit: int, as_json: bool) -> None:
     """List saved chats: id, last activity, messages, title.
 
     \b
     Examples:
-      edge-agent chats
+      edge-agent chats                       (or: edge-agent chats list)
       edge-agent chats show 12
       edge-agent chats export 12 -o chat.md
       edge-agent chats export 12 --format json > chat.json
+      edge-agent chats rename 12 "Bike shop"
+      edge-agent chats delete 12 13 --yes
       edge-agent ask --chat 12 "And the door?"
     """
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        _list(limit, as_json)
+
+
+@command.command("list")
+@_LIMIT
+@_JSON
+def list_(limit: int, as_json: bool) -> None:
+    """List saved chats (as `edge-agent chats` alone does)."""
+    _list(limit, as_json)
+
+
+def _list(limit: int, as_json: bool) -> None:
     settings = Settings.load()
     if not settings.chats_path.exists():
         if not as_json:
@@ -112,3 +130,50 @@ def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
             return
         chat_export.export_to(store, chat_id, **({"md": output} if fmt == "md" else {"json_path": output}))
     click.echo(f"chat {chat_id} written to {output}", err=True)
+
+
+@contextmanager
+def _unused(settings: Settings, chat_id: int) -> Iterator[None]:
+    """Holds chat ``chat_id``'s lock (edge_agent.chat.lock), or raises ChatBusy naming who answers in it."""
+    from edge_agent.chat.lock import ChatBusy, ChatLock
+
+    lock = ChatLock(settings.home, chat_id, "edge-agent chats")
+    if not lock.try_acquire():
+        raise ChatBusy(f"Chat {chat_id} is being answered by {lock.holder()}: try again "
+                       "when its answer is done.")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@command.command("rename")
+@click.argument("chat_id", type=int, metavar="ID")
+@click.argument("title", nargs=-1, required=True)
+def rename(chat_id: int, title: tuple[str, ...]) -> None:
+    """Give chat ID the title TITLE (the words after ID; quotes not needed)."""
+    settings = Settings.load()
+    with _store(settings) as store, _unused(settings, chat_id):
+        old = store.load(chat_id).title  # no such chat: says so
+        store.rename(chat_id, " ".join(title))
+        click.echo(f'chat {chat_id}: "{old}" renamed "{store.load_title(chat_id)}"')
+
+
+@command.command("delete")
+@click.argument("chat_ids", type=int, nargs=-1, required=True, metavar="ID...")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def delete(chat_ids: tuple[int, ...], yes: bool) -> None:
+    """Delete chats for good: their questions, answers and traces (`chats export ID` keeps a copy).
+
+    Every ID is checked before any is deleted: an unknown one deletes none."""
+    settings = Settings.load()
+    with _store(settings) as store:
+        chats = {i: store.load(i) for i in dict.fromkeys(chat_ids)}  # no such chat: says so, deletes none
+        if not yes:
+            listed = "; ".join(f'chat {c.id} "{c.title}" ({len(c.messages)} messages)'
+                               for c in chats.values())
+            click.confirm(f"Delete {listed} for good?", abort=True)
+        for c in chats.values():
+            with _unused(settings, c.id):
+                store.delete(c.id)
+            click.echo(f'deleted chat {c.id} "{c.title}" ({len(c.messages)} messages)')
