@@ -138,3 +138,33 @@ def test_pulling_an_installed_one_says_how_to_use_it(qwen05_gguf: Path, edge_hom
     assert CliRunner().invoke(cli, ["config", "set", "model", "qwen2.5-coder-0.5b-instruct"]).exit_code == 0
     out = CliRunner().invoke(cli, ["models", "pull", "qwen2.5-coder-0.5b-instruct"])
     assert "qwen2.5-coder-0.5b-instruct is now the default model" in out.output
+
+
+def test_an_installed_one_is_removed_by_name(edge_home: Path, cache: Path) -> None:
+    """`models list` shows a wheel model as installed, and `models remove NAME` said "No installed model
+    named ..."; it now deletes the file and its checksum stamp from the wheel cache, after asking (the
+    cache is every home's). The file here: the 0.5B's name and size, sparse, in a cache of the test's own."""
+    from click.testing import CliRunner
+
+    from edge_agent.commands.cli import cli
+    from edge_agent.modelfiles.catalog import load_catalog
+
+    parts = load_catalog().get("qwen2.5-coder-0.5b-instruct").wheels
+    cache.mkdir()
+    gguf = cache / parts.file
+    with gguf.open("wb") as f:
+        f.truncate(parts.bytes)
+    (cache / (parts.file + ".verified")).write_text("{}", encoding="utf-8")
+    assert find_wheel_gguf("qwen2.5-coder-0.5b-instruct") == gguf
+    run = CliRunner().invoke
+    listed = run(cli, ["models", "list", "--installed"]).output
+    assert "qwen2.5-coder-0.5b-instruct" in listed and f"Models installed from PyPI wheels: {cache}" in listed
+    out = run(cli, ["models", "remove", "qwen2.5-coder-0.5b-instruct"], input="n\n")
+    assert out.exit_code == 1 and f"Delete {gguf} (491 MB; every edge-agent home" in out.output
+    assert gguf.exists()
+    out = run(cli, ["models", "remove", "qwen2.5-coder-0.5b-instruct", "--yes"])
+    assert out.exit_code == 0, out.output
+    assert "Removed qwen2.5-coder-0.5b-instruct (491 MB freed)" in out.output
+    assert list(cache.iterdir()) == [] and find_wheel_gguf("qwen2.5-coder-0.5b-instruct") is None
+    out = run(cli, ["models", "remove", "qwen2.5-coder-0.5b-instruct", "--yes"])
+    assert out.exit_code != 0 and "qwen2.5-coder-0.5b-instruct is not installed" in out.output

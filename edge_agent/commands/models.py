@@ -23,6 +23,7 @@ from edge_agent.modelfiles.catalog import CatalogEntry, find_demo_gguf, human_si
 from edge_agent.modelfiles.overview import ModelStatus, overview
 from edge_agent.modelfiles.registry import InstalledModel, Registry
 from edge_agent.modelfiles.resolution import ResolvedModel, find_model
+from edge_agent.modelfiles.wheels import WheelParts
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -103,6 +104,12 @@ def list_(only_installed: bool, as_json: bool) -> None:
     click.echo(f"MEMORY: expected peak while answering a photo question at n_ctx {settings.n_ctx}, KV cache "
                f"{settings.kv_type} (in brackets: with a same-size prophet).")
     click.echo(f"Models directory: {settings.models_dir}")
+    from edge_agent.modelfiles import wheels
+
+    shared = wheels.cache_dir()
+    if any(r.path and Path(r.path).parent == shared for r in rows):
+        click.echo(f"Models installed from PyPI wheels: {shared} (shared by every home; "
+                   "EDGE_AGENT_MODEL_CACHE moves it)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -366,6 +373,9 @@ def remove(name: str, yes: bool) -> None:
                                  f"`pip uninstall {entry.pypi}`.")
         if entry is not None and registry.get(entry.name) is not None:
             m = registry.get(entry.name)
+        elif entry is not None and entry.wheels is not None:  # listed as installed: in the shared wheel cache
+            _remove_wheel_model(entry.name, entry.wheels, yes)
+            return
         else:
             raise ModelFileError(f"No installed model named {name!r}."
                                  f"{suggest(name, [x.name for x in registry.models])} See "
@@ -390,6 +400,23 @@ def remove(name: str, yes: bool) -> None:
     kept = [Path(p).name for p in (m.path, m.mmproj) if p and os.path.abspath(p) in others]
     click.echo(f"Removed {m.name} ({human_size(total)} freed)" + (f"; kept {', '.join(kept)} (used by other "
                                                                  "models)." if kept else "."))
+
+
+def _remove_wheel_model(name: str, parts: WheelParts, yes: bool) -> None:
+    """Delete a model assembled from PyPI wheels (and its checksum stamp) from the machine's wheel cache."""
+    from edge_agent.modelfiles import wheels
+
+    doomed = wheels.files(parts)
+    if not doomed:
+        raise ModelFileError(f"{name} is not installed (no {wheels.gguf_path(parts)}).")
+    total = sum(p.stat().st_size for p in doomed)
+    if not yes:
+        click.confirm(f"Delete {doomed[0]} ({human_size(total)}; every edge-agent home on this machine uses "
+                      "it)?", abort=True)
+    for p in doomed:
+        p.unlink()
+    click.echo(f"Removed {name} ({human_size(total)} freed); `edge-agent models pull {name}` installs it "
+               "again.")
 
 
 # ------------------------------------------------------------------------------------------------

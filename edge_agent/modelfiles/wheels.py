@@ -76,6 +76,12 @@ def installed(parts: WheelParts) -> Path | None:
         return None
 
 
+def files(parts: WheelParts) -> list[Path]:
+    """The files an install left on this machine: the GGUF and its checksum stamp, those that exist."""
+    path = gguf_path(parts)
+    return [p for p in (path, _stamp_path(path)) if p.exists()]
+
+
 def _stamp_matches(path: Path, parts: WheelParts) -> bool:
     """True when the file is the one we verified: same SHA-256 recorded for the same size and mtime."""
     try:
