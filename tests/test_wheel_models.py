@@ -140,10 +140,12 @@ def test_pulling_an_installed_one_says_how_to_use_it(qwen05_gguf: Path, edge_hom
     assert "qwen2.5-coder-0.5b-instruct is now the default model" in out.output
 
 
-def test_an_installed_one_is_removed_by_name(edge_home: Path, cache: Path) -> None:
-    """`models list` shows a wheel model as installed, and `models remove NAME` said "No installed model
-    named ..."; it now deletes the file and its checksum stamp from the wheel cache, after asking (the
-    cache is every home's). The file here: the 0.5B's name and size, sparse, in a cache of the test's own."""
+def test_an_installed_one_is_shown_and_removed_by_name(edge_home: Path, cache: Path) -> None:
+    """`models list` shows a wheel model as installed, but `models info` said it was not downloaded (from "hub
+    repo None") and `models remove NAME` said "No installed model named ..."; info now says where it is
+    and which wheels it came from, and remove deletes the file and its checksum stamp from the wheel cache,
+    after asking (the cache is every home's). The file here: the 0.5B's name and size, sparse, in a cache of
+    the test's own."""
     from click.testing import CliRunner
 
     from edge_agent.commands.cli import cli
@@ -157,6 +159,9 @@ def test_an_installed_one_is_removed_by_name(edge_home: Path, cache: Path) -> No
     (cache / (parts.file + ".verified")).write_text("{}", encoding="utf-8")
     assert find_wheel_gguf("qwen2.5-coder-0.5b-instruct") == gguf
     run = CliRunner().invoke
+    info = run(cli, ["models", "info", "qwen-0.5b"]).output  # it said "hub repo None @ main", not downloaded
+    assert f"status                     installed: {gguf} (shared by every home)" in info
+    assert f"PyPI wheels                {parts.package.format(n=1)} ... " in info and "hub repo" not in info
     listed = run(cli, ["models", "list", "--installed"]).output
     assert "qwen2.5-coder-0.5b-instruct" in listed and f"Models installed from PyPI wheels: {cache}" in listed
     out = run(cli, ["models", "remove", "qwen2.5-coder-0.5b-instruct"], input="n\n")
@@ -168,3 +173,5 @@ def test_an_installed_one_is_removed_by_name(edge_home: Path, cache: Path) -> No
     assert list(cache.iterdir()) == [] and find_wheel_gguf("qwen2.5-coder-0.5b-instruct") is None
     out = run(cli, ["models", "remove", "qwen2.5-coder-0.5b-instruct", "--yes"])
     assert out.exit_code != 0 and "qwen2.5-coder-0.5b-instruct is not installed" in out.output
+    assert "not installed: `edge-agent models pull qwen2.5-coder-0.5b-instruct`" in run(
+        cli, ["models", "info", "qwen2.5-coder-0.5b-instruct"]).output

@@ -315,6 +315,12 @@ def info(name: str) -> None:
             lines.append(("aliases", ", ".join(entry.aliases)))
         if entry.is_demo:
             lines += [("comes with", f"PyPI package {entry.pypi} ({entry.install})")]
+        elif entry.wheels is not None:
+            w = entry.wheels
+            names = w.wheel_names()
+            lines += [("PyPI wheels", f"{names[0]} ... {names[-1]} {w.version} ({w.count} parts)"),
+                      ("model file", f"{w.file}  {human_size(w.bytes)}  sha256 {w.sha256}"),
+                      ("mmproj file", "none: text only")]
         else:
             lines.append(("hub repo", f"{entry.repo} @ {entry.revision}"))
             if entry.download_size:  # the one size every screen shows: model + mmproj
@@ -342,6 +348,13 @@ def info(name: str) -> None:
     elif entry is not None and entry.is_demo:
         p = find_demo_gguf(entry)
         lines.append(("status", f"installed: {p}" if p else f"not installed: {entry.install}"))
+        paths = [p] if p else []
+    elif entry is not None and entry.wheels is not None:
+        from edge_agent.modelfiles import wheels
+
+        p = wheels.installed(entry.wheels)
+        lines.append(("status", f"installed: {p} (shared by every home)" if p
+                      else f"not installed: `edge-agent models pull {entry.name}`"))
         paths = [p] if p else []
     else:
         lines.append(("status", f"not downloaded: `edge-agent models pull {entry.name}`"))
