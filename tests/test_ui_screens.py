@@ -112,8 +112,23 @@ async def test_text_only_model_says_what_it_can_do(settings, tmp_path):
         screen = app.chat_screen
         assert screen.query_one(PromptInput).placeholder == PLACEHOLDER_TEXT
         hint = str(screen.query_one(".empty-hint", Static).render())
-        assert "reads text only" in hint and "Attach an image" not in hint
+        assert "reads text only" in hint and "Attach an image" not in hint and "demo" not in hint
         assert "text-only model" in str(screen.query_one("#attachment", Static).render())
+
+
+@pytest.mark.asyncio
+async def test_the_demo_names_an_installed_real_model(settings, tmp_path, qwen05_gguf):
+    """On the 135M demo, with a real Qwen installed from its wheels (setup.sh --test installs the 0.5B), the
+    app's hint says so, as `models list` does: it opened on the demo without a word of the better model."""
+    from edge_agent.modelfiles.overview import better_than_demo
+
+    better = better_than_demo()
+    assert better is not None and better.startswith("qwen2.5-coder-")
+    app, _ = scripted_app(settings, tmp_path, vision=False, model_name="smollm2-135m-demo")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        hint = " ".join(str(app.chat_screen.query_one(".empty-hint", Static).render()).split())
+        assert f"This is the 135M demo model: {better} is installed and answers text questions far" in hint
 
 
 # --- detach an image ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import click
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import ModelFileError
 from edge_agent.modelfiles.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
-from edge_agent.modelfiles.overview import ModelStatus, overview
+from edge_agent.modelfiles.overview import ModelStatus, better_than_demo, overview
 from edge_agent.modelfiles.registry import InstalledModel, Registry
 from edge_agent.modelfiles.resolution import ResolvedModel, find_model
 from edge_agent.modelfiles.wheels import WheelParts
@@ -83,11 +83,10 @@ def list_(only_installed: bool, as_json: bool) -> None:
     usable = [r.name for r in rows if r.status in ("installed", "added", "demo")]
     if default:
         click.echo(f"* default model: {default.name} (another: `edge-agent config set model NAME`)")
-        better = max((r for r in rows if r.status == "installed" and "agent" in r.roles), default=None,
-                     key=lambda r: r.size or 0) if default.status == "demo" else None
+        better = better_than_demo() if default.status == "demo" else None
         if better is not None:  # the demo is a 135M model; a real Qwen answers text questions (README table)
-            click.echo(f"  For text questions {better.name} (installed) answers far better than the demo: "
-                       f"`edge-agent config set model {better.name}`.")
+            click.echo(f"  For text questions {better} (installed) answers far better than the demo: "
+                       f"`edge-agent config set model {better}`.")
     elif usable:
         try:
             from edge_agent.modelfiles.resolution import resolve

@@ -99,6 +99,14 @@ def overview(settings: Settings) -> list[ModelStatus]:
     return rows + [r for r in wheel_rows if r.status != "installed"]
 
 
+def better_than_demo() -> str | None:
+    """The largest real model installed from PyPI wheels that can be the agent (a Qwen: it answers text
+    questions far better than the 135M demo, README's quality table), or None. One stat per wheel model."""
+    best = max(((e.wheels.bytes, e.name) for e in load_catalog().all()
+                if e.wheels is not None and "agent" in e.roles and installed(e.wheels)), default=None)
+    return best[1] if best else None
+
+
 def _wheel_row(settings: Settings, e: CatalogEntry, default_name: str | None) -> ModelStatus:
     assert e.wheels is not None
     path = installed(e.wheels)

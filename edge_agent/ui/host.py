@@ -29,6 +29,7 @@ from edge_agent.chat.store import ChatStore
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import Cancelled, EdgeAgentError
 from edge_agent.engine.face import AskRequest, EngineFace
+from edge_agent.modelfiles.catalog import load_catalog
 from edge_agent.ui.messages import (
     AgentEvent,
     AskFinished,
@@ -114,6 +115,11 @@ class EngineHost:
     def sees_images(self) -> bool:
         """False when the loaded model has no vision projector (True while none is loaded: not known)."""
         return self.engine is None or self.engine.model.has_vision
+
+    @property
+    def on_demo(self) -> bool:
+        """The loaded model is the offline demo (SmolLM2-135M)."""
+        return self.engine is not None and self.engine.model_name == load_catalog().demo.name
 
     @property
     def drafting(self) -> bool:

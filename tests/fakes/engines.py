@@ -131,7 +131,8 @@ class ScriptedEngine:
     library: Library | None = None
 
     def __init__(self, settings: Settings | None = None, crop_dir: Path | None = None, hold: bool = False,
-                 contexts: bool = False, *, script: Script = app_script, vision: bool = True) -> None:
+                 contexts: bool = False, *, script: Script = app_script, vision: bool = True,
+                 model_name: str = "tiny-qwen3vl") -> None:
         self.settings = settings
         self.script = script
         self.with_contexts = contexts
@@ -143,7 +144,7 @@ class ScriptedEngine:
         self.contexts: list[str | None] = []  # the context key each question continued from
         self.histories: list[list[Any]] = []  # the history each question was asked with
         self.closed = False
-        self.model_name = "tiny-qwen3vl"
+        self.model_name = model_name
         self.prepared: list[str] = []  # images read ahead on attach (Engine.prepare_image)
         self.settled = 0  # times the eval waited for its background work (Engine.settle)
         self.read: list[tuple[str, str | tuple[str, ...] | None, str]] = []  # read_ahead's (text, image, ctx)

@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chat.store import Continuation, Message
+from edge_agent.modelfiles.overview import better_than_demo
 from edge_agent.tools import specs
 from edge_agent.ui.host import EngineHost, Question
 from edge_agent.ui.messages import AgentEvent, AskFinished, ExchangeOpened, HostChanged, SettingsRequested
@@ -97,6 +98,7 @@ class ChatScreen(ChatHistory):
         # Ctrl+T: every answer's reasoning open (new ones too), or every one closed
         self.reasoning_open = False
         self.text_only = False  # the loaded model reads no images
+        self.better_model: str | None = None  # on the demo: an installed real model to use instead
         self._replace_last = False  # /edit: the next question replaces the last exchange in the context
         # a question sent while the model loads: sent once it is ready, if the prompt still holds it
         self._send_when_ready: str | None = None
@@ -131,7 +133,12 @@ class ChatScreen(ChatHistory):
         self.query_one(PromptInput).focus()
 
     def empty_hint(self) -> str:
-        return EMPTY_HINT_TEXT_ONLY if self.text_only else EMPTY_HINT
+        if not self.text_only:
+            return EMPTY_HINT
+        if self.better_model:  # as `models list` says it
+            return (f"{EMPTY_HINT_TEXT_ONLY}\nThis is the 135M demo model: {self.better_model} is installed "
+                    "and answers text questions far better (Ctrl+S, model).")
+        return EMPTY_HINT_TEXT_ONLY
 
     def set_text_only(self, text_only: bool) -> None:
         """Say what the loaded model can do: the prompt's placeholder, the attachment line, the hint."""
@@ -164,6 +171,7 @@ class ChatScreen(ChatHistory):
             status.state = host.state
         if host.state == "ready":
             status.set_models(*host.model_names(), text_only=not host.sees_images)
+            self.better_model = better_than_demo() if host.on_demo else None
             self.set_text_only(not host.sees_images)
             self.read_ahead()  # a photo attached (or words typed) while the model loaded
         if host.state != "loading" and self._send_when_ready is not None:
