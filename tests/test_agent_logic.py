@@ -688,13 +688,14 @@ def test_the_answer_check_searches_when_the_model_is_not_sure():
     assert search.queries == ["capital of Tuvalu"] and events[-1].answer == "Funafuti"
     assert "Vaiaku" not in s.text  # taken back with its rationale: never in the context
     (check,) = [e for e in events if e.kind == "answer_checked"]  # what the model was unsure of, shown
-    # it stopped at "Vai": the two tokens that add ("V", "i") at -2.0 each, -4 / (2 + 7 left) < -0.3
+    # it stopped at "Va": two tokens of a word the question does not hold, at -2.0 each, -4 / (2 + 8 left)
+    # < -0.3 (token by token "a" was a phrasing word, and it read on to "Vai")
     assert (not check.sure and check.score == -2.0 and check.threshold == -0.3 and check.early
-            and "".join(check.pieces) == "Vai")
+            and "".join(check.pieces) == "Va")
     from edge_agent.agent.answer_check import said, unsure_why
 
     assert said(replace(check, pieces=("Vai", "aku", "</"))) == "Vaiaku"  # shown without the grammar's "</"
-    assert "('Vai'...: what it adds to the question has mean log-prob -2.00, and the next tokens" in w.reason
+    assert "('Va'...: what it adds to the question has mean log-prob -2.00, and the next tokens" in w.reason
     assert "('Vaiaku'...: mean log-prob -2.00 of what it adds" in unsure_why(
         replace(check, pieces=("Vai", "aku"), early=False))  # a probe read to its end
     sure = FakeSession(favour(["full sentence"]), ["Funa", "futi</answer>"], logprob=[-0.1])
@@ -873,7 +874,8 @@ def test_the_answer_check_stops_once_its_threshold_is_out_of_reach():
 
     rng = random.Random(5)
     q = "What is the capital of Peru?"
-    words = ["Lima", " is", " the", " capital", " of", " Peru", ".", " L", "ima", " city", "</"]
+    words = ["Lima", " is", " the", " capital", " of", " Peru", ".", " L", "ima", " city", "</", " Pe", "ru",
+             "vian"]
     stopped = 0
     for _ in range(3000):
         n = rng.randint(1, 10)
@@ -912,6 +914,27 @@ def test_the_answer_checks_score_is_what_the_answer_adds_to_the_question():
     assert answer_score(["Jerusalem", " is", " it", "."], [-0.3, -0.1, -0.5, -0.9], q) == -0.3
     assert answer_score(["Israel", " is"], [-0.2, -0.4], q) == pytest.approx(-0.3)  # nothing added: all
     assert answer_score([], [], q) == 0.0
+
+
+def test_a_question_word_written_in_several_tokens_adds_nothing():
+    """Words are read across tokens. The real 1.5B answered "In which country is Mount Kosciuszko the highest
+    point?" with "Mount Kosciuszko is the highest point in Poland." and its check stopped after " in": " Kos",
+    "ci", "usz", "ko" each looked new token by token, copied at log-prob ~0, so the check was sure (-0.00)
+    of a restatement and never read the country. They are the question's "Kosciuszko": the check reads on
+    to " Poland" and scores that. A last word that may still become a question word is undecided."""
+    from edge_agent.agent.answer_check import adding, answer_score, probe_done
+
+    q = "In which country is Mount Kosciuszko the highest point?"
+    pieces = ["Mount", " Kos", "ci", "usz", "ko", " is", " the", " highest", " point", " in"]
+    lps = [-0.015, -0.001, -0.0, -0.0, -0.0, -0.035, -0.104, -0.001, -0.010, -0.016]
+    assert adding(pieces, q) == [False] * 9 + [None]  # " in" may go on ("India")
+    assert not probe_done(pieces, lps, q, -0.225, 6)  # nothing added yet: it reads on
+    assert answer_score(pieces + [" Poland"], lps + [-1.2], q) == -1.2
+    assert probe_done(pieces + [" Poland"], lps + [-1.2], q, -0.225, 6)
+    assert adding(["Mount", " Kos"], q) == [False, None]  # " Kos" may still be "Kosciuszko"
+    assert adding(["Mount", " Kos", "ovo"], q) == [False, True, True]  # ... or not
+    assert adding([" Vai", "aku"], "What is the capital of Tuvalu?") == [True, True]  # "a" alone: phrasing
+    assert adding([" New", " Del", "hi", "."], "What is the capital of India?") == [True, True, True, False]
 
 
 ALL_SEARCHES = {"text_search", "image_search", "zoom", "answer"}

@@ -5,9 +5,10 @@ context). Not the mean log-prob of every token: a full-sentence answer starts by
 ("Israel's civil aircraft registration prefix is ..."), tokens the model is sure of whatever it knows, so
 a mean over the first six said little about the fact that follows (on the dev split the wrong "IL", ".ac"
 passed). The score is the mean log-prob of the tokens the answer *adds*: a token whose letters and digits
-are a word of the question, or one of a few function words, or that has no letter or digit at all, does
-not count. With no such token left, every token counts; and the words that say why an unsure answer is
-taken back. Does not know: the session, the loop, how the threshold is chosen.
+are a word of the question (read across tokens: " Kos", "ci", "usz", "ko" are "Kosciuszko"), or one of a
+few function words, or that has no letter or digit at all, does not count. With no such token left, every
+token counts; and the words that say why an unsure answer is taken back. Does not know: the session, the
+loop, how the threshold is chosen.
 """
 
 from __future__ import annotations
@@ -41,16 +42,31 @@ def question_words(question: str) -> frozenset[str]:
     return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING
 
 
-def adds(piece: str, known: frozenset[str]) -> bool:
-    """Whether a token's text adds to the question: it has letters or digits that are not one of ``known``."""
-    letters = "".join(_WORD.findall(piece)).casefold()
-    return bool(letters) and letters not in known
+def adding(pieces: Sequence[str], question: str) -> list[bool | None]:
+    """Which tokens add to ``question``, word by word: a token adds when a word it is part of is not one of
+    the question's words (nor a phrasing word). Words are read across tokens: " Kos", "ci", "usz", "ko" are
+    the question's "Kosciuszko", and add nothing (token by token each looked new). The last word may go on
+    in the next token: while it is a question word or the start of one it is undecided (None: "Peru" may
+    become "Peruvian", " Kos" "Kosciuszko"); a token of such a word and of no adding one is None."""
+    known = question_words(question)
+    text = "".join(pieces)
+    words = [(m.start(), m.end(), m.group().casefold()) for m in _WORD.finditer(text)]
+    out: list[bool | None] = []
+    pos = 0
+    for piece in pieces:
+        start, end = pos, pos + len(piece)
+        pos = end
+        verdicts = [(w not in known) if e < len(text) or not any(k.startswith(w) for k in known) else None
+                    for s, e, w in words if s < end and e > start]
+        out.append(True if True in verdicts else None if None in verdicts else False)
+    return out
 
 
 def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str) -> float:
-    """The mean log-prob of the tokens that add to ``question`` (all tokens when none does; 0 for none)."""
-    known = question_words(question)
-    added = [lp for piece, lp in zip(pieces, logprobs, strict=True) if adds(piece, known)]
+    """The mean log-prob of the tokens that add to ``question`` (all tokens when none does; 0 for none). The
+    probe is read whole: a last word still undecided (:func:`adding`) restates the question, and adds
+    nothing."""
+    added = [lp for a, lp in zip(adding(pieces, question), logprobs, strict=True) if a]
     kept = added or list(logprobs)
     return sum(kept) / len(kept) if kept else 0.0
 
@@ -59,12 +75,14 @@ def out_of_reach(pieces: Sequence[str], logprobs: Sequence[float], question: str
                  left: int) -> bool:
     """Whether :func:`answer_score` of these tokens and any ``left`` more must stay below ``threshold``: the
     tokens that add to the question so far have the mean log-prob ``s / n``, and the best that ``left`` more
-    tokens can do is add ``left`` tokens of log-prob 0 (``s / (n + left)``; fewer, or tokens that add
-    nothing, leave it lower). With no token adding yet, a sure one may still come. The check stops there:
-    its verdict is the one the whole probe would give (the margin covers log-probs a rounding above 0)."""
-    known = question_words(question)
-    added = [lp for piece, lp in zip(pieces, logprobs, strict=True) if adds(piece, known)]
-    return bool(added) and sum(added) / (len(added) + left) < threshold - 1e-6
+    tokens can do is add ``left`` tokens of log-prob 0, and the ``u`` tokens of an undecided last word add
+    with log-prob 0 at best (``s / (n + u + left)``; fewer, or tokens that add nothing, leave it lower).
+    With no token adding yet, a sure one may still come. The check stops there: its verdict is the one the
+    whole probe would give (the margin covers log-probs a rounding above 0)."""
+    marks = adding(pieces, question)
+    added = [lp for a, lp in zip(marks, logprobs, strict=True) if a]
+    undecided = marks.count(None)
+    return bool(added) and sum(added) / (len(added) + undecided + left) < threshold - 1e-6
 
 
 def probe_done(pieces: Sequence[str], logprobs: Sequence[float], question: str, threshold: float, wanted: int,
@@ -73,8 +91,7 @@ def probe_done(pieces: Sequence[str], logprobs: Sequence[float], question: str, 
     to the question (a full sentence restates a long question before its fact; the caller caps how far it
     reads on); before that only when ``early`` and the threshold is out of reach (:func:`out_of_reach`)."""
     if len(pieces) >= wanted:
-        known = question_words(question)
-        return any(adds(p, known) for p in pieces)
+        return any(adding(pieces, question))
     return early and out_of_reach(pieces, logprobs, question, threshold, wanted - len(pieces))
 
 
