@@ -760,45 +760,48 @@ def test_the_answering_draft_continues_the_answer_checks_tokens():
 
 def test_a_first_search_waits_for_the_answer_check():
     """SSR chose to search first (a follow-up in a chat that searched leans that way: "What is 17 times 23?"
-    searched the web): the check decides instead. Sure of its answer, the model answers in one turn with no
-    search, under the answer rationale (adopted from the same scoring, which the context then holds);
-    unsure, the search follows, then the answer from the evidence."""
+    searched the web; a sum is now never searched, intent.only_arithmetic): the check decides instead. Sure
+    of its answer, the model answers in one turn with no search, under the answer rationale (adopted from the
+    same scoring, which the context then holds); unsure, the search follows, then the answer from the
+    evidence."""
     know = builtin_library().rationales[-1].text
-    search = _searching("17 times 23")
-    sure = FakeSession(favour(["the web for facts"]), ["391", " is the product.</answer>"], logprob=[-0.05])
-    events = list(run_agent(sure, "What is 17 times 23?", tools=Toolbox(None, search),
+    search = _searching("capital of Somalia")
+    sure = FakeSession(favour(["the web for facts"]), ["Mogadishu", " is the capital.</answer>"],
+                       logprob=[-0.05])
+    events = list(run_agent(sure, "What is the capital of Somalia?", tools=Toolbox(None, search),
                             options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=False)))
     scored = [e for e in events if e.kind == "rationale_scored"]
     assert [e.candidates[e.chosen].action for e in scored] == ["text_search", "answer"]
     assert scored[1].rechosen and scored[1].why == ANSWER_FIRST and scored[1].candidates[0].text == know
-    assert search.queries == [] and events[-1].answer == "391 is the product." and events[-1].turns == 1
-    assert sure.text.endswith(f"{know}\n</think>\n\n<answer>391 is the product.</answer><|im_end|>\n")
+    assert search.queries == [] and events[-1].answer == "Mogadishu is the capital." and events[-1].turns == 1
+    assert sure.text.endswith(f"{know}\n</think>\n\n<answer>Mogadishu is the capital.</answer><|im_end|>\n")
     assert "the web for facts" not in sure.text
     (check,) = [e for e in events if e.kind == "answer_checked"]
     assert check.sure
     unsure = FakeSession(favour(["the web for facts", "from the evidence"]),
-                         ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"],
+                         ["Hargeisa", 'capital of Somalia"}}\n</tool_call>', "Mogadishu</answer>"],
                          logprob=[-2.0, 0.0, 0.0])
-    events = list(run_agent(unsure, "What is 17 times 23?", tools=Toolbox(None, search),
+    events = list(run_agent(unsure, "What is the capital of Somalia?", tools=Toolbox(None, search),
                             options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=False)))
     assert [e.action for e in events if e.kind == "turn_finished"] == ["text_search", "answer"]
-    assert search.queries == ["17 times 23"] and events[-1].answer == "391"
+    assert search.queries == ["capital of Somalia"] and events[-1].answer == "Mogadishu"
     assert [e.action for e in events if e.kind == "move_withdrawn"] == ["answer"]
-    assert "Mogadishu" not in unsure.text and know not in unsure.text
+    assert "Hargeisa" not in unsure.text and know not in unsure.text
     assert "I should search the web for facts\n</think>\n\n<tool_call>" in unsure.text
     # without the check (answer_check off) SSR's first choice stands
     plain = FakeSession(favour(["the web for facts", "from the evidence"]),
-                        ['17 times 23"}}\n</tool_call>', "391</answer>"])
-    list(run_agent(plain, "What is 17 times 23?", tools=Toolbox(None, _searching("17 times 23")),
+                        ['capital of Somalia"}}\n</tool_call>', "Mogadishu</answer>"])
+    list(run_agent(plain, "What is the capital of Somalia?",
+                   tools=Toolbox(None, _searching("capital of Somalia")),
                    options=AgentOptions(answer_check=None)))
     assert "<tool_call>" in plain.text
 
 
 @pytest.mark.parametrize("favoured, replies, logprob", [
-    (["the web for facts"], ["391", " is the product.</answer>"], [-0.05]),  # sure: answered in one turn
-    (["full sentence"], ["391", " is the product.</answer>"], [-0.05]),
+    (["the web for facts"], ["Mogadishu", " is the capital.</answer>"], [-0.05]),  # sure: one turn
+    (["full sentence"], ["Mogadishu", " is the capital.</answer>"], [-0.05]),
     (["the web for facts", "from the evidence"],
-     ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"], [-2.0, 0.0, 0.0]),
+     ["Hargeisa", 'capital of Somalia"}}\n</tool_call>', "Mogadishu</answer>"], [-2.0, 0.0, 0.0]),
     # unsure: taken back, the search, the answer from the evidence
 ])
 def test_a_first_turn_whose_scores_could_not_matter_is_not_scored(favoured, replies, logprob):
@@ -810,8 +813,8 @@ def test_a_first_turn_whose_scores_could_not_matter_is_not_scored(favoured, repl
         # the fake's n-th scoring favours favoured[n-1]: the unscored run's first scoring is turn 2's
         session = FakeSession(favour(favoured[1:] if skip and len(favoured) > 1 else favoured), list(replies),
                               logprob=list(logprob))
-        search = _searching("17 times 23")
-        events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, search),
+        search = _searching("capital of Somalia")
+        events = list(run_agent(session, "What is the capital of Somalia?", tools=Toolbox(None, search),
                                 options=AgentOptions(answer_check=-0.3, skip_unneeded_scoring=skip)))
         runs[skip] = session, search, events
     (scored_s, scored_q, scored_e), (skipped_s, skipped_q, skipped_e) = runs[False], runs[True]
@@ -835,8 +838,8 @@ def test_a_first_turn_whose_scores_could_not_matter_is_not_scored(favoured, repl
 def test_a_first_turn_with_more_to_choose_from_is_scored():
     """With a draw at random (sample) the scores change the seeded draws of later turns: turn 1 is scored
     as before (so it is with an image: zoom and image search are moves too, the check does not go first)."""
-    session = FakeSession(favour(["full sentence"]), ["391</answer>"], logprob=[-0.05])
-    events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, _searching("x")),
+    session = FakeSession(favour(["full sentence"]), ["Mogadishu</answer>"], logprob=[-0.05])
+    events = list(run_agent(session, "What is the capital of Somalia?", tools=Toolbox(None, _searching("x")),
                             options=AgentOptions(answer_check=-0.3, sample=True)))
     assert [e.scored for e in events if e.kind == "rationale_scored"] == [True] and len(session.scored) == 1
 
@@ -890,15 +893,16 @@ def test_the_answer_check_stops_once_its_threshold_is_out_of_reach():
                 break
     assert stopped > 300  # the stop is not vacuous
     session = FakeSession(favour(["from the evidence"]),  # turn 1 is not scored (the check goes first)
-                          ["Mogadishu", '17 times 23"}}\n</tool_call>', "391</answer>"],
+                          ["Kismayo", 'capital of Somalia"}}\n</tool_call>', "Mogadishu</answer>"],
                           logprob=[-2.0, 0.0, 0.0])
-    events = list(run_agent(session, "What is 17 times 23?", tools=Toolbox(None, _searching("17 times 23")),
+    events = list(run_agent(session, "What is the capital of Somalia?",
+                            tools=Toolbox(None, _searching("capital of Somalia")),
                             options=AgentOptions(answer_check=-0.3)))
     (check,) = [e for e in events if e.kind == "answer_checked"]
-    assert check.early and not check.sure and "".join(check.pieces) == "Mo"  # -4 / (2 + 8) < -0.3
+    assert check.early and not check.sure and "".join(check.pieces) == "Ki"  # -4 / (2 + 8) < -0.3
     (taken,) = [e for e in events if e.kind == "move_withdrawn"]
     assert "could not bring it to answer_check -0.3" in taken.reason
-    assert events[-1].answer == "391" and "Mo" not in session.text.split("<|im_start|>assistant")[1]
+    assert events[-1].answer == "Mogadishu" and "Ki" not in session.text.split("<|im_start|>assistant")[1]
 
 
 def test_the_answer_checks_score_is_what_the_answer_adds_to_the_question():
@@ -1067,3 +1071,35 @@ def test_an_unsure_answer_with_no_search_left_zooms_in_and_says_so(tmp_path):
     assert w.action == "answer" and "not sure" in w.reason and w.reason.endswith(": it zooms in first")
     assert [e.action for e in events if e.kind == "turn_finished"] == ["zoom", "answer"]
     assert events[-1].answer == "red" and none.queries == []
+
+
+@pytest.mark.parametrize("question, arithmetic", [
+    ("What is 45*67?", True), ("What is 17 times 23?", True), ("12 x 34 =", True),
+    ("Calculate (3+4)/2.", True), ("What’s 100 divided by 4?", True), ("What is 1,000 * 3?", True),
+    ("What is 45*67? Search the web.", False), ("What is 36*41? Are you sure?", False),  # asks for a search
+    ("What is 1984?", False), ("What is 2024-01-05?", False), ("What times is it?", False),
+    ("What is the capital of Peru?", False), ("What is x*y?", False), ("What is 3 times?", False),
+])
+def test_a_sum_is_told_from_other_questions(question, arithmetic):
+    from edge_agent.agent.intent import only_arithmetic
+
+    assert only_arithmetic(question) is arithmetic
+
+
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+def test_a_sum_is_answered_without_a_search(mode):
+    """A search cannot work out a sum (on the dev split it never helped a product: "45 * 67 = 2925" after
+    one, "3015" without): a question that is arithmetic and nothing else is answered from what the model
+    knows, in both modes, even when SSR favours a search or free-form says it will search; with SSR the
+    one rationale left is not scored and no answer check is needed (nothing else could be done)."""
+    search = _searching("45*67")
+    reasoning = ["I'll search the web for 45*67.\n</think>"] if mode == "freeform" else []
+    session = FakeSession(favour(["the web for facts"]), [*reasoning, "3015</answer>"], logprob=[-0.9])
+    events = list(run_agent(session, "What is 45*67?", tools=Toolbox(None, search),
+                            options=AgentOptions(mode=mode, answer_check=-0.225)))
+    assert search.queries == [] and events[-1].answer == "3015" and events[-1].turns == 1
+    assert "text_search" not in session.text.split("<|im_start|>user")[-1]
+    if mode == "ssr":
+        (first,) = [e for e in events if e.kind == "rationale_scored"]
+        assert not first.scored and [c.action for c in first.candidates] == ["answer"]
+        assert not [e for e in events if e.kind in ("answer_checked", "move_withdrawn")]

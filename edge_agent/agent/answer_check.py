@@ -20,8 +20,14 @@ from edge_agent.agent.events import AnswerChecked
 from edge_agent.tools import specs
 
 # words that phrase an answer rather than state it ("X is the Y of Z", "X uses the Y")
-_PHRASING = frozenset("a an the is are was were of in on at to by for its it s as and or be has have".split())
+_PHRASING = frozenset(
+    "a an the is are was were of in on at to by for its it s as and or be has have equals equal".split())
 _WORD = re.compile(r"[^\W_]+")
+# an arithmetic operator between numbers, and the words that say it ("What is 45*67?": "45 multiplied by 67")
+_OPERATORS = ((re.compile(r"\d\s*[*×xX]\s*\d"), "times multiplied product"),
+              (re.compile(r"\d\s*\+\s*\d"), "plus sum added"),
+              (re.compile(r"\d\s*[-−]\s*\d"), "minus difference subtracted"),
+              (re.compile(r"\d\s*[/÷]\s*\d"), "divided quotient over"))
 
 
 # why the answer goes before a first text search that SSR chose (RationaleScored.why)
@@ -38,8 +44,10 @@ ONLY_MOVE_LEFT = "the only move left"
 
 
 def question_words(question: str) -> frozenset[str]:
-    """The question's words, case-folded (letters and digits), with the phrasing words."""
-    return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING
+    """The question's words, case-folded (letters and digits), with the phrasing words, and the words of an
+    arithmetic operator the question writes as a symbol (``*``: "times", "multiplied", "product")."""
+    said = {w for pattern, words in _OPERATORS if pattern.search(question) for w in words.split()}
+    return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING | said
 
 
 def adding(pieces: Sequence[str], question: str) -> list[bool | None]:

@@ -89,3 +89,20 @@ def asks_to_search(question: str, allowed: Collection[str]) -> str | None:
     if "image_search" in allowed and _IMAGE_WORDS.search(text):
         return "image_search"
     return "text_search" if "text_search" in allowed else None
+
+
+# a question that is arithmetic and nothing else: "What is 45*67?", "12 x 34 =", "What is 17 times 23?"
+_OPERATOR_WORDS = r"(?:times|multiplied by|plus|minus|divided by)"
+_ARITHMETIC = re.compile(r"(?:(?:what(?:'s| is)|how much is|calculate|compute|work out|solve)\s+)?"
+                         r"(?P<expr>(?:[\d\s.,()*×x+\-−/÷^]|\b" + _OPERATOR_WORDS + r"\b)+?)"
+                         r"\s*(?:=\s*)?[?.!]?")
+_OPERATION = re.compile(r"\d\s*\)?\s*(?:[*×x+\-−/÷^]|" + _OPERATOR_WORDS + r")\s*\(?\s*\d")
+
+
+def only_arithmetic(question: str) -> bool:
+    """Whether the question is a sum and nothing else ("What is 45*67?", "What is 17 times 23?"): no search
+    can work it out (a search engine's results are pages, not a calculator), so the agent answers it from
+    what it knows."""
+    m = _ARITHMETIC.fullmatch(" ".join(question.casefold().replace("\u2019", "'").split()))
+    return (m is not None and _OPERATION.search(m["expr"]) is not None
+            and not re.search(r"\d{4}-\d{1,2}-\d{1,2}", m["expr"]))  # a date is no sum

@@ -71,7 +71,7 @@ from edge_agent.agent.events import (
     TurnStarted,
     searches_without,
 )
-from edge_agent.agent.intent import asks_to_search, stated_action
+from edge_agent.agent.intent import asks_to_search, only_arithmetic, stated_action
 from edge_agent.agent.options import AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ANSWER_OPEN,
@@ -186,6 +186,8 @@ class _Run(Answering):
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
+        if only_arithmetic(self.question):  # a search cannot work out a sum (dev: it never helped a product)
+            allowed -= {s.action for s in specs.searches()}
         if self.options.policy is not None:
             allowed = frozenset(self.options.policy(turn, allowed)) & allowed  # a policy only narrows
         elif turn == 1 and not final and self.options.mode == "ssr" and self.options.asked_search:
