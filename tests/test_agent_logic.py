@@ -1102,4 +1102,5 @@ def test_a_sum_is_answered_without_a_search(mode):
     if mode == "ssr":
         (first,) = [e for e in events if e.kind == "rationale_scored"]
         assert not first.scored and [c.action for c in first.candidates] == ["answer"]
+        assert first.why == "a search cannot work out a sum: the answer is the only move"
         assert not [e for e in events if e.kind in ("answer_checked", "move_withdrawn")]

@@ -47,6 +47,7 @@ from edge_agent.agent.actions import (
     tail_remainder,
 )
 from edge_agent.agent.answer_check import (
+    A_SUM,
     ANSWER_FIRST,
     ANSWER_UNSCORED,
     ASKED_SEARCH,
@@ -71,7 +72,7 @@ from edge_agent.agent.events import (
     TurnStarted,
     searches_without,
 )
-from edge_agent.agent.intent import asks_to_search, only_arithmetic, stated_action
+from edge_agent.agent.intent import asks_to_search, stated_action
 from edge_agent.agent.options import AgentOptions, DraftHooks
 from edge_agent.agent.prompts import (
     ANSWER_OPEN,
@@ -186,7 +187,7 @@ class _Run(Answering):
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
-        if only_arithmetic(self.question):  # a search cannot work out a sum (dev: it never helped a product)
+        if self.a_sum:  # a search cannot work out a sum (dev: it never helped a product)
             allowed -= {s.action for s in specs.searches()}
         if self.options.policy is not None:
             allowed = frozenset(self.options.policy(turn, allowed)) & allowed  # a policy only narrows
@@ -392,7 +393,8 @@ class _Run(Answering):
         if self.options.skip_unneeded_scoring and self.options.policy is None:
             # (a policy, in benchmarks and tests, forces a move the model would choose among others: scored
             # as the app scores that turn)
-            why = ASKED_SEARCH if turn == 1 and self.asked is not None else ONLY_RATIONALE
+            why = (ASKED_SEARCH if turn == 1 and self.asked is not None
+                   else A_SUM if self.a_sum and not self.evidence else ONLY_RATIONALE)
             only = self.ssr.only_one(turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
                                      tokenize=lambda text: self.session.tokenize(text, special=False),
                                      why=why)
