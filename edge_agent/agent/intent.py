@@ -4,7 +4,9 @@ Knows: how a small instruct model states its next step in plain English ("I'll s
 "Let me zoom in on ...", "I don't need to search: the answer is ..."), as a few patterns, and the
 rule that the last stated plan wins. Used by the loop (free-form: the action follows the reasoning,
 the way SSR's action follows its rationale by grammar) and by the eval's reasoning/action agreement.
-Does not know: models, tokens, the chat format. Pure and cheap (a few regular expressions).
+Also what a person's question asks for: a search (``asks_to_search``), or a sum and nothing else
+(``only_arithmetic``: no search is offered for it). Does not know: models, tokens, the chat format. Pure
+and cheap (a few regular expressions).
 """
 
 from __future__ import annotations
