@@ -19,6 +19,7 @@ from textual.widgets import Input, Markdown, Static
 
 from edge_agent.agent import events as ev
 from edge_agent.chat import export as chat_export
+from edge_agent.chat.lock import ChatLock
 from edge_agent.core.config import Settings
 from edge_agent.ui.app import EdgeAgentApp
 from edge_agent.ui.screens.chat_history import OPEN_PAGE
@@ -172,7 +173,13 @@ async def test_delete_asks_first_and_search_narrows_the_list(settings, tmp_path)
         await pilot.press("down", "d")  # another chat: the first d is forgotten, this one asks again
         await pilot.pause()
         assert len(app.store.list_chats()) == 3
+        busy = ChatLock(settings.home, app.screen.selected().id, "edge-agent ask (pid 7)")
+        assert busy.try_acquire()  # being answered elsewhere (`ask --chat`): not deleted
         await pilot.press("d")
+        await pilot.pause()
+        assert len(app.store.list_chats()) == 3 and "Chat busy" in titles(app)
+        busy.release()
+        await pilot.press("d", "d")
         await pilot.pause()
         assert [c.title for c in app.store.list_chats()] == ["Peru population", "Peru capital"]
         await pilot.press("slash")

@@ -91,7 +91,7 @@ class ChatHistory(ImageActions):
             elif choice.action == "export":
                 self.export(choice.chat_id)
 
-        self.app.push_screen(ChatsScreen(self.store, self.chat_id), chosen)
+        self.app.push_screen(ChatsScreen(self.store, self.chat_id, self.host.settings.home), chosen)
 
     async def action_new_chat(self) -> None:
         await self.new_chat()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.text import Text
 from textual import on
@@ -19,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from edge_agent.chat.lock import ChatLock
 from edge_agent.chat.store import ChatStore, ChatSummary
 
 
@@ -75,9 +77,10 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
     ChatsScreen #chat-search { border: none; height: 1; margin: 0 1; }
     """
 
-    def __init__(self, store: ChatStore, current: int | None) -> None:
+    def __init__(self, store: ChatStore, current: int | None, home: Path | None = None) -> None:
         super().__init__()
         self.store = store
+        self.home = home  # where the chats' locks are: a chat being answered is not deleted
         self.current = current
         self.chats: list[ChatSummary] = []
         self.query_text = ""
@@ -168,7 +171,16 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
             return
         self.armed = None
         i = self.query_one(OptionList).highlighted or 0
-        self.store.delete(c.id)
+        lock = ChatLock(self.home, c.id, "edge-agent (the app)") if self.home is not None else None
+        if lock is not None and not lock.try_acquire():  # this app's answer, or `ask --chat` elsewhere
+            self.notify(f"{c.title!r} is being answered by {lock.holder()}: stop it (Esc) or let it finish, "
+                        "then delete it.", title="Chat busy", severity="warning", timeout=8)
+            return
+        try:
+            self.store.delete(c.id)
+        finally:
+            if lock is not None:
+                lock.release()
         self.notify(f"Deleted {c.title!r}.", title="Chat deleted")
         if c.id == self.current:
             self.current = None
