@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,8 @@ def test_ask_reads_the_photo_while_the_prophet_loads(env, tiny_models, photo, mo
     def spy(cls, settings, path, *a, **kw):
         if str(path) == str(tiny_models["prophet"]):
             seen.append(any(t.name == "read-ahead" for t in threading.enumerate()))
+            time.sleep(0.5)  # a real prophet takes seconds to load, the tiny one milliseconds: on a busy
+            # machine the read-ahead thread had not begun when the question started, and read nothing
         return real(cls, settings, path, *a, **kw)
 
     monkeypatch.setattr(model_mod.Model, "from_settings", classmethod(spy))

@@ -309,3 +309,24 @@ def test_the_scored_rationale_is_shown_before_it_is_adopted_and_nothing_changes(
         eb.close()
         a.close()
         b.close()
+
+
+def test_holding_the_context_keeps_what_is_asked_for():
+    """Loading the prophet changes the agent's threads between two read-ahead steps. It held the context
+    with ``paused`` (a question's: it drops the target), so a target the worker had not begun yet (a loaded
+    machine: `ask`'s read-ahead thread not yet scheduled) was never read, and `ask` read the photo at Enter
+    (tests/test_ask.py::test_ask_reads_the_photo_while_the_prophet_loads failed so on a busy CI run).
+    ``held`` waits for a step in flight and blocks the next one, but keeps the target: it is read after."""
+    from edge_agent.engine.read_ahead import Reader, Target
+
+    read: list[Target] = []
+    reader: Reader[str] = Reader(lambda t, stop: read.append(t) or "read", debounce=0.0)
+    target = Target("", ("photo.png",), "What does the sign say?", closed=True)
+    with reader.held():  # before the worker can take it: as when its thread is not yet scheduled
+        reader.want(target)
+        assert not reader.idle(timeout=0.2) and read == []  # nothing runs while held
+    assert reader.idle(timeout=10) and read == [target] and reader.state == "read"
+    with reader.held():  # a held context between steps changes nothing read
+        pass
+    assert reader.state == "read" and read == [target]
+    reader.close()

@@ -150,7 +150,7 @@ class Engine:
             if ahead is not None:
                 engine.read_ahead(ahead[0], ahead[1], context=ahead[2], whole=True)
             # the agent's threads change when the prophet shares the cores: not during a read-ahead step
-            drafter, prophet = cls._load_drafter(settings, resolved, model, say, quiet=engine._reader.paused)
+            drafter, prophet = cls._load_drafter(settings, resolved, model, say, quiet=engine._reader.held)
         except BaseException:
             engine.close()
             raise

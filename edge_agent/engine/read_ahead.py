@@ -118,6 +118,17 @@ class Reader(Generic[State]):
                 self._done, self.state = None, None
                 self._cv.notify_all()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the context a moment between two steps (a step in flight finishes first; none starts
+        meanwhile), keeping what is asked for and what is read: the read-ahead goes on afterwards. Loading
+        the prophet changes the agent's threads under it; :meth:`paused` there dropped a target the worker
+        had not begun (a loaded machine): `ask` then read the photo at Enter."""
+        with self._context:
+            if self.error is not None:
+                raise self.error
+            yield
+
     def close(self) -> None:
         """Stop the worker (a text step in flight is stopped: its partial cells are removed) and join it."""
         with self._cv:
