@@ -91,9 +91,8 @@ class ChatLock:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.try_acquire():
             if deadline is not None and time.monotonic() > deadline:
-                raise ChatBusy(f"Chat {self.chat_id} is still being answered by {self.holder()}. Try again "
-                               f"when "
-                               "it is done, or ask in a new chat.")
+                raise ChatBusy(f"Chat {self.chat_id} is being answered by {self.holder()}: try again when it "
+                               "is done, or ask in a new chat.")
             time.sleep(poll)
 
     def release(self) -> None:
@@ -109,8 +108,11 @@ class ChatLock:
             os.close(fd)
 
     @contextlib.contextmanager
-    def holding(self, *, on_wait: Callable[[str], None] | None = None) -> Iterator[ChatLock]:
-        self.acquire(on_wait=on_wait)
+    def holding(self, *, on_wait: Callable[[str], None] | None = None,
+                timeout: float | None = None) -> Iterator[ChatLock]:
+        """The lock held for the block (:meth:`acquire`: ``timeout`` 0 raises :class:`ChatBusy` at once when
+        another question holds it, as `chats delete` and the app's chat list want)."""
+        self.acquire(on_wait=on_wait, timeout=timeout)
         try:
             yield self
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,19 +132,12 @@ def export(chat_id: int, output: Path | None, fmt: str | None) -> None:
     click.echo(f"chat {chat_id} written to {output}", err=True)
 
 
-@contextmanager
-def _unused(settings: Settings, chat_id: int) -> Iterator[None]:
-    """Holds chat ``chat_id``'s lock (edge_agent.chat.lock), or raises ChatBusy naming who answers in it."""
-    from edge_agent.chat.lock import ChatBusy, ChatLock
+def _unused(settings: Settings, chat_id: int) -> AbstractContextManager[Any]:
+    """Chat ``chat_id``'s lock held for the block, or ChatBusy naming who answers in it
+    (edge_agent.chat.lock)."""
+    from edge_agent.chat.lock import ChatLock
 
-    lock = ChatLock(settings.home, chat_id, "edge-agent chats")
-    if not lock.try_acquire():
-        raise ChatBusy(f"Chat {chat_id} is being answered by {lock.holder()}: try again "
-                       "when its answer is done.")
-    try:
-        yield
-    finally:
-        lock.release()
+    return ChatLock(settings.home, chat_id, "edge-agent chats").holding(timeout=0)
 
 
 @command.command("rename")

