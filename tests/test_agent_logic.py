@@ -1081,9 +1081,57 @@ def test_an_unsure_answer_with_no_search_left_zooms_in_and_says_so(tmp_path):
     ("What is the capital of Peru?", False), ("What is x*y?", False), ("What is 3 times?", False),
 ])
 def test_a_sum_is_told_from_other_questions(question, arithmetic):
-    from edge_agent.agent.intent import only_arithmetic
+    from edge_agent.agent.intent import no_search_for, only_arithmetic
 
     assert only_arithmetic(question) is arithmetic
+    assert (no_search_for(question) == "sum") is arithmetic
+
+
+@pytest.mark.parametrize("question, kind", [
+    ("Write a haiku about the sea.", "writing"), ("Can you write a Python function that reverses a string?",
+                                                  "writing"),
+    ("Translate 'good morning' into Spanish.", "writing"), ("Please summarise this: the shop opens at 9.",
+                                                           "writing"),
+    ("I'd like you to draft an email to my landlord.", "writing"), ("Tell me a joke.", "writing"),
+    ("Help me write a cover letter", "writing"), ("Hello!", "greeting"), ("hi there", "greeting"),
+    ("Thanks a lot.", "greeting"), ("Good morning, how are you?", "greeting"),
+    # a question a search may help with: a fact, even after a greeting or about a writer
+    ("Who wrote Romeo and Juliet?", None), ("Hello, what is the capital of Peru?", None),
+    ("Explain how a rainbow forms.", None), ("Describe this photo.", None), ("Writers from Peru?", None),
+    ("There?", None), ("Again", None), ("What does the sign say? Translate it.", None),
+    ("Write a haiku about Lima. Search the web first.", None),  # asks for a search
+])
+def test_what_no_search_can_help_with_is_told_from_questions(question, kind):
+    """A piece of writing and a greeting are answered, never searched: on the real 1.5B, "Write a haiku about
+    the sea." had its answer taken back (the check's probe reads a poem's many wordings as doubt: mean
+    log-prob -1.08), searched the Factbook and answered with an essay on "sea haiku"; "Hello!" searched and
+    answered 'There are no results for "Hello!" on the web.'."""
+    from edge_agent.agent.intent import no_search_for
+
+    assert no_search_for(question) == kind
+
+
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+@pytest.mark.parametrize("question, why", [
+    ("Write a haiku about the sea.", "a search cannot do the writing asked for: the answer is the only move"),
+    ("Hello!", "a greeting needs no search: the answer is the only move")])
+def test_writing_and_a_greeting_are_answered_without_a_search(mode, question, why):
+    """No search is offered for a piece of writing or a greeting, in both modes, whatever SSR favours or
+    free-form says it will do; with SSR the one rationale left is not scored and no answer check is made
+    (its probe measures how sure the model is of a fact, and reads a poem's wordings as doubt)."""
+    search = _searching("sea haiku")
+    reasoning = ["I'll search the web for sea haiku.\n</think>"] if mode == "freeform" else []
+    session = FakeSession(favour(["the web for facts"]), [*reasoning, "Waves fold into foam</answer>"],
+                          logprob=[-1.1])
+    events = list(run_agent(session, question, tools=Toolbox(None, search),
+                            options=AgentOptions(mode=mode, answer_check=-0.225)))
+    assert search.queries == [] and events[-1].answer == "Waves fold into foam" and events[-1].turns == 1
+    assert "text_search" not in session.text.split("<|im_start|>user")[-1]
+    if mode == "ssr":
+        (first,) = [e for e in events if e.kind == "rationale_scored"]
+        assert not first.scored and [c.action for c in first.candidates] == ["answer"]
+        assert first.why == why
+        assert not [e for e in events if e.kind in ("answer_checked", "move_withdrawn")]
 
 
 @pytest.mark.parametrize("mode", ["ssr", "freeform"])

@@ -39,6 +39,10 @@ ANSWER_UNSCORED = ("its answer is checked before a first search, whatever the sc
 ONLY_RATIONALE = "the only rationale for the moves allowed: nothing to score"
 # why the answer goes unscored for a question that is only arithmetic (RationaleScored.why)
 A_SUM = "a search cannot work out a sum: the answer is the only move"
+# why the answer goes unscored for a question no search can help with, by intent.no_search_for's kind
+NO_SEARCH = {"sum": A_SUM,
+             "writing": "a search cannot do the writing asked for: the answer is the only move",
+             "greeting": "a greeting needs no search: the answer is the only move"}
 # why a search goes first unscored: the person asked for it (RationaleScored.why)
 ASKED_SEARCH = "the question asks for a search"
 # why a rationale chosen again after an unscored choice is not scored either (RationaleScored.why empty)

@@ -4,9 +4,9 @@ Knows: how a small instruct model states its next step in plain English ("I'll s
 "Let me zoom in on ...", "I don't need to search: the answer is ..."), as a few patterns, and the
 rule that the last stated plan wins. Used by the loop (free-form: the action follows the reasoning,
 the way SSR's action follows its rationale by grammar) and by the eval's reasoning/action agreement.
-Also what a person's question asks for: a search (``asks_to_search``), or a sum and nothing else
-(``only_arithmetic``: no search is offered for it). Does not know: models, tokens, the chat format. Pure
-and cheap (a few regular expressions).
+Also what a person's question asks for: a search (``asks_to_search``), or what no search can help with
+(``no_search_for``: a sum and nothing else, a piece of writing, a greeting; no search is offered for it).
+Does not know: models, tokens, the chat format. Pure and cheap (a few regular expressions).
 """
 
 from __future__ import annotations
@@ -108,3 +108,38 @@ def only_arithmetic(question: str) -> bool:
     m = _ARITHMETIC.fullmatch(" ".join(question.casefold().replace("\u2019", "'").split()))
     return (m is not None and _OPERATION.search(m["expr"]) is not None
             and not re.search(r"\d{4}-\d{1,2}-\d{1,2}", m["expr"]))  # a date is no sum
+
+
+# A request to write something (a poem, code, a translation, a summary) at the message's start, after a polite
+# opening ("Please", "Can you", "I'd like you to", "Help me"): a search brings nothing to writing, and the
+# answer check's probe, which measures how sure the model is of a fact, reads a poem's many possible
+# wordings as doubt ("Write a haiku about the sea." searched and became an essay on sea haiku).
+_WRITER = (r"(?:(?:ok(?:ay)?|so|now|then|also|just|please|pls|kindly|can you|could you|would you|will you|"
+           r"i'd like you to|i would like you to|i want you to|i need you to|help me|can you help me|"
+           r"could you help me)\s*,?\s+)*")
+_WRITING = re.compile(_WRITER + r"(?:write|compose|draft|translate|rewrite|rephrase|paraphrase|summari[sz]e|"
+                      r"proofread|refactor|(?:tell|give) me a (?:joke|story|poem|riddle|limerick|haiku)|"
+                      r"make up a)\b")
+# a message that only greets or thanks ("Hello!", "Thanks a lot.", "Good morning, how are you?")
+_GREETING_WORDS = (r"(?:hi|hello|hey|hiya|howdy|greetings|good (?:morning|afternoon|evening|night)|thanks|"
+                   r"thank you|thx|cheers|bye|goodbye|see you|how are you(?: doing)?|how's it going|"
+                   r"what's up)")
+_GREETING = re.compile(_GREETING_WORDS + r"(?:[\s,!.?:;)(-]+(?:" + _GREETING_WORDS
+                       + r"|there|a lot|so much|very much|again|all|everyone|friend))*[\s,!.?:;)(-]*")
+
+
+def no_search_for(question: str) -> str | None:
+    """What makes a search useless for this question: ``"sum"`` (arithmetic and nothing else), ``"writing"``
+    (a request to write, translate, summarise ...), ``"greeting"`` (a greeting or thanks and nothing else);
+    None for a question a search may help with, and for any that asks to search ("Translate this; look it
+    up first.")."""
+    text = " ".join(question.casefold().replace("\u2019", "'").split())
+    if only_arithmetic(question):
+        return "sum"
+    if asks_to_search(question, {"text_search"}) is not None:
+        return None
+    if _GREETING.fullmatch(text):
+        return "greeting"
+    if _WRITING.match(text):
+        return "writing"
+    return None

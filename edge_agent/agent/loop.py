@@ -47,10 +47,10 @@ from edge_agent.agent.actions import (
     tail_remainder,
 )
 from edge_agent.agent.answer_check import (
-    A_SUM,
     ANSWER_FIRST,
     ANSWER_UNSCORED,
     ASKED_SEARCH,
+    NO_SEARCH,
     ONLY_RATIONALE,
     then_what,
     unsure_why,
@@ -187,7 +187,7 @@ class _Run(Answering):
 
     def _allowed(self, turn: int, available: frozenset[str], final: bool) -> frozenset[str]:
         allowed = frozenset({"answer"}) if final else available
-        if self.a_sum:  # a search cannot work out a sum (dev: it never helped a product)
+        if self.no_search:  # a search cannot work out a sum (dev: it never helped a product), write, greet
             allowed -= {s.action for s in specs.searches()}
         if self.options.policy is not None:
             allowed = frozenset(self.options.policy(turn, allowed)) & allowed  # a policy only narrows
@@ -394,7 +394,7 @@ class _Run(Answering):
             # (a policy, in benchmarks and tests, forces a move the model would choose among others: scored
             # as the app scores that turn)
             why = (ASKED_SEARCH if turn == 1 and self.asked is not None
-                   else A_SUM if self.a_sum and not self.evidence else ONLY_RATIONALE)
+                   else NO_SEARCH[self.no_search] if self.no_search and not self.evidence else ONLY_RATIONALE)
             only = self.ssr.only_one(turn, allowed, has_image=self._has_image(), has_evidence=self.evidence,
                                      tokenize=lambda text: self.session.tokenize(text, special=False),
                                      why=why)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Sequence
 
 from edge_agent.agent.context import ChatContext, Opened
 from edge_agent.agent.events import Event, FinalAnswer, ImageEvaluated
-from edge_agent.agent.intent import only_arithmetic
+from edge_agent.agent.intent import no_search_for
 from edge_agent.agent.options import AGENT_MODES, AgentOptions, DraftHooks
 from edge_agent.agent.prompts import ImageArg, question_images
 from edge_agent.agent.ssr import SsrChooser
@@ -59,7 +59,8 @@ class RunState:
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self.asked: str | None = None  # the search the question asks for (SSR's first turn takes it)
-        self.a_sum = only_arithmetic(self.question)  # a sum and nothing else: no search is offered
+        # a sum, a piece of writing, a greeting: what no search can help with ("sum", ...), no search offered
+        self.no_search = no_search_for(self.question)
         self.not_searched: list[str] = []  # the searches the answer is without, why (FinalAnswer's)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.totals = RunTotals()  # FinalAnswer.totals: timings and counters
