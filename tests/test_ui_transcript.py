@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 from textual.widgets import Input, Markdown, Static
 from textual.widgets._collapsible import CollapsibleTitle
-from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader
+from textual.widgets._markdown import MarkdownBlockQuote, MarkdownHeader, MarkdownParagraph
 
 from edge_agent.agent import events as ev
 from edge_agent.chat import export as chat_export
@@ -263,11 +263,11 @@ async def test_only_a_persons_toggle_scrolls_a_turn_into_view(settings, tmp_path
 # --- item 8 (rendering): model text stays readable ---------------------------------------------------
 def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
     assert readable_markdown(">" * 20) == "\\" + ">" * 20
-    assert readable_markdown("# Big\n## also") == "\\# Big\n\\## also"
+    assert readable_markdown("# Big\n## also") == "\\# Big  \n\\## also"  # each line ends in a hard break
     assert readable_markdown("- - - - x") == "- \\- - - x" and readable_markdown("1. 2. x") == "1. 2\\. x"
-    assert readable_markdown("Title\n=====") == "Title\n\\====="
+    assert readable_markdown("Title\n=====") == "Title  \n\\====="
     kept = "**bold**, `code`, [a link](https://x.org)\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |"
-    assert readable_markdown(kept) == kept
+    assert readable_markdown(kept) == kept.replace("\n", "  \n").replace("  \n  \n", "  \n\n")
     assert readable_markdown("```\n> quoted in code\n# too\n```\n> after") == ("```\n> quoted in code\n# "
                                                                                "too\n```\n\\> after")
     assert readable_markdown("bell\x07 and \x1b[2J clear\x9b") == "bell and [2J clear"
@@ -298,6 +298,37 @@ async def test_model_markdown_cannot_nest_quotes_or_shout(settings, tmp_path):
             await pilot.pause()
             assert not md.query(MarkdownBlockQuote) and not md.query(MarkdownHeader)
             assert ">" * 20 in md.source and "\x07" not in md.source and "**OK**" in md.source
+            await app.chat_screen.open_chat(app.store.load(chat_id))
+            await pilot.pause()
+
+
+POEM = "Autumn leaves, a sight to behold,\nA palette of colors, a reminder of the past.\n\nThey fall."
+
+
+def poem(asked: Asked) -> list[ev.Event]:
+    """The 1.5B's answer to "Write a short poem about autumn leaves.", streamed a few characters at a time."""
+    return [ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
+            ev.TurnStarted(turn=1),
+            *(ev.AnswerToken(turn=1, text=POEM[i:i + 5]) for i in range(0, len(POEM), 5)),
+            ev.FinalAnswer(answer=POEM, turns=1, stop_reason="answered", totals={})]
+
+
+@pytest.mark.asyncio
+async def test_a_line_the_model_breaks_stays_a_line(settings, tmp_path):
+    """A poem's lines stay lines, streamed and stored (by CommonMark's rule a single newline is a space: the
+    app showed the poem as one run-on paragraph); a blank line still starts a paragraph."""
+    app, _ = scripted_app(settings, tmp_path, script=poem)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await type_and_enter(pilot, "Write a short poem about autumn leaves.")
+        await settle(pilot)
+        chat_id = app.chat_screen.chat_id
+        for _ in range(2):  # live, then the stored chat opened again
+            md = app.chat_screen.transcript.answers()[-1].query_one(Markdown)
+            await pilot.pause()
+            first, second = md.query(MarkdownParagraph)
+            assert str(first._content) == POEM.split("\n\n")[0]
+            assert str(second._content) == "They fall."
             await app.chat_screen.open_chat(app.store.load(chat_id))
             await pilot.pause()
 

@@ -4,7 +4,9 @@ A small model writes Markdown's block markers by accident: a line of ``>>>>`` (t
 bars), ``# `` (a screen-wide heading), ``- - - -`` (lists nested in lists), a line of ``===`` under a
 sentence (a heading again). :func:`readable_markdown` escapes those markers, so they read as the
 characters they are; inline formatting (bold, italics, code, links), lists, tables and fenced code
-stay Markdown. Control characters are removed first (``textclean.clean_model_text``).
+stay Markdown. Control characters are removed first (``textclean.clean_model_text``). A line break the
+model wrote stays one (a poem's or an address's lines; by CommonMark's rule a single newline is a space),
+as in a chat app: each line ends in Markdown's hard break, two spaces, which the end of a block ignores.
 """
 
 from __future__ import annotations
@@ -43,5 +45,7 @@ def readable_markdown(text: str) -> str:
         if n is not None:  # "- - x" -> "- \\- x", "1. 2. x" -> "1. 2\\. x": the second marker is text
             cut = n.end(2) - 1 if n.group(2)[0].isdigit() else n.start(2)
             line = f"{line[:cut]}\\{line[cut:]}"
-        out.append(line)
+        out.append(line + "  " if line.strip() else line)
+    if out and out[-1].endswith("  ") and not fence:
+        out[-1] = out[-1][:-2]  # the last line has no break after it (yet: a streamed answer's grows)
     return "\n".join(out)
