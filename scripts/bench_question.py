@@ -255,7 +255,7 @@ class RawDecode:
 
     def _sample(self, s: Any, toks: list[int], into: dict[str, list[float]], gen_into: list[float],
                 n_tokens: int) -> None:
-        from edge_agent.agent.actions import tail_grammar
+        from edge_agent.agent.actions import TAIL_STOP, tail_grammar
         from edge_agent.runtime.cores import FOREGROUND
 
         m, threads0 = self.model, self.model.n_threads
@@ -269,7 +269,7 @@ class RawDecode:
         finally:
             m.share_cores(None, FOREGROUND, n_threads=threads0)
         s.next_logits()
-        gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=["<"])
+        gen = s.generate(max_tokens=n_tokens + 1, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]])
         self.finite = self.finite and all(math.isfinite(x) for x in gen.logprobs)  # NaN/inf logits show here
         if len(gen.tokens) > 1:  # the first token is sampled from logits already there
             gen_into.append(gen.seconds / (len(gen.tokens) - 1))

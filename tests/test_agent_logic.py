@@ -74,8 +74,12 @@ def test_select_argmax_and_seeded_sampling():
 
 def test_builtin_library_is_short_and_covers_every_move():
     lib = builtin_library()
-    assert len(lib) == 6 and {r.action for r in lib} == {"image_search", "text_search", "zoom", "answer"}
-    assert sum(r.action == "answer" for r in lib) == 3
+    assert len(lib) == 7 and {r.action for r in lib} == {"image_search", "text_search", "zoom", "answer"}
+    assert sum(r.action == "answer" for r in lib) == 4
+    # six at most offered at once, the paper's number: the one for writing takes the place of "I know this"
+    everything = {"image_search", "text_search", "zoom", "answer"}
+    assert max(len(lib.for_actions(everything, has_evidence=ev, writing=w))
+               for ev in (False, True) for w in (False, True)) == 6
     assert all(len(r.text.split()) <= 14 for r in lib)  # every scored token costs time
     assert len({r.text.split()[0] for r in lib}) == 1  # a shared first word is scored once
 
@@ -134,7 +138,9 @@ def test_grammars_name_the_right_structure():
     g = tail_grammar("zoom", n_images=3)
     assert 'idx ::= "0" | "1" | "2"' in g and '"1000"' in g and "{1,40}" in g
     assert tail_grammar("image_search", n_images=1).endswith('idx ::= "0"')
-    assert tail_grammar("answer") == 'root ::= [ \\t\\n]* ([^<{ \\t\\n] [^<]*)? "</answer>"'
+    assert tail_grammar("answer").splitlines() == ['root ::= [ \\t\\n]* (first char*)? "</answer>"',
+                                                   'first ::= [^<{ \\t\\n] | lt', 'char ::= [^<] | lt',
+                                                   'lt ::= "<" ([^a-zA-Z/|<] | lt)']
     # every tail grammar ends with its stop string and the fixed rest, which completes the action: the
     # model's own closing token (`"}}`) is admitted, and what it did not bring is appended
     for a in ("zoom", "text_search", "image_search", "answer"):
@@ -147,7 +153,7 @@ def test_grammars_name_the_right_structure():
     assert tail_remainder("text_search", '"}}\n') == "</tool_call>"
     assert tail_remainder("zoom", "}}") == "\n</tool_call>"
     assert tail_remainder("zoom", "}") == "}\n</tool_call>"
-    assert tail_remainder("answer", ".</") == "answer>" and tail_remainder("answer", " <") == "/answer>"
+    assert tail_remainder("answer", ".</") == "answer>" and tail_remainder("answer", " </") == "answer>"
     assert tail_remainder("answer", "</answer>") == ""
     assert "{}" in tail_grammar("zoom").splitlines()[2]  # braces excluded from labels: "}" is the stop
     assert CHOICE_GRAMMAR == 'root ::= "<answer>" | "<tool_call>"'
@@ -500,9 +506,34 @@ def test_text_only_questions_never_offer_image_rationales():
     assert "answer_evidence" not in [lib.rationales[i].id
                                      for i in lib.for_actions(allowed, has_evidence=False)]
     with pytest.raises(RationaleLibraryError,
-                       match="needs_image, needs_evidence and before_evidence must be true or false"):
+                       match="needs_image, needs_evidence, before_evidence and for_writing must be true or "
+                             "false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}],
                       source="x.json")
+
+
+def test_a_request_to_write_is_offered_the_rationale_for_writing():
+    """"I can write this myself, so I will write it in full" (for_writing) is offered only for a request to
+    write, in the place of "I know this, so I will state the answer in a full sentence" (before_evidence),
+    after which the 1.5B answered "Write a Python function that checks whether a number is prime." with "Yes,
+    I can write a Python function that checks whether a number is prime."; with a photo "answer from the
+    image" stays beside it. Any other question never sees it."""
+    from edge_agent.agent.rationales import RationaleLibraryError, builtin_library, parse_library
+
+    lib = builtin_library()
+
+    def ids(allowed, **kw):
+        return [lib.rationales[i].id for i in lib.for_actions(allowed, **kw)]
+
+    assert ids({"answer"}, has_image=False, has_evidence=False, writing=True) == ["answer_writing"]
+    assert ids({"answer"}, has_image=False, has_evidence=False) == ["answer_knowledge"]
+    assert ids({"zoom", "answer"}, has_evidence=False, writing=True) == [
+        "zoom", "answer_image", "answer_writing"]
+    assert ids({"zoom", "answer"}, has_evidence=True, writing=True) == [
+        "zoom", "answer_evidence", "answer_image", "answer_writing"]
+    assert "answer_writing" not in ids({"text_search", "zoom", "answer"}, has_evidence=True)
+    with pytest.raises(RationaleLibraryError, match="for_writing must be true or false"):
+        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "for_writing": 1}], source="x.json")
 
 
 def test_a_repeated_search_is_answered_without_searching_again():
@@ -568,7 +599,7 @@ def test_freeform_a_repeated_search_is_taken_back_and_the_model_answers():
 def test_pmi_scores_subtract_the_neutral_score_and_decide():
     """ssr_score pmi: p comes from mean - neutral mean; a rationale likely everywhere (raw best) loses to one
     that fits this context better than a neutral one. The raw score is reported unchanged."""
-    know = builtin_library().rationales[-1].text
+    know = next(r.text for r in builtin_library() if r.id == "answer_knowledge")
     raw = {"I should search the web for facts": -0.5, know: -1.0,
            "I should answer from the evidence": -2.0}  # (not a candidate before a tool result)
     neutral = {"I should search the web for facts": -0.4, know: -1.6}
@@ -642,7 +673,7 @@ def test_a_rationale_for_before_the_evidence_gives_way_to_one_for_after():
         "s", "kn"]
     with pytest.raises(RationaleLibraryError, match="needs_evidence and before_evidence exclude each other"):
         parse_library([{**rows[1], "before_evidence": True}], source="x")
-    with pytest.raises(RationaleLibraryError, match="before_evidence must be true or false"):
+    with pytest.raises(RationaleLibraryError, match="before_evidence and for_writing must be true or false"):
         parse_library([{**rows[2], "before_evidence": "yes"}], source="x")
     # the agent: after the search's result the turn scores the evidence rationale, not "I know this"
     search = _searching("capital of Tuvalu")
@@ -748,13 +779,13 @@ def test_the_answering_draft_continues_the_answer_checks_tokens():
     pieces = [(e.text, e.from_prophet) for e in events if e.kind == "answer_token"]
     assert pieces[:2] == [("Funa", False), ("fu", True)] and "".join(t for t, _ in pieces[2:]) == "ti"
     assert events[-1].answer == "Funafuti"
-    assert events[-1].totals["answer_tokens"] == 4 + 2 + 3  # "ti" and the stop's "<"
+    assert events[-1].totals["answer_tokens"] == 4 + 2 + 4  # "ti" and the stop's "</" (a token a character)
     assert sure.text.endswith("<answer>Funafuti</answer><|im_end|>\n")
     calls.clear()
     whole = FakeSession(favour(["full sentence"]), ["Funafuti</answer>"], logprob=[-0.1])
     events = list(run_agent(whole, "Q?", tools=Toolbox(None, _searching("x")), drafter=Drafter(),
                             options=AgentOptions(answer_check=-0.3, answer_max_tokens=20)))
-    assert calls == [("Funafuti<", True, 0, False)], calls  # nothing left to draft
+    assert calls == [("Funafuti</", True, 0, False)], calls  # nothing left to draft
     assert events[-1].answer == "Funafuti"
 
 
@@ -764,7 +795,7 @@ def test_a_first_search_waits_for_the_answer_check():
     of its answer, the model answers in one turn with no search, under the answer rationale (adopted from the
     same scoring, which the context then holds); unsure, the search follows, then the answer from the
     evidence."""
-    know = builtin_library().rationales[-1].text
+    know = next(r.text for r in builtin_library() if r.id == "answer_knowledge")
     search = _searching("capital of Somalia")
     sure = FakeSession(favour(["the web for facts"]), ["Mogadishu", " is the capital.</answer>"],
                        logprob=[-0.05])
@@ -1131,6 +1162,9 @@ def test_writing_and_a_greeting_are_answered_without_a_search(mode, question, wh
         (first,) = [e for e in events if e.kind == "rationale_scored"]
         assert not first.scored and [c.action for c in first.candidates] == ["answer"]
         assert first.why == why
+        pasted = "answer_writing" if question.startswith("Write") else "answer_knowledge"
+        assert [c.id for c in first.candidates] == [pasted]
+        assert first.candidates[0].text in session.text.split("<|im_start|>assistant")[-1]
         assert not [e for e in events if e.kind in ("answer_checked", "move_withdrawn")]
 
 

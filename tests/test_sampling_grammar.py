@@ -120,9 +120,12 @@ def test_a_query_is_a_few_words_without_commas(tiny_models) -> None:
 
 
 def test_an_answer_never_begins_with_a_brace(tiny_models) -> None:
-    """The answer's grammar (real grammar sampler): prose without "<", never beginning with "{" (the 1.5B
-    wrote tool calls of its own invention as answers: `{"name": "multiply", ...}`); a brace later is text."""
+    """The answer's grammar (real grammar sampler): prose never beginning with "{" (the 1.5B wrote tool calls
+    of its own invention as answers: `{"name": "multiply", ...}`); a brace later is text. A "<" is text
+    when no tag can start there: "if n <= 1", "x < 5", "a << 2" (without any "<", the 1.5B's prime test
+    ended at "if n"), never "<" and a letter, "</" (the close's start) or "<|"."""
     from edge_agent.runtime import Model
+    from edge_agent.tools.specs.answer import AFTER_LT
 
     with Model.load(tiny_models["text"], n_ctx=256) as m:
         allowed = grammar_taker(m, tail_grammar("answer"))
@@ -130,3 +133,13 @@ def test_an_answer_never_begins_with_a_brace(tiny_models) -> None:
         assert allowed("Lima is the capital of Peru.</answer>") and allowed("</answer>")
         assert allowed("  12 * 34 = 408") and allowed("The set {1, 2} has two members.")
         assert not allowed('{"name": "multiply"') and not allowed("  {") and not allowed("Lima<b")
+        assert allowed("    if n <= 1:\n        return False</answer>")
+        assert allowed("x < 5 and a << 2</answer>")
+        assert allowed("<= 5</answer>") and allowed("3<4</answer>")
+        for tag in ("<tool_call>", "<|im_end|>", "<think>", "x </think>", "a <<b", "a </tool_call>"):
+            assert not allowed(tag), tag
+        assert not allowed("5 </answer> and on")  # "</" is the close: nothing follows it
+        # the rest of an answer whose start ended in "<" (the answer check's tokens): what may follow one
+        after = grammar_taker(m, AFTER_LT)
+        assert allowed("if n <") and after("= 1: pass</answer>") and after("< 2</answer>")
+        assert not after("/answer>") and not after("tool_call>") and not after("|im_end|>")

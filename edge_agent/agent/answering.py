@@ -20,6 +20,7 @@ from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, called_tool, echoes
 from edge_agent.agent.repetition import looped_why, until_looping
 from edge_agent.agent.run_state import RunState
 from edge_agent.tools import specs
+from edge_agent.tools.specs.answer import AFTER_LT
 
 
 class Answering(RunState):
@@ -102,22 +103,20 @@ class Answering(RunState):
         budget = self.options.answer_max_tokens
         self.totals.answer_tokens = 0
         self.answer_end = "length"
-        held = {"cut": False}
         probe, self._probe = self._probe, None  # the answer check's tokens: the answer's start
 
         def piece_event(piece: str) -> Event | None:
-            # The grammar admits no "<" inside the answer: the first "<" begins "</answer>".
-            if held["cut"]:
-                return None
-            if "<" in piece:
-                held["cut"] = True
-                piece = piece[: piece.index("<")]
+            # the text before the stop ("</", the close's start: the grammar admits no "</" inside the
+            # answer), a "<" held back until the next token shows it is not the stop
             if not piece:
                 return None
             self.answer_parts.append(piece)
             return AnswerToken(turn=turn, text=piece)
 
-        if probe is not None:  # decoded under the same grammar (no state: any run of non-"<" characters)
+        # the rest continues the probe's text under the grammar, whose only state there is whether a "<" was
+        # the last character (then a character that may follow one comes next)
+        after_lt = probe is not None and probe.text.endswith("<")
+        if probe is not None:
             if (first := piece_event(probe.text)) is not None:
                 yield first
             self.totals.answer_tokens += len(probe.tokens)
@@ -135,7 +134,7 @@ class Answering(RunState):
             v = yield from self.drafter.answer(
                 self.session, turn=turn, image=self.current_image, question=self.question,
                 max_tokens=budget, written=tuple(probe.tokens) if probe is not None else (),
-                done=budget <= 0)
+                done=budget <= 0)  # (a draft is cut before its first "<": none goes on from a probe's "<")
             if v.accepted_text:
                 self.answer_parts.append(v.accepted_text)
             self.totals.answer_tokens += len(v.lead) + v.accepted
@@ -143,8 +142,9 @@ class Answering(RunState):
         if budget > 0:  # the accepted draft or the check's tokens may have used the whole budget
             gen = yield from self._stream(
                 lambda on_token, stop: self.session.generate(
-                    # stops at the "<" of "</answer>": nothing follows the answer in this episode
-                    max_tokens=budget, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
+                    # stops at the "</" of "</answer>": nothing follows the answer in this episode
+                    max_tokens=budget, grammar=AFTER_LT if after_lt else tail_grammar("answer"),
+                    stop=[TAIL_STOP["answer"]],
                     until=until_looping(self.session.detokenize) if self.options.stop_loops else None,
                     temperature=self.options.temperature,
                     seed=self.options.seed + self.turn, on_token=on_token, cancel=stop),
@@ -159,8 +159,8 @@ class Answering(RunState):
 
     def _close_answer(self) -> None:
         """End the assistant turn after the answer: ``</answer><|im_end|>\n``, whatever stopped it
-        (after a stop, what its token brought of the close tag is in the session already: `<`, `</`,
-        `.</` ...; an end-of-turn token is taken back first)."""
+        (after a stop, what its token brought of the close tag is in the session already: `</`, `.</`
+        ...; an end-of-turn token is taken back first)."""
         if self.answer_end == "eos":
             self.session.drop_last_token()
         rest = tail_remainder("answer", self.answer_last) if self.answer_end == "stop" else ANSWER_CLOSE

@@ -28,9 +28,10 @@ DEFAULT_GAMMA = 1.0
 DEFAULT_CUT = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "</answer>", "<answer>", "</think>",
                "<think>", "<tool_call>", "</tool_call>", "<tool_response>")
 
-# An answering draft becomes answer text, which the agent's answer grammar writes as ``[^<]*`` (not
-# beginning with "{") then ``</answer>``: a "<" there would be a token the agent could never have
-# generated, so cut before it (a draft beginning with "{" is no draft: ``seprod_prophet``).
+# An answering draft becomes answer text, which the agent's answer grammar writes without "</", "<|" or "<"
+# and a letter (not beginning with "{") then ``</answer>``: a draft is cut before its first "<" (the
+# grammar's states after one are not tracked here; a shorter draft, never a token the agent could not have
+# generated; a draft beginning with "{" is no draft: ``seprod_prophet``).
 ANSWER_CUT = ("<",)
 
 

@@ -208,8 +208,8 @@ class LoopSession:
         for k, ch in enumerate(kept):
             if cancel is not None and cancel.is_set():
                 return Generation(text="", tokens=[], stop_reason="cancelled")
-            if on_token:
-                on_token(ch, ord(ch))
+            if on_token:  # as the runtime: the pieces concatenate to the text before the stop
+                on_token(ch if k < len(text) else "", ord(ch))
             if until is not None and k + 1 < min(len(kept), max_tokens) and until(
                     [ord(c) for c in kept[:k + 1]], [lp] * (k + 1)):
                 kept, text, reason = kept[:k + 1], kept[:k + 1], "until"
