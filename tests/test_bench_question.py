@@ -22,7 +22,11 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert bench_question.main(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert KEYS <= set(res)
-    assert res["peak_rss_mb_with_prophet"] >= res["peak_rss_mb"] > 0
+    # both measured (the prophet's run happened); not their order: on the tiny models the prophet's
+    # weights are a few MB and the allocator's noise is more (three runs in one process: 157/222, 275/262,
+    # 313/340 MiB; a fresh-clone CI run failed on 339.9 > 330.5); at the shipped size the prophet's 1 GB
+    # shows (README)
+    assert res["peak_rss_mb_with_prophet"] > 0 and res["peak_rss_mb"] > 0
     ph = res["phases"]
     assert ph["ssr"]["image_tokens"] > 0 and not ph["ssr"]["image_read_ahead"]
     assert ph["ssr_read_ahead"]["image_read_ahead"] and ph["ssr_read_ahead"]["image_read_s"] == 0
