@@ -85,11 +85,11 @@ SOURCE = ("context: prompts.system_prompt(3 tools, image question) + question + 
 
 
 def library() -> list[str]:
-    """The built-in library's rationale texts but the one for writing, six: the most a turn scores (an image
-    question with every tool available scores all but one: "I know this" before a tool's result, "answer from
-    the evidence" after one; the benchmark keeps those six, as it always measured; the one for writing is
-    offered only for a request to write, in the place of "I know this")."""
-    return [r.text for r in builtin_library() if not r.for_writing]
+    """The built-in library's rationale texts but those for a kind of message, six: the most a turn scores
+    (an image question with every tool available scores all but one: "I know this" before a tool's result,
+    "answer from the evidence" after one; the benchmark keeps those six, as it always measured; the ones for
+    writing and for a greeting are offered only for such a message, in the place of "I know this")."""
+    return [r.text for r in builtin_library() if not r.for_kind]
 
 
 def _tokens(model: Model, segs: list) -> list[int]:

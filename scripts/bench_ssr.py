@@ -230,7 +230,7 @@ def bench_model(label: str, path: Path, mmproj: Path | None, *, args: argparse.N
                               "answer_max_tokens": 24, "freeform_max_tokens": FREEFORM_TOKENS,
                               "max_turns": args.turns}, env={"EDGE_AGENT_HOME": str(home)})
     lib = builtin_library()
-    texts = [r.text for r in lib if not r.for_writing]  # the six a photo question's turn can score
+    texts = [r.text for r in lib if not r.for_kind]  # the six a photo question's turn can score
     model = Model.load(path, mmproj, n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
                        n_seq_max=len(texts) + 2)
     made: list[Engine] = []  # their saved states are flushed before the model closes and the folder goes

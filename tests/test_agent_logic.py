@@ -74,12 +74,12 @@ def test_select_argmax_and_seeded_sampling():
 
 def test_builtin_library_is_short_and_covers_every_move():
     lib = builtin_library()
-    assert len(lib) == 7 and {r.action for r in lib} == {"image_search", "text_search", "zoom", "answer"}
-    assert sum(r.action == "answer" for r in lib) == 4
-    # six at most offered at once, the paper's number: the one for writing takes the place of "I know this"
+    assert len(lib) == 8 and {r.action for r in lib} == {"image_search", "text_search", "zoom", "answer"}
+    assert sum(r.action == "answer" for r in lib) == 5
+    # six at most offered at once, the paper's number: one for a kind of message takes "I know this"'s place
     everything = {"image_search", "text_search", "zoom", "answer"}
-    assert max(len(lib.for_actions(everything, has_evidence=ev, writing=w))
-               for ev in (False, True) for w in (False, True)) == 6
+    assert max(len(lib.for_actions(everything, has_evidence=ev, kind=k))
+               for ev in (False, True) for k in ("", "sum", "writing", "greeting")) == 6
     assert all(len(r.text.split()) <= 14 for r in lib)  # every scored token costs time
     assert len({r.text.split()[0] for r in lib}) == 1  # a shared first word is scored once
 
@@ -506,18 +506,18 @@ def test_text_only_questions_never_offer_image_rationales():
     assert "answer_evidence" not in [lib.rationales[i].id
                                      for i in lib.for_actions(allowed, has_evidence=False)]
     with pytest.raises(RationaleLibraryError,
-                       match="needs_image, needs_evidence, before_evidence and for_writing must be true or "
-                             "false"):
+                       match="needs_image, needs_evidence and before_evidence must be true or false"):
         parse_library([{"id": "a", "action": "answer", "text": "Answer.", "needs_image": "yes"}],
                       source="x.json")
 
 
-def test_a_request_to_write_is_offered_the_rationale_for_writing():
-    """"I can write this myself, so I will write it in full" (for_writing) is offered only for a request to
-    write, in the place of "I know this, so I will state the answer in a full sentence" (before_evidence),
-    after which the 1.5B answered "Write a Python function that checks whether a number is prime." with "Yes,
-    I can write a Python function that checks whether a number is prime."; with a photo "answer from the
-    image" stays beside it. Any other question never sees it."""
+def test_a_request_to_write_and_a_greeting_are_offered_their_rationales():
+    """"I can write this myself, so I will write it in full" is offered only for a request to write, "I will
+    reply to this politely and briefly" only for a greeting or thanks (``"for"`` in a library), each in the
+    place of "I know this, so I will state the answer in a full sentence" (before_evidence), after which the
+    1.5B answered "Write a Python function that checks whether a number is prime." with "Yes, I can write a
+    Python function that checks whether a number is prime." and "thanks!" after a capital with the capital
+    again; with a photo "answer from the image" stays beside it. Any other question never sees them."""
     from edge_agent.agent.rationales import RationaleLibraryError, builtin_library, parse_library
 
     lib = builtin_library()
@@ -525,15 +525,18 @@ def test_a_request_to_write_is_offered_the_rationale_for_writing():
     def ids(allowed, **kw):
         return [lib.rationales[i].id for i in lib.for_actions(allowed, **kw)]
 
-    assert ids({"answer"}, has_image=False, has_evidence=False, writing=True) == ["answer_writing"]
+    assert ids({"answer"}, has_image=False, has_evidence=False, kind="writing") == ["answer_writing"]
+    assert ids({"answer"}, has_image=False, has_evidence=True, kind="greeting") == [
+        "answer_evidence", "answer_greeting"]
     assert ids({"answer"}, has_image=False, has_evidence=False) == ["answer_knowledge"]
-    assert ids({"zoom", "answer"}, has_evidence=False, writing=True) == [
+    assert ids({"answer"}, has_image=False, has_evidence=False, kind="sum") == ["answer_knowledge"]
+    assert ids({"zoom", "answer"}, has_evidence=False, kind="writing") == [
         "zoom", "answer_image", "answer_writing"]
-    assert ids({"zoom", "answer"}, has_evidence=True, writing=True) == [
+    assert ids({"zoom", "answer"}, has_evidence=True, kind="writing") == [
         "zoom", "answer_evidence", "answer_image", "answer_writing"]
-    assert "answer_writing" not in ids({"text_search", "zoom", "answer"}, has_evidence=True)
-    with pytest.raises(RationaleLibraryError, match="for_writing must be true or false"):
-        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "for_writing": 1}], source="x.json")
+    assert not {"answer_writing", "answer_greeting"} & set(ids({"text_search", "zoom", "answer"}))
+    with pytest.raises(RationaleLibraryError, match="\"for\" must be one of 'writing', 'greeting'"):
+        parse_library([{"id": "a", "action": "answer", "text": "Answer.", "for": "poems"}], source="x.json")
 
 
 def test_a_repeated_search_is_answered_without_searching_again():
@@ -673,7 +676,7 @@ def test_a_rationale_for_before_the_evidence_gives_way_to_one_for_after():
         "s", "kn"]
     with pytest.raises(RationaleLibraryError, match="needs_evidence and before_evidence exclude each other"):
         parse_library([{**rows[1], "before_evidence": True}], source="x")
-    with pytest.raises(RationaleLibraryError, match="before_evidence and for_writing must be true or false"):
+    with pytest.raises(RationaleLibraryError, match="before_evidence must be true or false"):
         parse_library([{**rows[2], "before_evidence": "yes"}], source="x")
     # the agent: after the search's result the turn scores the evidence rationale, not "I know this"
     search = _searching("capital of Tuvalu")
@@ -1162,7 +1165,7 @@ def test_writing_and_a_greeting_are_answered_without_a_search(mode, question, wh
         (first,) = [e for e in events if e.kind == "rationale_scored"]
         assert not first.scored and [c.action for c in first.candidates] == ["answer"]
         assert first.why == why
-        pasted = "answer_writing" if question.startswith("Write") else "answer_knowledge"
+        pasted = "answer_writing" if question.startswith("Write") else "answer_greeting"
         assert [c.id for c in first.candidates] == [pasted]
         assert first.candidates[0].text in session.text.split("<|im_start|>assistant")[-1]
         assert not [e for e in events if e.kind in ("answer_checked", "move_withdrawn")]

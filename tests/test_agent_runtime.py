@@ -122,10 +122,10 @@ def test_ssr_action_always_matches_the_chosen_rationale(tiny_vl, settings, photo
         assert all(abs(sum(c.prob for c in e.candidates) - 1) < 1e-9 for e in scored)
         # every rationale but the searches' (no image search backend is configured, and text search is
         # offline with nothing cached: neither can bring anything), the evidence's (no tool result yet) and
-        # the one for writing (not a request to write)
+        # those for a kind of message (a request to write, a greeting)
         assert [c.id for c in scored[0].candidates] == [
             r.id for r in builtin_library() if "search" not in r.action and not r.needs_evidence
-            and not r.for_writing]
+            and not r.for_kind]
     assert len(seen) >= 2  # sampling explored more than one move
 
 

@@ -80,8 +80,8 @@ def system_prompt(actions: Sequence[str], *, has_image: bool = True, library: Li
     if extra.strip():
         head += "\n\n" + " ".join(extra.split()).replace("<|", "< |")
     if library is not None:
-        # (a rationale for writing is not among them: the ablation scores the paper's plans, as it always has)
-        plans = "\n".join(f"{index_label(k)} {r.text}" for k, r in enumerate(library) if not r.for_writing)
+        # (none for a kind of message: the ablation scores the paper's plans, as it always has)
+        plans = "\n".join(f"{index_label(k)} {r.text}" for k, r in enumerate(library) if not r.for_kind)
         head += f"\n\nBefore each step pick one of these plans by its number:\n{plans}"
     tools = [s for s in specs.tools() if s.action in actions]
     if not tools:

@@ -34,6 +34,8 @@ FORBIDDEN = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "
              "<tool_response>", "</tool_response>", "<|")
 MAX_RATIONALES = 15  # the runtime scores them in seqs 1..K of one context (n_seq_max >= K + 1)
 MAX_CHARS = 400
+# the kinds of message a rationale can be for ("for" in a library): intent.no_search_for's
+MESSAGE_KINDS = ("writing", "greeting")
 
 
 class RationaleLibraryError(ConfigError):
@@ -54,11 +56,12 @@ class Rationale:
     # e.g. "I know this, so I will state the answer": offered until a tool's result is in the context; after
     # one only where no other rationale of its action is offered (then "answer from the evidence" answers)
     before_evidence: bool = False
-    # e.g. "I can write this myself, so I will write it in full": offered only for a request to write (a poem,
-    # code, a translation: intent.no_search_for), where it takes the place of its action's rationales for
+    # e.g. "I can write this myself, so I will write it in full": offered only for a message of this kind
+    # (intent.no_search_for: "writing", "greeting"), where it takes the place of its action's rationales for
     # before the evidence ("I know this, so I will state the answer in a full sentence", after which the 1.5B
-    # answered "Write a Python function ..." with "Yes, I can write a Python function ...")
-    for_writing: bool = False
+    # answered "Write a Python function ..." with "Yes, I can write a Python function ..." and "thanks!" by
+    # restating the chat's last answer); "" for every question
+    for_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Library:
         return iter(self.rationales)
 
     def for_actions(self, allowed: set[str] | frozenset[str], *, has_image: bool = True,
-                    has_evidence: bool = True, writing: bool = False) -> list[int]:
+                    has_evidence: bool = True, kind: str = "") -> list[int]:
         """Indices of the rationales whose action is allowed (keeps library order).
 
         Without an image, rationales that need one are left out: a text-only question must not be
@@ -81,16 +84,16 @@ class Library:
         one, a rationale for before the evidence ("I know this") is left out where another of its action is
         offered: with search results in the context (after a follow-up's "please check", say) the 1.5B
         chose "I know this" over "answer from the evidence" and copied its earlier, wrong answer. A rationale
-        for writing is offered only for a request to write (``writing``), and there a rationale for before the
-        evidence of its action is not.
+        for a kind of message (``for_kind``) is offered only for that kind (``kind``: "writing", "greeting"),
+        and there a rationale for before the evidence of its action is not.
         """
         offered = [i for i, r in enumerate(self.rationales)
                    if (r.action in allowed or r.action == ANY_ACTION) and (has_image or not r.needs_image)
-                   and (has_evidence or not r.needs_evidence) and (writing or not r.for_writing)]
-        if writing:
-            written = {self.rationales[i].action for i in offered if self.rationales[i].for_writing}
+                   and (has_evidence or not r.needs_evidence) and r.for_kind in ("", kind)]
+        if kind:  # the actions with a rationale for this kind: their "I know this" gives way
+            own = {self.rationales[i].action for i in offered if self.rationales[i].for_kind}
             offered = [i for i in offered
-                       if not self.rationales[i].before_evidence or self.rationales[i].action not in written]
+                       if not self.rationales[i].before_evidence or self.rationales[i].action not in own]
         if not has_evidence:
             return offered
         after = {self.rationales[i].action for i in offered if not self.rationales[i].before_evidence}
@@ -161,17 +164,21 @@ def parse_library(data: Any, *, source: str) -> Library:
         needs_image = item.get("needs_image", action != ANY_ACTION and specs.by_action(action).needs_image)
         needs_evidence = item.get("needs_evidence", False)
         before_evidence = item.get("before_evidence", False)
-        for_writing = item.get("for_writing", False)
-        if not all(isinstance(v, bool) for v in (needs_image, needs_evidence, before_evidence, for_writing)):
+        for_kind = item.get("for", "")
+        if not all(isinstance(v, bool) for v in (needs_image, needs_evidence, before_evidence)):
             raise RationaleLibraryError(
-                f"Rationale {rid!r} in {where}: needs_image, needs_evidence, before_evidence and for_writing "
-                "must be true or false.")
+                f"Rationale {rid!r} in {where}: needs_image, needs_evidence and before_evidence must be true "
+                "or false.")
+        if for_kind not in ("", *MESSAGE_KINDS):
+            raise RationaleLibraryError(
+                f"Rationale {rid!r} in {where}: \"for\" must be one of {', '.join(map(repr, MESSAGE_KINDS))} "
+                "(a kind of message it is offered for), or left out (every question).")
         if needs_evidence and before_evidence:
             raise RationaleLibraryError(
                 f"Rationale {rid!r} in {where}: needs_evidence and before_evidence exclude each other (it "
                 "would never be offered with another of its action). Keep one.")
         seen.add(rid)
-        out.append(Rationale(rid, text, action, needs_image, needs_evidence, before_evidence, for_writing))
+        out.append(Rationale(rid, text, action, needs_image, needs_evidence, before_evidence, for_kind))
     if not any(r.action in ("answer", ANY_ACTION) for r in out):
         raise RationaleLibraryError(
             f"{where} has no rationale with action \"answer\": the agent could never answer. Add one.")

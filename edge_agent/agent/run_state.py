@@ -61,7 +61,7 @@ class RunState:
         self.asked: str | None = None  # the search the question asks for (SSR's first turn takes it)
         # a sum, a piece of writing, a greeting: what no search can help with ("sum", ...), no search offered
         self.no_search = no_search_for(self.question)
-        self.ssr.writing = self.no_search == "writing"  # SSR offers the library's rationales for writing
+        self.ssr.kind = self.no_search or ""  # SSR offers the library's rationales for writing, a greeting
         self.not_searched: list[str] = []  # the searches the answer is without, why (FinalAnswer's)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.totals = RunTotals()  # FinalAnswer.totals: timings and counters

@@ -48,7 +48,7 @@ class SsrChooser:
         self._rng: np.random.Generator | None = None  # made on first use: a greedy question draws nothing
         self._last: _Scored | None = None
         self.tokens: Sequence[int] = ()  # the chosen rationale's tokens (pasted when not adopted)
-        self.writing = False  # the question asks to write something: the library's rationales for writing
+        self.kind = ""  # the kind of message ("writing", "greeting"): the library's rationales for it
 
     def choose(self, session: SessionLike, turn: int, allowed: frozenset[str], *, has_image: bool,
                has_evidence: bool = True,
@@ -76,11 +76,11 @@ class SsrChooser:
         """The library's rationales for ``allowed`` (none: with ``fallback``, its answer rationales): their
         indices, the rationales, and the strings scored (the text, or "[k]" in the index-only ablation)."""
         lib = self.options.library
-        writing = self.writing and not self.options.index_only  # (the ablation's prompt lists no such plan)
-        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence, writing=writing)
+        kind = "" if self.options.index_only else self.kind  # (the ablation's prompt lists no such plan)
+        idx = lib.for_actions(allowed, has_image=has_image, has_evidence=has_evidence, kind=kind)
         if not idx and fallback:
             idx = lib.for_actions({"answer"}, has_image=has_image, has_evidence=has_evidence,
-                                  writing=writing) or lib.for_actions({"answer"})
+                                  kind=kind) or lib.for_actions({"answer"})
         rats = [lib.rationales[k] for k in idx]
         cands = [index_label(k) if self.options.index_only else r.text
                  for k, r in zip(idx, rats, strict=True)]
