@@ -274,14 +274,37 @@ def test_readable_markdown_escapes_block_markers_the_model_did_not_mean():
 
 
 SHOUTING = ">>>>>>>>>>>>>>>>>>>> yes\n# THE ANSWER\n- - - - - deep\nbell\x07 **OK**"
+POEM = "Autumn leaves, a sight to behold,\nA palette of colors, a reminder of the past.\n\nThey fall."
 
 
-def shouting(asked: Asked) -> list[ev.Event]:
-    """An answer a small model might write: quote markers, a heading, nested bullets, a control byte."""
-    return [ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
-            ev.TurnStarted(turn=1),
-            *(ev.AnswerToken(turn=1, text=part) for part in (SHOUTING[:7], SHOUTING[7:30], SHOUTING[30:])),
-            ev.FinalAnswer(answer=SHOUTING, turns=1, stop_reason="answered", totals={})]
+def streamed(answer: str, pieces: list[str]):
+    """A script answering ``answer`` in one turn, streamed as ``pieces``."""
+    def script(asked: Asked) -> list[ev.Event]:
+        started = ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False,
+                                model="m")
+        return [started, ev.TurnStarted(turn=1), *(ev.AnswerToken(turn=1, text=part) for part in pieces),
+                ev.FinalAnswer(answer=answer, turns=1, stop_reason="answered", totals={})]
+    return script
+
+
+# An answer a small model might write: quote markers, a heading, nested bullets, a control byte.
+shouting = streamed(SHOUTING, [SHOUTING[:7], SHOUTING[7:30], SHOUTING[30:]])
+# The 1.5B's answer to "Write a short poem about autumn leaves.", streamed a few characters at a time.
+poem = streamed(POEM, [POEM[i:i + 5] for i in range(0, len(POEM), 5)])
+
+
+async def answer_markdown_live_then_stored(app, pilot, question: str):
+    """Ask ``question``; yield the answer's Markdown widget live, then in the stored chat opened again."""
+    await settle(pilot)
+    await type_and_enter(pilot, question)
+    await settle(pilot)
+    chat_id = app.chat_screen.chat_id
+    for _ in range(2):
+        md = app.chat_screen.transcript.answers()[-1].query_one(Markdown)
+        await pilot.pause()
+        yield md
+        await app.chat_screen.open_chat(app.store.load(chat_id))
+        await pilot.pause()
 
 
 @pytest.mark.asyncio
@@ -289,28 +312,9 @@ async def test_model_markdown_cannot_nest_quotes_or_shout(settings, tmp_path):
     """Streamed and stored alike: no quote bars, no heading, no control byte; the bold stays bold."""
     app, _ = scripted_app(settings, tmp_path, script=shouting)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await type_and_enter(pilot, "Well?")
-        await settle(pilot)
-        chat_id = app.chat_screen.chat_id
-        for _ in range(2):  # live, then the stored chat opened again
-            md = app.chat_screen.transcript.answers()[-1].query_one(Markdown)
-            await pilot.pause()
+        async for md in answer_markdown_live_then_stored(app, pilot, "Well?"):
             assert not md.query(MarkdownBlockQuote) and not md.query(MarkdownHeader)
             assert ">" * 20 in md.source and "\x07" not in md.source and "**OK**" in md.source
-            await app.chat_screen.open_chat(app.store.load(chat_id))
-            await pilot.pause()
-
-
-POEM = "Autumn leaves, a sight to behold,\nA palette of colors, a reminder of the past.\n\nThey fall."
-
-
-def poem(asked: Asked) -> list[ev.Event]:
-    """The 1.5B's answer to "Write a short poem about autumn leaves.", streamed a few characters at a time."""
-    return [ev.RunStarted(question=asked.question, image=asked.image, mode="ssr", seprod=False, model="m"),
-            ev.TurnStarted(turn=1),
-            *(ev.AnswerToken(turn=1, text=POEM[i:i + 5]) for i in range(0, len(POEM), 5)),
-            ev.FinalAnswer(answer=POEM, turns=1, stop_reason="answered", totals={})]
 
 
 @pytest.mark.asyncio
@@ -319,18 +323,11 @@ async def test_a_line_the_model_breaks_stays_a_line(settings, tmp_path):
     app showed the poem as one run-on paragraph); a blank line still starts a paragraph."""
     app, _ = scripted_app(settings, tmp_path, script=poem)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await type_and_enter(pilot, "Write a short poem about autumn leaves.")
-        await settle(pilot)
-        chat_id = app.chat_screen.chat_id
-        for _ in range(2):  # live, then the stored chat opened again
-            md = app.chat_screen.transcript.answers()[-1].query_one(Markdown)
-            await pilot.pause()
+        asked = "Write a short poem about autumn leaves."
+        async for md in answer_markdown_live_then_stored(app, pilot, asked):
             first, second = md.query(MarkdownParagraph)
             assert str(first._content) == POEM.split("\n\n")[0]
             assert str(second._content) == "They fall."
-            await app.chat_screen.open_chat(app.store.load(chat_id))
-            await pilot.pause()
 
 
 # --- item 15: the app's small things ------------------------------------------------------------------

@@ -115,8 +115,7 @@ def only_arithmetic(question: str) -> bool:
 # answer check's probe, which measures how sure the model is of a fact, reads a poem's many possible
 # wordings as doubt ("Write a haiku about the sea." searched and became an essay on sea haiku).
 _WRITER = (r"(?:(?:ok(?:ay)?|so|now|then|also|just|please|pls|kindly|can you|could you|would you|will you|"
-           r"i'd like you to|i would like you to|i want you to|i need you to|help me|can you help me|"
-           r"could you help me)\s*,?\s+)*")
+           r"i'd like you to|i would like you to|i want you to|i need you to|help me)\s*,?\s+)*")
 _WRITING = re.compile(_WRITER + r"(?:write|compose|draft|translate|rewrite|rephrase|paraphrase|summari[sz]e|"
                       r"proofread|refactor|(?:tell|give) me a (?:joke|story|poem|riddle|limerick|haiku)|"
                       r"make up a)\b")

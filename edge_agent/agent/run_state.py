@@ -39,7 +39,7 @@ class RunState:
         self.session: SessionLike  # the question's session, from context.open()
         self.opened: Opened | None = None
         self.answer_end = "length"  # how the answer's generation stopped (stop | eos | length | repetition)
-        self.answer_last = ""  # the text of the answer's last token (after a stop: it brought the "<")
+        self.answer_last = ""  # the text of the answer's last token (after a stop: it brought the "</")
         self.question = question.strip()
         self.tools = tools
         self.image = image
@@ -47,7 +47,10 @@ class RunState:
         self.cancel = cancel or threading.Event()
         self.drafter = drafter
         self.image_label = image_label
-        self.ssr = SsrChooser(options)  # SSR's scoring and choices (seeded draws) in this question
+        # a sum, a piece of writing, a greeting: what no search can help with ("sum", ...), no search offered
+        self.no_search = no_search_for(self.question)
+        # SSR's scoring and choices (seeded draws) in this question; the library's rationales for its kind
+        self.ssr = SsrChooser(options, kind=self.no_search or "")
         self.turn = 0
         self.answer_parts: list[str] = []
         self.numbers = {image_digest(p): i for i, p in enumerate(question_images(image)) if p is not None}
@@ -59,9 +62,6 @@ class RunState:
         self.ours: list[str] = []  # text we put in the context (tool messages, notes): never an answer
         self.evidence = False  # a tool's result is in this question's context (needs_evidence rationales)
         self.asked: str | None = None  # the search the question asks for (SSR's first turn takes it)
-        # a sum, a piece of writing, a greeting: what no search can help with ("sum", ...), no search offered
-        self.no_search = no_search_for(self.question)
-        self.ssr.kind = self.no_search or ""  # SSR offers the library's rationales for writing, a greeting
         self.not_searched: list[str] = []  # the searches the answer is without, why (FinalAnswer's)
         self._probe: Generation | None = None  # the answer check's decoded start of the answer
         self.totals = RunTotals()  # FinalAnswer.totals: timings and counters

@@ -43,12 +43,12 @@ def _no_score(tokens: Sequence[int]) -> ContinuationScore:
 class SsrChooser:
     """One question's SSR choices (the seeded draws continue across its turns)."""
 
-    def __init__(self, options: AgentOptions) -> None:
+    def __init__(self, options: AgentOptions, *, kind: str = "") -> None:
         self.options = options
         self._rng: np.random.Generator | None = None  # made on first use: a greedy question draws nothing
         self._last: _Scored | None = None
         self.tokens: Sequence[int] = ()  # the chosen rationale's tokens (pasted when not adopted)
-        self.kind = ""  # the kind of message ("writing", "greeting"): the library's rationales for it
+        self.kind = kind  # the kind of message ("writing", "greeting"): the library's rationales for it
 
     def choose(self, session: SessionLike, turn: int, allowed: frozenset[str], *, has_image: bool,
                has_evidence: bool = True,
