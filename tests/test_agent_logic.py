@@ -975,6 +975,25 @@ def test_a_question_word_written_in_several_tokens_adds_nothing():
     assert adding([" New", " Del", "hi", "."], "What is the capital of India?") == [True, True, True, False]
 
 
+def test_a_question_word_the_answer_inflects_adds_nothing():
+    """"What does DNA stand for?": the real 1.5B answered "Deoxyribonucleic acid stands for DNA." and its
+    check scored " stands" (-0.99) as what the answer adds, -0.27 in all: unsure of a right answer, it
+    searched. An ending added to or taken off a question's word restates it; the fact's words still add."""
+    from edge_agent.agent.answer_check import adding, answer_score, inflections
+
+    q = "What does DNA stand for?"
+    pieces = ["De", "oxy", "rib", "on", "ucle", "ic", " acid", " stands", " for", " DNA"]
+    lps = [-0.905, -0.0, -0.052, -0.001, -0.001, -0.001, -0.2, -0.988, -0.0, -0.311]
+    assert adding(pieces, q) == [True] * 7 + [False, False, None]  # " DNA" may go on: undecided
+    assert answer_score(pieces, lps, q) == pytest.approx(sum(lps[:7]) / 7)
+    assert {"stands", "standing"} <= inflections("stand") and "stan" not in inflections("stand")
+    assert {"compose", "composed", "composing"} <= inflections("composes")
+    assert {"develop", "develops"} <= inflections("developed")
+    assert inflections("is") == {"is"}  # short words stay as they are
+    who = "Who composes the music?"
+    assert adding(["Bach", " composed", " it", "."], who) == [True, False, False, False]
+
+
 ALL_SEARCHES = {"text_search", "image_search", "zoom", "answer"}
 
 

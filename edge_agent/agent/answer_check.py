@@ -5,10 +5,10 @@ context). Not the mean log-prob of every token: a full-sentence answer starts by
 ("Israel's civil aircraft registration prefix is ..."), tokens the model is sure of whatever it knows, so
 a mean over the first six said little about the fact that follows (on the dev split the wrong "IL", ".ac"
 passed). The score is the mean log-prob of the tokens the answer *adds*: a token whose letters and digits
-are a word of the question (read across tokens: " Kos", "ci", "usz", "ko" are "Kosciuszko"), or one of a
-few function words, or that has no letter or digit at all, does not count. With no such token left, every
-token counts; and the words that say why an unsure answer is taken back. Does not know: the session, the
-loop, how the threshold is chosen.
+are a word of the question (read across tokens: " Kos", "ci", "usz", "ko" are "Kosciuszko"; with an ending
+added or taken off: "stands" for the question's "stand"), or one of a few function words, or that has no
+letter or digit at all, does not count. With no such token left, every token counts; and the words that
+say why an unsure answer is taken back. Does not know: the session, the loop, how the threshold is chosen.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from edge_agent.tools import specs
 _PHRASING = frozenset(
     "a an the is are was were of in on at to by for its it s as and or be has have equals equal".split())
 _WORD = re.compile(r"[^\W_]+")
+_ENDINGS = ("s", "es", "d", "ed", "ing")  # the endings an answer restating a question's word may add
 # an arithmetic operator between numbers, and the words that say it ("What is 45*67?": "45 multiplied by 67")
 _OPERATORS = ((re.compile(r"\d\s*[*×xX]\s*\d"), "times multiplied product"),
               (re.compile(r"\d\s*\+\s*\d"), "plus sum added"),
@@ -49,11 +50,32 @@ ASKED_SEARCH = "the question asks for a search"
 ONLY_MOVE_LEFT = "the only move left"
 
 
+def inflections(word: str) -> set[str]:
+    """``word`` and the forms an answer restating it may write: its stem with an ending added or taken off
+    ("stand", "stands"; "compose", "composed", "composing"; "composes", "composed"), for stems of three
+    letters or more."""
+    stems = {word}
+    for end in ("s", "es", "ed", "ing"):
+        if word.endswith(end) and len(word) - len(end) >= 3:
+            stem = word[:-len(end)]
+            stems |= {stem, stem + "e"} if end in ("ed", "ing") else {stem}
+    forms = set(stems)
+    for stem in stems:
+        if len(stem) >= 3:
+            forms |= {stem + end for end in _ENDINGS}
+        if stem.endswith("e") and len(stem) >= 4:
+            forms.add(stem[:-1] + "ing")
+    return forms
+
+
 def question_words(question: str) -> frozenset[str]:
-    """The question's words, case-folded (letters and digits), with the phrasing words, and the words of an
-    arithmetic operator the question writes as a symbol (``*``: "times", "multiplied", "product")."""
+    """The question's words, case-folded (letters and digits), with their inflections (:func:`inflections`:
+    "What does DNA stand for?" answered "... stands for DNA" adds nothing by "stands"), the phrasing words,
+    and the words of an arithmetic operator the question writes as a symbol (``*``: "times", "multiplied",
+    "product")."""
     said = {w for pattern, words in _OPERATORS if pattern.search(question) for w in words.split()}
-    return frozenset(w.casefold() for w in _WORD.findall(question)) | _PHRASING | said
+    asked = {form for w in _WORD.findall(question) for form in inflections(w.casefold())}
+    return frozenset(asked) | _PHRASING | said
 
 
 def adding(pieces: Sequence[str], question: str) -> list[bool | None]:
