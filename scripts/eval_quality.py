@@ -38,6 +38,9 @@ MAIN_MODES = "direct,freeform,ssr"
 ABLATION_MODES = "ssr-index,ssr-k1,ssr-k2,ssr+seprod"
 AGENT, PROPHET = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 CHECK = "Are you sure? Please check."  # the check set's follow-up, after a Factbook question
+# 43 famous facts written for tuning the answer check on more than the known set's 13 dev questions (science,
+# history, books, art; no country's capital, currency or code: those are Factbook questions of either split)
+KNOWN_EXTRA = Path(__file__).resolve().parent / "data" / "known-extra-dev.jsonl"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +50,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=None,
                     help="only the first N Factbook questions of the split")
     ap.add_argument("--known-limit", type=int, default=None, help="only the first N known questions")
+    ap.add_argument("--known-extra", action="store_true",
+                    help="dev only: add the hand-written known questions of "
+                         "scripts/data/known-extra-dev.jsonl (famous facts, none a Factbook question) to the "
+                         "known and follow-up sets")
     ap.add_argument("--sets", default="", metavar="LIST",
                     help="only these sets, comma-separated (default all: factbook,known,followup,check)")
     ap.add_argument("--checks", type=int, default=20,
@@ -75,9 +82,10 @@ def check_models(names: list[str]) -> None:
                          f"({sizes}).")
 
 
-def question_sets(out: Path, split: str) -> dict[str, Path]:
+def question_sets(out: Path, split: str, known_extra: Path | None = None) -> dict[str, Path]:
     """The split's Factbook and known sets, written by ``scripts/factbook.py questions`` when missing, and
-    its follow-up set (:func:`followups`)."""
+    its follow-up set (:func:`followups`). ``known_extra``: questions added to the known set (and so to the
+    follow-ups), dev only: :data:`KNOWN_EXTRA`."""
     data = out / "data"
     files = {"factbook": data / f"{split}.jsonl", "known": data / f"known-{split}.jsonl"}
     if not all(p.is_file() for p in files.values()):
@@ -85,6 +93,11 @@ def question_sets(out: Path, split: str) -> dict[str, Path]:
 
         if factbook.main(["questions", str(data)]):
             raise SystemExit(f"Could not write the question sets into {data}.")
+    if known_extra is not None:
+        if split != "dev":
+            raise SystemExit("--known-extra is for the dev split: its questions were written to tune on.")
+        files["known"] = _derived(data / f"known-{split}+extra.jsonl",
+                                  _rows(files["known"]) + _rows(known_extra))
     files["followup"] = followups(files["factbook"], files["known"], data / f"followup-{split}.jsonl")
     files["check"] = checks(files["factbook"], data / f"check-{split}.jsonl")
     return files
@@ -328,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path(f"runs/quality-{args.split}")
     check_models([args.model, args.prophet])
-    sets = question_sets(out, args.split)
+    sets = question_sets(out, args.split, KNOWN_EXTRA if args.known_extra else None)
     t0 = time.perf_counter()
     server = start_server(build_index(load_countries()))
     print(f"Factbook search on {server.url}", file=sys.stderr)

@@ -168,3 +168,60 @@ def test_only_the_sets_asked_for_run():
     assert list(chosen_sets(sets, " check, known")) == ["known", "check"]
     with pytest.raises(SystemExit, match="Unknown set.*facts.*Choose from: factbook, known, followup, check"):
         chosen_sets(sets, "facts")
+
+
+def test_a_replayed_threshold_takes_the_passed_or_the_failed_run_by_the_checks_score(tmp_path):
+    """scripts/replay_answer_check.py: a question whose check (scored from the passed run's tokens by
+    today's answer_score) reaches the threshold takes the passed run's record, else the failed run's; a
+    question with no check takes the passed run's."""
+    from scripts.replay_answer_check import main, records, replay
+
+    def rec(qid: str, question: str, contains: bool, turns: int, check: tuple | None) -> dict:
+        checks = [{"pieces": list(check[0]), "logprobs": list(check[1])}] if check else []
+        return {"id": qid, "mode": "ssr", "question": question, "contains": contains, "turns": turns,
+                "answer_checks": checks}
+
+    q = "What does DNA stand for?"
+    passed = [rec("dna", q, True, 1, (["Deoxy", " acid", " stands"], [-0.3, -0.1, -2.0])),  # "stands": q's
+              rec("peru", "What is the capital of Peru?", False, 1, (["Cusco"], [-0.5])),
+              rec("sum", "What is 2*3?", True, 1, None)]
+    failed = [rec("dna", q, True, 2, None), rec("peru", "What is the capital of Peru?", True, 2, None),
+              rec("sum", "What is 2*3?", False, 2, None)]
+    for run, rows in (("pass", passed), ("fail", failed)):
+        (tmp_path / run / "known-main").mkdir(parents=True)
+        (tmp_path / run / "known-main" / "results.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows + [{**rows[0], "mode": "freeform", "turns": 9}]))
+    p, f = records(tmp_path / "pass"), records(tmp_path / "fail")
+    assert replay(p, f, -0.1) == {"known": {"questions": 3, "right": 3, "turns": 5 / 3, "searched_first": 2}}
+    assert replay(p, f, -0.3) == {"known": {"questions": 3, "right": 3, "turns": 4 / 3, "searched_first": 1}}
+    assert replay(p, f, -0.6) == {"known": {"questions": 3, "right": 2, "turns": 1.0, "searched_first": 0}}
+    assert main([str(tmp_path / "pass"), str(tmp_path / "fail"), "--thresholds", "-0.3"]) == 0
+    with pytest.raises(SystemExit, match="not in the FAIL run"):
+        replay(p, {}, -0.3)
+
+
+def test_the_extra_known_questions_join_the_dev_known_set_only(tmp_path):
+    """--known-extra adds the hand-written famous facts (scripts/data/known-extra-dev.jsonl) to the dev known
+    set and so to its follow-ups; none asks a Factbook field's question (those split by country), and the
+    test split refuses them."""
+    import re
+
+    from scripts.eval_quality import KNOWN_EXTRA, question_sets
+    from scripts.factbook_questions import FIELDS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("dev", "known-dev", "test", "known-test"):
+        (data / f"{name}.jsonl").write_text(json.dumps({"id": f"{name}-1", "image": None, "question": "Q?",
+                                                       "answers": ["a"]}) + "\n", encoding="utf-8")
+    extra = E.load_dataset(KNOWN_EXTRA)
+    sets = question_sets(tmp_path, "dev", KNOWN_EXTRA)
+    known = E.load_dataset(sets["known"])
+    assert [q.id for q in known] == ["known-dev-1"] + [q.id for q in extra] and len(extra) == 43
+    assert len({q.id for q in known}) == len(known) and all(q.answers for q in extra)
+    assert len(E.load_dataset(sets["followup"])) == 44
+    assert len(E.load_dataset(question_sets(tmp_path, "dev")["known"])) == 1  # without: as before
+    asks = [re.compile(re.escape(f.question).replace(re.escape("{country}"), ".+")) for f in FIELDS]
+    assert not [q.question for q in extra if any(a.fullmatch(q.question) for a in asks)]
+    with pytest.raises(SystemExit, match="for the dev split"):
+        question_sets(tmp_path, "test", KNOWN_EXTRA)

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Replay SSR's answer check at other thresholds from two eval runs, without running the model again.
+
+PASS: a run where every check passed (``--set ssr_answer_check=-19.9``: each question answered from what
+the model knows, its check's tokens and log-probs recorded); FAIL: a run where every check failed
+(``--set ssr_answer_check=0``: each question searched first). At a threshold, a question whose check (its
+score by today's ``answer_check.answer_score``, from PASS's tokens) reaches it takes PASS's record, else
+FAIL's; a question with no check (a sum, a tool result first) takes PASS's. Prints, per set and threshold,
+answers right (contains) and turns per question. What it cannot see: a probe that would have read on (or
+stopped) elsewhere under another scoring; confirm a choice with a real run.
+
+    .venv/bin/python scripts/replay_answer_check.py runs/dev-pass runs/dev-fail --thresholds -0.2,-0.225,-0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SETS = ("factbook", "known", "followup")
+
+
+def records(run: Path, mode: str = "ssr") -> dict[tuple[str, str], dict[str, Any]]:
+    """(set, question id) -> the mode's record, from each set's main results."""
+    out = {}
+    for name in SETS:
+        path = run / f"{name}-main" / "results.jsonl"
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                r = json.loads(line)
+                if r["mode"] == mode:
+                    out[(name, r["id"])] = r
+    return out
+
+
+def replay(passed: dict, failed: dict, threshold: float) -> dict[str, dict[str, float]]:
+    """Per set: questions, right (contains), turns per question, searched first (checks below)."""
+    from edge_agent.agent.answer_check import answer_score
+
+    sums: dict[str, list[float]] = {}
+    for key, rec in passed.items():
+        below = False
+        if rec["answer_checks"]:
+            check = rec["answer_checks"][0]
+            below = answer_score(check["pieces"], check["logprobs"], rec["question"]) < threshold
+        chosen = failed.get(key) if below else rec
+        if chosen is None:
+            raise SystemExit(f"{key[1]} ({key[0]}) is not in the FAIL run: run it on the same questions.")
+        s = sums.setdefault(key[0], [0, 0, 0, 0])
+        s[0] += 1
+        s[1] += bool(chosen["contains"])
+        s[2] += chosen["turns"]
+        s[3] += below
+    return {name: {"questions": n, "right": right, "turns": turns / n, "searched_first": below}
+            for name, (n, right, turns, below) in sums.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("passed", type=Path, help="the run where every check passed")
+    ap.add_argument("failed", type=Path, help="the run where every check failed")
+    ap.add_argument("--thresholds", default="-0.15,-0.2,-0.225,-0.25,-0.3,-0.35,-0.4")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    passed, failed = records(args.passed), records(args.failed)
+    if not passed:
+        raise SystemExit(f"No SSR records in {args.passed} (its <set>-main/results.jsonl).")
+    table = {t: replay(passed, failed, float(t)) for t in args.thresholds.split(",")}
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    names = [n for n in SETS if any(n in row for row in table.values())]
+    print("| threshold | " + " | ".join(f"{n} right, turns" for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for t, row in table.items():
+        print(f"| {t} | " + " | ".join(f"{row[n]['right']}/{row[n]['questions']}, {row[n]['turns']:.2f}"
+                                        for n in names) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
