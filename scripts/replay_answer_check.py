@@ -9,6 +9,11 @@ FAIL's; a question with no check (a sum, a tool result first) takes PASS's. Prin
 answers right (contains) and turns per question. What it cannot see: a probe that would have read on (or
 stopped) elsewhere under another scoring; confirm a choice with a real run.
 
+``--grounding``: a what-if for the answers after a search. Such an answer whose words that add to the
+question appear in none of the results its searches returned (searched again on the Factbook index: the
+service is deterministic) did not come from them; it prints those answers beside the one the model gave
+from what it knows (PASS's), and the counts if such answers were taken from PASS instead.
+
     .venv/bin/python scripts/replay_answer_check.py runs/dev-pass runs/dev-fail --thresholds -0.2,-0.225,-0.25
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +66,74 @@ def replay(passed: dict, failed: dict, threshold: float) -> dict[str, dict[str, 
             for name, (n, right, turns, below) in sums.items()}
 
 
+def grounded(answer: str, question: str, results: str) -> bool:
+    """Whether a word of ``answer`` that adds to ``question`` (``answer_check.question_words``) is in
+    ``results`` (case-folded text), or no word adds."""
+    from edge_agent.agent.answer_check import _WORD, question_words
+
+    asked = question_words(question)
+    words = [w.casefold() for w in _WORD.findall(answer) if w.casefold() not in asked]
+    return not words or any(w in results.casefold() for w in words)
+
+
+def grounding(passed: dict, failed: dict, threshold: float, results: Callable[[str], str]
+              ) -> dict[str, dict[str, Any]]:
+    """Per set, at ``threshold``: right as replayed, and right if each answer after a search that is not
+    :func:`grounded` in its searches' ``results(query)`` were the one from what the model knows."""
+    from edge_agent.agent.answer_check import answer_score
+
+    out: dict[str, dict[str, Any]] = {}
+    for key, rec in passed.items():
+        s = out.setdefault(key[0], {"questions": 0, "right": 0, "right_if_grounded": 0, "not_grounded": []})
+        s["questions"] += 1
+        check = rec["answer_checks"][0] if rec["answer_checks"] else None
+        searched = failed[key] if check and answer_score(check["pieces"], check["logprobs"],
+                                                         rec["question"]) < threshold else None
+        if searched is None:
+            s["right"] += bool(rec["contains"])
+            s["right_if_grounded"] += bool(rec["contains"])
+            continue
+        s["right"] += bool(searched["contains"])
+        text = " ".join(results(q["query"]) for q in searched["searches"] if q.get("query"))
+        if grounded(searched["prediction"], searched["question"], text):
+            s["right_if_grounded"] += bool(searched["contains"])
+        else:
+            s["right_if_grounded"] += bool(rec["contains"])
+            s["not_grounded"].append({"id": key[1], "after_search": searched["prediction"],
+                                      "right": bool(searched["contains"]),
+                                      "from_knowledge": rec["prediction"],
+                                      "knowledge_right": bool(rec["contains"])})
+    return out
+
+
+def factbook_results() -> Callable[[str], str]:
+    """The text (titles and contents) the Factbook service returns for a query."""
+    from scripts.factbook import build_index, load_countries, searxng_response
+
+    index = build_index(load_countries())
+
+    def results(query: str) -> str:
+        return " ".join(f"{r['title']} {r['content']}" for r in searxng_response(query, index.search(query))
+                        ["results"])
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("passed", type=Path, help="the run where every check passed")
     ap.add_argument("failed", type=Path, help="the run where every check failed")
     ap.add_argument("--thresholds", default="-0.15,-0.2,-0.225,-0.25,-0.3,-0.35,-0.4")
+    ap.add_argument("--grounding", type=float, metavar="THRESHOLD", default=None,
+                    help="the what-if for answers after a search not grounded in their results, at THRESHOLD")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     passed, failed = records(args.passed), records(args.failed)
     if not passed:
         raise SystemExit(f"No SSR records in {args.passed} (its <set>-main/results.jsonl).")
+    if args.grounding is not None:
+        what_if = grounding(passed, failed, args.grounding, factbook_results())
+        print(json.dumps(what_if, indent=2, ensure_ascii=False))
+        return 0
     table = {t: replay(passed, failed, float(t)) for t in args.thresholds.split(",")}
     if args.json:
         print(json.dumps(table, indent=2))

@@ -225,3 +225,29 @@ def test_the_extra_known_questions_join_the_dev_known_set_only(tmp_path):
     assert not [q.question for q in extra if any(a.fullmatch(q.question) for a in asks)]
     with pytest.raises(SystemExit, match="for the dev split"):
         question_sets(tmp_path, "test", KNOWN_EXTRA)
+
+
+def test_an_answer_after_a_search_is_grounded_when_its_added_words_are_in_the_results(tmp_path):
+    """The what-if of scripts/replay_answer_check.py --grounding: an answer after a search whose words that
+    add to the question are in none of its results did not come from them ("John Adams" after results on
+    Norfolk Island's ninth Duke); counted as the answer from what the model knows instead."""
+    from scripts.replay_answer_check import grounded, grounding
+
+    q = "Who composed the Ninth Symphony?"
+    norfolk = "Norfolk Island: named after Edward HOWARD, the ninth Duke of Norfolk"
+    assert not grounded("John Adams composed the Ninth Symphony.", q, norfolk)
+    assert grounded("Edward Howard composed it.", q, norfolk)  # "howard" is in the results
+    assert grounded("The Ninth Symphony was composed.", q, norfolk)  # nothing added
+
+    def rec(contains: bool, prediction: str, check: float | None, query: str = "") -> dict:
+        return {"question": q, "contains": contains, "prediction": prediction, "turns": 1,
+                "searches": [{"query": query}] if query else [],
+                "answer_checks": [] if check is None else [{"pieces": ["Beethoven"], "logprobs": [check]}]}
+
+    passed = {("known", "a"): rec(True, "Beethoven composed it.", -0.8),
+              ("known", "b"): rec(True, "Beethoven composed it.", -0.1)}
+    failed = {("known", "a"): rec(False, "John Adams composed the Ninth Symphony.", None, "ninth symphony"),
+              ("known", "b"): rec(False, "John Adams composed it.", None, "ninth symphony")}
+    (row,) = grounding(passed, failed, -0.225, lambda query: norfolk).values()
+    assert row["right"] == 1 and row["right_if_grounded"] == 2
+    assert [g["id"] for g in row["not_grounded"]] == ["a"] and row["not_grounded"][0]["knowledge_right"]
