@@ -87,8 +87,11 @@ def grounding(passed: dict, failed: dict, threshold: float, results: Callable[[s
         s = out.setdefault(key[0], {"questions": 0, "right": 0, "right_if_grounded": 0, "not_grounded": []})
         s["questions"] += 1
         check = rec["answer_checks"][0] if rec["answer_checks"] else None
-        searched = failed[key] if check and answer_score(check["pieces"], check["logprobs"],
-                                                         rec["question"]) < threshold else None
+        below = check is not None and answer_score(check["pieces"], check["logprobs"],
+                                                   rec["question"]) < threshold
+        searched = failed.get(key) if below else None
+        if below and searched is None:
+            raise SystemExit(f"{key[1]} ({key[0]}) is not in the FAIL run: run it on the same questions.")
         if searched is None:
             s["right"] += bool(rec["contains"])
             s["right_if_grounded"] += bool(rec["contains"])

@@ -251,3 +251,5 @@ def test_an_answer_after_a_search_is_grounded_when_its_added_words_are_in_the_re
     (row,) = grounding(passed, failed, -0.225, lambda query: norfolk).values()
     assert row["right"] == 1 and row["right_if_grounded"] == 2
     assert [g["id"] for g in row["not_grounded"]] == ["a"] and row["not_grounded"][0]["knowledge_right"]
+    with pytest.raises(SystemExit, match="not in the FAIL run"):
+        grounding(passed, {}, -0.225, lambda query: norfolk)
