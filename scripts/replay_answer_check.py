@@ -14,7 +14,7 @@ question appear in none of the results its searches returned (searched again on 
 service is deterministic) did not come from them; it prints those answers beside the one the model gave
 from what it knows (PASS's), and the counts if such answers were taken from PASS instead.
 
-    .venv/bin/python scripts/replay_answer_check.py runs/dev-pass runs/dev-fail --thresholds -0.2,-0.225,-0.25
+    .venv/bin/python scripts/replay_answer_check.py runs/dev-pass runs/dev-fail --thresholds=-0.2,-0.225,-0.25
 """
 
 from __future__ import annotations
@@ -44,19 +44,26 @@ def records(run: Path, mode: str = "ssr") -> dict[tuple[str, str], dict[str, Any
     return out
 
 
-def replay(passed: dict, failed: dict, threshold: float) -> dict[str, dict[str, float]]:
-    """Per set: questions, right (contains), turns per question, searched first (checks below)."""
+def replayed(key: tuple[str, str], rec: dict, failed: dict, threshold: float) -> tuple[dict, bool]:
+    """The record a question takes at ``threshold`` (``rec``, its PASS record, or its FAIL one when its check
+    scores below), and whether it scored below."""
     from edge_agent.agent.answer_check import answer_score
 
+    if not rec["answer_checks"]:
+        return rec, False
+    check = rec["answer_checks"][0]
+    if answer_score(check["pieces"], check["logprobs"], rec["question"]) >= threshold:
+        return rec, False
+    if key not in failed:
+        raise SystemExit(f"{key[1]} ({key[0]}) is not in the FAIL run: run it on the same questions.")
+    return failed[key], True
+
+
+def replay(passed: dict, failed: dict, threshold: float) -> dict[str, dict[str, float]]:
+    """Per set: questions, right (contains), turns per question, searched first (checks below)."""
     sums: dict[str, list[float]] = {}
     for key, rec in passed.items():
-        below = False
-        if rec["answer_checks"]:
-            check = rec["answer_checks"][0]
-            below = answer_score(check["pieces"], check["logprobs"], rec["question"]) < threshold
-        chosen = failed.get(key) if below else rec
-        if chosen is None:
-            raise SystemExit(f"{key[1]} ({key[0]}) is not in the FAIL run: run it on the same questions.")
+        chosen, below = replayed(key, rec, failed, threshold)
         s = sums.setdefault(key[0], [0, 0, 0, 0])
         s[0] += 1
         s[1] += bool(chosen["contains"])
@@ -80,19 +87,12 @@ def grounding(passed: dict, failed: dict, threshold: float, results: Callable[[s
               ) -> dict[str, dict[str, Any]]:
     """Per set, at ``threshold``: right as replayed, and right if each answer after a search that is not
     :func:`grounded` in its searches' ``results(query)`` were the one from what the model knows."""
-    from edge_agent.agent.answer_check import answer_score
-
     out: dict[str, dict[str, Any]] = {}
     for key, rec in passed.items():
         s = out.setdefault(key[0], {"questions": 0, "right": 0, "right_if_grounded": 0, "not_grounded": []})
         s["questions"] += 1
-        check = rec["answer_checks"][0] if rec["answer_checks"] else None
-        below = check is not None and answer_score(check["pieces"], check["logprobs"],
-                                                   rec["question"]) < threshold
-        searched = failed.get(key) if below else None
-        if below and searched is None:
-            raise SystemExit(f"{key[1]} ({key[0]}) is not in the FAIL run: run it on the same questions.")
-        if searched is None:
+        searched, below = replayed(key, rec, failed, threshold)
+        if not below:
             s["right"] += bool(rec["contains"])
             s["right_if_grounded"] += bool(rec["contains"])
             continue
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("passed", type=Path, help="the run where every check passed")
     ap.add_argument("failed", type=Path, help="the run where every check failed")
-    ap.add_argument("--thresholds", default="-0.15,-0.2,-0.225,-0.25,-0.3,-0.35,-0.4")
+    ap.add_argument("--thresholds", default="-0.15,-0.2,-0.225,-0.25,-0.3,-0.35,-0.4",
+                    help="comma-separated; write --thresholds=-0.2,-0.3 (a list starting with - is no value)")
     ap.add_argument("--grounding", type=float, metavar="THRESHOLD", default=None,
                     help="the what-if for answers after a search not grounded in their results, at THRESHOLD")
     ap.add_argument("--json", action="store_true")
