@@ -13,6 +13,7 @@ say why an unsure answer is taken back. Does not know: the session, the loop, ho
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 
@@ -68,6 +69,7 @@ def inflections(word: str) -> set[str]:
     return forms
 
 
+@functools.lru_cache(maxsize=64)  # read after each token of a probe (probe_done): one question, many reads
 def question_words(question: str) -> frozenset[str]:
     """The question's words, case-folded (letters and digits), with their inflections (:func:`inflections`:
     "What does DNA stand for?" answered "... stands for DNA" adds nothing by "stands"), the phrasing words,
