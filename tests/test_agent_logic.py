@@ -994,6 +994,32 @@ def test_a_question_word_the_answer_inflects_adds_nothing():
     assert adding(["Bach", " composed", " it", "."], who) == [True, False, False, False]
 
 
+def test_two_answers_agree_when_the_first_word_either_adds_is_one_the_other_adds():
+    """The answer check's second look (``ssr_answer_check_agree``): the real 1.5B began "India's capital is
+    New Delhi." with " New" at -0.45 beside " Delhi" (-0.6 for the check's first added token), and "There
+    are four chambers in the human heart." with "There" at -0.36 beside "Human hearts have four chambers."
+    Answers that name the same thing agree; a different name, or only a later word or a word that names
+    nothing in common, does not; a word a cut decode may not have finished is left out."""
+    from edge_agent.agent.answer_check import added_words, agree
+
+    india = "What is the capital of India?"
+    assert added_words("India's capital is New Delhi.", india) == ["new", "delhi"]
+    assert agree(added_words(" New Delhi is India's capital.", india), added_words(" Delhi.", india))
+    assert not agree(added_words(" Mumbai is India's capital.", india), added_words(" Delhi.", india))
+    heart = "How many chambers does the human heart have?"
+    # "There" names nothing
+    assert added_words("There are four chambers in the human heart.", heart) == ["four"]
+    assert agree(added_words("There are four chambers", heart), added_words("Human hearts have four", heart))
+    assert not agree(added_words("There are three chambers", heart), added_words("There are four", heart))
+    gravity = "Who formulated the law of universal gravitation?"
+    newton = added_words("Newton formulated the law", gravity)
+    assert agree(newton, added_words("Isaac Newton formulated", gravity))
+    assert not agree(added_words("Hooke, then Newton", gravity), added_words("Halley, then Newton", gravity))
+    assert added_words("Ludwig van Beet", gravity, whole=False) == ["ludwig", "van"]  # may be "Beethoven"
+    assert added_words("Ludwig van Beet ", gravity, whole=False) == ["ludwig", "van", "beet"]  # ended
+    assert not agree([], ["delhi"]) and not agree(["delhi"], [])
+
+
 ALL_SEARCHES = {"text_search", "image_search", "zoom", "answer"}
 
 

@@ -287,6 +287,37 @@ def test_the_only_rationale_is_pasted_as_a_scoring_would_adopt_it(qwen, question
     assert a1 and a0 == a1 and h0 == h1, (a0, a1)
 
 
+def test_the_answer_checks_second_look_leaves_the_answer_and_context_of_a_plain_check(qwen):
+    """The second look (``answer_check_agree``) tries other first words and reads the answer again from the
+    first one it adds: "India's capital is Delhi." ("Delhi" -0.46 beside "New Delhi."). Where their
+    agreement makes the answer sure, the answer and the context are those of a check sure at once; where
+    it does not, those of the check without the second look (taken back, the search run): what it tried
+    is rolled back."""
+    search = FakeSearch(text=lambda q: outcome("text_search", "live", "1. New Delhi: the capital of India",
+                                               results=(result("New Delhi"),), query=q))
+
+    def run(check: float, agree: int) -> tuple[str, list[int], list]:
+        s = qwen.session()
+        opts = AgentOptions(answer_max_tokens=16, answer_check=check, max_turns=2, answer_check_agree=agree)
+        events = list(run_agent(s, "What is the capital of India?", tools=Toolbox(None, search),
+                                options=opts))
+        return events[-1].answer, list(s.history), [e for e in events if e.kind == "answer_checked"]
+
+    # -0.2: above what the two answers make (-0.26), within what every other first word tried could make
+    a_search, h_search, (plain,) = run(-0.2, 0)
+    a_no, h_no, (looked,) = run(-0.2, 3)  # the second look agrees, the verdict stays
+    assert looked.agreed and looked.agreed_logprob is not None and not looked.sure, looked
+    assert looked.score > plain.score, (plain, looked)
+    assert a_no == a_search and h_no == h_search
+    between = (plain.score + looked.score) / 2
+    a_sure, h_sure, (check,) = run(between, 3)
+    assert check.sure and check.agreed, check
+    a_at_once, h_at_once, _ = run(-19.0, 0)
+    assert a_sure == a_at_once and h_sure == h_at_once, (a_sure, a_at_once)
+    _, _, (unsure,) = run(between, 0)
+    assert not unsure.sure
+
+
 def test_an_answer_check_stopped_early_gives_the_whole_checks_verdict(qwen):
     """The answer check stops once its threshold is out of reach: its tokens are the first ones of the
     check read to its end, the verdict is the same (not sure: the answer taken back, the search run), and

@@ -23,6 +23,11 @@ from edge_agent.tools import specs
 # words that phrase an answer rather than state it ("X is the Y of Z", "X uses the Y")
 _PHRASING = frozenset(
     "a an the is are was were of in on at to by for its it s as and or be has have equals equal".split())
+# and words that name nothing, which two answers may share whatever they say ("There are four ..." and "There
+# are three ...": :func:`agree` reads past them)
+_FUNCTION = frozenset(
+    "there this that these those which who whom whose what when where why how he she they we i you his her "
+    "their our your him them not no with from than then also".split())
 _WORD = re.compile(r"[^\W_]+")
 _ENDINGS = ("s", "es", "d", "ed", "ing")  # the endings an answer restating a question's word may add
 # an arithmetic operator between numbers, and the words that say it ("What is 45*67?": "45 multiplied by 67")
@@ -100,6 +105,24 @@ def adding(pieces: Sequence[str], question: str) -> list[bool | None]:
     return out
 
 
+def added_words(text: str, question: str, *, whole: bool = True) -> list[str]:
+    """The words of ``text`` that add to ``question`` (case-folded, in order); ``whole`` False: the text was
+    cut (a decode stopped at its length) and its last word may be the start of a longer one, left out."""
+    words = [m.group().casefold() for m in _WORD.finditer(text)]
+    if not whole and words and text.rstrip() == text:
+        words = words[:-1]
+    known = question_words(question) | _FUNCTION
+    return [w for w in words if w not in known]
+
+
+def agree(answer: Sequence[str], other: Sequence[str]) -> bool:
+    """Whether two answers' added words (:func:`added_words`) name the same thing: the first word either
+    adds is a word the other adds ("Newton formulated ..." and "Isaac Newton formulated ...": "newton";
+    "Ludwig van Beethoven" and "Beethoven composed ..."); not "Mercury" and "Mars", nor two answers that
+    share only a later word."""
+    return bool(answer) and bool(other) and (answer[0] in other or other[0] in answer)
+
+
 def answer_score(pieces: Sequence[str], logprobs: Sequence[float], question: str) -> float:
     """The mean log-prob of the tokens that add to ``question`` (all tokens when none does; 0 for none). The
     probe is read whole: a last word still undecided (:func:`adding`) restates the question, and adds
@@ -139,6 +162,15 @@ def said(check: AnswerChecked) -> str:
     return text[:-2].rstrip() if text.endswith("</") else text
 
 
+def agreed_note(check: AnswerChecked) -> str:
+    """What the second look added to the score (``AnswerChecked.agreed``), as words to append: "" without
+    one; else the other answers that named the same thing, their probability added to the first word's."""
+    if not check.agreed:
+        return ""
+    shown = ", ".join(repr(a if len(a) <= 30 else a[:27] + "...") for a in check.agreed)
+    return f"; its first word counts with the other wordings that name the same: {shown}"
+
+
 def then_what(others: Collection[str]) -> str:
     """What the agent does instead of an answer it took back, by the moves left (``others``: actions, the
     answer not among them): "it searches first", or, with no search left (offline, nothing cached: an
@@ -159,4 +191,5 @@ def unsure_why(check: AnswerChecked, then: str = "it searches first") -> str:
                 f"mean log-prob {check.score:.2f}, and the next tokens could not bring it to answer_check "
                 f"{check.threshold:g}): {then}")
     return (f"the model is not sure of its answer ({said(check)!r}...: mean log-prob {check.score:.2f} of "
-            f"what it adds to the question, below answer_check {check.threshold:g}): {then}")
+            f"what it adds to the question, below answer_check {check.threshold:g}{agreed_note(check)}): "
+            f"{then}")

@@ -10,17 +10,26 @@ tools (``loop.py``), llama_cpp, textual or the network.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Generator, Sequence
 
+import numpy as np
+
 from edge_agent.agent.actions import TAIL_STOP, tail_grammar, tail_remainder
-from edge_agent.agent.answer_check import answer_score, probe_done
+from edge_agent.agent.answer_check import added_words, adding, agree, answer_score, probe_done
 from edge_agent.agent.events import AgentError, AnswerChecked, AnswerToken, Event, TurnFinished
 from edge_agent.agent.prompts import ANSWER_CLOSE, TURN_END, called_tool, echoes_instructions
 from edge_agent.agent.repetition import looped_why, until_looping
 from edge_agent.agent.run_state import RunState
+from edge_agent.runtime.types import Checkpoint, Generation
 from edge_agent.tools import specs
 from edge_agent.tools.specs.answer import AFTER_LT
+
+# the answer check's second look (Answering._agreeing): the least probability of another first token tried,
+# and how many tokens each answer is read to at least
+_LEAST_OTHER = math.log(0.05)
+_AGREE_READ = 8
 
 
 class Answering(RunState):
@@ -52,16 +61,80 @@ class Answering(RunState):
             return probe_done([self.session.detokenize([t]) for t in tokens], logprobs, self.question,
                               threshold, n, early=self.options.answer_check_early)
 
+        start = self.session.checkpoint()
         gen = self._generate(max_tokens=reach, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]],
                              until=stop_here)
         pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
         score = answer_score(pieces, gen.logprobs, self.question)
         early = gen.stop_reason == "until" and len(gen.tokens) < n
         sure = score >= threshold and not early
+        agreed: tuple[str, ...] = ()
+        mass: float | None = None
+        if not sure and self.options.answer_check_agree > 0:
+            found = self._agreeing(start, gen, pieces, threshold)
+            if found is not None:
+                gen, agreed, mass = found
+                pieces = tuple(self.session.detokenize([t]) for t in gen.tokens)
+                score = answer_score(pieces, _with_first(pieces, gen.logprobs, self.question, mass),
+                                     self.question)
+                early = False
+                sure = score >= threshold
         if sure:
             self._probe = gen
         return AnswerChecked(turn=turn, pieces=pieces, logprobs=tuple(gen.logprobs), score=score,
-                             threshold=threshold, sure=sure, early=early)
+                             threshold=threshold, sure=sure, early=early, agreed=agreed, agreed_logprob=mass)
+
+    def _agreeing(self, start: Checkpoint, gen: Generation, pieces: Sequence[str], threshold: float
+                  ) -> tuple[Generation, tuple[str, ...], float] | None:
+        """The answer check's second look at an unsure answer whose first added token is unsure: the model
+        may be sure of the thing and not of its first word ("Newton" -1.34 beside "Isaac": both begin Newton).
+        The ``answer_check_agree`` likeliest other tokens there (p >= 0.05) are each continued greedily, as
+        is the answer's own; the probability of those whose answer names the same thing
+        (``answer_check.agree``) is added to the first added token's. Returns the answer's tokens read again
+        from there (in the session, as the probe's would be), the other answers that agreed, and the first
+        added token's log-prob with theirs; None where nothing could make it sure (the session then holds
+        whatever it tried: the caller rolls back)."""
+        q, n = self.question, self.options.answer_check_tokens
+        marks = adding(pieces, q)
+        if True not in marks:
+            return None
+        i = marks.index(True)
+        lps = list(gen.logprobs)
+        if lps[i] >= threshold or "<" in "".join(pieces[: i + 1]):
+            return None  # its first added token is not what the check doubts (or a "<": the grammar's state)
+        self.session.rollback(start)
+        if i:
+            self.session.append_tokens(gen.tokens[:i], cancel=self.cancel)
+        at = self.session.checkpoint()
+        dist = self.session.next_logprobs()
+        top = [int(t) for t in np.argsort(dist)[::-1][: self.options.answer_check_agree + 1]]
+        others = [t for t in top if t != gen.tokens[i] and dist[t] >= _LEAST_OTHER
+                  and "<" not in self.session.detokenize([t])][: self.options.answer_check_agree]
+        best = math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in others)))
+        if not others or answer_score(pieces, _with_first(pieces, lps, q, best), q) < threshold:
+            return None  # not even all of them together would make it sure
+        read = max(_AGREE_READ, n - i - 1)
+        prefix = self.session.detokenize(gen.tokens[:i])
+
+        def continued(token: int) -> Generation:
+            self.session.rollback(at)
+            self.session.append_tokens([token], cancel=self.cancel)
+            return self._generate(max_tokens=read, grammar=tail_grammar("answer"), stop=[TAIL_STOP["answer"]])
+
+        said = {t: continued(t) for t in others}
+        own = continued(gen.tokens[i])  # last: the session holds the answer's own
+        words = added_words(prefix + self.session.detokenize([gen.tokens[i]]) + own.text, q,
+                            whole=own.stop_reason != "length")
+        agreeing = {t: g for t, g in said.items()
+                    if agree(words, added_words(prefix + self.session.detokenize([t]) + g.text, q,
+                                                whole=g.stop_reason != "length"))}
+        mass = math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in agreeing)))
+        tokens = [*gen.tokens[: i + 1], *own.tokens]
+        read_again = Generation(
+            text=prefix + self.session.detokenize([gen.tokens[i]]) + own.text, tokens=tokens,
+            stop_reason=own.stop_reason, logprobs=[*lps[: i + 1], *own.logprobs])
+        shown = tuple((self.session.detokenize([t]) + g.text).strip() for t, g in agreeing.items())
+        return read_again, shown, mass
 
     def _answer_turn(self, turn: int, final: bool, reasoning_s: float, t0: float,
                      retractable: bool = False, then: str = "it searches first"
@@ -165,6 +238,16 @@ class Answering(RunState):
             self.session.drop_last_token()
         rest = tail_remainder("answer", self.answer_last) if self.answer_end == "stop" else ANSWER_CLOSE
         self.session.append_text(rest + TURN_END, cancel=self.cancel)
+
+
+def _with_first(pieces: Sequence[str], logprobs: Sequence[float], question: str,
+                logprob: float) -> list[float]:
+    """``logprobs`` with the first token that adds to ``question`` given ``logprob``."""
+    out = list(logprobs)
+    marks = adding(pieces, question)
+    if True in marks:
+        out[marks.index(True)] = logprob
+    return out
 
 
 def _shown(answer: str, n: int = 80) -> str:

@@ -220,6 +220,11 @@ class AnswerChecked(Event):
     # the probe stopped before answer_check_tokens: the tokens left could not have reached the threshold
     # (``answer_check.out_of_reach``; the verdict is the whole probe's, the score that of the tokens read)
     early: bool = False
+    # the second look (``ssr_answer_check_agree``): the other answers, begun with another first added token,
+    # that name the same thing; ``agreed_logprob``: that token's log-prob with theirs (the score's), None
+    # when there was no second look (``logprobs`` are each token's own)
+    agreed: tuple[str, ...] = ()
+    agreed_logprob: float | None = None
 
 
 @dataclass(frozen=True)

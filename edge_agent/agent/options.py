@@ -92,6 +92,9 @@ class AgentOptions:
     # ... and on past them while none of them adds to the question, at most this many (<= answer_check_tokens:
     # exactly answer_check_tokens)
     answer_check_reach: int = 0
+    # ... and where its first added token is unsure, this many likeliest other tokens there are continued; the
+    # probability of those that name the same thing is added to it (Answering._agreeing; 0: none)
+    answer_check_agree: int = 0
     # SSR: no scoring pass when the scores could not change the move (the answer checked first, the search
     # the only other move: SsrChooser.unscored); False scores anyway (tests compare the two)
     skip_unneeded_scoring: bool = True
@@ -129,6 +132,7 @@ class AgentOptions:
             answer_check=settings.ssr_answer_check if settings.ssr_answer_check > CHECK_OFF else None,
             answer_check_tokens=settings.ssr_answer_check_tokens,
             answer_check_reach=settings.ssr_answer_check_reach,
+            answer_check_agree=settings.ssr_answer_check_agree,
             seed=settings.seed, temperature=settings.temperature,
             freeform_max_tokens=settings.freeform_max_tokens, answer_max_tokens=settings.answer_max_tokens,
             observation_max_tokens=settings.observation_max_tokens,

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from edge_agent.agent import events as ev
-from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, agreed_note, said
 from edge_agent.chat.schema import SCHEMA_VERSION
 from edge_agent.chat.store import ChatStore, ChatStoreError
 from edge_agent.core.errors import EdgeAgentError
@@ -179,7 +179,7 @@ def _events_markdown(events: list[ev.Event], ref) -> list[str]:
                 lines += ["```", e.observation, "```", ""]
         elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
             lines += [f"Answer check: sure ({said(e)!r}: mean log-prob {e.score:.2f} of what it adds to the "
-                      f"question, at least {e.threshold:g})", ""]
+                      f"question, at least {e.threshold:g}{agreed_note(e)})", ""]
         elif isinstance(e, ev.MoveWithdrawn):  # why the next choice differs, as the app and `ask` say
             args = f" `{json.dumps(e.arguments, ensure_ascii=False)}`" if e.arguments else ""
             lines += [f"Taken back: `{e.action}`{args}: {e.reason}", ""]

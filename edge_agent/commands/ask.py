@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from edge_agent.agent import events as ev
-from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, agreed_note, said
 from edge_agent.chat.crops import prune_crops, remove_run_crops
 from edge_agent.chat.recorder import AnswerStatus, ExchangeRecorder
 from edge_agent.core.config import CHOICES, Settings
@@ -357,7 +357,8 @@ def render_trace(events: list[ev.Event], mode: str) -> str:
             per_turn.setdefault(e.turn, []).append(f"{e.name} {json.dumps(e.arguments, ensure_ascii=False)}")
         elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
             per_turn.setdefault(e.turn, []).append(
-                f"answer check: sure ({_short(said(e), 40)!r}: {e.score:.2f} >= {e.threshold:g})")
+                f"answer check: sure ({_short(said(e), 40)!r}: {e.score:.2f} >= {e.threshold:g}"
+                f"{agreed_note(e)})")
         elif isinstance(e, ev.MoveWithdrawn):
             args = f" {json.dumps(e.arguments, ensure_ascii=False)}" if e.arguments else ""
             why = " ".join(e.reason.split())  # whole: it ends with what comes instead ("it zooms in first")

@@ -53,6 +53,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     "ssr_answer_check": (-20, 0, False),
     "ssr_answer_check_tokens": (1, 64, False),
     "ssr_answer_check_reach": (0, 128, False),
+    "ssr_answer_check_agree": (0, 8, False),
     "freeform_max_tokens": (1, 8192, False),
     "answer_max_tokens": (1, 8192, False),
     "temperature": (0, 5, False),
@@ -156,6 +157,10 @@ class Settings:
     ssr_answer_check_reach: int = _doc(
         "SSR: when none of the answer check's tokens adds to the question yet (a long question restated), it "
         "reads on until one does, at most this many tokens (0: ssr_answer_check_tokens exactly).", default=32)
+    ssr_answer_check_agree: int = _doc(
+        "SSR: when the answer check doubts the first word an answer adds, it continues this many likeliest "
+        "other words there; those whose answer names the same thing ('Isaac Newton' beside 'Newton') add "
+        "their probability to it (0: no second look).", default=3)
     ssr_search_when_asked: bool = _doc(
         "SSR: a question that asks to search or to check ('Are you sure? Please check.', 'Search the web for "
         "...') searches first, whatever the answer check and the scores say. false: they decide.",

@@ -61,7 +61,8 @@ def summarize_events(events: Iterable[ev.Event]) -> dict[str, Any]:
             withdrawn += 1
         elif isinstance(e, ev.AnswerChecked):
             checks.append({"turn": e.turn, "pieces": list(e.pieces), "logprobs": list(e.logprobs),
-                           "score": e.score, "sure": e.sure})
+                           "score": e.score, "sure": e.sure, "agreed": list(e.agreed),
+                           "agreed_logprob": e.agreed_logprob})
         elif isinstance(e, ev.DraftVerified):
             drafts["rounds"] += 1
             drafts["accepted"] += e.accepted

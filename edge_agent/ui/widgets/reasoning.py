@@ -19,7 +19,7 @@ from rich.text import Text
 from textual.widgets import Collapsible, Static
 
 from edge_agent.agent import events as ev
-from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, said
+from edge_agent.agent.answer_check import ONLY_MOVE_LEFT, agreed_note, said
 from edge_agent.ui.widgets.tool_view import ToolView
 
 if TYPE_CHECKING:  # Textual's title widget: only its message's type is named here
@@ -201,7 +201,7 @@ class TurnView(Collapsible):
             await self._add(Static(Text(f"{e.title}: {e.message}"), classes="turn-error"))
         elif isinstance(e, ev.AnswerChecked) and e.sure:  # an unsure one shows as the answer taken back
             line = (f"answer check: sure ({said(e)!r}...: mean log-prob {e.score:.2f} of what it adds to the "
-                    f"question, at least {e.threshold:g})")
+                    f"question, at least {e.threshold:g}{agreed_note(e)})")
             await self._add(Static(Text(line, style="dim"), classes="draft"))
         elif isinstance(e, ev.MoveWithdrawn):
             what = e.arguments.get("query", e.arguments.get("img_idx"))
