@@ -24,7 +24,8 @@ from edge_agent.core.errors import ConfigError, EdgeAgentError
 # Settings that change what the agent answers: a results folder is resumed only with the same ones.
 FINGERPRINT_SETTINGS = (
     "model", "mmproj", "prophet", "prophet_mmproj", "n_ctx", "max_turns", "ssr_tau", "ssr_sample",
-    "ssr_score", "ssr_answer_check",
+    "ssr_score", "ssr_answer_check", "ssr_answer_check_tokens", "ssr_answer_check_reach",
+    "ssr_answer_check_agree",
     "ssr_index_only", "rationales", "freeform_max_tokens", "answer_max_tokens", "temperature",
     "system_prompt", "seed",
     "seprod_draft_len", "seprod_tau", "seprod_a0", "seprod_adaptive", "offline", "text_search",
