@@ -88,12 +88,12 @@ class Answering(RunState):
                   ) -> tuple[Generation, tuple[str, ...], float] | None:
         """The answer check's second look at an unsure answer whose first added token is unsure: the model
         may be sure of the thing and not of its first word ("Newton" -1.34 beside "Isaac": both begin Newton).
-        The ``answer_check_agree`` likeliest other tokens there (p >= 0.05) are each continued greedily, as
-        is the answer's own; the probability of those whose answer names the same thing
-        (``answer_check.agree``) is added to the first added token's. Returns the answer's tokens read again
-        from there (in the session, as the probe's would be), the other answers that agreed, and the first
-        added token's log-prob with theirs; None where nothing could make it sure (the session then holds
-        whatever it tried: the caller rolls back)."""
+        The ``answer_check_agree`` likeliest other tokens there (p >= 0.05, :func:`_continues`) are each
+        continued greedily, as is the answer's own; the probability of those whose answer names the same
+        thing (``answer_check.agree``) is added to the first added token's. Returns the answer's tokens
+        read again from there (in the session, as the probe's would be), the other answers that agreed, and
+        the first added token's log-prob with theirs; None where nothing could make it sure (the session
+        then holds whatever it tried: the caller rolls back)."""
         q, n = self.question, self.options.answer_check_tokens
         marks = adding(pieces, q)
         if True not in marks:
@@ -109,7 +109,7 @@ class Answering(RunState):
         dist = self.session.next_logprobs()
         top = [int(t) for t in np.argsort(dist)[::-1][: self.options.answer_check_agree + 1]]
         others = [t for t in top if t != gen.tokens[i] and dist[t] >= _LEAST_OTHER
-                  and "<" not in self.session.detokenize([t])][: self.options.answer_check_agree]
+                  and _continues(self.session.detokenize([t]))][: self.options.answer_check_agree]
         best = math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in others)))
         if not others or answer_score(pieces, _with_first(pieces, lps, q, best), q) < threshold:
             return None  # not even all of them together would make it sure
@@ -238,6 +238,13 @@ class Answering(RunState):
             self.session.drop_last_token()
         rest = tail_remainder("answer", self.answer_last) if self.answer_end == "stop" else ANSWER_CLOSE
         self.session.append_text(rest + TURN_END, cancel=self.cancel)
+
+
+def _continues(piece: str) -> bool:
+    """Whether another first token may be tried in the answer's place: it writes text (an end of turn or
+    another special token writes none) and no "<" (the answer grammar's one state: after it only the close
+    may follow)."""
+    return bool(piece) and "<" not in piece
 
 
 def _with_first(pieces: Sequence[str], logprobs: Sequence[float], question: str,
