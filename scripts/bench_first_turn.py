@@ -60,6 +60,14 @@ def ask(engine: Any, question: str, options: Any) -> dict[str, Any]:
             "checks": [(e.sure, e.early, len(e.pieces)) for e in events if e.kind == "answer_checked"]}
 
 
+def _same(row: dict[str, Any]) -> bool:
+    """The shipped first turn and the one scored with every check read to its end: the same answer, moves
+    and answer-check verdicts."""
+    a, b = row["shipped"], row["scored"]
+    return (a["answer"] == b["answer"] and a["moves"] == b["moves"]
+            and [c[0] for c in a["checks"]] == [c[0] for c in b["checks"]])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=12, help="questions of each set (Factbook, known)")
@@ -111,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     def mean(way: str, key: str) -> float:
         return statistics.fmean(r[way][key] for r in rows)
 
-    same = [r["shipped"]["answer"] == r["scored"]["answer"] and r["shipped"]["moves"] == r["scored"]["moves"]
-            and [c[0] for c in r["shipped"]["checks"]] == [c[0] for c in r["scored"]["checks"]] for r in rows]
+    same = [_same(r) for r in rows]
+    for r, ok in zip(rows, same, strict=True):
+        if not ok:
+            print(f"differs: {r['question']}: shipped {r['shipped']['answer']!r} {r['shipped']['moves']} "
+                  f"{r['shipped']['checks']}; scored {r['scored']['answer']!r} {r['scored']['moves']} "
+                  f"{r['scored']['checks']}", file=sys.stderr)
     out = {
         "model": args.model, "questions": len(rows), "offline": args.offline,
         "model_seconds": {way: mean(way, "model") for way in WAYS},
