@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Collection, Generator, Sequence
 
 import numpy as np
 
@@ -110,11 +110,16 @@ class Answering(RunState):
         top = [int(t) for t in np.argsort(dist)[::-1][: self.options.answer_check_agree + 1]]
         others = [t for t in top if t != gen.tokens[i] and dist[t] >= _LEAST_OTHER
                   and _continues(self.session.detokenize([t]))][: self.options.answer_check_agree]
-        best = math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in others)))
+
+        def with_mass_of(tokens: Collection[int]) -> float:  # the first added token's log-prob, theirs added
+            return math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in tokens)))
+
+        best = with_mass_of(others)
         if not others or answer_score(pieces, _with_first(pieces, lps, q, best), q) < threshold:
             return None  # not even all of them together would make it sure
         read = max(_AGREE_READ, n - i - 1)
         prefix = self.session.detokenize(gen.tokens[:i])
+        head = prefix + pieces[i]  # the answer to its first added token (pieces[i]: that token's text)
 
         def continued(token: int) -> Generation:
             self.session.rollback(at)
@@ -123,15 +128,14 @@ class Answering(RunState):
 
         said = {t: continued(t) for t in others}
         own = continued(gen.tokens[i])  # last: the session holds the answer's own
-        words = added_words(prefix + self.session.detokenize([gen.tokens[i]]) + own.text, q,
-                            whole=own.stop_reason != "length")
+        words = added_words(head + own.text, q, whole=own.stop_reason != "length")
         agreeing = {t: g for t, g in said.items()
                     if agree(words, added_words(prefix + self.session.detokenize([t]) + g.text, q,
                                                 whole=g.stop_reason != "length"))}
-        mass = math.log(min(1.0, math.exp(lps[i]) + sum(math.exp(float(dist[t])) for t in agreeing)))
+        mass = with_mass_of(agreeing)
         tokens = [*gen.tokens[: i + 1], *own.tokens]
         read_again = Generation(
-            text=prefix + self.session.detokenize([gen.tokens[i]]) + own.text, tokens=tokens,
+            text=head + own.text, tokens=tokens,
             stop_reason=own.stop_reason, logprobs=[*lps[: i + 1], *own.logprobs])
         shown = tuple((self.session.detokenize([t]) + g.text).strip() for t, g in agreeing.items())
         return read_again, shown, mass
