@@ -4,12 +4,14 @@
 Usage:
     python scripts/bench_question.py [--standin 2b|4b] [--model GGUF --mmproj GGUF [--prophet GGUF]]
                                      [--reps 2] [--quick] [--no-prophet] [--json] [--out FILE] [--record]
+                                     [--set NAME=VALUE ...]
 
 Models: ``--standin 2b`` (default) writes or reuses the Qwen3-VL-2B-shaped random-weight stand-ins of
 ``scripts/make_standin_models.py`` under ``models/standin/`` (agent, prophet, one shared mmproj);
 ``--model/--mmproj/--prophet``: your own files. Everything runs through the real ``Engine`` at the
 default settings (threads, context, KV type, batch: what the app uses on this machine), offline, with
-a temporary ``EDGE_AGENT_HOME``.
+a temporary ``EDGE_AGENT_HOME``; ``--set NAME=VALUE`` changes one for a what-if (``settings`` in the
+JSON names them; the one-shot baseline is llama.cpp's and keeps its defaults).
 
 The question: one 768x768 photo (576 image tokens), a policy that zooms in turn 1 and answers in
 turn 2, answers of a fixed 32 tokens (``--answer-tokens``), free-form reasoning of up to 128 tokens a
@@ -105,6 +107,25 @@ def make_photo(path: Path, size: int = 768) -> Path:
     return path
 
 
+def setting_values(assignments: list[str], ap: argparse.ArgumentParser) -> dict[str, str]:
+    """``--set NAME=VALUE`` pairs, each checked as a config file's would be (a clear error, not a crash
+    minutes into the run)."""
+    from edge_agent.core.config import ConfigError, Settings
+
+    out: dict[str, str] = {}
+    for a in assignments:
+        name, eq, value = a.partition("=")
+        if not eq or not name.strip():
+            ap.error(f"--set takes NAME=VALUE, e.g. --set crop_max_tokens=96; got {a!r}")
+        out[name.strip()] = value.strip()
+    with tempfile.TemporaryDirectory(prefix="bench-question-set-") as home:
+        try:
+            Settings.load(out, env={"EDGE_AGENT_HOME": home})
+        except ConfigError as e:
+            ap.error(f"--set: {e}")
+    return out
+
+
 def resolve_files(args: argparse.Namespace,
                   ap: argparse.ArgumentParser) -> tuple[str, dict[str, Path | None]]:
     """(shape label, {"text", "mmproj", "prophet"}) from --standin or --model/--mmproj/--prophet."""
@@ -123,13 +144,15 @@ def resolve_files(args: argparse.Namespace,
     return args.standin, {"text": paths["text"], "mmproj": paths["mmproj"], "prophet": paths["prophet"]}
 
 
-def load_engine(home: Path, files: dict[str, Path | None], *, prophet: bool, answer_tokens: int) -> Any:
-    """An Engine at the default settings (offline, temp home), optionally with the prophet."""
+def load_engine(home: Path, files: dict[str, Path | None], *, prophet: bool, answer_tokens: int,
+                extra: dict[str, str] | None = None) -> Any:
+    """An Engine at the default settings (offline, temp home), optionally with the prophet; ``extra``:
+    settings of ``--set`` (what-ifs, e.g. a smaller crop), applied as a config file's would be."""
     from edge_agent.core.config import Settings
     from edge_agent.engine.engine import Engine
 
-    overrides: dict[str, Any] = {"model": str(files["text"]), "mmproj": str(files["mmproj"]), "offline": True,
-                                 "answer_max_tokens": answer_tokens}
+    overrides: dict[str, Any] = {**(extra or {}), "model": str(files["text"]), "mmproj": str(files["mmproj"]),
+                                 "offline": True, "answer_max_tokens": answer_tokens}
     if prophet and files.get("prophet") is not None:
         overrides.update(prophet=str(files["prophet"]), prophet_mmproj=str(files["mmproj"]), seprod=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
@@ -506,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeform-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting other than its default, e.g. --set crop_max_tokens=96 (a what-if; "
+                         "not with --record)")
     ap.add_argument("--record", action="store_true",
                     help="write this run's costs into edge_agent/data/question_costs.json (what the app's "
                          "first-run screen quotes; stand-ins only)")
@@ -514,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         args.reps = 1
     if args.record and args.model:
         ap.error("--record is for the stand-ins (--standin 2b|4b), whose shapes the app's catalog ships")
+    extra = setting_values(args.settings, ap)
+    if args.record and extra:
+        ap.error("--record writes what the app's defaults cost: leave out --set")
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -528,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"loading {files['text']} (+ mmproj)")
         peak = AppPeak()
         peak.start()  # loading the agent, then each question (not the raw rounds between them)
-        engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens)
+        engine = load_engine(Path(tmp) / "home", files, prophet=False, answer_tokens=args.answer_tokens,
+                             extra=extra)
         peak.stop()
         worker = None
         try:
@@ -557,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             say("loading the agent and the prophet (SeProD on)")
             both = AppPeak()
             both.start()  # the agent-only engine is closed: loading both models, then the question
-            engine = load_engine(Path(tmp) / "home", files, prophet=True, answer_tokens=args.answer_tokens)
+            engine = load_engine(Path(tmp) / "home", files, prophet=True, answer_tokens=args.answer_tokens,
+                                 extra=extra)
             try:
                 sp = ask_once(engine, photo, "ssr", answer_tokens=args.answer_tokens,
                               freeform_tokens=args.freeform_tokens, seprod=True)
@@ -569,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                 engine.close()
     res = summarise(shape, raw, q, mem)
     res["cores"] = cores
+    res["settings"] = extra  # --set: what differs from the defaults ({} for the app as shipped)
     res["seconds"] = round(time.perf_counter() - t_start, 1)
     if args.record:
         record(res, " ".join(["scripts/bench_question.py", *(argv if argv is not None else sys.argv[1:])]))

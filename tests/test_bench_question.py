@@ -18,7 +18,7 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     args = ["--model", str(tiny_models["text"]), "--mmproj", str(tiny_models["mmproj"]),
             "--prophet", str(tiny_models["prophet"]), "--quick", "--answer-tokens", "4", "--freeform-tokens",
             "4",
-            "--json"]
+            "--json", "--set", "crop_max_tokens=64"]
     assert bench_question.main(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert KEYS <= set(res)
@@ -33,6 +33,8 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert ph["freeform"]["reasoning_tokens"] > 0 and ph["ssr"]["scoring_s"] > 0
     # the zoom's observation, phase by phase (issue 28 item 3): the crop's encode and its decode apart
     assert ph["ssr"]["crop_tokens"] > 0 and ph["ssr"]["crop_encode_s"] > 0 and ph["ssr"]["crop_decode_s"] > 0
+    # --set applies a setting (a what-if) and says so: the crop within 64 tokens (256 by default)
+    assert res["settings"] == {"crop_max_tokens": "64"} and ph["ssr"]["crop_tokens"] <= 64
     z = res["zoom_breakdown"]
     assert z["crop_tokens"] == ph["ssr"]["crop_tokens"] and z["crop_encode_ms_per_token"] > 0
     assert z["crop_decode_ms_per_token"] > 0 and z["photo_encode_ms_per_token"] > 0
@@ -50,7 +52,12 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
     assert res["read_ahead_over_oneshot"] == round(ph["ssr_read_ahead"]["question_s"] / one["question_s"], 3)
     base = res["raw"]["llamacpp_defaults"]
     assert base["decode_ms_at_depth"] > 0 and base["depth_cells"] == res["raw"]["depth_cells"]
-    assert res["answer_decode_over_llamacpp_defaults"] > 0 and res["prefill_over_llamacpp_defaults"] > 0
+    # measured, not their size: on the tiny models an answer token takes well under a millisecond, and
+    # under load the baseline's decode in its own process can take 2,000 times that (a CI run beside
+    # other work rounded the ratio to 0.0)
+    assert res["app_answer_ms_per_token"] > 0
+    assert res["answer_decode_over_llamacpp_defaults"] is not None
+    assert res["prefill_over_llamacpp_defaults"] > 0
     assert "one-shot: llama.cpp alone" in bench_question.table(res)
     assert res["memory"]["seprod_question"]["stop_reason"] in ("answered", "length")  # 4 tokens: cut
     assert res["raw"]["decode_ms"] and res["decode_tokens_per_s"] > 0
@@ -97,3 +104,19 @@ def test_bench_defaults_against_llamacpp_runs_on_smollm2(capsys, smollm2_gguf):
     for side in (res["app"], res["llamacpp_defaults"]):
         assert side["decode_ms_at_depth"] > 0 and side["prefill_tokens_per_s"] > 0
     assert res["decode_over_llamacpp_defaults"] > 0 and res["prefill_over_llamacpp_defaults"] > 0
+
+
+def test_bench_question_refuses_a_setting_it_cannot_apply(capsys):
+    from scripts import bench_question
+
+    for args, said in ((["--set", "crop_tokens=64"], "Unknown setting 'crop_tokens'"),
+                       (["--set", "crop_max_tokens"], "--set takes NAME=VALUE"),
+                       (["--set", "crop_max_tokens=8"], "crop_max_tokens"),
+                       (["--record", "--set", "crop_max_tokens=96"], "leave out --set")):
+        try:
+            bench_question.main(args)
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"{args} ran")
+        assert said in capsys.readouterr().err
