@@ -97,3 +97,25 @@ def test_import_boundaries(module, forbidden):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_setting_takes_a_new_engine_only_where_the_loaded_one_cannot_follow(edge_home):
+    """A smaller crop is taken at the next zoom; a bound past what the vision tower was loaded with (mtmd
+    caps every image at the larger of image_max_tokens and crop_max_tokens) loads a new engine, as new
+    model files, context or tools do, and SeProD switched on with no prophet loaded."""
+    from edge_agent.engine.engine import needs_new_engine
+
+    old = Settings.load()
+    assert (old.image_max_tokens, old.crop_max_tokens) == (576, 256)
+
+    def new(**kw: object) -> bool:
+        return needs_new_engine(old, old.updated(kw), set(kw), drafter_loaded=False)
+
+    assert not new(crop_max_tokens=128) and not new(crop_max_tokens=576) and not new(max_turns=3)
+    assert new(crop_max_tokens=1024) and new(image_max_tokens=1024) and new(image_max_tokens=256)
+    assert new(n_ctx=4096) and new(model="other.gguf")
+    assert not new(seprod=True)  # no prophet named: nothing to load
+    named = old.updated({"prophet": "base.gguf", "seprod": False})
+    on = named.updated({"seprod": True})
+    assert needs_new_engine(named, on, {"seprod"}, drafter_loaded=False)
+    assert not needs_new_engine(named, on, {"seprod"}, drafter_loaded=True)

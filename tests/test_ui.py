@@ -246,12 +246,14 @@ async def test_settings_screen_saves_and_rejects_bad_values(settings, tmp_path, 
         screen.query_one("#f-ssr_tau").value = "0.5"
         screen.query_one("#f-max_turns").value = "3"
         screen.query_one("#f-seprod").value = False
+        screen.query_one("#f-crop_max_tokens").value = "128"  # a cheaper zoom on a slow machine
         screen.action_save()
         await pilot.pause()
         assert not isinstance(app.screen, SettingsScreen)
-        assert (app.settings.ssr_tau, app.settings.max_turns, app.settings.seprod) == (0.5, 3, False)
+        assert (app.settings.ssr_tau, app.settings.max_turns, app.settings.seprod,
+                app.settings.crop_max_tokens) == (0.5, 3, False, 128)
     saved = Settings.load()
-    assert (saved.ssr_tau, saved.max_turns, saved.seprod) == (0.5, 3, False)
+    assert (saved.ssr_tau, saved.max_turns, saved.seprod, saved.crop_max_tokens) == (0.5, 3, False, 128)
 
 
 @pytest.mark.asyncio

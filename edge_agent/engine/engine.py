@@ -62,6 +62,23 @@ RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ct
                            "extra_buffers", "rationales", "text_search", "image_search"})
 
 
+def needs_new_engine(old: Settings, new: Settings, changed: Collection[str], *, drafter_loaded: bool) -> bool:
+    """Whether the ``changed`` settings (``old`` -> ``new``) take a new engine: new model files, context or
+    tools (``RELOAD_FIELDS``), SeProD switched on while no prophet is loaded, or another bound on an image's
+    tokens than the vision tower was loaded with (mtmd's ``image_max_tokens``: the larger of
+    ``image_max_tokens`` and ``crop_max_tokens``; a smaller crop within it is taken at the next zoom)."""
+    if RELOAD_FIELDS.intersection(changed):
+        return True
+    if "seprod" in changed and new.seprod and new.prophet and not drafter_loaded:
+        return True
+    return bool({"image_max_tokens", "crop_max_tokens"}.intersection(changed)) and (
+        _tower_bound(old) != _tower_bound(new))
+
+
+def _tower_bound(s: Settings) -> int:
+    return max(s.image_max_tokens, s.crop_max_tokens, 0)  # as runtime.model loads the vision tower
+
+
 def model_files(resolved: ResolvedModel) -> dict[str, str]:
     """The files of a resolved agent (and prophet) as a chat records them: absolute paths, "" for none."""
     def path(p: Path | None) -> str:
@@ -249,9 +266,8 @@ class Engine:
         """Take new settings without loading anything (the app calls this between questions, on the UI
         thread): the next question's options come from ``new``; the search tools' ``offline`` and the
         SeProD drafter's tau and L_d follow. False, with nothing changed, when ``changed`` needs a new
-        engine (``RELOAD_FIELDS``, or SeProD switched on while no prophet is loaded)."""
-        if RELOAD_FIELDS.intersection(changed) or ("seprod" in changed and new.seprod and new.prophet
-                                                   and self.drafter is None):
+        engine (:func:`needs_new_engine`)."""
+        if needs_new_engine(self.settings, new, changed, drafter_loaded=self.drafter is not None):
             return False
         self.settings = new
         if self.tools is not None:

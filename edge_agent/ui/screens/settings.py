@@ -50,6 +50,7 @@ FIELDS: list[tuple[str, str]] = [
     ("prophet_mmproj", "text"),
     ("n_ctx", "text"),
     ("kv_type", "select"),
+    ("crop_max_tokens", "text"),
 ]
 MODEL_FIELDS = ("model", "mmproj", "prophet", "prophet_mmproj")
 CHOICES: dict[str, list[tuple[str, str]]] = {
