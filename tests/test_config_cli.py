@@ -119,3 +119,33 @@ def test_a_setting_takes_a_new_engine_only_where_the_loaded_one_cannot_follow(ed
     on = named.updated({"seprod": True})
     assert needs_new_engine(named, on, {"seprod"}, drafter_loaded=False)
     assert not needs_new_engine(named, on, {"seprod"}, drafter_loaded=True)
+
+
+def test_a_smaller_crop_set_between_questions_is_the_next_zooms(tiny_models, edge_home, tmp_path):
+    """The real llama.cpp on the tiny Qwen3-VL models: crop_max_tokens lowered on a loaded engine (as the
+    settings screen does) is taken, and the next question's zoom reads a crop within it."""
+    from PIL import Image
+
+    from edge_agent.agent.loop import AgentOptions
+    from edge_agent.engine.engine import Engine
+    from edge_agent.engine.face import AskRequest
+
+    Image.new("RGB", (320, 320), (200, 120, 40)).save(photo := tmp_path / "p.png")
+    settings = Settings.load({"model": str(tiny_models["text"]), "mmproj": str(tiny_models["mmproj"]),
+                              "n_threads": 1, "n_threads_batch": 1, "offline": True, "max_turns": 1,
+                              "answer_max_tokens": 3})
+    engine = Engine.from_settings(settings)
+
+    def crop_tokens() -> int:
+        opts = AgentOptions.from_settings(engine.settings, policy=lambda turn, allowed: (
+            {"zoom"} if turn == 1 else {"answer"}), library=engine.library)
+        events = list(engine.ask(AskRequest("What is in the corner?", photo, options=opts)))
+        assert events[-1].kind == "final_answer", events[-1]
+        return next(e.tokens for e in events if e.kind == "image_evaluated" and e.source == "crop")
+
+    try:
+        assert crop_tokens() > 64  # the default, 256
+        assert engine.update_settings(settings.updated({"crop_max_tokens": 64}), {"crop_max_tokens"})
+        assert crop_tokens() <= 64
+    finally:
+        engine.close()
