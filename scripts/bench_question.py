@@ -107,6 +107,11 @@ def make_photo(path: Path, size: int = 768) -> Path:
     return path
 
 
+# settings each variant sets itself (load_engine, ask_once): a --set of them would be overridden unseen
+_BENCH_SETS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "seprod", "offline",
+                         "answer_max_tokens", "freeform_max_tokens", "mode"})
+
+
 def setting_values(assignments: list[str], ap: argparse.ArgumentParser) -> dict[str, str]:
     """``--set NAME=VALUE`` pairs, each checked as a config file's would be (a clear error, not a crash
     minutes into the run)."""
@@ -118,6 +123,10 @@ def setting_values(assignments: list[str], ap: argparse.ArgumentParser) -> dict[
         if not eq or not name.strip():
             ap.error(f"--set takes NAME=VALUE, e.g. --set crop_max_tokens=96; got {a!r}")
         out[name.strip()] = value.strip()
+    own = sorted(set(out) & _BENCH_SETS)
+    if own:
+        ap.error(f"--set {own[0]}: the benchmark sets it itself (use --model/--mmproj/--prophet, "
+                 "--answer-tokens, --no-prophet)")
     with tempfile.TemporaryDirectory(prefix="bench-question-set-") as home:
         try:
             Settings.load(out, env={"EDGE_AGENT_HOME": home})

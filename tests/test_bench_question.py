@@ -112,6 +112,7 @@ def test_bench_question_refuses_a_setting_it_cannot_apply(capsys):
     for args, said in ((["--set", "crop_tokens=64"], "Unknown setting 'crop_tokens'"),
                        (["--set", "crop_max_tokens"], "--set takes NAME=VALUE"),
                        (["--set", "crop_max_tokens=8"], "crop_max_tokens"),
+                       (["--set", "model=other.gguf"], "the benchmark sets it itself"),
                        (["--record", "--set", "crop_max_tokens=96"], "leave out --set")):
         try:
             bench_question.main(args)
