@@ -248,7 +248,13 @@ class Settings:
         default="",
     )
 
-    # --- derived paths (not settings of their own) ---------------------------------------------
+    # --- derived values (not settings of their own) --------------------------------------------
+    @property
+    def vision_max_tokens(self) -> int:
+        """The most tokens any one image becomes, an attached one or a crop: the bound the vision tower is
+        loaded with (mtmd's ``image_max_tokens``) and the image a prophet's context holds."""
+        return max(self.image_max_tokens, self.crop_max_tokens, 0)
+
     @property
     def config_path(self) -> Path:
         return self.home / "config.toml"

@@ -65,18 +65,14 @@ RELOAD_FIELDS = frozenset({"model", "mmproj", "prophet", "prophet_mmproj", "n_ct
 def needs_new_engine(old: Settings, new: Settings, changed: Collection[str], *, drafter_loaded: bool) -> bool:
     """Whether the ``changed`` settings (``old`` -> ``new``) take a new engine: new model files, context or
     tools (``RELOAD_FIELDS``), SeProD switched on while no prophet is loaded, or another bound on an image's
-    tokens than the vision tower was loaded with (mtmd's ``image_max_tokens``: the larger of
-    ``image_max_tokens`` and ``crop_max_tokens``; a smaller crop within it is taken at the next zoom)."""
+    tokens than the vision tower was loaded with (``Settings.vision_max_tokens``; a smaller crop within it
+    is taken at the next zoom)."""
     if RELOAD_FIELDS.intersection(changed):
         return True
     if "seprod" in changed and new.seprod and new.prophet and not drafter_loaded:
         return True
     return bool({"image_max_tokens", "crop_max_tokens"}.intersection(changed)) and (
-        _tower_bound(old) != _tower_bound(new))
-
-
-def _tower_bound(s: Settings) -> int:
-    return max(s.image_max_tokens, s.crop_max_tokens, 0)  # as runtime.model loads the vision tower
+        old.vision_max_tokens != new.vision_max_tokens)
 
 
 def model_files(resolved: ResolvedModel) -> dict[str, str]:

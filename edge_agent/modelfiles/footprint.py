@@ -87,7 +87,7 @@ def prophet_n_ctx(settings: Any) -> int:
     """Context cells of SeProD's prophet (the engine loads it so): the largest image or crop it reads
     plus 1,024 for the query and the draft, in steps of 1,024; never more than ``n_ctx``. Its context
     never holds the chat (``agent.seprod``: one image, then the query, then the draft)."""
-    need = max(settings.image_max_tokens, settings.crop_max_tokens, 0) + 1024
+    need = settings.vision_max_tokens + 1024
     return min(settings.n_ctx, -(-need // 1024) * 1024)
 
 
@@ -122,7 +122,7 @@ def estimate(settings: Any, *, weights: int, mmproj: int, kv: KvShape | None) ->
     holds one image and a draft (``engine.prophet_n_ctx``). The prophet decodes the agent's image
     embeddings (one encode per image) with the agent's vision tower (the same mmproj file: its
     weights are loaded once, ``runtime.tower.VisionTower``): counted once."""
-    image_tokens = max(settings.image_max_tokens, settings.crop_max_tokens, 0) if mmproj else 0
+    image_tokens = settings.vision_max_tokens if mmproj else 0
     kv_bytes = kv.bytes(settings.n_ctx, settings.kv_type) if kv else 0
     alone = (PROCESS_BYTES + weights + kv_bytes + COMPUTE_BYTES + mmproj
              + image_tokens * VISION_BYTES_PER_IMAGE_TOKEN)

@@ -189,7 +189,7 @@ class Model:
         kw.setdefault("kv_type", settings.kv_type)
         kw.setdefault("n_batch", APP_N_BATCH)
         # mtmd caps every image at the larger budget (the engine fits originals and crops to their own)
-        kw.setdefault("image_max_tokens", max(settings.image_max_tokens, settings.crop_max_tokens, 0))
+        kw.setdefault("image_max_tokens", settings.vision_max_tokens)
         return cls.load(path, mmproj, **kw)
 
     # ------------------------------------------------------------------------------ the context now
