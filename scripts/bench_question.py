@@ -53,7 +53,9 @@ of an SSR question spent reading the photo: encode + decode), ``peak_rss_mb``,
 scoring finite). Issue 28: ``oneshot_s``, ``ssr_over_oneshot`` and ``read_ahead_over_oneshot`` (question
 wall seconds / one-shot seconds), ``answer_decode_over_llamacpp_defaults`` (the app's answer ms/token /
 llama.cpp's defaults after as many cells) and ``prefill_over_llamacpp_defaults`` (llama.cpp's defaults'
-prefill tokens/s / the app runtime's, the same 256 tokens, sampled in the same rounds). The machine is
+prefill tokens/s / the app runtime's, the same 256 tokens, sampled in the same rounds) and
+``crop_floor_over_oneshot`` ((one-shot + the SSR question's crop encode and decode) / one-shot: the least a
+question with a zoom can cost at this crop size, were everything else the agent adds free). The machine is
 shared and noisy: read ratios, not seconds.
 """
 

@@ -62,12 +62,19 @@ def oneshot_keys(raw: dict[str, Any], m: dict[str, Any], app_ms: float | None) -
     one = m.get("oneshot")
     base = raw.get("llamacpp_defaults") or {}
     if not one:
-        return {"oneshot_s": None, "ssr_over_oneshot": None, "read_ahead_over_oneshot": None}
+        return {"oneshot_s": None, "ssr_over_oneshot": None, "read_ahead_over_oneshot": None,
+                "crop_floor_over_oneshot": None}
     pre, app_pre, deep = (base.get("prefill_tokens_per_s"), base.get("app_prefill_tokens_per_s"),
                           base.get("decode_ms_at_depth"))
+    ssr = m["ssr"]
+    crop_s = (ssr.get("crop_encode_s") or 0.0) + (ssr.get("crop_decode_s") or 0.0)
     return {
         "oneshot_s": round(one["question_s"], 3),
-        "ssr_over_oneshot": round(m["ssr"]["question_s"] / one["question_s"], 3),
+        "ssr_over_oneshot": round(ssr["question_s"] / one["question_s"], 3),
+        # the least a question with a zoom can cost against the one-shot at this crop size: the one-shot's
+        # work and the crop read as the SSR question read it (its encode and decode, at llama.cpp's speed),
+        # as if the rationale scoring, the action and the observation's text took no time
+        "crop_floor_over_oneshot": round((one["question_s"] + crop_s) / one["question_s"], 3),
         "read_ahead_over_oneshot": round(m["ssr_read_ahead"]["question_s"] / one["question_s"], 3),
         "answer_decode_over_llamacpp_defaults": round(app_ms / deep, 3) if app_ms and deep else None,
         "prefill_over_llamacpp_defaults": round(pre / app_pre, 3) if pre and app_pre else None,

@@ -9,7 +9,7 @@ KEYS = {"ssr_over_freeform_question", "image_read_share", "peak_rss_mb", "peak_r
         "prefill_tokens_per_s", "decode_tokens_per_s", "decode_overhead", "vision_encode_s", "shape",
         # issue 28: the one-shot baseline (llama.cpp alone), and the app against llama.cpp's own defaults
         "oneshot_s", "ssr_over_oneshot", "read_ahead_over_oneshot", "answer_decode_over_llamacpp_defaults",
-        "prefill_over_llamacpp_defaults"}
+        "prefill_over_llamacpp_defaults", "crop_floor_over_oneshot"}
 
 
 def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, monkeypatch):
@@ -50,6 +50,8 @@ def test_bench_question_runs_on_the_tiny_models(capsys, tiny_models, tmp_path, m
             and one["logits_finite"])
     assert res["ssr_over_oneshot"] == round(ph["ssr"]["question_s"] / one["question_s"], 3) > 0
     assert res["read_ahead_over_oneshot"] == round(ph["ssr_read_ahead"]["question_s"] / one["question_s"], 3)
+    floor = (one["question_s"] + ph["ssr"]["crop_encode_s"] + ph["ssr"]["crop_decode_s"]) / one["question_s"]
+    assert res["crop_floor_over_oneshot"] == round(floor, 3) > 1
     base = res["raw"]["llamacpp_defaults"]
     assert base["decode_ms_at_depth"] > 0 and base["depth_cells"] == res["raw"]["depth_cells"]
     # measured, not their size: on the tiny models an answer token takes well under a millisecond, and
