@@ -71,8 +71,7 @@ def needs_new_engine(old: Settings, new: Settings, changed: Collection[str], *, 
         return True
     if "seprod" in changed and new.seprod and new.prophet and not drafter_loaded:
         return True
-    return bool({"image_max_tokens", "crop_max_tokens"}.intersection(changed)) and (
-        old.vision_max_tokens != new.vision_max_tokens)
+    return old.vision_max_tokens != new.vision_max_tokens
 
 
 def model_files(resolved: ResolvedModel) -> dict[str, str]:
